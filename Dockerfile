@@ -1,0 +1,11 @@
+# Image for Conch's web, worker and beat processes (docker-compose.yml).
+FROM python:3.11-slim-bookworm
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY requirements.txt constraints.txt ./
+RUN pip install -r requirements.txt -c constraints.txt
+COPY . .
+RUN useradd --create-home conch && mkdir -p /app/var && chown -R conch /app/var
+USER conch
+EXPOSE 8000
+CMD ["gunicorn", "conch.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--threads", "4", "--timeout", "600"]

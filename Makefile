@@ -1,0 +1,39 @@
+# Two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Tests run against this machine's real PostgreSQL and Redis.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
+
+.PHONY: venv demo test test-fast bench lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+demo: venv
+	$(BIN)/python manage.py run_demo
+
+test: venv
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test \
+		$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: venv
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test \
+		$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python bench/serving.py
+	$(BIN)/python bench/upload.py
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf var

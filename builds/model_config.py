@@ -1,0 +1,604 @@
+"""Build the Triton model configuration (`config.pbtxt`) for an inspected ONNX model.
+
+This module owns the rules that turn a `ModelSignature` plus the user's build options into a
+`inference.ModelConfig` protobuf, and the rules for changing one at deployment time. It is pure: the only
+Triton import is `tritonclient.grpc.model_config_pb2`, the generated schema of `model_config.proto` (no client,
+no network), so the text is always produced by protobuf's own `text_format`, never by a string template.
+
+The same repository must load unchanged on two runtimes: the local CPU `tritonserver`, where a Python-based
+backend named `onnxruntime` runs the file, and GPU pods running Triton's C++ onnxruntime backend with
+auto-complete on (Triton's default). Every rule below is chosen to hold on both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from tritonclient.grpc import model_config_pb2
+
+from builds.inspection import ModelSignature, TensorSpec
+from conch.errors import InvalidInput
+
+__all__ = [
+    "DEFAULT_INSTANCE_COUNT",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS",
+    "MAX_INSTANCE_COUNT",
+    "MAX_MAX_BATCH_SIZE",
+    "MAX_QUEUE_DELAY_MICROSECONDS",
+    "MODEL_FILENAME",
+    "BuildOptions",
+    "ModelConfig",
+    "apply_deployment_overrides",
+    "build_model_config",
+    "config_from_pbtxt",
+    "config_to_json",
+    "config_to_pbtxt",
+    "parse_build_options",
+    "supports_batching",
+    "validate_build_options",
+    "validate_model_name",
+]
+
+#: The protobuf message class of a Triton model configuration (`inference.ModelConfig`).
+ModelConfig = model_config_pb2.ModelConfig
+
+#: File name of the model inside `<model>/<version>/`; the onnxruntime backend's own default.
+MODEL_FILENAME = "model.onnx"
+#: max_batch_size used when the model can batch and the user gave none.
+DEFAULT_MAX_BATCH_SIZE = 8
+#: Dynamic batcher queue delay used when the user gave none, in microseconds (0.1 ms).
+DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS = 100
+#: Model instances per instance group (per GPU on GPU pods) when the user gave none.
+DEFAULT_INSTANCE_COUNT = 1
+#: Largest accepted max_batch_size; beyond it memory per batch grows with no latency benefit for online serving.
+MAX_MAX_BATCH_SIZE = 1024
+#: Largest accepted queue delay: 1 second, in microseconds. Longer waits only add latency.
+MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
+#: Largest accepted instance count: each instance holds its own onnxruntime session and copy of the weights.
+MAX_INSTANCE_COUNT = 16
+
+_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_NAME_MAX_LENGTH = 63
+_INTEGER_RE = re.compile(r"[+-]?\d+")
+
+# Triton datatype string (TensorSpec.datatype) -> model_config.proto DataType. BYTES is TYPE_STRING in the config
+# (Triton "Model Configuration" -> "Datatypes").
+_CONFIG_TYPES: dict[str, int] = {
+    "BOOL": model_config_pb2.TYPE_BOOL,
+    "UINT8": model_config_pb2.TYPE_UINT8,
+    "UINT16": model_config_pb2.TYPE_UINT16,
+    "UINT32": model_config_pb2.TYPE_UINT32,
+    "UINT64": model_config_pb2.TYPE_UINT64,
+    "INT8": model_config_pb2.TYPE_INT8,
+    "INT16": model_config_pb2.TYPE_INT16,
+    "INT32": model_config_pb2.TYPE_INT32,
+    "INT64": model_config_pb2.TYPE_INT64,
+    "FP16": model_config_pb2.TYPE_FP16,
+    "FP32": model_config_pb2.TYPE_FP32,
+    "FP64": model_config_pb2.TYPE_FP64,
+    "BYTES": model_config_pb2.TYPE_STRING,
+}
+
+# Instance kind. KIND_AUTO (the proto default, so it is not printed in config.pbtxt) lets Triton's core pick per
+# machine: GPU instances when GPUs are visible, CPU instances otherwise (Triton "Model Configuration" ->
+# "Instance Groups"). KIND_CPU would pin GPU pods to the CPU; KIND_GPU would fail to load on the local CPU-only
+# server. AUTO is resolved by the core before any backend sees it, so the local Python-based onnxruntime backend
+# gets KIND_CPU and the C++ onnxruntime backend on a GPU pod gets KIND_GPU with the CUDA execution provider.
+_INSTANCE_KIND = model_config_pb2.ModelInstanceGroup.KIND_AUTO
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What the user may choose when building a model; None means "use the default for this model".
+
+    Attributes:
+        max_batch_size: largest batch Triton may form (Triton "Model Configuration" -> "Maximum Batch Size").
+            None: DEFAULT_MAX_BATCH_SIZE when the model can batch, else 0. 0..MAX_MAX_BATCH_SIZE.
+        max_queue_delay_microseconds: how long the dynamic batcher may hold a request waiting for others, in
+            microseconds (Triton "Dynamic Batcher" -> "Delayed Batching"). 0..MAX_QUEUE_DELAY_MICROSECONDS.
+        preferred_batch_size: batch sizes the dynamic batcher should aim for (Triton "Dynamic Batcher" ->
+            "Preferred Batch Sizes"); each 1..max_batch_size, no repeats; stored sorted.
+        instance_count: model instances per instance group (Triton "Instance Groups"). 1..MAX_INSTANCE_COUNT.
+    """
+
+    max_batch_size: int | None = None
+    max_queue_delay_microseconds: int | None = None
+    preferred_batch_size: tuple[int, ...] | None = None
+    instance_count: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size)."""
+        return {
+            "max_batch_size": self.max_batch_size,
+            "max_queue_delay_microseconds": self.max_queue_delay_microseconds,
+            "preferred_batch_size": None if self.preferred_batch_size is None else list(self.preferred_batch_size),
+            "instance_count": self.instance_count,
+        }
+
+
+def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
+    """Parse build options from form fields (strings) or JSON values (ints, lists) and validate them.
+
+    Blank strings and missing keys mean "default" (None). Integers are written in decimal ("8", " 16 ");
+    preferred_batch_size is a list of integers or a string of them separated by commas or spaces ("4, 8").
+    Keys other than the four option names are ignored, so a whole form's data can be passed.
+
+    Returns:
+        A validated `BuildOptions` (preferred sizes sorted).
+
+    Raises:
+        InvalidInput: field = the option name, with a message that says what values are allowed.
+    """
+    preferred_raw = fields.get("preferred_batch_size")
+    options = BuildOptions(
+        max_batch_size=_parse_integer("max_batch_size", fields.get("max_batch_size")),
+        max_queue_delay_microseconds=_parse_integer(
+            "max_queue_delay_microseconds", fields.get("max_queue_delay_microseconds")
+        ),
+        preferred_batch_size=_parse_sizes(preferred_raw),
+        instance_count=_parse_integer("instance_count", fields.get("instance_count")),
+    )
+    validate_build_options(options)
+    if options.preferred_batch_size is not None:
+        options = BuildOptions(
+            max_batch_size=options.max_batch_size,
+            max_queue_delay_microseconds=options.max_queue_delay_microseconds,
+            preferred_batch_size=tuple(sorted(options.preferred_batch_size)),
+            instance_count=options.instance_count,
+        )
+    return options
+
+
+def validate_build_options(options: BuildOptions) -> None:
+    """Check each option on its own and against the others; the model-dependent rules are in build_model_config.
+
+    Rules: max_batch_size 0..MAX_MAX_BATCH_SIZE; max_queue_delay_microseconds 0..MAX_QUEUE_DELAY_MICROSECONDS;
+    preferred_batch_size non-empty, each 1..max_batch_size, no repeats; instance_count 1..MAX_INSTANCE_COUNT;
+    a queue delay or preferred sizes with max_batch_size 0 is meaningless (no batcher runs).
+
+    Raises:
+        InvalidInput: field = the offending option name.
+    """
+    _check_range("max_batch_size", options.max_batch_size, 0, MAX_MAX_BATCH_SIZE, "0 turns Triton batching off")
+    _check_range(
+        "max_queue_delay_microseconds",
+        options.max_queue_delay_microseconds,
+        0,
+        MAX_QUEUE_DELAY_MICROSECONDS,
+        "microseconds, i.e. up to 1 second; it is how long Triton may hold a request to batch it with others",
+    )
+    _check_range("instance_count", options.instance_count, 1, MAX_INSTANCE_COUNT, "model instances per group")
+
+    sizes = options.preferred_batch_size
+    if sizes is not None:
+        if not isinstance(sizes, tuple | list) or not sizes:
+            raise InvalidInput(
+                "preferred_batch_size must be a list of whole numbers such as 4, 8, or left empty.",
+                field="preferred_batch_size",
+            )
+        for size in sizes:
+            _check_range("preferred_batch_size", size, 1, MAX_MAX_BATCH_SIZE, "each size is a batch of requests")
+        if len(set(sizes)) != len(sizes):
+            raise InvalidInput(
+                f"preferred_batch_size lists a size more than once ({_join(sizes)}); list each size once.",
+                field="preferred_batch_size",
+            )
+    if options.max_batch_size == 0:
+        if options.max_queue_delay_microseconds is not None:
+            raise _needs_batching("max_queue_delay_microseconds", "max_batch_size is 0")
+        if sizes is not None:
+            raise _needs_batching("preferred_batch_size", "max_batch_size is 0")
+    if sizes is not None and options.max_batch_size and max(sizes) > options.max_batch_size:
+        raise _preferred_too_large(sizes, options.max_batch_size)
+
+
+def validate_model_name(name: str) -> None:
+    """Check a model name against the rule Triton repositories and Kubernetes objects share.
+
+    Rule: a lowercase RFC 1123 DNS label, `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters. The name is a
+    folder in the model repository (Triton "Model Repository" -> "Repository Layout"), part of inference URLs
+    (`/v2/models/<name>`), and of Kubernetes object names and labels.
+
+    Raises:
+        InvalidInput: field "name", stating the rule and, when possible, a valid suggestion.
+    """
+    rule = (
+        "a model name must be 1 to 63 characters of lowercase letters a-z, digits and hyphens, and start and end "
+        "with a letter or digit (a DNS label, shared by Triton repository folders and Kubernetes names)"
+    )
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"A name is required: {rule}.", field="name")
+    if len(name) <= _NAME_MAX_LENGTH and _NAME_RE.fullmatch(name):
+        return
+    problem = f"it is {len(name)} characters long" if len(name) > _NAME_MAX_LENGTH else "it does not fit"
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+    suggestion = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:_NAME_MAX_LENGTH].strip("-")
+    hint = f" For example: {suggestion!r}." if suggestion and _NAME_RE.fullmatch(suggestion) else ""
+    raise InvalidInput(f"{name!r} is not a valid model name ({problem}): {rule}.{hint}", field="name")
+
+
+def supports_batching(signature: ModelSignature) -> bool:
+    """True when axis 0 of every input and output is dynamic, so Triton may batch along it.
+
+    This is the test Triton's onnxruntime backend applies (`AutoCompleteMaxBatch`, `CompareDimsSupported`) and
+    the rule in Triton "Model Configuration" -> "Maximum Batch Size": with max_batch_size > 0 the first axis of
+    every tensor is the batch axis and is left out of `dims`.
+    """
+    return _fixed_batch_axis(signature) is None
+
+
+def build_model_config(*, name: str, signature: ModelSignature, options: BuildOptions) -> ModelConfig:
+    """Build the Triton model configuration for an ONNX model served by the onnxruntime backend.
+
+    Batching (Triton "Model Configuration" -> "Maximum Batch Size", "Dynamic Batcher"):
+    - the model can batch when axis 0 of every input and output is dynamic (`supports_batching`). Then
+      max_batch_size = options.max_batch_size or DEFAULT_MAX_BATCH_SIZE, `dims` leave out axis 0, and the dynamic
+      batcher is on with options.max_queue_delay_microseconds (default 100 µs) and the preferred sizes if given.
+      A tensor whose only axis is the batch axis gets `dims: [1]` with an empty `reshape` (Triton "Reshape").
+    - otherwise max_batch_size is 0, `dims` are the full shape, no dynamic batcher. A scalar tensor gets
+      `dims: [1]` (the onnxruntime backend maps it to the scalar).
+    - other dynamic axes are -1 (Triton "Model Configuration" -> "Inputs and Outputs", variable-size dims).
+    Instances: one group of options.instance_count (default 1) with kind KIND_AUTO, which serves on the CPU
+    locally and on the GPU in GPU pods (Triton "Instance Groups").
+
+    Args:
+        name: the model's repository folder name; must pass `validate_model_name`.
+        signature: from `inspect_onnx`; datatypes must be Triton datatype strings.
+        options: validated or not; validated again here.
+
+    Returns:
+        A new `ModelConfig` with backend "onnxruntime" and default_model_filename "model.onnx".
+
+    Raises:
+        InvalidInput: field "name" for a bad name; field "max_batch_size" when max_batch_size > 0 is asked of a
+            model whose axis 0 is fixed, or 0 of a model whose axis 0 is dynamic (Triton's C++ onnxruntime backend
+            cannot tell an explicit 0 from an unset field and would switch batching back on, breaking the dims);
+            field of the option for any other meaningless option.
+    """
+    validate_model_name(name)
+    validate_build_options(options)
+    blocker = _fixed_batch_axis(signature)
+
+    if options.max_batch_size is None:
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if blocker is None else 0
+    elif options.max_batch_size > 0 and blocker is not None:
+        raise _batching_refused(options.max_batch_size, blocker)
+    elif options.max_batch_size == 0 and blocker is None:
+        raise _zero_batch_refused()
+    else:
+        max_batch_size = options.max_batch_size
+
+    if max_batch_size == 0 and blocker is not None:
+        reason = f"this model cannot batch ({_describe_blocker(blocker)})"
+        if options.max_queue_delay_microseconds is not None:
+            raise _needs_batching("max_queue_delay_microseconds", reason)
+        if options.preferred_batch_size is not None:
+            raise _needs_batching("preferred_batch_size", reason)
+    if options.preferred_batch_size is not None and max(options.preferred_batch_size) > max_batch_size:
+        raise _preferred_too_large(options.preferred_batch_size, max_batch_size)
+
+    batching = max_batch_size > 0
+    config = ModelConfig(
+        name=name,
+        backend="onnxruntime",
+        max_batch_size=max_batch_size,
+        default_model_filename=MODEL_FILENAME,
+    )
+    for spec in signature.inputs:
+        _set_shape(config.input.add(name=spec.name, data_type=_config_type(spec)), spec.dims, batching)
+    for spec in signature.outputs:
+        _set_shape(config.output.add(name=spec.name, data_type=_config_type(spec)), spec.dims, batching)
+    if batching:
+        _enable_dynamic_batcher(config, options.max_queue_delay_microseconds, options.preferred_batch_size)
+    config.instance_group.add(
+        kind=_INSTANCE_KIND,
+        count=options.instance_count if options.instance_count is not None else DEFAULT_INSTANCE_COUNT,
+    )
+    return config
+
+
+def apply_deployment_overrides(
+    config: ModelConfig,
+    *,
+    instance_count: int | None = None,
+    max_batch_size: int | None = None,
+    max_queue_delay_microseconds: int | None = None,
+) -> ModelConfig:
+    """Return a copy of `config` with a deployment's choices applied; None leaves a setting as built.
+
+    Same rules as building: instance_count 1..MAX_INSTANCE_COUNT sets the count of every instance group;
+    max_batch_size 0..MAX_MAX_BATCH_SIZE may only be above 0 when axis 0 of every input and output is dynamic,
+    and may not drop to 0 for such a model; existing preferred batch sizes must stay <= max_batch_size;
+    max_queue_delay_microseconds 0..MAX_QUEUE_DELAY_MICROSECONDS needs batching. Switching batching on for a
+    config built without it moves axis 0 out of `dims` and turns the dynamic batcher on (Triton "Model
+    Configuration" -> "Maximum Batch Size", "Dynamic Batcher", "Instance Groups").
+
+    Raises:
+        InvalidInput: field = the override's name.
+    """
+    validate_build_options(
+        BuildOptions(
+            max_batch_size=max_batch_size,
+            max_queue_delay_microseconds=max_queue_delay_microseconds,
+            instance_count=instance_count,
+        )
+    )
+    result = ModelConfig()
+    result.CopyFrom(config)
+    was_batching = result.max_batch_size > 0
+
+    if max_batch_size is not None and max_batch_size != result.max_batch_size:
+        if was_batching and max_batch_size == 0:
+            raise _zero_batch_refused()
+        if not was_batching:
+            blocker = _fixed_batch_axis_in_config(result)
+            if blocker is not None:
+                raise _batching_refused(max_batch_size, blocker)
+            for tensor in [*result.input, *result.output]:
+                _set_shape(tensor, _model_shape(tensor, batching=False), batching=True)
+            _enable_dynamic_batcher(result, None, None)
+        preferred = tuple(result.dynamic_batching.preferred_batch_size)
+        if preferred and max(preferred) > max_batch_size:
+            raise InvalidInput(
+                f"max_batch_size {max_batch_size} is smaller than the preferred batch sizes this model was built "
+                f"with ({_join(preferred)}); choose at least {max(preferred)}, or rebuild the model with smaller "
+                "preferred sizes.",
+                field="max_batch_size",
+            )
+        result.max_batch_size = max_batch_size
+
+    if max_queue_delay_microseconds is not None:
+        if result.max_batch_size == 0:
+            raise _needs_batching("max_queue_delay_microseconds", "this model is served without batching")
+        result.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
+
+    if instance_count is not None:
+        if not result.instance_group:
+            result.instance_group.add(kind=_INSTANCE_KIND)
+        for group in result.instance_group:
+            group.count = instance_count
+    return result
+
+
+def config_to_pbtxt(config: ModelConfig) -> str:
+    """Render `config` as protobuf text, the `config.pbtxt` format Triton reads (Triton "Model Configuration").
+
+    Fields at their proto3 default (max_batch_size 0, kind KIND_AUTO) are not printed; Triton reads them back as
+    the same defaults.
+    """
+    return text_format.MessageToString(config, as_utf8=True)
+
+
+def config_from_pbtxt(text: str) -> ModelConfig:
+    """Parse `config.pbtxt` text into a `ModelConfig`.
+
+    Raises:
+        InvalidInput: field "config" when the text is not a valid Triton model configuration.
+    """
+    config = ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        raise InvalidInput(
+            f"This is not a valid Triton model configuration: {error}. Fix that line of config.pbtxt (see "
+            "Triton's model_config.proto for the field names) and try again.",
+            field="config",
+        ) from None
+    return config
+
+
+def config_to_json(config: ModelConfig) -> str:
+    """Render `config` as the JSON Triton's repository load API takes in its "config" parameter.
+
+    Shape: protobuf JSON with the proto field names ("max_batch_size", "data_type": "TYPE_FP32", ...), and 64-bit
+    integers written as JSON numbers rather than protobuf's quoted strings, matching the JSON Triton itself
+    returns for a model's configuration (Triton "Model Repository Extension" -> "Load", parameter "config").
+    """
+    data = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    _int64_strings_to_numbers(config.DESCRIPTOR, data)
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+
+
+def _config_type(spec: TensorSpec) -> int:
+    try:
+        return _CONFIG_TYPES[spec.datatype]
+    except KeyError:
+        raise InvalidInput(
+            f"Tensor {spec.name!r} has datatype {spec.datatype!r}, which Triton's onnxruntime backend does not "
+            f"support; supported: {', '.join(_CONFIG_TYPES)}. Export the model with a supported type.",
+            field="file",
+        ) from None
+
+
+def _set_shape(tensor: Any, model_shape: Sequence[int], batching: bool) -> None:
+    """Write `dims` (and `reshape` where needed) of a ModelInput/ModelOutput for the full model shape."""
+    del tensor.dims[:]
+    tensor.ClearField("reshape")
+    body = list(model_shape[1:] if batching else model_shape)
+    if body:
+        tensor.dims.extend(body)
+        return
+    # Triton needs at least one dim. With batching, [batch] -> dims [1] + empty reshape (Triton "Reshape"); without,
+    # a scalar is dims [1] and Triton refuses an empty reshape, the onnxruntime backend maps [1] to the scalar.
+    tensor.dims.append(1)
+    if batching:
+        tensor.reshape.SetInParent()
+
+
+def _model_shape(tensor: Any, batching: bool) -> list[int]:
+    """The full shape the model itself sees for a config tensor (batch axis as -1 when batching)."""
+    body = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+    return [-1, *body] if batching else body
+
+
+def _enable_dynamic_batcher(config: ModelConfig, delay: int | None, preferred: Sequence[int] | None) -> None:
+    batcher = config.dynamic_batching
+    batcher.SetInParent()
+    batcher.max_queue_delay_microseconds = delay if delay is not None else DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS
+    if preferred:
+        del batcher.preferred_batch_size[:]
+        batcher.preferred_batch_size.extend(sorted(preferred))
+
+
+def _fixed_batch_axis(signature: ModelSignature) -> TensorSpec | None:
+    """The first tensor whose axis 0 is fixed (or missing), or None when every axis 0 is dynamic."""
+    for spec in [*signature.inputs, *signature.outputs]:
+        if not spec.dims or spec.dims[0] != -1:
+            return spec
+    return None
+
+
+def _fixed_batch_axis_in_config(config: ModelConfig) -> TensorSpec | None:
+    for tensor in [*config.input, *config.output]:
+        shape = _model_shape(tensor, batching=False)
+        if not shape or shape[0] != -1:
+            return TensorSpec(name=tensor.name, datatype="", dims=tuple(shape), dim_names=(None,) * len(shape))
+    return None
+
+
+def _describe_blocker(spec: TensorSpec) -> str:
+    if not spec.dims:
+        return f"{spec.name!r} is a scalar with no batch axis"
+    return f"{spec.name!r} has axis 0 fixed at {spec.dims[0]}, shape {_shape_text(spec.dims)}"
+
+
+def _batching_refused(requested: int, blocker: TensorSpec) -> InvalidInput:
+    return InvalidInput(
+        f"max_batch_size {requested} needs axis 0 of every input and output to be dynamic, because Triton uses "
+        f"axis 0 as the batch axis, but {_describe_blocker(blocker)}. Leave max_batch_size empty or set it to 0: "
+        "the model is then served without Triton batching, one request per run. To batch, export the model with "
+        "a dynamic first axis (e.g. dynamic_axes={'input': {0: 'batch'}} in torch.onnx.export).",
+        field="max_batch_size",
+    )
+
+
+def _zero_batch_refused() -> InvalidInput:
+    # Triton's C++ onnxruntime backend, with auto-complete on (its default), cannot tell an explicit 0 from an
+    # unset field: for a model whose axis 0 is dynamic it raises max_batch_size to its default and then reads
+    # the full-shape dims written for 0 as per-item dims, so the model fails to load on GPU pods.
+    return InvalidInput(
+        "max_batch_size 0 cannot be used for this model: its axis 0 is dynamic, and Triton's onnxruntime backend "
+        "switches batching back on for such models, which would make the configuration's shapes wrong. Use "
+        "max_batch_size 1 to serve one request per run, or leave it empty for the default.",
+        field="max_batch_size",
+    )
+
+
+def _needs_batching(option: str, reason: str) -> InvalidInput:
+    what = "a queue delay" if option == "max_queue_delay_microseconds" else "preferred batch sizes"
+    return InvalidInput(
+        f"{option} only applies when Triton batches requests, but {reason}, so {what} would have no effect. "
+        f"Leave {option} empty.",
+        field=option,
+    )
+
+
+def _preferred_too_large(sizes: Sequence[int], max_batch_size: int) -> InvalidInput:
+    return InvalidInput(
+        f"preferred_batch_size {_join(sizes)} includes sizes above max_batch_size {max_batch_size}; each "
+        f"preferred size must be between 1 and {max_batch_size}.",
+        field="preferred_batch_size",
+    )
+
+
+def _check_range(option: str, value: Any, low: int, high: int, meaning: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(
+            f"{option} must be a whole number between {low} and {high} ({meaning}); got {value!r}.", field=option
+        )
+    if not low <= value <= high:
+        raise InvalidInput(f"{option} must be between {low} and {high} ({meaning}); got {value}.", field=option)
+
+
+def _parse_integer(option: str, raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool):
+        raise InvalidInput(f"{option} must be a whole number such as 8; got {raw!r}.", field=option)
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        text = raw.strip()
+        if not text:
+            return None
+        if _INTEGER_RE.fullmatch(text):
+            return int(text)
+    raise InvalidInput(
+        f"{option} must be a whole number such as 8 (digits only, no decimals or units), or left empty; got {raw!r}.",
+        field=option,
+    )
+
+
+def _parse_sizes(raw: Any) -> tuple[int, ...] | None:
+    option = "preferred_batch_size"
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        items: Sequence[Any] = [item for item in re.split(r"[\s,]+", raw.strip()) if item]
+    elif isinstance(raw, list | tuple):
+        items = raw
+    else:
+        items = [raw]
+    if not items:
+        return None
+    sizes = []
+    for item in items:
+        value = _parse_integer(option, item)
+        if value is None:
+            raise InvalidInput(
+                f"{option} must be whole numbers separated by commas, such as 4, 8; got {raw!r}.", field=option
+            )
+        sizes.append(value)
+    return tuple(sizes)
+
+
+def _join(sizes: Sequence[int]) -> str:
+    return ", ".join(str(size) for size in sizes)
+
+
+def _shape_text(dims: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+_INT64_FIELD_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _int64_strings_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
+    """Turn protobuf-JSON's quoted 64-bit integers back into numbers, recursively, guided by the schema."""
+    for key, value in data.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            for map_key, item in value.items():
+                if value_field.message_type is not None:
+                    _int64_strings_to_numbers(value_field.message_type, item)
+                elif value_field.type in _INT64_FIELD_TYPES:
+                    value[map_key] = int(item)
+        elif field.message_type is not None:
+            for item in value if field.is_repeated else [value]:
+                _int64_strings_to_numbers(field.message_type, item)
+        elif field.type in _INT64_FIELD_TYPES:
+            data[key] = [int(item) for item in value] if field.is_repeated else int(value)

@@ -1,0 +1,179 @@
+"""The build pipeline: inspect -> configure -> write repository -> verify.
+
+`run_build` turns a version's uploaded ONNX file into a Triton model repository in the
+object store and proves it serves. Each step has a `BuildStep` row with its status and
+log lines. A build is idempotent: it is keyed by (version, attempt), writes only under
+the version's own repository prefix (deleting what an earlier attempt left there), and
+a redelivered task simply does the same work again.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import transaction
+from django.utils import timezone
+
+from builds.choices import STEP_ORDER, StepName, StepStatus
+from builds.inspection import inspect_onnx
+from builds.model_config import build_model_config, config_to_pbtxt, parse_build_options
+from builds.models import BuildStep
+from builds.verification import check_output_shapes, make_sample_inputs
+from conch.errors import ConchError, InvalidInput, Unavailable
+from deployments.services import run_smoke_inference
+from models_registry import services as registry
+from models_registry.models import ModelVersion
+from models_registry.storage import get_object_store
+
+log = logging.getLogger(__name__)
+
+
+class StepLog:
+    """Collects a step's log lines and saves them as they come, so a user can watch."""
+
+    def __init__(self, step: BuildStep) -> None:
+        self.step = step
+
+    def __call__(self, line: str) -> None:
+        stamp = timezone.now().strftime("%H:%M:%S")
+        self.step.log.append(f"{stamp} {line}")
+        BuildStep.objects.filter(pk=self.step.pk).update(log=self.step.log)
+
+
+def reset_steps(*, version: ModelVersion) -> list[BuildStep]:
+    """Create or reset the four step rows of a version to `pending` (no duplicates)."""
+    steps = []
+    with transaction.atomic():
+        for position, name in enumerate(STEP_ORDER):
+            step, _ = BuildStep.objects.update_or_create(
+                version=version,
+                name=name,
+                defaults={"position": position, "status": StepStatus.PENDING, "log": [], "started_at": None,
+                          "finished_at": None},
+            )
+            steps.append(step)
+    return steps
+
+
+@contextmanager
+def _step(version: ModelVersion, name: str) -> Iterator[StepLog]:
+    step = BuildStep.objects.get(version=version, name=name)
+    step.status, step.started_at, step.log = StepStatus.RUNNING, timezone.now(), []
+    step.save(update_fields=["status", "started_at", "log"])
+    started = time.monotonic()
+    log_line = StepLog(step)
+    try:
+        yield log_line
+    except ConchError as exc:
+        log_line(f"FAILED: {exc.detail}")
+        _finish(step, StepStatus.FAILED)
+        raise
+    except Exception as exc:
+        log_line(f"FAILED: internal error {type(exc).__name__}: {exc}")
+        _finish(step, StepStatus.FAILED)
+        raise
+    log_line(f"done in {time.monotonic() - started:.2f} s")
+    _finish(step, StepStatus.SUCCEEDED)
+
+
+def _finish(step: BuildStep, status: str) -> None:
+    step.status, step.finished_at = status, timezone.now()
+    step.save(update_fields=["status", "finished_at", "log"])
+
+
+def _skip_remaining(version: ModelVersion) -> None:
+    BuildStep.objects.filter(version=version, status=StepStatus.PENDING).update(status=StepStatus.SKIPPED)
+
+
+def run_build(*, version_id: int, attempt: int) -> str:
+    """Run build `attempt` of a version; returns the version's final status.
+
+    Permanent problems (a bad file, a meaningless option, a model that fails its smoke
+    inference) mark the version `failed` with a message naming the field or tensor.
+    `Unavailable` (object store or Triton unreachable) propagates so the task retries.
+    """
+    version = registry.claim_build(version_id=version_id, attempt=attempt)
+    if version is None:
+        return "skipped"
+    reset_steps(version=version)
+    store = get_object_store()
+    model_name = version.model.name
+    try:
+        with tempfile.TemporaryDirectory(prefix="conch-build-") as tmp:
+            local = Path(tmp) / "model.onnx"
+            with _step(version, StepName.INSPECT) as say:
+                say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
+                store.download_to(version.source_key, local)
+                signature = inspect_onnx(local)
+                for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
+                    for t in tensors:
+                        say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}")
+                registry.record_build_artifacts(version_id=version.pk, signature=signature.to_dict())
+
+            with _step(version, StepName.CONFIGURE) as say:
+                options = parse_build_options(version.build_options)
+                config = build_model_config(name=model_name, signature=signature, options=options)
+                pbtxt = config_to_pbtxt(config)
+                registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+                say(f"max_batch_size={config.max_batch_size} "
+                    f"dynamic_batching={'on' if config.HasField('dynamic_batching') else 'off'}")
+
+            prefix = version.repository_prefix
+            with _step(version, StepName.WRITE_REPOSITORY) as say:
+                store.delete_prefix(prefix + "/")
+                model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
+                store.copy(version.source_key, model_key)
+                store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
+                say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key}")
+
+            with _step(version, StepName.VERIFY) as say:
+                inputs = make_sample_inputs(config)
+                for name, array in inputs.items():
+                    say(f"sample input {name}: {array.dtype} {list(array.shape)}")
+                shapes = run_smoke_inference(
+                    repository=store.triton_repository_location(prefix),
+                    environment=store.triton_environment(),
+                    model_name=model_name,
+                    inputs=inputs,
+                    log=say,
+                )
+                for name, shape in shapes.items():
+                    say(f"output {name}: {list(shape)}")
+                batch = 1 if config.max_batch_size > 0 else 0
+                check_output_shapes(config, shapes, batch_size=batch)
+    except Unavailable:
+        raise
+    except InvalidInput as exc:
+        _skip_remaining(version)
+        registry.record_build_result(
+            version_id=version.pk, attempt=attempt, succeeded=False, error=exc.detail, error_field=exc.field or ""
+        )
+        log.info("build.failed", extra={"version_id": version.pk, "error": exc.detail})
+        return "failed"
+    except Exception as exc:
+        _skip_remaining(version)
+        registry.record_build_result(
+            version_id=version.pk, attempt=attempt, succeeded=False,
+            error=f"Internal error during the build ({type(exc).__name__}: {exc}). Retry with rebuild; "
+                  "if it persists, report it.",
+        )
+        raise
+    registry.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True)
+    log.info("build.succeeded", extra={"version_id": version.pk})
+    return "built"
+
+
+def fail_build_after_retries(*, version_id: int, attempt: int, detail: str) -> None:
+    """Mark a build failed once its transient errors outlived the task's retries."""
+    version = ModelVersion.objects.filter(pk=version_id).first()
+    if version is not None:
+        _skip_remaining(version)
+    registry.record_build_result(
+        version_id=version_id, attempt=attempt, succeeded=False,
+        error=f"{detail} The build gave up after retrying; start it again with rebuild.",
+    )

@@ -1,0 +1,53 @@
+"""One exception handler for the whole REST API.
+
+Every error body is `{"detail": <sentence>, "field": <input name or null>}`. Our typed
+errors (`conch.errors`) carry their own status; DRF's validation errors are flattened to
+their first field so a client always finds one `field` to point at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from conch.errors import ConchError
+
+
+def _first_error(data: Any, prefix: str | None = None) -> tuple[str | None, str]:
+    """Return (field path, message) of the first message in a DRF error structure."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            name = None if key in ("non_field_errors", "detail") else key
+            path = f"{prefix}.{name}" if prefix and name else (name or prefix)
+            return _first_error(value, path)
+    if isinstance(data, list) and data:
+        return _first_error(data[0], prefix)
+    return prefix, str(data)
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500."""
+    if isinstance(exc, ConchError):
+        return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("Not found, or not visible to your teams.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        field, message = _first_error(exc.detail)
+        if field:
+            message = f"{field}: {message}"
+        response.data = {"detail": message, "field": field}
+        response.status_code = status.HTTP_400_BAD_REQUEST
+    else:
+        detail = response.data.get("detail") if isinstance(response.data, dict) else response.data
+        response.data = {"detail": str(detail), "field": None}
+    return response

@@ -1,0 +1,50 @@
+"""Typed errors shared by every app.
+
+Services and adapters raise these (or subclasses); the REST API's exception handler
+(`conch.api.exception_handler`) turns them into `{"detail": ..., "field": ...}` bodies
+with the status code named on each class. Adapters never let a client library's own
+exception (botocore, tritonclient, kubernetes) escape: they wrap it in one of these.
+"""
+
+from __future__ import annotations
+
+
+class ConchError(Exception):
+    """Base class. `detail` is a sentence a user can act on; `field` names the input at fault."""
+
+    status_code = 500
+
+    def __init__(self, detail: str, *, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field = field
+
+
+class InvalidInput(ConchError):
+    """The caller sent a value that breaks a rule (HTTP 400)."""
+
+    status_code = 400
+
+
+class NotFound(ConchError):
+    """The object does not exist, or is not visible to the caller's teams (HTTP 404)."""
+
+    status_code = 404
+
+
+class Conflict(ConchError):
+    """The request clashes with current state, e.g. a duplicate name (HTTP 409)."""
+
+    status_code = 409
+
+
+class PayloadTooLarge(ConchError):
+    """An upload is larger than the configured limit (HTTP 413)."""
+
+    status_code = 413
+
+
+class Unavailable(ConchError):
+    """An external system (object store, Triton, Kubernetes) cannot be reached; retry later (HTTP 503)."""
+
+    status_code = 503

@@ -1,0 +1,22 @@
+"""URL map: the REST API under /api/v1/, its schema and docs, the console pages, admin."""
+
+from django.contrib import admin
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+api_v1 = [
+    path("", include("tenancy.api.urls")),
+    path("", include("models_registry.api.urls")),
+    path("", include("deployments.api.urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("deployments/", include("deployments.urls")),
+    path("", RedirectView.as_view(url="/deployments/", permanent=False)),
+]

@@ -1,0 +1,46 @@
+"""Serializers of the deployments API."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from deployments.models import Deployment
+from deployments.services import log_tail
+
+
+class CreateDeploymentSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters.")
+    team = serializers.CharField(max_length=63, help_text="Slug of one of your teams.")
+    model_version = serializers.JSONField(help_text="Id of a built model version.")
+    runtime = serializers.CharField(required=False, default="local")
+    instance_count = serializers.JSONField(required=False, default=None)
+    max_batch_size = serializers.JSONField(required=False, default=None)
+    max_queue_delay_microseconds = serializers.JSONField(required=False, default=None)
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug", read_only=True)
+    model = serializers.CharField(source="model_version.model.name", read_only=True)
+    model_version_number = serializers.IntegerField(source="model_version.number", read_only=True)
+    endpoints = serializers.SerializerMethodField()
+    log_tail = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "name", "team", "model", "model_version", "model_version_number", "runtime",
+            "instance_count", "max_batch_size", "max_queue_delay_microseconds", "desired_state", "status",
+            "error", "last_failure", "restart_count", "endpoints", "config_pbtxt", "log_tail",
+            "created_at", "ready_at", "updated_at",
+        ]
+
+    def get_endpoints(self, obj: Deployment) -> dict:
+        return {
+            "http": obj.http_url,
+            "grpc": obj.grpc_url,
+            "metrics": obj.metrics_url,
+            "infer": f"{obj.http_url}/v2/models/{obj.model_name}/infer" if obj.http_url else "",
+        }
+
+    def get_log_tail(self, obj: Deployment) -> list[str]:
+        return log_tail(obj)

@@ -1,0 +1,22 @@
+"""Deployment statuses and runtimes."""
+
+from django.db import models
+
+
+class DeploymentStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    STARTING = "starting", "Starting"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+    STOPPING = "stopping", "Stopping"
+    STOPPED = "stopped", "Stopped"
+
+
+class Runtime(models.TextChoices):
+    LOCAL = "local", "Local Triton process"
+    KUBERNETES = "kubernetes", "Kubernetes"
+
+
+class DesiredState(models.TextChoices):
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"

@@ -1,0 +1,39 @@
+"""Celery tasks of the deployments app: thin wrappers that take ids and call one service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from deployments import observe, services
+
+_COMMON = {"acks_late": True, "reject_on_worker_lost": True, "max_retries": 3}
+
+
+@shared_task(name="deployments.start_deployment", **_COMMON)
+def start_deployment(deployment_id: int) -> str:
+    """Start (or adopt) the deployment's Triton and load its model."""
+    return services.ensure_deployment_started(deployment_id=deployment_id)
+
+
+@shared_task(name="deployments.stop_deployment", **_COMMON)
+def stop_deployment(deployment_id: int) -> None:
+    """Stop the deployment's Triton and free its ports."""
+    services.stop_deployment(deployment_id=deployment_id)
+
+
+@shared_task(name="deployments.reconcile_deployments", **_COMMON)
+def reconcile_deployments() -> dict[str, int]:
+    """Periodic: compare deployments with their processes, restart failed ones, kill orphans."""
+    return services.reconcile_deployments()
+
+
+@shared_task(name="deployments.scrape_metrics", **_COMMON)
+def scrape_metrics() -> int:
+    """Periodic: scrape every ready deployment's Triton /metrics."""
+    return observe.scrape_ready_deployments()
+
+
+@shared_task(name="deployments.prune_metric_samples", **_COMMON)
+def prune_metric_samples() -> int:
+    """Periodic: delete metric samples older than the retention."""
+    return observe.prune_metric_samples()

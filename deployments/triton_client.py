@@ -1,0 +1,425 @@
+"""Adapter for one Triton server's HTTP API, over `tritonclient.http` (and urllib for the metrics port).
+
+Talks the KServe v2 / Open Inference Protocol ("Health", "Model Ready", "Model Configuration", "Inference") and
+Triton's extensions: "Model Repository" (load/unload with an optional configuration override) and "Binary Tensor
+Data". Returns plain dicts and numpy arrays; raises only our errors:
+
+- `TritonUnavailable` (`Unavailable`, 503): connection refused/reset, timeout, or Triton answered 503.
+- `TritonRequestError` (`InvalidInput`, 400): Triton rejected the request (bad shape, datatype, input name...)
+  or the model failed on it; `detail` is Triton's own message, `status` the HTTP status Triton answered (400 for
+  a rejected request, 500 for a model that failed while running).
+- `TritonModelNotFound` (`NotFound`, 404): the model is not loaded (or not in the repository).
+- `ModelLoadError` (`InvalidInput`): Triton could not load a model; `detail` is Triton's message.
+- `InvalidInput` naming the field: a malformed JSON inference request, caught before anything is sent.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self, TypeVar
+
+import gevent
+import numpy as np
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
+
+DEFAULT_TIMEOUT_S = 10.0
+
+# KServe v2 "Tensor Data Types" this adapter can carry as JSON (BF16 has no JSON/numpy form here).
+JSON_DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+
+_Result = TypeVar("_Result")
+
+
+class TritonUnavailable(Unavailable):
+    """Triton could not be reached, did not answer in time, or said it is unavailable (retry later)."""
+
+
+class TritonRequestError(InvalidInput):
+    """Triton rejected a request or the model failed on it.
+
+    `detail` is Triton's message; `status` the HTTP status Triton answered (400: the request breaks the model's
+    configuration or the backend refused it; 500: the model failed while running).
+    """
+
+    def __init__(self, detail: str, *, status: int | None = None, field: str | None = None) -> None:
+        super().__init__(detail, field=field)
+        self.status = status
+
+
+class TritonModelNotFound(NotFound):
+    """The model is not loaded on the server (Triton: "Request for unknown model")."""
+
+
+class ModelLoadError(InvalidInput):
+    """Triton failed to load a model; `detail` is Triton's message (config error, backend error, missing file)."""
+
+
+def _status(exc: InferenceServerException) -> int | None:
+    try:
+        return int(exc.status())
+    except (TypeError, ValueError):
+        return None
+
+
+def _message(exc: InferenceServerException) -> str:
+    return exc.message() or str(exc)
+
+
+class TritonClient:
+    """Client for one Triton server's HTTP endpoint, e.g. `TritonClient("http://127.0.0.1:8000", timeout_s=5)`.
+
+    `timeout_s` (seconds) bounds connecting and each network read/write of every call. Safe to share between
+    threads: each thread gets its own `tritonclient.http` connection (that client is not thread-safe).
+    """
+
+    def __init__(self, http_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if timeout_s <= 0:
+            raise InvalidInput(f"timeout_s must be positive, got {timeout_s}", field="timeout_s")
+        url = http_url.strip().rstrip("/")
+        self._ssl = url.startswith("https://")
+        self._address = url.split("://", 1)[1] if "://" in url else url
+        if not self._address:
+            raise InvalidInput(f"not a Triton HTTP URL: {http_url!r}", field="http_url")
+        self.http_url = f"{'https' if self._ssl else 'http'}://{self._address}"
+        self.timeout_s = float(timeout_s)
+        self._local = threading.local()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the calling thread's connection (others close when their thread's client is collected)."""
+        client = getattr(self._local, "client", None)
+        if client is not None:
+            self._local.client = None
+            try:
+                client.close()
+            except (OSError, http.client.HTTPException, InferenceServerException):
+                return  # the connection was already broken; dropping it is all closing means
+
+    def _client(self) -> triton_http.InferenceServerClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            try:
+                client = triton_http.InferenceServerClient(
+                    self._address,
+                    connection_timeout=self.timeout_s,
+                    network_timeout=self.timeout_s,
+                    ssl=self._ssl,
+                )
+            except (InferenceServerException, ValueError, OSError) as exc:
+                raise InvalidInput(f"cannot use Triton URL {self.http_url}: {exc}", field="http_url") from None
+            self._local.client = client
+        return client
+
+    def _call(self, action: str, call: Callable[[triton_http.InferenceServerClient], _Result]) -> _Result:
+        """Run one tritonclient call; turn transport failures into `TritonUnavailable`.
+
+        `InferenceServerException` is re-raised as is for the caller to classify.
+        """
+        try:
+            return call(self._client())
+        except InferenceServerException:
+            raise
+        except (OSError, http.client.HTTPException, gevent.Timeout) as exc:
+            self.close()  # the connection may be half-used; start clean next time
+            kind = "timed out" if isinstance(exc, (TimeoutError, gevent.Timeout)) else "failed"
+            raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
+
+    def _translate(self, exc: InferenceServerException, model_name: str) -> ConchError:
+        status, message = _status(exc), _message(exc)
+        if status == 404 or "unknown model" in message:
+            return TritonModelNotFound(f"model '{model_name}' is not loaded on {self.http_url}: {message}")
+        if status == 503:
+            return TritonUnavailable(f"Triton at {self.http_url} is unavailable: {message}")
+        return TritonRequestError(message, status=status)
+
+    def is_ready(self) -> bool:
+        """Whether the server answers `GET /v2/health/ready` with 200 (KServe v2 "Health"); False when unreachable."""
+        try:
+            return bool(self._call("checking readiness", lambda client: client.is_server_ready()))
+        except (TritonUnavailable, InferenceServerException):
+            return False
+
+    def model_ready(self, name: str) -> bool:
+        """Whether model `name` is loaded and ready (`GET /v2/models/<name>/ready`). Raises `TritonUnavailable`."""
+        try:
+            return bool(self._call(f"checking model '{name}'", lambda client: client.is_model_ready(name)))
+        except InferenceServerException:
+            return False
+
+    def load_model(self, name: str, *, config_json: str | None = None) -> None:
+        """Load (or reload) model `name` from the server's repository and wait until Triton has done so.
+
+        `config_json` (JSON text of a ModelConfig) replaces the repository's `config.pbtxt` for this load
+        (Triton "Model Repository" extension, "Load", parameter `config`).
+        Raises `ModelLoadError` with Triton's message, `InvalidInput` for config text that is not JSON,
+        `TritonUnavailable`.
+        """
+        if config_json is not None:
+            try:
+                json.loads(config_json)
+            except ValueError as exc:
+                raise InvalidInput(f"config_json is not valid JSON: {exc}", field="config_json") from None
+        try:
+            self._call(f"loading model '{name}'", lambda client: client.load_model(name, config=config_json))
+        except InferenceServerException as exc:
+            if _status(exc) == 503:
+                raise TritonUnavailable(f"Triton at {self.http_url} is unavailable: {_message(exc)}") from None
+            raise ModelLoadError(_message(exc)) from None
+
+    def unload_model(self, name: str, *, unload_dependents: bool = False) -> None:
+        """Ask Triton to unload model `name` (Triton "Model Repository" extension, "Unload").
+
+        Triton answers once the unload has started; `model_ready` is False from then on, while in-flight
+        requests finish. Unloading a model that is not loaded succeeds. Raises `TritonRequestError`,
+        `TritonUnavailable`.
+        """
+        try:
+            self._call(
+                f"unloading model '{name}'",
+                lambda client: client.unload_model(name, unload_dependents=unload_dependents),
+            )
+        except InferenceServerException as exc:
+            raise self._translate(exc, name) from None
+
+    def model_config(self, name: str) -> dict[str, Any]:
+        """Return the configuration Triton serves model `name` with, as JSON (the filled-in ModelConfig).
+
+        Raises `TritonModelNotFound`, `TritonUnavailable`.
+        """
+        try:
+            return self._call(f"reading the config of '{name}'", lambda client: client.get_model_config(name))
+        except InferenceServerException as exc:
+            raise self._translate(exc, name) from None
+
+    def infer_json(self, name: str, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one KServe v2 JSON inference request body on model `name`; return Triton's response body.
+
+        `request`: `{"id"?: str, "inputs": [{"name", "shape": [int...], "datatype": "FP32"|..., "data": [...]}],
+        "outputs"?: [{"name", "parameters"?: {"classification": int}}]}` with `data` flat or nested in row-major
+        order ("Inference Request JSON Object"). Request-level `parameters` are not forwarded. Tensors travel as
+        binary data; the response comes back as `{"model_name", "model_version", "id"?, "outputs": [{"name",
+        "datatype", "shape", "data"}]}` with `data` a flat JSON list (BYTES as UTF-8 text).
+        Raises `InvalidInput` naming the malformed field (e.g. `inputs[0].shape`), `TritonRequestError` (Triton's
+        message), `TritonModelNotFound`, `TritonUnavailable`.
+        """
+        inputs, outputs, request_id = _parse_json_request(request)
+        try:
+            result = self._call(
+                f"running model '{name}'",
+                lambda client: client.infer(name, inputs, outputs=outputs or None, request_id=request_id),
+            )
+        except InferenceServerException as exc:
+            raise self._translate(exc, name) from None
+        response = dict(result.get_response())
+        converted = []
+        for output in response.get("outputs", []):
+            item = {key: value for key, value in output.items() if key != "parameters"}
+            parameters = {k: v for k, v in (output.get("parameters") or {}).items() if k != "binary_data_size"}
+            if parameters:
+                item["parameters"] = parameters
+            item["data"] = _numpy_to_json(result.as_numpy(output["name"]))
+            converted.append(item)
+        response["outputs"] = converted
+        return response
+
+    def infer_numpy(
+        self,
+        name: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run model `name` on numpy tensors sent as binary data; return the outputs by name.
+
+        The Triton datatype follows each array's dtype (float32 -> FP32, int64 -> INT64, bool -> BOOL, object /
+        bytes / str -> BYTES). `outputs` picks outputs by name (None: all the model's outputs). Returned arrays are
+        read-only views of the response body (BYTES come back as object arrays of `bytes`).
+        Raises `InvalidInput` (unsupported dtype), `TritonRequestError`, `TritonModelNotFound`, `TritonUnavailable`.
+        """
+        infer_inputs = []
+        for input_name, value in inputs.items():
+            array = np.asarray(value)
+            if array.dtype.kind == "U":
+                encoded = [text.encode("utf-8") for text in array.ravel()]
+                array = np.array(encoded, dtype=np.object_).reshape(array.shape)
+            datatype = np_to_triton_dtype(array.dtype)
+            if datatype is None or datatype == "BF16":
+                message = f"input '{input_name}': dtype {array.dtype} has no Triton datatype"
+                raise InvalidInput(message, field=input_name)
+            tensor = triton_http.InferInput(input_name, list(array.shape), datatype)
+            try:
+                tensor.set_data_from_numpy(array, binary_data=True)
+            except InferenceServerException as exc:
+                raise InvalidInput(f"input '{input_name}': {_message(exc)}", field=input_name) from None
+            infer_inputs.append(tensor)
+        requested = [triton_http.InferRequestedOutput(output, binary_data=True) for output in outputs or ()]
+        try:
+            result = self._call(
+                f"running model '{name}'",
+                lambda client: client.infer(name, infer_inputs, outputs=requested or None),
+            )
+        except InferenceServerException as exc:
+            raise self._translate(exc, name) from None
+        return {output["name"]: result.as_numpy(output["name"]) for output in result.get_response().get("outputs", [])}
+
+    @staticmethod
+    def fetch_metrics_text(metrics_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+        """Return the Prometheus text exposition served at `metrics_url` (e.g. `http://127.0.0.1:8002/metrics`).
+
+        Triton serves it on its own metrics port (Triton docs, "Metrics"), apart from the HTTP API, hence a
+        static method: `TritonClient.fetch_metrics_text(url, timeout_s=5)`. `timeout_s` bounds connecting and
+        reading (seconds). Raises `TritonUnavailable` on any connection error, timeout or non-200 answer.
+        """
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+                return response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            raise TritonUnavailable(f"Triton metrics at {metrics_url} answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            raise TritonUnavailable(f"Triton metrics at {metrics_url} cannot be read: {exc}") from None
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def _json_to_numpy(data: Any, datatype: str, shape: list[int], field: str) -> np.ndarray:
+    """Turn one input's JSON `data` into an array of `shape`; raise `InvalidInput` naming `field` when it can't."""
+    values = _flatten(data)
+    expected = math.prod(shape)
+    if len(values) != expected:
+        raise InvalidInput(f"{field} has {len(values)} values but shape {shape} needs {expected}", field=field)
+    dtype = JSON_DATATYPES[datatype]
+    if datatype == "BYTES":
+        if not all(isinstance(value, str) for value in values):
+            raise InvalidInput(f"{field} must hold strings for datatype BYTES", field=field)
+        return np.array([value.encode("utf-8") for value in values], dtype=np.object_).reshape(shape)
+    if datatype == "BOOL":
+        if not all(isinstance(value, bool) for value in values):
+            raise InvalidInput(f"{field} must hold true/false values for datatype BOOL", field=field)
+        return np.array(values, dtype=np.bool_).reshape(shape)
+    if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values):
+        raise InvalidInput(f"{field} must hold numbers for datatype {datatype}", field=field)
+    if dtype.kind in "iu":
+        if not all(isinstance(value, int) or float(value).is_integer() for value in values):
+            raise InvalidInput(f"{field} must hold whole numbers for datatype {datatype}", field=field)
+        limits = np.iinfo(dtype)
+        if values and not (limits.min <= min(values) and max(values) <= limits.max):
+            raise InvalidInput(
+                f"{field} holds a value outside {datatype}'s range [{limits.min}, {limits.max}]", field=field
+            )
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def _parse_json_request(
+    request: Mapping[str, Any],
+) -> tuple[list[triton_http.InferInput], list[triton_http.InferRequestedOutput], str]:
+    """Validate a KServe v2 JSON request body and build tritonclient inputs/outputs from it."""
+    if not isinstance(request, Mapping):
+        raise InvalidInput("the request body must be a JSON object", field="request")
+    raw_inputs = request.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("inputs must be a non-empty list of tensors", field="inputs")
+    inputs = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_inputs):
+        where = f"inputs[{index}]"
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{where} must be an object with name, shape, datatype and data", field=where)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"{where}.name must be a non-empty string", field=f"{where}.name")
+        if name in seen:
+            raise InvalidInput(f"{where}.name '{name}' appears twice", field=f"{where}.name")
+        seen.add(name)
+        shape = raw.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape
+        ):
+            raise InvalidInput(
+                f"{where}.shape of '{name}' must be a list of non-negative integers", field=f"{where}.shape"
+            )
+        datatype = raw.get("datatype")
+        if datatype not in JSON_DATATYPES:
+            raise InvalidInput(
+                f"{where}.datatype of '{name}' must be one of {sorted(JSON_DATATYPES)}, got {datatype!r}",
+                field=f"{where}.datatype",
+            )
+        if "data" not in raw:
+            raise InvalidInput(f"{where}.data of '{name}' is missing", field=f"{where}.data")
+        array = _json_to_numpy(raw["data"], datatype, shape, f"{where}.data")
+        tensor = triton_http.InferInput(name, shape, datatype)
+        tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+
+    raw_outputs = request.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise InvalidInput("outputs must be a list", field="outputs")
+    outputs = []
+    for index, raw in enumerate(raw_outputs):
+        where = f"outputs[{index}]"
+        name = raw.get("name") if isinstance(raw, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"{where}.name must be a non-empty string", field=f"{where}.name")
+        parameters = raw.get("parameters") or {}
+        class_count = parameters.get("classification", 0) if isinstance(parameters, Mapping) else 0
+        if not isinstance(class_count, int) or isinstance(class_count, bool) or class_count < 0:
+            raise InvalidInput(
+                f"{where}.parameters.classification must be a non-negative integer",
+                field=f"{where}.parameters.classification",
+            )
+        outputs.append(triton_http.InferRequestedOutput(name, binary_data=True, class_count=class_count))
+
+    request_id = request.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidInput("id must be a string", field="id")
+    return inputs, outputs, request_id
+
+
+def _numpy_to_json(array: np.ndarray | None) -> list[Any]:
+    if array is None:
+        return []
+    if array.dtype == np.object_:
+        return [
+            item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item) for item in array.ravel()
+        ]
+    return array.ravel().tolist()

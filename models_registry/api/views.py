@@ -1,0 +1,98 @@
+"""REST views of the model registry: translate HTTP to service calls, nothing more."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.parsers import MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework.viewsets import GenericViewSet
+from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
+
+from conch.errors import InvalidInput
+from models_registry import services
+from models_registry.api.serializers import (
+    CreateModelSerializer,
+    ModelVersionSerializer,
+    RegisteredModelSerializer,
+    UploadVersionSerializer,
+)
+from models_registry.storage import get_object_store
+from models_registry.uploads import ObjectStoreUploadHandler, check_content_length
+
+BUILD_OPTION_FIELDS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+
+
+class RegisteredModelViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
+    """Models of your teams. POST registers a name in a team."""
+
+    serializer_class = RegisteredModelSerializer
+
+    def get_queryset(self):
+        return services.visible_models(user=self.request.user).order_by("id")
+
+    @extend_schema(request=CreateModelSerializer, responses={201: RegisteredModelSerializer})
+    def create(self, request: Request) -> Response:
+        form = CreateModelSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        model = services.create_model(
+            user=request.user, team_slug=form.validated_data["team"], name=form.validated_data["name"]
+        )
+        return Response(RegisteredModelSerializer(model).data, status=status.HTTP_201_CREATED)
+
+
+class ModelVersionListUploadView(APIView):
+    """GET lists a model's versions; POST uploads a new version (multipart field `file`)."""
+
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(responses={200: ModelVersionSerializer(many=True)})
+    def get(self, request: Request, model_id: int) -> Response:
+        model = services.get_model(user=request.user, model_id=model_id)
+        versions = services.visible_versions(user=request.user).filter(model=model).prefetch_related("build_steps")
+        return Response(ModelVersionSerializer(versions, many=True).data)
+
+    @extend_schema(request={"multipart/form-data": UploadVersionSerializer}, responses={201: ModelVersionSerializer})
+    def post(self, request: Request, model_id: int) -> Response:
+        model = services.get_model(user=request.user, model_id=model_id)
+        max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
+        check_content_length(request._request, max_bytes)
+        version = services.reserve_version(model=model, user=request.user)
+        handler = ObjectStoreUploadHandler(get_object_store(), version.source_key, max_bytes=max_bytes)
+        # The bytes stream straight into the object store as the body is parsed.
+        request._request.upload_handlers = [handler]
+        try:
+            data, files = request.data, request.FILES
+            upload = files.get("file")
+            if upload is None:
+                raise InvalidInput("Send the model file in the multipart field 'file'.", field="file")
+            options = {k: data.get(k) for k in BUILD_OPTION_FIELDS if data.get(k) not in (None, "")}
+            version = services.complete_upload(
+                version=version, stored=upload.stored, filename=upload.name or "", options=options
+            )
+        except BaseException:
+            services.discard_upload(version=version)
+            raise
+        return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class ModelVersionViewSet(RetrieveModelMixin, ListModelMixin, GenericViewSet):
+    """Model versions of your teams, with build steps, signature and generated config.pbtxt."""
+
+    serializer_class = ModelVersionSerializer
+
+    def get_queryset(self):
+        return services.visible_versions(user=self.request.user).prefetch_related("build_steps").order_by("id")
+
+
+class RebuildView(APIView):
+    """POST starts the build of a version again from its stored file."""
+
+    @extend_schema(request=None, responses={202: ModelVersionSerializer})
+    def post(self, request: Request, version_id: int) -> Response:
+        version = services.get_version(user=request.user, version_id=version_id)
+        version = services.request_rebuild(version=version)
+        return Response(ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)

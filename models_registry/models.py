@@ -1,0 +1,58 @@
+"""Registered models and their uploaded versions."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from models_registry.choices import VersionStatus
+
+
+class RegisteredModel(models.Model):
+    """A named model of a team; its name is also the Triton model name (a DNS label)."""
+
+    team = models.ForeignKey("tenancy.Team", on_delete=models.PROTECT, related_name="models")
+    name = models.CharField(max_length=63)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="registeredmodel_unique_team_name")]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.name}"
+
+
+class ModelVersion(models.Model):
+    """One uploaded file of a model, numbered 1, 2, 3… per model, and the result of its build.
+
+    `source_key` is where the uploaded bytes live in the object store; `repository_prefix`
+    is the Triton model repository the build wrote (`<prefix>/<model name>/config.pbtxt`,
+    `<prefix>/<model name>/<number>/model.onnx`).
+    """
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=VersionStatus.choices, default=VersionStatus.UPLOADING)
+    error = models.TextField(blank=True)
+    error_field = models.CharField(max_length=100, blank=True)
+    source_key = models.CharField(max_length=500, blank=True)
+    source_filename = models.CharField(max_length=255, blank=True)
+    source_size_bytes = models.BigIntegerField(default=0)
+    source_sha256 = models.CharField(max_length=64, blank=True)
+    build_options = models.JSONField(default=dict, blank=True)
+    build_attempt = models.PositiveIntegerField(default=0)
+    signature = models.JSONField(null=True, blank=True)
+    config_pbtxt = models.TextField(blank=True)
+    repository_prefix = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    built_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["model", "number"], name="modelversion_unique_model_number")]
+
+    def __str__(self) -> str:
+        return f"{self.model}:{self.number}"

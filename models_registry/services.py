@@ -1,0 +1,203 @@
+"""Model registry rules: naming, race-free version numbers, upload bookkeeping, rebuilds.
+
+The bytes themselves go through `models_registry.storage` (the object-store adapter);
+builds are run by the `builds` app, which reports back through `record_build_*` here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import Max, QuerySet
+from django.utils import timezone
+
+from builds.model_config import parse_build_options, validate_model_name
+from conch.errors import Conflict, InvalidInput, NotFound
+from models_registry.choices import VersionStatus
+from models_registry.models import ModelVersion, RegisteredModel
+from models_registry.storage import StoredObject, get_object_store
+from tenancy.services import get_team_for_user, teams_for_user
+
+log = logging.getLogger(__name__)
+
+
+def source_key(*, model_id: int, number: int) -> str:
+    """Object-store key of a version's uploaded file (deterministic: one key per version)."""
+    return f"models/{model_id}/versions/{number}/source/model.onnx"
+
+
+def repository_prefix(*, model_id: int, number: int) -> str:
+    """Object-store prefix of the Triton model repository a version's build writes."""
+    return f"models/{model_id}/versions/{number}/repository"
+
+
+def visible_models(*, user: AbstractBaseUser) -> QuerySet[RegisteredModel]:
+    """Models of the caller's teams."""
+    return RegisteredModel.objects.filter(team__in=teams_for_user(user=user)).select_related("team")
+
+
+def visible_versions(*, user: AbstractBaseUser) -> QuerySet[ModelVersion]:
+    """Versions of models of the caller's teams."""
+    return ModelVersion.objects.filter(model__team__in=teams_for_user(user=user)).select_related("model__team")
+
+
+def get_model(*, user: AbstractBaseUser, model_id: int) -> RegisteredModel:
+    """Return a model the caller may see. Raises NotFound."""
+    model = visible_models(user=user).filter(pk=model_id).first()
+    if model is None:
+        raise NotFound(f"Model {model_id} does not exist or is not in one of your teams.")
+    return model
+
+
+def get_version(*, user: AbstractBaseUser, version_id: int) -> ModelVersion:
+    """Return a version the caller may see. Raises NotFound."""
+    version = visible_versions(user=user).filter(pk=version_id).first()
+    if version is None:
+        raise NotFound(f"Model version {version_id} does not exist or is not in one of your teams.")
+    return version
+
+
+def create_model(*, user: AbstractBaseUser, team_slug: str, name: str) -> RegisteredModel:
+    """Register a model name in a team.
+
+    The name is also the Triton model name and part of Kubernetes object names, so it must be
+    a lowercase RFC 1123 DNS label of at most 63 characters. Raises InvalidInput (field
+    `name`), NotFound (field `team`), Conflict (field `name`) for a duplicate in the team.
+    """
+    validate_model_name(name)
+    team = get_team_for_user(user=user, slug=team_slug)
+    try:
+        with transaction.atomic():
+            return RegisteredModel.objects.create(team=team, name=name, created_by=user)
+    except IntegrityError:
+        raise Conflict(f"Team '{team.slug}' already has a model named '{name}'.", field="name") from None
+
+
+def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser | None) -> ModelVersion:
+    """Allocate the next version number of `model` (1, 2, 3…) and its source key.
+
+    Race-free: the model row is locked while the number is chosen, and a unique
+    constraint on (model, number) backs it up. The row starts as `uploading`.
+    """
+    with transaction.atomic():
+        RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
+        number = (model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+        return ModelVersion.objects.create(
+            model=model,
+            number=number,
+            status=VersionStatus.UPLOADING,
+            source_key=source_key(model_id=model.pk, number=number),
+            repository_prefix=repository_prefix(model_id=model.pk, number=number),
+            created_by=user,
+        )
+
+
+def discard_upload(*, version: ModelVersion) -> None:
+    """Forget a version whose upload failed: delete its row and any stored bytes."""
+    try:
+        get_object_store().delete(version.source_key)
+    except NotFound:
+        pass
+    ModelVersion.objects.filter(pk=version.pk, status=VersionStatus.UPLOADING).delete()
+
+
+def complete_upload(
+    *, version: ModelVersion, stored: StoredObject, filename: str, options: dict[str, Any]
+) -> ModelVersion:
+    """Record a finished upload and queue its build.
+
+    `options` are the raw build option fields (max_batch_size, max_queue_delay_microseconds,
+    preferred_batch_size, instance_count). Raises InvalidInput naming `file` for an empty
+    file, or the option at fault; the stored bytes and the row are then discarded.
+    """
+    if stored.size_bytes == 0:
+        discard_upload(version=version)
+        raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
+    try:
+        parsed = parse_build_options(options)
+    except InvalidInput:
+        discard_upload(version=version)
+        raise
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        version.source_filename = filename[:255]
+        version.source_size_bytes = stored.size_bytes
+        version.source_sha256 = stored.sha256_hex
+        version.build_options = parsed.to_dict()
+        version.status = VersionStatus.BUILDING
+        version.build_attempt += 1
+        version.save()
+        _queue_build(version)
+    log.info("version.uploaded", extra={"version_id": version.pk, "size_bytes": stored.size_bytes})
+    return version
+
+
+def request_rebuild(*, version: ModelVersion) -> ModelVersion:
+    """Build a version again from its stored file (after a fix in Conch, or a transient failure).
+
+    Raises Conflict while a build is already queued or running.
+    """
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        if version.status == VersionStatus.UPLOADING:
+            raise Conflict("The upload of this version has not finished.", field=None)
+        if version.status == VersionStatus.BUILDING:
+            raise Conflict("This version is already building; wait for it to finish.", field=None)
+        version.status = VersionStatus.BUILDING
+        version.error = ""
+        version.error_field = ""
+        version.build_attempt += 1
+        version.save()
+        _queue_build(version)
+    return version
+
+
+def _queue_build(version: ModelVersion) -> None:
+    from builds.tasks import build_version
+
+    version_id, attempt = version.pk, version.build_attempt
+    transaction.on_commit(lambda: build_version.delay(version_id, attempt))
+
+
+def record_build_result(
+    *,
+    version_id: int,
+    attempt: int,
+    succeeded: bool,
+    error: str = "",
+    error_field: str = "",
+) -> bool:
+    """Store the outcome of build `attempt`; a stale attempt (a newer rebuild exists) is ignored.
+
+    Returns whether the result was recorded.
+    """
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().get(pk=version_id)
+        if version.build_attempt != attempt or version.status != VersionStatus.BUILDING:
+            return False
+        version.status = VersionStatus.BUILT if succeeded else VersionStatus.FAILED
+        version.error = error
+        version.error_field = error_field
+        version.built_at = timezone.now() if succeeded else None
+        version.save()
+    return True
+
+
+def record_build_artifacts(*, version_id: int, **fields: Any) -> None:
+    """Store what a build step produced (`signature`, `config_pbtxt`)."""
+    allowed = {"signature", "config_pbtxt"}
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ValueError(f"unknown build artifacts: {sorted(unknown)}")
+    ModelVersion.objects.filter(pk=version_id).update(**fields)
+
+
+def claim_build(*, version_id: int, attempt: int) -> ModelVersion | None:
+    """Return the version if build `attempt` is the current one and still to do, else None."""
+    version = ModelVersion.objects.select_related("model__team").filter(pk=version_id).first()
+    if version is None or version.build_attempt != attempt or version.status != VersionStatus.BUILDING:
+        return None
+    return version

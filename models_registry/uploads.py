@@ -1,0 +1,308 @@
+"""Streaming of uploaded model files from the HTTP request body straight into the object store.
+
+`ObjectStoreUploadHandler` is a Django upload handler: as Django's multipart parser reads the
+body, each chunk of the multipart field `file` goes to `ObjectStore.open_writer(key)`, so the web
+process neither keeps the file in memory nor spools it to disk, and SHA-256 and size come out
+of the same pass. The size limit (`settings.CONCH_MAX_UPLOAD_BYTES`) is enforced while streaming.
+
+How an upload view uses it with DRF::
+
+    check_content_length(request, max_bytes)          # 413 before reading a byte, when declared
+    handler = ObjectStoreUploadHandler(store, key, max_bytes=max_bytes)
+    request._request.upload_handlers = [handler]      # before anything touches request.data/POST/FILES
+    with handler:                                     # on any error: abort the writer, drop the object
+        upload = request.data.get("file")             # a StoredUpload, or None when no file was sent
+    stored = upload.stored                            # StoredObject(key, size_bytes, sha256_hex)
+
+DRF's `MultiPartParser` hands the Django request's `upload_handlers` to Django's parser, which is
+why the handler goes on `request._request`. Exceptions raised by the handler (PayloadTooLarge,
+InvalidInput, Unavailable, or any other) propagate out of `request.data` unchanged: DRF resets
+its parsed data and re-raises.
+
+The body must not be parsed before the handler is installed. Django's CSRF check reads
+`request.POST` for a POST, and DRF runs that check inside `SessionAuthentication` (during
+`initial()`, before the view method); the body would then be parsed by Django's default
+handlers (spooled to a temp file) and installing ours raises AttributeError. Upload views
+therefore authenticate sessions with `HeaderCsrfSessionAuthentication`, which takes the CSRF
+token from the `X-CSRFToken` header only and leaves the body unread.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, BinaryIO, Self
+
+from django.core.files.uploadedfile import UploadedFile
+from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
+from django.http import QueryDict
+from rest_framework.authentication import SessionAuthentication
+
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge
+from models_registry.storage import MIB, ObjectStore, ObjectWriter, StoredObject
+
+log = logging.getLogger(__name__)
+
+# Bytes Django's parser hands over per call: large chunks keep the parser's per-chunk Python
+# work small next to the bytes moved; memory per upload stays a few chunks plus the writer's parts.
+UPLOAD_CHUNK_BYTES = 2 * MIB
+# Room in CONTENT_LENGTH for the multipart framing and the small form fields sent with the file.
+MULTIPART_SLACK_BYTES = 1 * MIB
+
+
+def _too_large(max_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The file is larger than the upload limit of {max_bytes} bytes; an administrator can raise "
+        "the limit with the CONCH_MAX_UPLOAD_BYTES setting.",
+        field="file",
+    )
+
+
+def check_content_length(request: Any, max_bytes: int, *, slack_bytes: int = MULTIPART_SLACK_BYTES) -> None:
+    """Raise PayloadTooLarge (field `file`) when the declared body size already exceeds the limit.
+
+    `request` is a Django HttpRequest or a DRF Request; its CONTENT_LENGTH (bytes) is compared
+    with `max_bytes + slack_bytes`, the slack covering multipart framing and small form fields.
+    A missing or malformed CONTENT_LENGTH passes (the streaming check still applies).
+    """
+    raw = request.META.get("CONTENT_LENGTH") or ""
+    try:
+        content_length = int(raw)
+    except ValueError:
+        return
+    _check_declared_length(content_length, max_bytes, slack_bytes)
+
+
+def _check_declared_length(content_length: int | None, max_bytes: int, slack_bytes: int) -> None:
+    if content_length is not None and content_length > max_bytes + slack_bytes:
+        raise _too_large(max_bytes)
+
+
+class StoredUpload(UploadedFile):
+    """The uploaded file as the view sees it: already in the object store.
+
+    `stored` is the StoredObject (key, size_bytes, sha256_hex); `name`, `content_type`, `charset`
+    come from the multipart headers (the name sanitised by Django); `size` is in bytes. `open()`
+    streams the content back from the store; otherwise nothing is held open.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        stored: StoredObject,
+        name: str | None,
+        content_type: str | None,
+        charset: str | None,
+        content_type_extra: dict[str, Any] | None,
+    ) -> None:
+        super().__init__(
+            file=None,
+            name=name,
+            content_type=content_type,
+            size=stored.size_bytes,
+            charset=charset,
+            content_type_extra=content_type_extra,
+        )
+        self.stored = stored
+        self._store = store
+
+    @property
+    def key(self) -> str:
+        """Object-store key of the content."""
+        return self.stored.key
+
+    @property
+    def sha256_hex(self) -> str:
+        """SHA-256 of the content, 64 lowercase hex digits."""
+        return self.stored.sha256_hex
+
+    def open(self, mode: str | None = None) -> StoredUpload:
+        """Open a stream over the stored content (read-only). Raises NotFound, Unavailable."""
+        if mode not in (None, "rb"):
+            raise InvalidInput(f"An uploaded model can only be opened for reading, not {mode!r}.")
+        self.close()
+        self.file: BinaryIO | None = self._store.open_reader(self.stored.key)
+        return self
+
+    def close(self) -> None:
+        """Close the stream opened by `open()`, if any (Django closes uploads after each request)."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether no stream is open."""
+        return self.file is None or self.file.closed
+
+
+class ObjectStoreUploadHandler(FileUploadHandler):
+    """Stream the multipart file field `field_name` (default `file`) into `store` under `key`.
+
+    Must be the request's only upload handler (or the first: it stops the others). Limits and
+    errors, all raised out of the parser (so out of DRF's `request.data`):
+
+    - PayloadTooLarge (field `file`) once more than `max_bytes` bytes of the file arrive, or when
+      the declared request or part length already exceeds it; the writer is aborted first, so
+      no object or partial upload is left;
+    - InvalidInput for a file in another field, or a second file;
+    - Unavailable when the store fails (the writer aborts itself).
+
+    `file_complete` commits the object and returns a `StoredUpload`; an empty file is still
+    stored and returned (size 0) so the view can reject it with a clear message. When the body
+    ends in the middle of the file (`upload_interrupted`) the writer is aborted. For errors raised
+    outside the handler (a later form field too big, a broken connection), use the handler as a
+    context manager around `request.data`, or call `abort()` and delete `key` yourself.
+    """
+
+    chunk_size = UPLOAD_CHUNK_BYTES
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        *,
+        max_bytes: int,
+        field_name: str = "file",
+        request: Any = None,
+    ) -> None:
+        super().__init__(request)
+        self.store = store
+        self.key = key
+        self.max_bytes = max_bytes
+        self.expected_field_name = field_name
+        self.upload: StoredUpload | None = None
+        self._writer: ObjectWriter | None = None
+        self._received_bytes = 0
+
+    def handle_raw_input(
+        self,
+        input_data: Any,
+        META: dict[str, Any],
+        content_length: int,
+        boundary: bytes,
+        encoding: str | None = None,
+    ) -> None:
+        """Refuse a body whose declared length is over the limit; let Django parse the rest."""
+        _check_declared_length(content_length, self.max_bytes, MULTIPART_SLACK_BYTES)
+
+    def new_file(
+        self,
+        field_name: str,
+        file_name: str,
+        content_type: str,
+        content_length: int | None,
+        charset: str | None = None,
+        content_type_extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Open the store writer for the expected field; refuse other or repeated file fields."""
+        super().new_file(field_name, file_name, content_type, content_length, charset, content_type_extra)
+        if field_name != self.expected_field_name:
+            raise InvalidInput(
+                f"Unexpected file field {field_name!r}; send the model file in the field {self.expected_field_name!r}.",
+                field=field_name,
+            )
+        if self._writer is not None or self.upload is not None:
+            raise InvalidInput(
+                f"Send exactly one file in the field {self.expected_field_name!r}.", field=self.expected_field_name
+            )
+        if content_length is not None and content_length > self.max_bytes:
+            raise _too_large(self.max_bytes)
+        self._received_bytes = 0
+        self._writer = self.store.open_writer(self.key)
+        raise StopFutureHandlers()
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
+        """Write one chunk to the store; over `max_bytes` abort and raise PayloadTooLarge.
+
+        Returns None, which tells Django's parser not to pass the chunk to later handlers.
+        """
+        if self._writer is None:
+            return
+        self._received_bytes += len(raw_data)
+        if self._received_bytes > self.max_bytes:
+            self.abort()
+            raise _too_large(self.max_bytes)
+        self._writer.write(raw_data)
+
+    def file_complete(self, file_size: int) -> StoredUpload | None:
+        """Commit the object and return it as a StoredUpload. Raises Unavailable."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return None
+        stored = writer.commit()
+        self.upload = StoredUpload(
+            store=self.store,
+            stored=stored,
+            name=self.file_name,
+            content_type=self.content_type,
+            charset=self.charset,
+            content_type_extra=self.content_type_extra,
+        )
+        return self.upload
+
+    def upload_interrupted(self) -> None:
+        """The body ended inside the file: drop what was written."""
+        self.abort()
+
+    def abort(self) -> None:
+        """Abort the writer if one is open (no object, no partial upload left). Idempotent.
+
+        An object already committed by `file_complete` is not touched; see `discard()`.
+        """
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            writer.abort()
+        except ConchError as error:
+            log.warning("upload.abort_failed", extra={"key": self.key, "error": error.detail})
+
+    def discard(self) -> None:
+        """Abort an open writer and delete the object if it was already committed."""
+        self.abort()
+        if self.upload is not None:
+            self.upload = None
+            try:
+                self.store.delete(self.key)
+            except ConchError as error:
+                log.warning("upload.discard_failed", extra={"key": self.key, "error": error.detail})
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
+        if exc_type is not None:
+            self.discard()
+
+
+class _BodylessRequest:
+    """The Django request as the CSRF check sees it: same headers, cookies and session, empty POST."""
+
+    def __init__(self, request: Any) -> None:
+        object.__setattr__(self, "_wrapped", request)
+
+    @property
+    def POST(self) -> QueryDict:
+        return QueryDict()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._wrapped, name, value)
+
+
+class HeaderCsrfSessionAuthentication(SessionAuthentication):
+    """Session authentication whose CSRF check never reads the request body.
+
+    Django's check would read `request.POST` for the `csrfmiddlewaretoken` field and so parse a
+    multipart upload before the view installs `ObjectStoreUploadHandler`. This runs the same
+    check (cookie, Origin/Referer, token format and match) but takes the token from the
+    `X-CSRFToken` header (settings.CSRF_HEADER_NAME) only. Raises PermissionDenied (403) on failure.
+    """
+
+    def enforce_csrf(self, request: Any) -> None:
+        """Run Django's CSRF check on the request with its body hidden."""
+        django_request = getattr(request, "_request", request)
+        super().enforce_csrf(_BodylessRequest(django_request))

@@ -1,0 +1,66 @@
+"""Shared fixtures: isolated storage and Triton folders, users/teams/tokens, API clients, Celery modes."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import MembershipFactory, TeamFactory, UserFactory
+
+pytest_plugins = ["tests.s3_server"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_conch(settings, tmp_path_factory):
+    """Each test gets its own object-store folder; Tritons it starts carry a test-only id."""
+    base = tmp_path_factory.mktemp("conch")
+    settings.CONCH_STORAGE_URL = (base / "storage").as_uri()
+    settings.CONCH_TRITON_DIR = base / "triton"
+    settings.CONCH_INSTANCE_ID = f"conchtest{os.getpid()}"
+    yield
+
+
+@pytest.fixture
+def eager_tasks():
+    """Run Celery tasks inline when queued (on commit), propagating their errors."""
+    from conch.celery import app
+
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    yield app
+    app.conf.task_always_eager = False
+
+
+@dataclass
+class Caller:
+    user: object
+    team: object
+    token: str
+    client: APIClient
+
+
+def make_caller(username: str, team_slug: str) -> Caller:
+    from tenancy.services import create_api_token
+
+    user = UserFactory(username=username)
+    team = TeamFactory(slug=team_slug)
+    MembershipFactory(user=user, team=team)
+    token = create_api_token(user=user, name="tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return Caller(user=user, team=team, token=token, client=client)
+
+
+@pytest.fixture
+def alice(db) -> Caller:
+    """A member of team `acme` with an API client authenticated by bearer token."""
+    return make_caller("alice", "acme")
+
+
+@pytest.fixture
+def bob(db) -> Caller:
+    """A member of another team, `globex`."""
+    return make_caller("bob", "globex")

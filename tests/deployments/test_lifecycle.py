@@ -1,0 +1,200 @@
+"""Deployments on the local runtime: create, start, infer, reconcile (dead Triton, orphans), stop.
+
+Tasks run inline (eager Celery, on commit); every deployment is a real tritonserver process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import onnxruntime
+import psutil
+import pytest
+
+from deployments import services, triton_server
+from deployments.models import Deployment
+from tests import real_models
+
+pytestmark = pytest.mark.django_db
+
+
+def _deploy(caller, version, capture, **extra) -> dict:
+    body = {"name": "web", "team": caller.team.slug, "model_version": version.pk, "runtime": "local", **extra}
+    with capture(execute=True):
+        response = caller.client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.content
+    return caller.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _classifier_request(batch: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+    x = np.random.default_rng(seed).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    return x, {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+
+
+def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks):
+    # given a ready deployment with overrides
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks, instance_count=2,
+                max_batch_size=4, max_queue_delay_microseconds=1000)
+    assert d["status"] == "ready", d["error"]
+    assert d["endpoints"]["http"].startswith("http://127.0.0.1:")
+    assert "count: 2" in d["config_pbtxt"] and "max_batch_size: 4" in d["config_pbtxt"]
+    assert any("successfully loaded" in line for line in d["log_tail"])
+    # when a KServe v2 request is sent through Conch
+    x, request = _classifier_request(batch=3)
+    response = alice.client.post(f"/api/v1/deployments/{d['id']}/infer", request, format="json")
+    # then Triton's response comes back, equal to onnxruntime's
+    assert response.status_code == 200, response.content
+    out = response.json()["outputs"][0]
+    assert (out["name"], out["shape"], out["datatype"]) == ("fetch_name_0", [3, 4], "FP32")
+    session = onnxruntime.InferenceSession(str(real_models.classifier()), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.array(out["data"]).reshape(3, 4), expected, rtol=1e-4, atol=1e-5)
+    # a request Triton rejects comes back 400 with Triton's message
+    bad = {"inputs": [{"name": "x", "shape": [1, 3, 10, 10], "datatype": "FP32", "data": [0.0] * 300}]}
+    response = alice.client.post(f"/api/v1/deployments/{d['id']}/infer", bad, format="json")
+    assert response.status_code == 400
+    assert "x" in response.json()["detail"]
+    # when it is deleted
+    row = Deployment.objects.get(pk=d["id"])
+    ports = [row.http_port, row.grpc_port, row.metrics_port]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.delete(f"/api/v1/deployments/{d['id']}/")
+    assert response.status_code == 202
+    # then no process is left and the ports are free
+    assert alice.client.get(f"/api/v1/deployments/{d['id']}/").json()["status"] == "stopped"
+    assert not triton_server.is_alive(row.pid, row.process_create_time)
+    assert all(_port_is_free(p) for p in ports)
+
+
+def test_reconcile_reports_a_dead_triton_and_restarts_it(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
+):
+    # given a ready deployment whose Triton then dies
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    row = Deployment.objects.get(pk=d["id"])
+    old_pid = row.pid
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while triton_server.is_alive(old_pid, row.process_create_time) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # when the periodic reconcile runs
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = services.reconcile_deployments()
+    # then it reported the failure with Triton's last log lines and started a new Triton
+    assert counts["failed"] == 1 and counts["restarted"] == 1
+    row.refresh_from_db()
+    assert row.status == "ready"
+    assert row.restart_count == 1
+    assert row.pid != old_pid and triton_server.is_alive(row.pid, row.process_create_time)
+    assert "Triton exited unexpectedly" in row.last_failure
+    assert "last lines of its log" in row.last_failure
+    x, request = _classifier_request(batch=1)
+    assert alice.client.post(f"/api/v1/deployments/{d['id']}/infer", request, format="json").status_code == 200
+    services.stop_deployment(deployment_id=row.pk)
+
+
+def test_restarted_conch_adopts_its_triton_and_kills_orphans(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
+):
+    # given a ready deployment, and a second Triton tagged for it (as left by a crashed start)
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    row = Deployment.objects.get(pk=d["id"])
+    backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
+    ports = triton_server.allocate_ports(3)
+    orphan = triton_server.start_server(
+        server_id=row.server_id, repository=str(settings.CONCH_TRITON_DIR), http_port=ports[0],
+        grpc_port=ports[1], metrics_port=ports[2], log_path=settings.CONCH_TRITON_DIR / "orphan.log",
+        backend_root=backend_root,
+    )
+    triton_server.wait_until_ready(orphan, timeout_s=60)
+    # when Conch restarts (nothing in the database changes) and reconcile runs
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = services.reconcile_deployments()
+        again = services.ensure_deployment_started(deployment_id=row.pk)
+    # then the recorded Triton is adopted, the duplicate is gone, nothing new started
+    assert counts["orphans_killed"] == 1
+    assert again == "ready"
+    assert not triton_server.is_alive(orphan.pid, orphan.create_time)
+    running = triton_server.find_servers(row.server_id)
+    assert [s.pid for s in running] == [row.pid]
+    row.refresh_from_db()
+    assert row.restart_count == 0
+    services.stop_deployment(deployment_id=row.pk)
+    assert psutil.pid_exists(row.pid) is False or not triton_server.is_alive(row.pid, row.process_create_time)
+
+
+def test_deploying_a_version_that_is_not_built_gets_409(alice, built_classifier):
+    built_classifier.status = "failed"
+    built_classifier.error = "bad file"
+    built_classifier.save()
+    response = alice.client.post(
+        "/api/v1/deployments/", {"name": "web", "team": "acme", "model_version": built_classifier.pk}, format="json"
+    )
+    assert response.status_code == 409
+    assert response.json()["field"] == "model_version"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "status"),
+    [
+        ({"name": "Web_1"}, "name", 400),
+        ({"runtime": "kubernetes"}, "runtime", 400),
+        ({"runtime": "docker"}, "runtime", 400),
+        ({"instance_count": 0}, "instance_count", 400),
+        ({"max_batch_size": -1}, "max_batch_size", 400),
+        ({"max_queue_delay_microseconds": "soon"}, "max_queue_delay_microseconds", 400),
+        ({"model_version": "abc"}, "model_version", 400),
+        ({"model_version": 999999}, "model_version", 404),
+        ({"team": "globex"}, "team", 404),
+    ],
+)
+def test_bad_deployment_requests_name_the_field(alice, built_classifier, change, field, status):
+    body = {"name": "web", "team": "acme", "model_version": built_classifier.pk, "runtime": "local", **change}
+    response = alice.client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == status, response.content
+    assert response.json()["field"] == field
+    assert Deployment.objects.count() == 0
+
+
+def test_max_batch_size_above_zero_on_a_fixed_batch_model_gets_400(alice):
+    from tests.deployments.conftest import write_built_version
+
+    version = write_built_version(alice.team, "captcha", real_models.ddddocr_common())
+    response = alice.client.post(
+        "/api/v1/deployments/",
+        {"name": "web", "team": "acme", "model_version": version.pk, "max_batch_size": 8},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert response.json()["field"] == "max_batch_size"
+
+
+def test_other_teams_deployments_are_invisible(alice, bob, built_classifier):
+    response = bob.client.post(
+        "/api/v1/deployments/", {"name": "web", "team": "globex", "model_version": built_classifier.pk},
+        format="json",
+    )
+    assert response.status_code == 404
+    assert response.json()["field"] == "model_version"
+
+
+def test_infer_on_a_deployment_that_is_not_ready_gets_409(alice, built_classifier):
+    response = alice.client.post(
+        "/api/v1/deployments/", {"name": "web", "team": "acme", "model_version": built_classifier.pk}, format="json"
+    )
+    deployment_id = response.json()["id"]
+    response = alice.client.post(f"/api/v1/deployments/{deployment_id}/infer", {"inputs": []}, format="json")
+    assert response.status_code == 409

@@ -1,0 +1,442 @@
+"""Object-store adapter: both implementations against real backends (a tmp folder; moto's S3 server over HTTP)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
+from models_registry import storage
+from models_registry.storage import (
+    FileObjectStore,
+    ObjectStore,
+    ObjectStoreMisconfigured,
+    S3ObjectStore,
+    StoredObject,
+    build_object_store,
+    get_object_store,
+)
+from tests.s3_server import S3_STORE_PREFIX
+
+MIB = 1024 * 1024
+# Triton core, src/filesystem/implementations/s3.h: the S3 locations its parser accepts.
+TRITON_S3_REGEX = re.compile(
+    r"s3://(http://|https://|)([0-9a-zA-Z\-.]+):([0-9]+)/([0-9a-z.\-]+)(((/[0-9a-zA-Z.\-_]+)*)?)"
+)
+
+
+def payload(size: int, seed: int = 7) -> bytes:
+    """Deterministic incompressible bytes."""
+    return random.Random(seed).randbytes(size)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path) -> ObjectStore:
+    if request.param == "file":
+        return FileObjectStore(tmp_path / "store")
+    return request.getfixturevalue("s3_store")
+
+
+def pending_uploads(store: ObjectStore, request) -> list:
+    """Multipart uploads the S3 server still holds for the store's bucket ([] for folders)."""
+    if not isinstance(store, S3ObjectStore):
+        return []
+    client = request.getfixturevalue("s3_client")
+    return client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+
+
+def files_on_disk(store: ObjectStore) -> list[str]:
+    """Every file under a FileObjectStore's root, temp files included."""
+    if not isinstance(store, FileObjectStore) or not store.root.exists():
+        return []
+    return sorted(path.relative_to(store.root).as_posix() for path in store.root.rglob("*") if path.is_file())
+
+
+def test_put_bytes_round_trip(store):
+    # given / when
+    stored = store.put_bytes("models/1/source/model.onnx", b"onnx bytes")
+
+    # then
+    assert stored == StoredObject(key="models/1/source/model.onnx", size_bytes=10, sha256_hex=sha256(b"onnx bytes"))
+    assert store.read_bytes("models/1/source/model.onnx") == b"onnx bytes"
+    assert store.exists("models/1/source/model.onnx") is True
+    assert store.size("models/1/source/model.onnx") == 10
+    assert store.list_keys() == ["models/1/source/model.onnx"]
+
+
+def test_writer_small_object_in_several_writes(store):
+    data = payload(300_000)
+
+    with store.open_writer("small.bin") as writer:
+        for start in range(0, len(data), 70_001):
+            writer.write(data[start : start + 70_001])
+        stored = writer.commit()
+
+    assert stored == StoredObject(key="small.bin", size_bytes=300_000, sha256_hex=sha256(data))
+    assert store.read_bytes("small.bin") == data
+
+
+def test_writer_multipart_object_exact_hash_and_size(store, request):
+    # given 20 MiB + 123 bytes (three 8 MiB parts on S3), written in uneven chunks
+    data = payload(20 * MIB + 123)
+
+    # when
+    with store.open_writer("big/model.onnx") as writer:
+        position = 0
+        for size in [1, MIB - 1, 3 * MIB + 5, 9 * MIB, 17] * 3:
+            writer.write(memoryview(data)[position : position + size])
+            position += size
+        writer.write(data[position:])
+        stored = writer.commit()
+
+    # then
+    assert stored == StoredObject(key="big/model.onnx", size_bytes=len(data), sha256_hex=sha256(data))
+    assert store.size("big/model.onnx") == len(data)
+    assert sha256(store.read_bytes("big/model.onnx")) == sha256(data)
+    assert pending_uploads(store, request) == []
+
+
+def test_writer_empty_object(store):
+    with store.open_writer("empty") as writer:
+        stored = writer.commit()
+
+    assert stored == StoredObject(key="empty", size_bytes=0, sha256_hex=sha256(b""))
+    assert store.read_bytes("empty") == b""
+
+
+def test_writer_replaces_existing_object(store):
+    store.put_bytes("k", b"old content")
+
+    store.put_bytes("k", b"new")
+
+    assert store.read_bytes("k") == b"new"
+    assert store.list_keys() == ["k"]
+
+
+def test_abort_leaves_no_object_and_no_pending_upload(store, request):
+    # given a writer that already pushed two full parts
+    writer = store.open_writer("aborted/model.onnx")
+    writer.write(payload(17 * MIB))
+
+    # when
+    writer.abort()
+    writer.abort()  # idempotent
+
+    # then
+    assert store.exists("aborted/model.onnx") is False
+    assert store.list_keys() == []
+    assert pending_uploads(store, request) == []
+    assert files_on_disk(store) == []
+
+
+def test_exception_inside_writer_block_aborts(store, request):
+    with pytest.raises(RuntimeError, match="client went away"), store.open_writer("model.onnx") as writer:
+        writer.write(payload(9 * MIB))
+        raise RuntimeError("client went away")
+
+    assert store.list_keys() == []
+    assert pending_uploads(store, request) == []
+    assert files_on_disk(store) == []
+
+
+def test_leaving_writer_block_without_commit_aborts(store):
+    with store.open_writer("model.onnx") as writer:
+        writer.write(b"abc")
+
+    assert store.exists("model.onnx") is False
+
+
+def test_writer_refuses_use_after_commit(store):
+    writer = store.open_writer("k")
+    writer.write(b"abc")
+    writer.commit()
+
+    with pytest.raises(ConchError, match="already committed"):
+        writer.write(b"more")
+    with pytest.raises(ConchError, match="already committed"):
+        writer.commit()
+    writer.abort()  # no effect after commit
+    assert store.read_bytes("k") == b"abc"
+
+
+def test_s3_failed_part_aborts_writer_and_raises_unavailable(s3_store, s3_client):
+    # given a multipart upload that the server forgets (as when it is aborted behind our back)
+    writer = s3_store.open_writer("model.onnx")
+    writer.write(payload(8 * MIB))
+    [upload] = s3_client.list_multipart_uploads(Bucket=s3_store.bucket)["Uploads"]
+    time.sleep(0.5)  # let part 1 finish before pulling the upload away
+    s3_client.abort_multipart_upload(Bucket=s3_store.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+    # when the next parts are sent (S3 answers NoSuchUpload; moto answers 500, retried then given up)
+    with pytest.raises(Unavailable, match="upload a part of 'model.onnx'"):
+        writer.write(payload(8 * MIB, seed=1))
+        writer.commit()
+
+    # then nothing is left and the writer is closed
+    assert s3_store.exists("model.onnx") is False
+    assert s3_client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", []) == []
+    with pytest.raises(ConchError, match="already aborted"):
+        writer.write(b"x")
+
+
+def test_s3_objects_live_under_the_store_prefix(s3_store, s3_client):
+    s3_store.put_bytes("models/1/config.pbtxt", b"name: 'm'")
+
+    listed = s3_client.list_objects_v2(Bucket=s3_store.bucket)["Contents"]
+
+    assert [item["Key"] for item in listed] == [f"{S3_STORE_PREFIX}/models/1/config.pbtxt"]
+    assert s3_store.list_keys() == ["models/1/config.pbtxt"]
+
+
+def test_copy_small_and_multipart(store):
+    small = b"config"
+    big = payload(20 * MIB + 1)
+    store.put_bytes("src/small", small)
+    store.put_bytes("src/big", big)
+
+    store.copy("src/small", "dst/small")
+    store.copy("src/big", "dst/big")
+
+    assert store.read_bytes("dst/small") == small
+    assert sha256(store.read_bytes("dst/big")) == sha256(big)
+    assert store.list_keys() == ["dst/big", "dst/small", "src/big", "src/small"]
+
+
+def test_open_reader_streams(store):
+    data = payload(3 * MIB + 17)
+    store.put_bytes("model.onnx", data)
+
+    chunks = []
+    with store.open_reader("model.onnx") as reader:
+        while chunk := reader.read(MIB):
+            chunks.append(chunk)
+
+    assert [len(chunk) for chunk in chunks] == [MIB, MIB, MIB, 17]
+    assert b"".join(chunks) == data
+
+
+def test_download_to(store, tmp_path):
+    data = payload(20 * MIB + 5)
+    store.put_bytes("models/1/model.onnx", data)
+    target = tmp_path / "downloads" / "nested" / "model.onnx"
+
+    store.download_to("models/1/model.onnx", target)
+
+    assert target.read_bytes() == data
+    assert sorted(path.name for path in target.parent.iterdir()) == ["model.onnx"]
+
+
+def test_list_keys_is_sorted_and_scoped_to_a_folder(store):
+    for key in ["m/1/b", "m/1/a/x", "m/10/a", "m/1.txt", "z"]:
+        store.put_bytes(key, b".")
+
+    assert store.list_keys() == ["m/1.txt", "m/1/a/x", "m/1/b", "m/10/a", "z"]
+    assert store.list_keys("m/1") == ["m/1/a/x", "m/1/b"]
+    assert store.list_keys("m/1/") == ["m/1/a/x", "m/1/b"]
+    assert store.list_keys("m/2") == []
+
+
+def test_delete_prefix_removes_only_that_folder(store):
+    for key in ["m/1/config.pbtxt", "m/1/1/model.onnx", "m/10/config.pbtxt", "m/1.txt"]:
+        store.put_bytes(key, b".")
+
+    deleted = store.delete_prefix("m/1")
+
+    assert deleted == 2
+    assert store.list_keys() == ["m/1.txt", "m/10/config.pbtxt"]
+    assert store.delete_prefix("m/1") == 0
+
+
+def test_delete_prefix_refuses_the_whole_store(store):
+    store.put_bytes("k", b".")
+
+    with pytest.raises(InvalidInput):
+        store.delete_prefix("")
+    assert store.list_keys() == ["k"]
+
+
+def test_delete_is_idempotent_and_prunes_empty_folders(store):
+    store.put_bytes("m/1/1/model.onnx", b".")
+    store.put_bytes("m/2", b".")
+
+    store.delete("m/1/1/model.onnx")
+    store.delete("m/1/1/model.onnx")
+
+    assert store.list_keys() == ["m/2"]
+    if isinstance(store, FileObjectStore):
+        assert not (store.root / "m" / "1").exists()
+
+
+def test_missing_key_raises_not_found(store, tmp_path):
+    with pytest.raises(NotFound):
+        store.read_bytes("missing")
+    with pytest.raises(NotFound):
+        store.open_reader("missing")
+    with pytest.raises(NotFound):
+        store.size("missing")
+    with pytest.raises(NotFound):
+        store.copy("missing", "other")
+    with pytest.raises(NotFound):
+        store.download_to("missing", tmp_path / "out")
+    assert store.exists("missing") is False
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b", "a/./b", "a/", "a\\b", "a/\x00", ".conch-tmp-x/y"])
+def test_malformed_keys_are_refused(store, key):
+    with pytest.raises(InvalidInput):
+        store.put_bytes(key, b".")
+
+
+def test_file_store_triton_location_is_an_absolute_path(tmp_path):
+    store = FileObjectStore(tmp_path / "store")
+
+    assert store.triton_repository_location("models/1/versions/2/repository") == str(
+        (tmp_path / "store" / "models" / "1" / "versions" / "2" / "repository").resolve()
+    )
+    assert store.triton_repository_location("") == str((tmp_path / "store").resolve())
+    assert store.triton_environment() == {}
+
+
+def test_s3_triton_location_with_endpoint(s3_store, s3_server):
+    port = s3_server.endpoint_url.rsplit(":", 1)[1]
+
+    location = s3_store.triton_repository_location("models/1/versions/2/repository/")
+
+    assert (
+        location == f"s3://http://127.0.0.1:{port}/{s3_store.bucket}/{S3_STORE_PREFIX}/models/1/versions/2/repository"
+    )
+    match = TRITON_S3_REGEX.fullmatch(location)
+    assert match is not None
+    assert match.group(4) == s3_store.bucket
+    assert match.group(5) == f"/{S3_STORE_PREFIX}/models/1/versions/2/repository"
+    assert s3_store.triton_environment() == {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+        "AWS_DEFAULT_REGION": s3_server.region,
+    }
+
+
+def test_s3_triton_location_forms():
+    aws = S3ObjectStore("models-bucket", "prod/repo", "", "eu-west-1")
+    minio = S3ObjectStore("models", "", "https://minio.example.com", "", "key", "secret")
+
+    assert aws.triton_repository_location("m/1") == "s3://models-bucket/prod/repo/m/1"
+    assert aws.triton_environment() == {"AWS_DEFAULT_REGION": "eu-west-1"}
+    assert minio.triton_repository_location("m/1") == "s3://https://minio.example.com:443/models/m/1"
+    assert minio.triton_repository_location("") == "s3://https://minio.example.com:443/models"
+    assert TRITON_S3_REGEX.fullmatch(minio.triton_repository_location("m/1"))
+
+
+def test_s3_triton_location_refuses_what_triton_cannot_parse():
+    store = S3ObjectStore("models", "", "http://127.0.0.1:9000", "", "key", "secret")
+
+    with pytest.raises(ObjectStoreMisconfigured, match="segment 'a b'"):
+        store.triton_repository_location("m/a b")
+    with pytest.raises(ObjectStoreMisconfigured, match="bucket"):
+        S3ObjectStore("Models", "", "http://127.0.0.1:9000").triton_repository_location("m")
+    with pytest.raises(ObjectStoreMisconfigured, match="host name or IPv4"):
+        S3ObjectStore("models", "", "http://[::1]:9000").triton_repository_location("m")
+
+
+def test_s3_unreachable_endpoint_raises_unavailable_quickly():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    store = S3ObjectStore(
+        "models", "", f"http://127.0.0.1:{closed_port}", "", "key", "secret", connect_timeout_s=1, max_attempts=2
+    )
+
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="cannot|failed"):
+        store.put_bytes("k", b".")
+    with pytest.raises(Unavailable):
+        store.exists("k")
+
+    assert time.monotonic() - started < 10
+
+
+def test_s3_missing_bucket_raises_unavailable(s3_server):
+    store = S3ObjectStore(
+        "no-such-bucket", "", s3_server.endpoint_url, s3_server.region, s3_server.access_key, s3_server.secret_key
+    )
+
+    with pytest.raises(Unavailable, match="no-such-bucket"):
+        store.put_bytes("k", b".")
+
+
+def test_s3_store_settings_are_validated():
+    with pytest.raises(ObjectStoreMisconfigured, match="both"):
+        S3ObjectStore("b", "", "http://127.0.0.1:9000", "", "key-only", "")
+    with pytest.raises(ObjectStoreMisconfigured, match="part size"):
+        S3ObjectStore("b", part_size_bytes=MIB)
+    with pytest.raises(ObjectStoreMisconfigured, match="ENDPOINT"):
+        S3ObjectStore("b", "", "127.0.0.1:9000")
+    assert "secret" not in repr(S3ObjectStore("b", "p", "http://h:1", "", "key", "secret"))
+
+
+def test_build_object_store_parses_urls(tmp_path):
+    folder = build_object_store((tmp_path / "a b").as_uri())
+    bucket = build_object_store("s3://models/conch/repo/", endpoint_url="http://127.0.0.1:9000")
+
+    assert isinstance(folder, FileObjectStore)
+    assert folder.root == (tmp_path / "a b").resolve()
+    assert isinstance(bucket, S3ObjectStore)
+    assert (bucket.bucket, bucket.prefix, bucket.endpoint_url) == ("models", "conch/repo", "http://127.0.0.1:9000")
+    for url in ["file://relative/path", "s3:///prefix", "gs://bucket", "/plain/path"]:
+        with pytest.raises(ObjectStoreMisconfigured):
+            build_object_store(url)
+
+
+def test_get_object_store_follows_settings(settings, tmp_path, s3_server):
+    settings.CONCH_STORAGE_URL = (tmp_path / "objects").as_uri()
+    folder = get_object_store()
+
+    assert isinstance(folder, FileObjectStore)
+    assert folder.root == (tmp_path / "objects").resolve()
+    assert get_object_store() is folder
+
+    settings.CONCH_STORAGE_URL = "s3://bucket/prefix"
+    settings.CONCH_S3_ENDPOINT_URL = s3_server.endpoint_url
+    settings.CONCH_S3_REGION = ""
+    settings.CONCH_S3_ACCESS_KEY_ID = "key"
+    settings.CONCH_S3_SECRET_ACCESS_KEY = "secret"
+    bucket = get_object_store()
+
+    assert isinstance(bucket, S3ObjectStore)
+    assert (bucket.bucket, bucket.prefix, bucket.region) == ("bucket", "prefix", storage.FALLBACK_REGION)
+    assert bucket.triton_environment()["AWS_ACCESS_KEY_ID"] == "key"
+
+
+def test_get_object_store_requires_a_url(settings):
+    settings.CONCH_STORAGE_URL = ""
+
+    with pytest.raises(ObjectStoreMisconfigured, match="CONCH_STORAGE_URL"):
+        get_object_store()
+
+
+def test_file_store_keeps_in_progress_writes_out_of_listings(tmp_path):
+    store = FileObjectStore(tmp_path)
+    writer = store.open_writer("m/model.onnx")
+    writer.write(b"partial")
+
+    assert store.list_keys() == []
+    assert store.exists("m/model.onnx") is False
+    [temp] = [path for path in Path(tmp_path, "m").iterdir()]
+    assert temp.name.startswith(".conch-tmp-")
+
+    stored = writer.commit()
+
+    assert stored.size_bytes == 7
+    assert store.list_keys() == ["m/model.onnx"]
+    assert [path.name for path in Path(tmp_path, "m").iterdir()] == ["model.onnx"]

