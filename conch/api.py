@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from conch.errors import ConchError
@@ -34,6 +36,12 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500."""
     if isinstance(exc, ConchError):
         return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {"detail": "The request body is larger than CONCH_MAX_REQUEST_BODY_BYTES; send less data per request "
+                       "or raise that setting.", "field": None},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found, or not visible to your teams.")
     elif isinstance(exc, DjangoPermissionDenied):
@@ -51,3 +59,15 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         detail = response.data.get("detail") if isinstance(response.data, dict) else response.data
         response.data = {"detail": str(detail), "field": None}
     return response
+
+
+class OptionalSlashRouter(SimpleRouter):
+    """A router whose routes match with or without a trailing slash.
+
+    The documented paths mix both forms (`/api/v1/deployments/` and
+    `/api/v1/deployments/{id}/infer`); a POST must never hit an APPEND_SLASH redirect.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trailing_slash = "/?"

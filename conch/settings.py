@@ -160,6 +160,8 @@ CONCH_S3_ENDPOINT_URL = env("CONCH_S3_ENDPOINT_URL", "")
 CONCH_S3_REGION = env("CONCH_S3_REGION", "us-east-1")
 CONCH_S3_ACCESS_KEY_ID = env("CONCH_S3_ACCESS_KEY_ID", "")
 CONCH_S3_SECRET_ACCESS_KEY = env("CONCH_S3_SECRET_ACCESS_KEY", "")
+# Largest non-file request body (e.g. a JSON inference request through /infer), bytes.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env("CONCH_MAX_REQUEST_BODY_BYTES", 64 * 1024**2, cast=int)
 CONCH_MAX_UPLOAD_BYTES = env("CONCH_MAX_UPLOAD_BYTES", 4 * 1024**3, cast=int)
 
 # --- Triton (local runtime) -----------------------------------------------------

@@ -81,7 +81,7 @@ _S3_MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
 _S3_CREDENTIAL_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "ExpiredToken"}
 
 
-class ObjectStoreMisconfigured(ConchError):
+class ObjectStoreConfigError(ConchError):
     """The object-store settings (CONCH_STORAGE_URL, CONCH_S3_*) are malformed or contradictory (HTTP 500)."""
 
 
@@ -282,7 +282,7 @@ class ObjectStore(abc.ABC):
     def triton_repository_location(self, prefix: str) -> str:
         """Return the `--model-repository` value that makes Triton read the repository at `prefix`.
 
-        Raises ObjectStoreMisconfigured when Triton could not parse the location (see subclasses).
+        Raises ObjectStoreConfigError when Triton could not parse the location (see subclasses).
         """
 
     @abc.abstractmethod
@@ -548,7 +548,10 @@ class _S3ObjectWriter(ObjectWriter):
         self._client = store._client
         self._object_key = store._object_key(key)
         self._part_size = store.part_size_bytes
+        # The part being filled: allocated on first use, handed to the upload thread when full
+        # (bytearray bodies go to botocore as they are, so a part is never copied).
         self._buffer = bytearray()
+        self._filled = 0
         self._upload_id: str | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(store.max_concurrency)
@@ -560,19 +563,28 @@ class _S3ObjectWriter(ObjectWriter):
         self._raise_failure()
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         while view.nbytes:
-            room = self._part_size - len(self._buffer)
-            self._buffer += view[:room]
-            view = view[room:]
-            if len(self._buffer) >= self._part_size:
-                part = bytes(self._buffer)
-                self._buffer = bytearray()
-                self._submit_part(part)
+            if not self._buffer:
+                self._buffer = bytearray(self._part_size)
+            take = min(self._part_size - self._filled, view.nbytes)
+            self._buffer[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+            if self._filled == self._part_size:
+                self._submit_part(self._take_buffer())
+
+    def _take_buffer(self) -> bytearray:
+        """Return the filled bytes of the current part (trimmed in place) and start a new one."""
+        part = self._buffer
+        del part[self._filled :]
+        self._buffer = bytearray()
+        self._filled = 0
+        return part
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
 
-    def _submit_part(self, data: bytes) -> None:
+    def _submit_part(self, data: bytearray) -> None:
         if self._upload_id is None:
             with self._store._errors("start an upload to", self.key):
                 response = self._client.create_multipart_upload(Bucket=self._store.bucket, Key=self._object_key)
@@ -597,7 +609,7 @@ class _S3ObjectWriter(ObjectWriter):
         future.add_done_callback(lambda _done: self._slots.release())
         self._futures.append(future)
 
-    def _upload_part(self, part_number: int, data: bytes) -> dict[str, Any]:
+    def _upload_part(self, part_number: int, data: bytearray) -> dict[str, Any]:
         try:
             with self._store._errors("upload a part of", self.key):
                 response = self._client.upload_part(
@@ -615,14 +627,12 @@ class _S3ObjectWriter(ObjectWriter):
 
     def _commit(self) -> None:
         if self._upload_id is None:
+            body = self._take_buffer()
             with self._store._errors("write", self.key):
-                self._client.put_object(Bucket=self._store.bucket, Key=self._object_key, Body=bytes(self._buffer))
-            self._buffer = bytearray()
+                self._client.put_object(Bucket=self._store.bucket, Key=self._object_key, Body=body)
             return
-        if self._buffer:
-            part = bytes(self._buffer)
-            self._buffer = bytearray()
-            self._submit_part(part)
+        if self._filled:
+            self._submit_part(self._take_buffer())
         parts = [future.result() for future in self._futures]
         assert self._executor is not None
         self._executor.shutdown(wait=True)
@@ -636,6 +646,7 @@ class _S3ObjectWriter(ObjectWriter):
 
     def _abort(self) -> None:
         self._buffer = bytearray()
+        self._filled = 0
         if self._executor is not None:
             # Parts still uploading would otherwise land after the abort and be kept by S3.
             self._executor.shutdown(wait=True, cancel_futures=True)
@@ -680,24 +691,24 @@ class S3ObjectStore(ObjectStore):
         """Configure the client; no request is made here.
 
         `part_size_bytes` (>= 5 MiB) is the multipart part size; `max_concurrency` parts upload
-        at once. Raises ObjectStoreMisconfigured for an empty bucket, a malformed endpoint, a
+        at once. Raises ObjectStoreConfigError for an empty bucket, a malformed endpoint, a
         part size under 5 MiB, or only one of access key / secret key.
         """
         if not bucket:
-            raise ObjectStoreMisconfigured("The S3 bucket name is empty; set CONCH_STORAGE_URL=s3://bucket/prefix.")
+            raise ObjectStoreConfigError("The S3 bucket name is empty; set CONCH_STORAGE_URL=s3://bucket/prefix.")
         if part_size_bytes < MIN_PART_SIZE_BYTES:
-            raise ObjectStoreMisconfigured(f"The S3 part size must be at least {MIN_PART_SIZE_BYTES} bytes.")
+            raise ObjectStoreConfigError(f"The S3 part size must be at least {MIN_PART_SIZE_BYTES} bytes.")
         if max_concurrency < 1:
-            raise ObjectStoreMisconfigured("The S3 upload concurrency must be at least 1.")
+            raise ObjectStoreConfigError("The S3 upload concurrency must be at least 1.")
         if bool(access_key) != bool(secret_key):
-            raise ObjectStoreMisconfigured(
+            raise ObjectStoreConfigError(
                 "Set both CONCH_S3_ACCESS_KEY_ID and CONCH_S3_SECRET_ACCESS_KEY, or neither "
                 "(to use boto3's default credential chain)."
             )
         if endpoint_url:
             parts = urlsplit(endpoint_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ObjectStoreMisconfigured(
+                raise ObjectStoreConfigError(
                     f"CONCH_S3_ENDPOINT_URL={endpoint_url!r} must look like http://host:port or https://host."
                 )
         normalised_prefix = check_prefix(prefix.strip("/")) if prefix.strip("/") else ""
@@ -894,17 +905,17 @@ class S3ObjectStore(ObjectStore):
         `s3://bucket/path` for AWS S3; `s3://http://host:port/bucket/path` (or `https://`) for an
         S3-compatible endpoint. Triton's parser (core `S3FileSystem::s3_regex_`) needs an explicit
         port, a bucket of `[0-9a-z.-]` and path segments of `[0-9a-zA-Z._-]`; the endpoint's
-        default port (80/443) is written out. Raises ObjectStoreMisconfigured (or InvalidInput for
+        default port (80/443) is written out. Raises ObjectStoreConfigError (or InvalidInput for
         a malformed prefix) when the location is not one Triton can parse.
         """
         path = "/".join(part for part in (self.prefix, check_prefix(prefix).rstrip("/")) if part)
         if not _TRITON_BUCKET_RE.fullmatch(self.bucket):
-            raise ObjectStoreMisconfigured(
+            raise ObjectStoreConfigError(
                 f"Triton cannot read bucket {self.bucket!r}: its name may only use 0-9, a-z, '.' and '-'."
             )
         for segment in path.split("/") if path else ():
             if not _TRITON_SEGMENT_RE.fullmatch(segment):
-                raise ObjectStoreMisconfigured(
+                raise ObjectStoreConfigError(
                     f"Triton cannot read the S3 path {path!r}: segment {segment!r} may only use "
                     "letters, digits, '.', '-' and '_'."
                 )
@@ -915,7 +926,7 @@ class S3ObjectStore(ObjectStore):
         host = endpoint.hostname or ""
         port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
         if not _TRITON_HOST_RE.fullmatch(host) or endpoint.path not in ("", "/"):
-            raise ObjectStoreMisconfigured(
+            raise ObjectStoreConfigError(
                 f"Triton cannot use CONCH_S3_ENDPOINT_URL={self.endpoint_url!r}: it needs a host name or "
                 "IPv4 address, a port and no path."
             )
@@ -951,19 +962,19 @@ def build_object_store(
 
     `url` is `file:///abs/path` (FileObjectStore) or `s3://bucket/optional/prefix`
     (S3ObjectStore with the given endpoint, region and keys; `s3_tuning` passes
-    part_size_bytes, max_concurrency, timeouts). Raises ObjectStoreMisconfigured for any
+    part_size_bytes, max_concurrency, timeouts). Raises ObjectStoreConfigError for any
     other form, a relative file path, or a missing bucket.
     """
     parts = urlsplit(url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ObjectStoreMisconfigured(
+            raise ObjectStoreConfigError(
                 f"CONCH_STORAGE_URL={url!r} must name an absolute folder: file:///absolute/path."
             )
         return FileObjectStore(Path(unquote(parts.path)))
     if parts.scheme == "s3":
         if not parts.netloc:
-            raise ObjectStoreMisconfigured(f"CONCH_STORAGE_URL={url!r} has no bucket: use s3://bucket/prefix.")
+            raise ObjectStoreConfigError(f"CONCH_STORAGE_URL={url!r} has no bucket: use s3://bucket/prefix.")
         return S3ObjectStore(
             parts.netloc,
             unquote(parts.path).strip("/"),
@@ -973,7 +984,7 @@ def build_object_store(
             secret_key,
             **s3_tuning,
         )
-    raise ObjectStoreMisconfigured(
+    raise ObjectStoreConfigError(
         f"CONCH_STORAGE_URL={url!r} is not supported: use file:///absolute/path or s3://bucket/prefix."
     )
 
@@ -987,7 +998,7 @@ def get_object_store() -> ObjectStore:
 
     Reads CONCH_STORAGE_URL, CONCH_S3_ENDPOINT_URL, CONCH_S3_REGION, CONCH_S3_ACCESS_KEY_ID and
     CONCH_S3_SECRET_ACCESS_KEY at call time, so tests may override them. Raises
-    ObjectStoreMisconfigured when CONCH_STORAGE_URL is missing or malformed.
+    ObjectStoreConfigError when CONCH_STORAGE_URL is missing or malformed.
     """
     from django.conf import settings
 
@@ -1000,7 +1011,7 @@ def get_object_store() -> ObjectStore:
         getattr(settings, "CONCH_S3_SECRET_ACCESS_KEY", "") or "",
     )
     if not configuration[0]:
-        raise ObjectStoreMisconfigured("CONCH_STORAGE_URL is not set; see .env.example.")
+        raise ObjectStoreConfigError("CONCH_STORAGE_URL is not set; see .env.example.")
     with _cache_lock:
         if _cached is None or _cached[0] != configuration:
             url, endpoint_url, region, access_key, secret_key = configuration

@@ -178,7 +178,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     def handle_raw_input(
         self,
         input_data: Any,
-        META: dict[str, Any],
+        meta: dict[str, Any],
         content_length: int,
         boundary: bytes,
         encoding: str | None = None,
@@ -283,7 +283,7 @@ class _BodylessRequest:
         object.__setattr__(self, "_wrapped", request)
 
     @property
-    def POST(self) -> QueryDict:
+    def POST(self) -> QueryDict:  # noqa: N802 - the attribute Django's CSRF check reads
         return QueryDict()
 
     def __getattr__(self, name: str) -> Any:

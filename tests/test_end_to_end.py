@@ -100,4 +100,5 @@ def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
     assert not triton_server.is_alive(row.pid, row.process_create_time)
     for port in (row.http_port, row.grpc_port, row.metrics_port):
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers don't hold a port
             s.bind(("127.0.0.1", port))

@@ -1,8 +1,7 @@
-from rest_framework.routers import SimpleRouter
+from conch.api import OptionalSlashRouter
 
 from deployments.api.views import DeploymentViewSet
 
-# "/?": both `/deployments/1/infer` (the documented form) and `/deployments/1/infer/` work.
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("deployments", DeploymentViewSet, basename="deployment")
 urlpatterns = router.urls

@@ -1,10 +1,9 @@
 from django.urls import re_path
-from rest_framework.routers import SimpleRouter
+from conch.api import OptionalSlashRouter
 
 from models_registry.api import views
 
-# "/?": a trailing slash is optional everywhere, as in the documented paths.
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("models", views.RegisteredModelViewSet, basename="model")
 router.register("versions", views.ModelVersionViewSet, basename="version")
 

@@ -1,7 +1,7 @@
-from rest_framework.routers import SimpleRouter
+from conch.api import OptionalSlashRouter
 
 from tenancy.api.views import TeamViewSet
 
-router = SimpleRouter(trailing_slash="/?")
+router = OptionalSlashRouter()
 router.register("teams", TeamViewSet, basename="team")
 urlpatterns = router.urls

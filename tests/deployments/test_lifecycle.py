@@ -31,7 +31,9 @@ def _deploy(caller, version, capture, **extra) -> dict:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether a new server could listen on `port` (TIME_WAIT leftovers of closed connections don't count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -59,7 +59,8 @@ def test_parse_triton_metrics_sums_labels_per_model_version():
 
 @pytest.fixture
 def deployment(built_classifier, alice):
-    return Deployment.objects.create(team=alice.team, name="web", model_version=built_classifier, status="ready")
+    return Deployment.objects.create(team=alice.team, name="web", model_version=built_classifier, status="ready",
+                                     config_pbtxt=built_classifier.config_pbtxt)
 
 
 def _sample(deployment, seconds_ago, **values):

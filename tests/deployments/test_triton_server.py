@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -195,9 +196,7 @@ def test_stop_server_ends_the_server_and_its_stubs_and_frees_its_ports(start, se
     process = start(f"{server_id_prefix}stop")
     with TritonClient(process.http_url, timeout_s=30) as client:
         client.load_model("orientation")
-    stubs = [
-        (child.pid, child.create_time()) for child in triton_server.psutil.Process(process.pid).children(recursive=True)
-    ]
+    stubs = [(child.pid, child.create_time()) for child in psutil.Process(process.pid).children(recursive=True)]
 
     # when
     stop_server(process.pid, process.create_time, timeout_s=10)
@@ -233,7 +232,7 @@ def test_killed_server_is_not_alive_and_stopping_it_is_a_no_op(start, server_id_
 
 
 def test_is_alive_rejects_a_reused_pid_and_a_missing_process():
-    own = triton_server.psutil.Process(os.getpid())
+    own = psutil.Process(os.getpid())
 
     assert is_alive(os.getpid(), own.create_time()) is True
     assert is_alive(os.getpid(), own.create_time() - 100.0) is False
@@ -242,7 +241,7 @@ def test_is_alive_rejects_a_reused_pid_and_a_missing_process():
 
 def test_stop_server_leaves_a_process_with_another_start_time_alone():
     # when
-    own = triton_server.psutil.Process(os.getpid())
+    own = psutil.Process(os.getpid())
     stop_server(os.getpid(), own.create_time() - 100.0)
 
     # then: we are still here

@@ -16,7 +16,7 @@ from models_registry import storage
 from models_registry.storage import (
     FileObjectStore,
     ObjectStore,
-    ObjectStoreMisconfigured,
+    ObjectStoreConfigError,
     S3ObjectStore,
     StoredObject,
     build_object_store,
@@ -341,11 +341,11 @@ def test_s3_triton_location_forms():
 def test_s3_triton_location_refuses_what_triton_cannot_parse():
     store = S3ObjectStore("models", "", "http://127.0.0.1:9000", "", "key", "secret")
 
-    with pytest.raises(ObjectStoreMisconfigured, match="segment 'a b'"):
+    with pytest.raises(ObjectStoreConfigError, match="segment 'a b'"):
         store.triton_repository_location("m/a b")
-    with pytest.raises(ObjectStoreMisconfigured, match="bucket"):
+    with pytest.raises(ObjectStoreConfigError, match="bucket"):
         S3ObjectStore("Models", "", "http://127.0.0.1:9000").triton_repository_location("m")
-    with pytest.raises(ObjectStoreMisconfigured, match="host name or IPv4"):
+    with pytest.raises(ObjectStoreConfigError, match="host name or IPv4"):
         S3ObjectStore("models", "", "http://[::1]:9000").triton_repository_location("m")
 
 
@@ -376,11 +376,11 @@ def test_s3_missing_bucket_raises_unavailable(s3_server):
 
 
 def test_s3_store_settings_are_validated():
-    with pytest.raises(ObjectStoreMisconfigured, match="both"):
+    with pytest.raises(ObjectStoreConfigError, match="both"):
         S3ObjectStore("b", "", "http://127.0.0.1:9000", "", "key-only", "")
-    with pytest.raises(ObjectStoreMisconfigured, match="part size"):
+    with pytest.raises(ObjectStoreConfigError, match="part size"):
         S3ObjectStore("b", part_size_bytes=MIB)
-    with pytest.raises(ObjectStoreMisconfigured, match="ENDPOINT"):
+    with pytest.raises(ObjectStoreConfigError, match="ENDPOINT"):
         S3ObjectStore("b", "", "127.0.0.1:9000")
     assert "secret" not in repr(S3ObjectStore("b", "p", "http://h:1", "", "key", "secret"))
 
@@ -394,7 +394,7 @@ def test_build_object_store_parses_urls(tmp_path):
     assert isinstance(bucket, S3ObjectStore)
     assert (bucket.bucket, bucket.prefix, bucket.endpoint_url) == ("models", "conch/repo", "http://127.0.0.1:9000")
     for url in ["file://relative/path", "s3:///prefix", "gs://bucket", "/plain/path"]:
-        with pytest.raises(ObjectStoreMisconfigured):
+        with pytest.raises(ObjectStoreConfigError):
             build_object_store(url)
 
 
@@ -421,7 +421,7 @@ def test_get_object_store_follows_settings(settings, tmp_path, s3_server):
 def test_get_object_store_requires_a_url(settings):
     settings.CONCH_STORAGE_URL = ""
 
-    with pytest.raises(ObjectStoreMisconfigured, match="CONCH_STORAGE_URL"):
+    with pytest.raises(ObjectStoreConfigError, match="CONCH_STORAGE_URL"):
         get_object_store()
 
 
