@@ -1,6 +1,8 @@
 """URL map: the REST API under /api/v1/, its schema and docs, the console pages, admin."""
 
 from django.contrib import admin
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -13,7 +15,17 @@ api_v1 = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
 
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness/readiness for load balancers and the demo: the web process answers and the database works."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
+
+
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
     path("api/v1/", include(api_v1)),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),

@@ -21,6 +21,11 @@ def _isolated_conch(settings, tmp_path_factory):
     settings.CONCH_TRITON_DIR = base / "triton"
     settings.CONCH_INSTANCE_ID = f"conchtest{os.getpid()}"
     yield
+    # A failed test must not leave its Tritons running for the next one.
+    from deployments import triton_server
+
+    for server in triton_server.find_servers(settings.CONCH_INSTANCE_ID):
+        triton_server.stop_server(server.pid, server.create_time)
 
 
 @pytest.fixture

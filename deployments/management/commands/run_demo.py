@@ -203,10 +203,11 @@ class Command(BaseCommand):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                requests.get(f"{url}/api/v1/schema/", timeout=2)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.5)
+                if requests.get(f"{url}/healthz", timeout=10).ok:
+                    return
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            time.sleep(0.5)
         raise CommandError(f"web server did not answer at {url} within {timeout:.0f} s")
 
     def _ensure_model(self, api: requests.Session, url: str) -> int:
