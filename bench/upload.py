@@ -91,8 +91,8 @@ class RssSampler(threading.Thread):
 def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tuple[float, dict]:
     boundary = uuid.uuid4().hex
     head = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"max_batch_size\"\r\n\r\n8\r\n"
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="max_batch_size"\r\n\r\n8\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
         "Content-Type: application/octet-stream\r\n\r\n"
     ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
@@ -127,39 +127,90 @@ def main() -> None:
         tmp = Path(tmp)
         try:
             s3_port = free_port()
-            procs.append(subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             wait_http(s3_port)
             endpoint = f"http://127.0.0.1:{s3_port}"
-            s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
-                              region_name=REGION, config=Config(retries={"max_attempts": 2}))
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=endpoint,
+                aws_access_key_id=ACCESS,
+                aws_secret_access_key=SECRET,
+                region_name=REGION,
+                config=Config(retries={"max_attempts": 2}),
+            )
             s3.create_bucket(Bucket=BUCKET)
 
             env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CELERY_", "CONCH_"))}
-            env.update({
-                "CONCH_VAR_DIR": str(tmp / "var"), "CONCH_STORAGE_URL": f"s3://{BUCKET}/conch",
-                "CONCH_S3_ENDPOINT_URL": endpoint, "CONCH_S3_ACCESS_KEY_ID": ACCESS,
-                "CONCH_S3_SECRET_ACCESS_KEY": SECRET, "CONCH_S3_REGION": REGION,
-                "CONCH_MAX_UPLOAD_BYTES": str(2 * size + 1024 * 1024),
-            })
+            env.update(
+                {
+                    "CONCH_VAR_DIR": str(tmp / "var"),
+                    "CONCH_STORAGE_URL": f"s3://{BUCKET}/conch",
+                    "CONCH_S3_ENDPOINT_URL": endpoint,
+                    "CONCH_S3_ACCESS_KEY_ID": ACCESS,
+                    "CONCH_S3_SECRET_ACCESS_KEY": SECRET,
+                    "CONCH_S3_REGION": REGION,
+                    "CONCH_MAX_UPLOAD_BYTES": str(2 * size + 1024 * 1024),
+                }
+            )
             manage = [sys.executable, str(ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "-v", "0"], env=env, check=True, cwd=ROOT)
-            subprocess.run([*manage, "shell", "-c",
-                            "from tenancy.services import ensure_user; ensure_user(username='bench')"],
-                           env=env, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            subprocess.run([*manage, "create_team", "bench", "--member", "bench"], env=env, check=True, cwd=ROOT,
-                           stdout=subprocess.DEVNULL)
-            token = subprocess.run([*manage, "create_token", "bench"], env=env, check=True, cwd=ROOT,
-                                   capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            subprocess.run(
+                [*manage, "shell", "-c", "from tenancy.services import ensure_user; ensure_user(username='bench')"],
+                env=env,
+                check=True,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            subprocess.run(
+                [*manage, "create_team", "bench", "--member", "bench"],
+                env=env,
+                check=True,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+            )
+            token = (
+                subprocess.run(
+                    [*manage, "create_token", "bench"], env=env, check=True, cwd=ROOT, capture_output=True, text=True
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             web_port = free_port()
-            procs.append(subprocess.Popen(
-                [str(BIN / "gunicorn"), "conch.wsgi", "--bind", f"127.0.0.1:{web_port}", "--workers", "1",
-                 "--threads", "4", "--timeout", "900"], env=env, cwd=ROOT,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(BIN / "gunicorn"),
+                        "conch.wsgi",
+                        "--bind",
+                        f"127.0.0.1:{web_port}",
+                        "--workers",
+                        "1",
+                        "--threads",
+                        "4",
+                        "--timeout",
+                        "900",
+                    ],
+                    env=env,
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             wait_http(web_port, "/api/v1/schema/")
             conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=60)
-            conn.request("POST", "/api/v1/models/", body=json.dumps({"name": "big", "team": "bench"}),
-                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                "/api/v1/models/",
+                body=json.dumps({"name": "big", "team": "bench"}),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
             model_id = json.loads(conn.getresponse().read())["id"]
 
             path = tmp / "model.onnx"
@@ -180,8 +231,10 @@ def main() -> None:
             sampler.stop_event.set()
             sampler.join()
             growth = (sampler.peak - before) / 2**20
-            print(f"conch API upload:           {conch:.2f} s  {size / conch / 2**20:.0f} MiB/s  "
-                  f"(sha256 {version['source']['sha256'][:12]}…, {version['source']['size_bytes']} bytes)")
+            print(
+                f"conch API upload:           {conch:.2f} s  {size / conch / 2**20:.0f} MiB/s  "
+                f"(sha256 {version['source']['sha256'][:12]}…, {version['source']['size_bytes']} bytes)"
+            )
             print(f"web RSS: before {before / 2**20:.0f} MiB, peak {sampler.peak / 2**20:.0f} MiB")
             assert version["source"]["size_bytes"] == size
             print(f"upload: time_ratio={conch / baseline:.2f} rss_growth_mib={growth:.1f}")

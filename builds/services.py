@@ -53,8 +53,13 @@ def reset_steps(*, version: ModelVersion) -> list[BuildStep]:
             step, _ = BuildStep.objects.update_or_create(
                 version=version,
                 name=name,
-                defaults={"position": position, "status": StepStatus.PENDING, "log": [], "started_at": None,
-                          "finished_at": None},
+                defaults={
+                    "position": position,
+                    "status": StepStatus.PENDING,
+                    "log": [],
+                    "started_at": None,
+                    "finished_at": None,
+                },
             )
             steps.append(step)
     return steps
@@ -120,8 +125,10 @@ def run_build(*, version_id: int, attempt: int) -> str:
                 config = build_model_config(name=model_name, signature=signature, options=options)
                 pbtxt = config_to_pbtxt(config)
                 registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
-                say(f"max_batch_size={config.max_batch_size} "
-                    f"dynamic_batching={'on' if config.HasField('dynamic_batching') else 'off'}")
+                say(
+                    f"max_batch_size={config.max_batch_size} "
+                    f"dynamic_batching={'on' if config.HasField('dynamic_batching') else 'off'}"
+                )
 
             prefix = version.repository_prefix
             with _step(version, StepName.WRITE_REPOSITORY) as say:
@@ -158,9 +165,11 @@ def run_build(*, version_id: int, attempt: int) -> str:
     except Exception as exc:
         _skip_remaining(version)
         registry.record_build_result(
-            version_id=version.pk, attempt=attempt, succeeded=False,
+            version_id=version.pk,
+            attempt=attempt,
+            succeeded=False,
             error=f"Internal error during the build ({type(exc).__name__}: {exc}). Retry with rebuild; "
-                  "if it persists, report it.",
+            "if it persists, report it.",
         )
         raise
     registry.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True)
@@ -174,6 +183,8 @@ def fail_build_after_retries(*, version_id: int, attempt: int, detail: str) -> N
     if version is not None:
         _skip_remaining(version)
     registry.record_build_result(
-        version_id=version_id, attempt=attempt, succeeded=False,
+        version_id=version_id,
+        attempt=attempt,
+        succeeded=False,
         error=f"{detail} The build gave up after retrying; start it again with rebuild.",
     )

@@ -38,8 +38,11 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code)
     if isinstance(exc, RequestDataTooBig):
         return Response(
-            {"detail": "The request body is larger than CONCH_MAX_REQUEST_BODY_BYTES; send less data per request "
-                       "or raise that setting.", "field": None},
+            {
+                "detail": "The request body is larger than CONCH_MAX_REQUEST_BODY_BYTES; send less data per request "
+                "or raise that setting.",
+                "field": None,
+            },
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     if isinstance(exc, Http404):

@@ -41,6 +41,4 @@ def env(name: str, default: object = _MISSING, *, cast: type[T] = str) -> T:
             return [item.strip() for item in raw.split(",") if item.strip()]  # type: ignore[return-value]
         return cast(raw)  # type: ignore[call-arg]
     except ValueError as exc:
-        raise ImproperlyConfigured(
-            f"Environment variable {name}={raw!r} is not a valid {cast.__name__}."
-        ) from exc
+        raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is not a valid {cast.__name__}.") from exc

@@ -16,7 +16,6 @@ api_v1 = [
 ]
 
 
-
 def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness/readiness for load balancers and the demo: the web process answers and the database works."""
     with connection.cursor() as cursor:

@@ -126,7 +126,10 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
         d = {f: _delta(getattr(last, f), getattr(first, f)) for f in FIELDS}
         requests = d["success_count"]
         compute = d["compute_input_duration_us"] + d["compute_infer_duration_us"] + d["compute_output_duration_us"]
-        per_request = (lambda v: v / requests if requests else 0.0)
+
+        def per_request(total: float, requests: float = requests) -> float:
+            return total / requests if requests else 0.0
+
         stats = ModelWindowStats(
             model_name=key[0],
             model_version=key[1],
@@ -146,7 +149,7 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
         models.append(asdict(stats))
         points = []
         chain = ([before[key]] if key in before else []) + rows
-        for prev, cur in zip(chain, chain[1:]):
+        for prev, cur in zip(chain, chain[1:], strict=False):
             dt = (cur.scraped_at - prev.scraped_at).total_seconds()
             if dt <= 0:
                 continue

@@ -33,7 +33,7 @@ from builds.model_config import (
     config_to_pbtxt,
     validate_model_name,
 )
-from conch.errors import Conflict, ConchError, InvalidInput, NotFound, Unavailable
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound, Unavailable
 from deployments import triton_server
 from deployments.choices import DeploymentStatus, DesiredState, Runtime
 from deployments.models import Deployment
@@ -55,9 +55,7 @@ LOG_TAIL_LINES = 30
 
 def visible_deployments(*, user: AbstractBaseUser) -> QuerySet[Deployment]:
     """Deployments of the caller's teams."""
-    return Deployment.objects.filter(team__in=teams_for_user(user=user)).select_related(
-        "team", "model_version__model"
-    )
+    return Deployment.objects.filter(team__in=teams_for_user(user=user)).select_related("team", "model_version__model")
 
 
 def get_deployment(*, user: AbstractBaseUser, deployment_id: int) -> Deployment:
@@ -141,9 +139,7 @@ def create_deployment(
         )
     instance_count = _check_count(instance_count, "instance_count", minimum=1, maximum=64)
     max_batch_size = _check_count(max_batch_size, "max_batch_size", minimum=0, maximum=4096)
-    delay = _check_count(
-        max_queue_delay_microseconds, "max_queue_delay_microseconds", minimum=0, maximum=10_000_000
-    )
+    delay = _check_count(max_queue_delay_microseconds, "max_queue_delay_microseconds", minimum=0, maximum=10_000_000)
     config = apply_deployment_overrides(
         config_from_pbtxt(version.config_pbtxt),
         instance_count=instance_count,
@@ -234,9 +230,7 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
     """
     store = get_object_store()
     with transaction.atomic():
-        deployment = (
-            Deployment.objects.select_for_update().select_related("model_version__model").get(pk=deployment_id)
-        )
+        deployment = Deployment.objects.select_for_update().select_related("model_version__model").get(pk=deployment_id)
         if deployment.desired_state != DesiredState.RUNNING or deployment.runtime != Runtime.LOCAL:
             return deployment.status
         alive = bool(deployment.pid) and triton_server.is_alive(deployment.pid, deployment.process_create_time)
@@ -352,7 +346,8 @@ def reconcile_deployments() -> dict[str, int]:
     counts = {"failed": 0, "restarted": 0, "stopped": 0, "orphans_killed": 0}
     now = timezone.now()
     for deployment_id in list(
-        Deployment.objects.filter(runtime=Runtime.LOCAL).exclude(status=DeploymentStatus.STOPPED)
+        Deployment.objects.filter(runtime=Runtime.LOCAL)
+        .exclude(status=DeploymentStatus.STOPPED)
         .values_list("pk", flat=True)
     ):
         with transaction.atomic():
@@ -365,9 +360,7 @@ def reconcile_deployments() -> dict[str, int]:
                 continue
             if d.status in (DeploymentStatus.READY, DeploymentStatus.STARTING) and d.pid and not alive:
                 tail = log_tail(d)
-                text = "Triton exited unexpectedly" + (
-                    "; last lines of its log:\n" + "\n".join(tail) if tail else "."
-                )
+                text = "Triton exited unexpectedly" + ("; last lines of its log:\n" + "\n".join(tail) if tail else ".")
                 d.status = DeploymentStatus.FAILED
                 d.error = text
                 d.last_failure = text
@@ -456,9 +449,7 @@ def run_smoke_inference(
     """
     server_id = _server_id(SERVER_ID_INFIX_VERIFY, uuid.uuid4().hex[:12])
     log_path = _triton_dir() / "logs" / f"{server_id}.log"
-    process = _start_process(
-        server_id=server_id, repository=repository, environment=environment, log_path=log_path
-    )
+    process = _start_process(server_id=server_id, repository=repository, environment=environment, log_path=log_path)
     try:
         log(f"started tritonserver pid {process.pid} on {repository}")
         try:

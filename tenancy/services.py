@@ -44,9 +44,7 @@ def create_api_token(*, user: AbstractBaseUser, name: str = "") -> str:
 
 def authenticate_token(*, raw: str) -> AbstractBaseUser | None:
     """Return the active user a token secret belongs to, or None for an unknown/revoked one."""
-    token = (
-        ApiToken.objects.select_related("user").filter(key_hash=_hash_token(raw), is_revoked=False).first()
-    )
+    token = ApiToken.objects.select_related("user").filter(key_hash=_hash_token(raw), is_revoked=False).first()
     if token is None or not token.user.is_active:
         return None
     now = timezone.now()

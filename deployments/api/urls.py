@@ -1,5 +1,4 @@
 from conch.api import OptionalSlashRouter
-
 from deployments.api.views import DeploymentViewSet
 
 router = OptionalSlashRouter()

@@ -22,7 +22,9 @@ class RegisteredModelSerializer(serializers.ModelSerializer):
 
 
 class CreateModelSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters.")
+    name = serializers.CharField(
+        max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters."
+    )
     team = serializers.CharField(max_length=63, help_text="Slug of one of your teams.")
 
 
@@ -52,9 +54,22 @@ class ModelVersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelVersion
         fields = [
-            "id", "model", "model_name", "team", "number", "status", "error", "error_field",
-            "source", "build_options", "signature", "config_pbtxt", "repository_prefix", "steps",
-            "created_at", "built_at",
+            "id",
+            "model",
+            "model_name",
+            "team",
+            "number",
+            "status",
+            "error",
+            "error_field",
+            "source",
+            "build_options",
+            "signature",
+            "config_pbtxt",
+            "repository_prefix",
+            "steps",
+            "created_at",
+            "built_at",
         ]
 
     def get_source(self, obj: ModelVersion) -> dict:

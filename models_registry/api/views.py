@@ -5,12 +5,12 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
+from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
-from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
 
 from conch.errors import InvalidInput
 from models_registry import services
@@ -21,7 +21,12 @@ from models_registry.api.serializers import (
     UploadVersionSerializer,
 )
 from models_registry.storage import get_object_store
-from models_registry.uploads import ObjectStoreUploadHandler, check_content_length
+from models_registry.uploads import (
+    HeaderCsrfSessionAuthentication,
+    ObjectStoreUploadHandler,
+    check_content_length,
+)
+from tenancy.authentication import BearerTokenAuthentication
 
 BUILD_OPTION_FIELDS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
 
@@ -48,6 +53,8 @@ class ModelVersionListUploadView(APIView):
     """GET lists a model's versions; POST uploads a new version (multipart field `file`)."""
 
     parser_classes = [MultiPartParser]
+    # Session auth's CSRF check would parse the body before the streaming handler is installed.
+    authentication_classes = [BearerTokenAuthentication, HeaderCsrfSessionAuthentication]
 
     @extend_schema(responses={200: ModelVersionSerializer(many=True)})
     def get(self, request: Request, model_id: int) -> Response:
@@ -74,6 +81,7 @@ class ModelVersionListUploadView(APIView):
                 version=version, stored=upload.stored, filename=upload.name or "", options=options
             )
         except BaseException:
+            handler.abort()  # a multipart upload still open in the store is aborted, not left pending
             services.discard_upload(version=version)
             raise
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)

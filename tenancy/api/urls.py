@@ -1,5 +1,4 @@
 from conch.api import OptionalSlashRouter
-
 from tenancy.api.views import TeamViewSet
 
 router = OptionalSlashRouter()

@@ -21,8 +21,11 @@ pytestmark = [pytest.mark.django_db]
 
 def _upload(caller, data: bytes, *, name: str = "classifier", capture, **options) -> dict:
     response = caller.client.post("/api/v1/models/", {"name": name, "team": caller.team.slug}, format="json")
-    model_id = response.json()["id"] if response.status_code == 201 else caller.client.get(
-        "/api/v1/models/").json()["results"][0]["id"]
+    model_id = (
+        response.json()["id"]
+        if response.status_code == 201
+        else caller.client.get("/api/v1/models/").json()["results"][0]["id"]
+    )
     with capture(execute=True):
         response = caller.client.post(
             f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("model.onnx", data), **options}
@@ -37,12 +40,21 @@ def _steps(version: dict) -> dict[str, str]:
 
 def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_capture_on_commit_callbacks):
     # when
-    version = _upload(alice, real_models.classifier().read_bytes(), capture=django_capture_on_commit_callbacks,
-                      max_batch_size="8", max_queue_delay_microseconds="500")
+    version = _upload(
+        alice,
+        real_models.classifier().read_bytes(),
+        capture=django_capture_on_commit_callbacks,
+        max_batch_size="8",
+        max_queue_delay_microseconds="500",
+    )
     # then
     assert version["status"] == "built", version["error"]
-    assert _steps(version) == {"inspect": "succeeded", "configure": "succeeded",
-                               "write_repository": "succeeded", "verify": "succeeded"}
+    assert _steps(version) == {
+        "inspect": "succeeded",
+        "configure": "succeeded",
+        "write_repository": "succeeded",
+        "verify": "succeeded",
+    }
     assert version["signature"]["inputs"][0]["name"] == "x"
     assert 'backend: "onnxruntime"' in version["config_pbtxt"]
     assert "max_batch_size: 8" in version["config_pbtxt"]
@@ -83,26 +95,34 @@ def test_rebuild_and_redelivery_overwrite_their_own_output(alice, eager_tasks, d
     ("make_file", "expected"),
     [
         (lambda: b"\x89PNG\r\n\x1a\n" + b"\0" * 200, "not an ONNX"),
-        (lambda: b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"a" * 64 + b"\nsize 6783084\n",
-         "Git LFS pointer"),
-        (lambda: real_models.classifier().read_bytes()[: 3_000_000], "truncated"),
+        (
+            lambda: b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"a" * 64 + b"\nsize 6783084\n",
+            "Git LFS pointer",
+        ),
+        (lambda: real_models.classifier().read_bytes()[:3_000_000], "truncated"),
     ],
     ids=["png", "git-lfs-pointer", "truncated"],
 )
-def test_bad_files_fail_at_inspect_with_a_message(alice, eager_tasks, django_capture_on_commit_callbacks,
-                                                  make_file, expected):
+def test_bad_files_fail_at_inspect_with_a_message(
+    alice, eager_tasks, django_capture_on_commit_callbacks, make_file, expected
+):
     version = _upload(alice, make_file(), capture=django_capture_on_commit_callbacks)
     assert version["status"] == "failed"
     assert expected.lower() in version["error"].lower()
     assert version["error_field"] == "file"
-    assert _steps(version) == {"inspect": "failed", "configure": "skipped",
-                               "write_repository": "skipped", "verify": "skipped"}
+    assert _steps(version) == {
+        "inspect": "failed",
+        "configure": "skipped",
+        "write_repository": "skipped",
+        "verify": "skipped",
+    }
 
 
 def test_unsupported_tensor_type_fails_naming_the_tensor(alice, eager_tasks, django_capture_on_commit_callbacks):
     node = onnx.helper.make_node("Identity", ["z"], ["z_out"])
     graph = onnx.helper.make_graph(
-        [node], "g",
+        [node],
+        "g",
         [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.COMPLEX64, [1, 2])],
         [onnx.helper.make_tensor_value_info("z_out", onnx.TensorProto.COMPLEX64, [1, 2])],
     )
@@ -115,8 +135,9 @@ def test_unsupported_tensor_type_fails_naming_the_tensor(alice, eager_tasks, dja
 def test_fixed_batch_option_mismatch_fails_at_configure_naming_the_option(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):
-    version = _upload(alice, real_models.ddddocr_common().read_bytes(), capture=django_capture_on_commit_callbacks,
-                      max_batch_size="8")
+    version = _upload(
+        alice, real_models.ddddocr_common().read_bytes(), capture=django_capture_on_commit_callbacks, max_batch_size="8"
+    )
     assert version["status"] == "failed"
     assert version["error_field"] == "max_batch_size"
     assert _steps(version)["configure"] == "failed"
@@ -126,8 +147,12 @@ def test_wrong_declared_output_shape_fails_at_verify(alice, eager_tasks, django_
     # ddddocr's common.onnx declares a rank-2 output but produces rank 3: only running it shows that
     version = _upload(alice, real_models.ddddocr_common().read_bytes(), capture=django_capture_on_commit_callbacks)
     assert version["status"] == "failed", version["config_pbtxt"]
-    assert _steps(version) == {"inspect": "succeeded", "configure": "succeeded",
-                               "write_repository": "succeeded", "verify": "failed"}
+    assert _steps(version) == {
+        "inspect": "succeeded",
+        "configure": "succeeded",
+        "write_repository": "succeeded",
+        "verify": "failed",
+    }
     assert "max_batch_size: 0" in version["config_pbtxt"] or "max_batch_size" not in version["config_pbtxt"]
     output_name = version["signature"]["outputs"][0]["name"]
     assert output_name in version["error"]

@@ -30,9 +30,14 @@ def write_built_version(team, name: str, model_file, options: BuildOptions | Non
     store.put_bytes(f"{prefix}/{name}/{number}/model.onnx", data)
     store.put_bytes(f"{prefix}/{name}/config.pbtxt", config_to_pbtxt(config).encode())
     return ModelVersion.objects.create(
-        model=model, number=number, status=VersionStatus.BUILT,
-        source_key=source_key(model_id=model.pk, number=number), source_size_bytes=len(data),
-        signature=signature.to_dict(), config_pbtxt=config_to_pbtxt(config), repository_prefix=prefix,
+        model=model,
+        number=number,
+        status=VersionStatus.BUILT,
+        source_key=source_key(model_id=model.pk, number=number),
+        source_size_bytes=len(data),
+        signature=signature.to_dict(),
+        config_pbtxt=config_to_pbtxt(config),
+        repository_prefix=prefix,
     )
 
 

@@ -48,8 +48,14 @@ def _classifier_request(batch: int, seed: int = 0) -> tuple[np.ndarray, dict]:
 
 def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks):
     # given a ready deployment with overrides
-    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks, instance_count=2,
-                max_batch_size=4, max_queue_delay_microseconds=1000)
+    d = _deploy(
+        alice,
+        built_classifier,
+        django_capture_on_commit_callbacks,
+        instance_count=2,
+        max_batch_size=4,
+        max_queue_delay_microseconds=1000,
+    )
     assert d["status"] == "ready", d["error"]
     assert d["endpoints"]["http"].startswith("http://127.0.0.1:")
     assert "count: 2" in d["config_pbtxt"] and "max_batch_size: 4" in d["config_pbtxt"]
@@ -117,8 +123,12 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
     ports = triton_server.allocate_ports(3)
     orphan = triton_server.start_server(
-        server_id=row.server_id, repository=str(settings.CONCH_TRITON_DIR), http_port=ports[0],
-        grpc_port=ports[1], metrics_port=ports[2], log_path=settings.CONCH_TRITON_DIR / "orphan.log",
+        server_id=row.server_id,
+        repository=str(settings.CONCH_TRITON_DIR),
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=settings.CONCH_TRITON_DIR / "orphan.log",
         backend_root=backend_root,
     )
     triton_server.wait_until_ready(orphan, timeout_s=60)
@@ -186,7 +196,8 @@ def test_max_batch_size_above_zero_on_a_fixed_batch_model_gets_400(alice):
 
 def test_other_teams_deployments_are_invisible(alice, bob, built_classifier):
     response = bob.client.post(
-        "/api/v1/deployments/", {"name": "web", "team": "globex", "model_version": built_classifier.pk},
+        "/api/v1/deployments/",
+        {"name": "web", "team": "globex", "model_version": built_classifier.pk},
         format="json",
     )
     assert response.status_code == 404

@@ -59,18 +59,37 @@ def test_parse_triton_metrics_sums_labels_per_model_version():
 
 @pytest.fixture
 def deployment(built_classifier, alice):
-    return Deployment.objects.create(team=alice.team, name="web", model_version=built_classifier, status="ready",
-                                     config_pbtxt=built_classifier.config_pbtxt)
+    return Deployment.objects.create(
+        team=alice.team,
+        name="web",
+        model_version=built_classifier,
+        status="ready",
+        config_pbtxt=built_classifier.config_pbtxt,
+    )
 
 
 def _sample(deployment, seconds_ago, **values):
-    fields = {f: 0.0 for f in ("success_count", "failure_count", "inference_count", "execution_count",
-                               "request_duration_us", "queue_duration_us", "compute_input_duration_us",
-                               "compute_infer_duration_us", "compute_output_duration_us")}
+    fields = {
+        f: 0.0
+        for f in (
+            "success_count",
+            "failure_count",
+            "inference_count",
+            "execution_count",
+            "request_duration_us",
+            "queue_duration_us",
+            "compute_input_duration_us",
+            "compute_infer_duration_us",
+            "compute_output_duration_us",
+        )
+    }
     fields.update(values)
     return MetricSample.objects.create(
-        deployment=deployment, scraped_at=timezone.now() - timedelta(seconds=seconds_ago),
-        model_name="classifier", model_version="1", **fields,
+        deployment=deployment,
+        scraped_at=timezone.now() - timedelta(seconds=seconds_ago),
+        model_name="classifier",
+        model_version="1",
+        **fields,
     )
 
 
@@ -78,11 +97,29 @@ def _sample(deployment, seconds_ago, **values):
 def test_summary_uses_counter_deltas_over_the_window(deployment):
     # given a sample before the window and two inside it
     _sample(deployment, 400, success_count=100, inference_count=100, execution_count=100)
-    _sample(deployment, 200, success_count=110, inference_count=140, execution_count=105,
-            request_duration_us=5000, queue_duration_us=1000, compute_infer_duration_us=3000)
-    _sample(deployment, 0, success_count=120, inference_count=180, execution_count=110,
-            request_duration_us=10000, queue_duration_us=2000, compute_input_duration_us=200,
-            compute_infer_duration_us=6000, compute_output_duration_us=300, failure_count=2)
+    _sample(
+        deployment,
+        200,
+        success_count=110,
+        inference_count=140,
+        execution_count=105,
+        request_duration_us=5000,
+        queue_duration_us=1000,
+        compute_infer_duration_us=3000,
+    )
+    _sample(
+        deployment,
+        0,
+        success_count=120,
+        inference_count=180,
+        execution_count=110,
+        request_duration_us=10000,
+        queue_duration_us=2000,
+        compute_input_duration_us=200,
+        compute_infer_duration_us=6000,
+        compute_output_duration_us=300,
+        failure_count=2,
+    )
     # when
     [stats] = summarize(deployment=deployment, window_seconds=300)["models"]
     # then deltas run from the sample at 400 s ago to now

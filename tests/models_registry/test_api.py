@@ -185,9 +185,7 @@ def test_concurrent_uploads_get_distinct_consecutive_numbers(alice):
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.token}")
         try:
-            r = client.post(
-                f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"v%d" % i)}
-            )
+            r = client.post(f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"v%d" % i)})
             results.append((r.status_code, r.json().get("number")))
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)

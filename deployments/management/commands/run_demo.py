@@ -64,6 +64,11 @@ def _demo_image() -> np.ndarray:
     return ((pixels - mean) / std).transpose(2, 0, 1)[None, ...].astype(np.float32)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """Treat SIGTERM like Ctrl-C, so both run the same shutdown."""
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Run the Conch demo: web, worker, beat, and a real model deployed on a local Triton."
 
@@ -74,7 +79,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, port: int, no_wait: bool, timeout: float, **options):
         self.children: list[subprocess.Popen] = []
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             self._run(port=port, no_wait=no_wait, timeout=timeout)
         except KeyboardInterrupt:
@@ -125,8 +130,15 @@ class Command(BaseCommand):
                 self._wait(api, f"{url}/api/v1/deployments/{d['id']}/", ("stopped",), 60)
         r = api.post(
             f"{url}/api/v1/deployments/",
-            json={"name": MODEL_NAME, "team": TEAM, "model_version": version["id"], "runtime": "local",
-                  "instance_count": 1, "max_batch_size": 16, "max_queue_delay_microseconds": 2000},
+            json={
+                "name": MODEL_NAME,
+                "team": TEAM,
+                "model_version": version["id"],
+                "runtime": "local",
+                "instance_count": 1,
+                "max_batch_size": 16,
+                "max_queue_delay_microseconds": 2000,
+            },
             timeout=30,
         )
         self._check(r, 201)
@@ -139,15 +151,19 @@ class Command(BaseCommand):
         image = _demo_image()
         r = api.post(
             f"{url}/api/v1/deployments/{deployment['id']}/infer",
-            json={"inputs": [{"name": "x", "shape": list(image.shape), "datatype": "FP32",
-                              "data": image.ravel().tolist()}]},
+            json={
+                "inputs": [
+                    {"name": "x", "shape": list(image.shape), "datatype": "FP32", "data": image.ravel().tolist()}
+                ]
+            },
             timeout=60,
         )
         self._check(r, 200)
         scores = r.json()["outputs"][0]["data"]
         labels = ["0", "90", "180", "270"]
-        self._say(f"inference: scores {[round(s, 4) for s in scores]} -> rotation "
-                  f"{labels[int(np.argmax(scores))]} degrees")
+        self._say(
+            f"inference: scores {[round(s, 4) for s in scores]} -> rotation {labels[int(np.argmax(scores))]} degrees"
+        )
         self._say("")
         self._say(f"Console:  {url}/deployments/{deployment['id']}/  (user admin, password {password})")
         self._say(f"API docs: {url}/api/v1/docs/")
@@ -170,18 +186,47 @@ class Command(BaseCommand):
         logs = Path(settings.VAR_DIR) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         commands = {
-            "web": [str(bin_dir / "gunicorn"), "conch.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-                    "--threads", "4", "--timeout", "600"],
-            "worker": [str(bin_dir / "celery"), "-A", "conch", "worker", "--loglevel", "INFO",
-                       "--concurrency", "2", "-n", f"demo@{socket.gethostname()}"],
-            "beat": [str(bin_dir / "celery"), "-A", "conch", "beat", "--loglevel", "INFO",
-                     "--schedule", str(Path(settings.VAR_DIR) / "celerybeat-schedule")],
+            "web": [
+                str(bin_dir / "gunicorn"),
+                "conch.wsgi",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "--timeout",
+                "600",
+            ],
+            "worker": [
+                str(bin_dir / "celery"),
+                "-A",
+                "conch",
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "-n",
+                f"demo@{socket.gethostname()}",
+            ],
+            "beat": [
+                str(bin_dir / "celery"),
+                "-A",
+                "conch",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(Path(settings.VAR_DIR) / "celerybeat-schedule"),
+            ],
         }
         for name, argv in commands.items():
             log = (logs / f"{name}.log").open("ab")
             self.children.append(
-                subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                subprocess.Popen(
+                    argv, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             )
             self._say(f"started {name} (pid {self.children[-1].pid}, log {logs / (name + '.log')})")
 
@@ -231,5 +276,6 @@ class Command(BaseCommand):
 
     def _check(self, response: requests.Response, expected: int) -> None:
         if response.status_code != expected:
-            raise CommandError(f"{response.request.method} {response.url} -> {response.status_code}: "
-                               f"{response.text[:2000]}")
+            raise CommandError(
+                f"{response.request.method} {response.url} -> {response.status_code}: {response.text[:2000]}"
+            )

