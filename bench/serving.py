@@ -439,6 +439,23 @@ class Point:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How every client point is measured.
+
+    Attributes:
+        warmup_s: seconds of load before the window opens (not counted).
+        duration_s: seconds the window stays open.
+        quiet_wait_s: at most this many seconds to wait, before each point, for other work on the machine to calm.
+        expected: onnxruntime's own output for the request's image, [1, 4] FP32, to check every system's answer.
+    """
+
+    warmup_s: float
+    duration_s: float
+    quiet_wait_s: float
+    expected: np.ndarray
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """Return user + system CPU seconds of process `pid` and all its live descendants (0 when it is gone)."""
     try:
@@ -460,6 +477,21 @@ def machine_busy_seconds() -> float:
     """Return CPU seconds all cores of the machine have spent not idle since boot."""
     times = psutil.cpu_times()
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.3, sample_s: float = 1.0) -> float:
+    """Wait until the machine's other work uses under `threshold_cores` cores over `sample_s` seconds, or until
+    `max_wait_s` seconds pass; return the cores that were busy in the last sample.
+
+    Called while none of our servers is working, so what is busy is someone else's; the report shows the rest.
+    """
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        before = machine_busy_seconds()
+        time.sleep(sample_s)
+        busy = (machine_busy_seconds() - before) / sample_s
+        if busy < threshold_cores or time.monotonic() >= deadline:
+            return busy
 
 
 def spawn(arguments: list[str], **kwargs) -> subprocess.Popen:
@@ -491,10 +523,8 @@ def measure_clients(
     port: int,
     path: str,
     concurrency: int,
-    warmup_s: float,
-    duration_s: float,
+    plan: Plan,
     server_pid: int,
-    expected: np.ndarray,
     on_window: Callable[[str], None] | None = None,
 ) -> Point:
     """Run one closed-loop client process against a server and return the measured point.
@@ -503,6 +533,9 @@ def measure_clients(
     `on_window("window-start")` / `on_window("window-end")` run at the window's edges (e.g. to read server metrics).
     Raises SystemExit when the client reports errors, no completions, or an output that differs from onnxruntime's.
     """
+    if plan.quiet_wait_s > 0:
+        wait_for_quiet(plan.quiet_wait_s)
+    warmup_s, duration_s, expected = plan.warmup_s, plan.duration_s, plan.expected
     client = spawn(
         [
             "--role",
@@ -664,9 +697,7 @@ def measure_triton(
     settings: ConchSettings,
     batching: bool,
     concurrencies: list[int],
-    warmup_s: float,
-    duration_s: float,
-    expected: np.ndarray,
+    plan: Plan,
 ) -> list[Point]:
     """Start a local Triton with Conch's adapter, load the model as a deployment does, measure, stop the server."""
     from builds.model_config import config_to_json
@@ -699,9 +730,7 @@ def measure_triton(
                 text = TritonClient.fetch_metrics_text(process.metrics_url, timeout_s=10)
                 counters[marker] = triton_counters(text)
 
-            point = measure_clients(
-                system, "", process.http_port, path, concurrency, warmup_s, duration_s, process.pid, expected, sample
-            )
+            point = measure_clients(system, "", process.http_port, path, concurrency, plan, process.pid, sample)
             point.note = describe_counters(counters["window-start"], counters["window-end"])
             points.append(point)
     except BaseException:
@@ -719,9 +748,7 @@ def measure_baseline(
     model: Path,
     settings: BaselineSettings,
     concurrencies: list[int],
-    warmup_s: float,
-    duration_s: float,
-    expected: np.ndarray,
+    plan: Plan,
 ) -> list[Point]:
     """Start the plain Python server (c) in its own process, measure it, stop it."""
     from deployments import triton_server
@@ -767,10 +794,8 @@ def measure_baseline(
                     port,
                     f"/v2/models/{MODEL_NAME}/infer",
                     concurrency,
-                    warmup_s,
-                    duration_s,
+                    plan,
                     server.pid,
-                    expected,
                 )
             )
     finally:
@@ -793,7 +818,9 @@ def run_stream(session, images: np.ndarray, start: float, stop: float, latencies
             latencies.append(done - began)
 
 
-def measure_inprocess(model: Path, cpus: int, batches: list[int], duration_s: float) -> list[Point]:
+def measure_inprocess(
+    model: Path, cpus: int, batches: list[int], duration_s: float, quiet_wait_s: float
+) -> list[Point]:
     """Run onnxruntime in this process, no server, for each thread layout and batch size; return one point each.
 
     Layouts: one session with `cpus` intra-op threads running batches back to back, and `cpus` sessions with one
@@ -816,6 +843,8 @@ def measure_inprocess(model: Path, cpus: int, batches: list[int], duration_s: fl
     for label, sessions in layouts:
         for batch in batches:
             images = sample_input(batch)
+            if quiet_wait_s > 0:
+                wait_for_quiet(quiet_wait_s)
             for item in sessions:
                 item.run(None, {INPUT_NAME: images})
             latencies: list[list[float]] = [[] for _ in sessions]
@@ -857,11 +886,15 @@ def measure_inprocess(model: Path, cpus: int, batches: list[int], duration_s: fl
 
 
 def print_table(points: list[Point]) -> None:
-    """Print every point: throughput in inferences/s, p50/p99 in ms, CPU use in cores."""
+    """Print every point: throughput in inferences/s, p50/p99 in ms, CPU use in cores.
+
+    srv cpu: cores busy in the server's processes (for d: this process); cpu/inf: the server's CPU milliseconds
+    per inference; cli cpu: cores busy in the client process; other: cores busy in everything else on the machine.
+    """
     print()
     print(
         f"{'system':<38} {'conc':>4} {'infer/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'srv cpu':>7} {'cli cpu':>7} {'other':>6}  note"
+        f"{'srv cpu':>7} {'cpu/inf':>7} {'cli cpu':>7} {'other':>6}  note"
     )
     for p in points:
         name = {
@@ -871,7 +904,8 @@ def print_table(points: list[Point]) -> None:
         }.get(p.system, f"(d) {p.label}")
         print(
             f"{name:<38} {p.concurrency:>4} {p.throughput:>8.1f} {p.p50_ms:>8.1f} {p.p99_ms:>8.1f} "
-            f"{p.server_cpu:>7.2f} {p.client_cpu:>7.2f} {p.other_cpu:>6.2f}  {p.note}"
+            f"{p.server_cpu:>7.2f} {1000 * p.server_cpu / p.throughput:>7.2f} {p.client_cpu:>7.2f} "
+            f"{p.other_cpu:>6.2f}  {p.note}"
         )
 
 
@@ -886,6 +920,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each point")
     parser.add_argument("--concurrency", default="1,8,16", help="closed-loop client counts, e.g. 1,8,16")
     parser.add_argument("--systems", default="a,b,c,d", help="which of a,b,c,d to measure")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=10.0,
+        help="before each point, wait up to this many seconds for other work on the machine to calm (0: don't)",
+    )
     parser.add_argument("--batches", default="1,2,4,8,16", help="batch sizes tried for (d)")
     parser.add_argument("--instances", type=int, help="(a)/(b) instance_count")
     parser.add_argument("--max-batch-size", type=int, help="(a)/(b) max_batch_size")
@@ -943,6 +983,7 @@ def main() -> None:
     reference = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     expected = reference.run([OUTPUT_NAME], {INPUT_NAME: sample_input(1)})[0]
     del reference
+    plan = Plan(warmup_s=args.warmup, duration_s=args.duration, quiet_wait_s=args.quiet_wait, expected=expected)
 
     print(
         f"model: {model} ({model.stat().st_size / 1e6:.1f} MB), one image per request = "
@@ -966,17 +1007,13 @@ def main() -> None:
         build_repository(repository, model, conch)
         if "d" in systems:
             batches = [int(value) for value in args.batches.split(",")]
-            points += measure_inprocess(model, cpus, batches, max(2.0, args.duration / 3))
+            points += measure_inprocess(model, cpus, batches, max(2.0, args.duration / 3), args.quiet_wait)
         if "c" in systems:
-            points += measure_baseline(work, model, baseline, concurrencies, args.warmup, args.duration, expected)
+            points += measure_baseline(work, model, baseline, concurrencies, plan)
         if "b" in systems:
-            points += measure_triton(
-                "b", work, repository, conch, False, concurrencies, args.warmup, args.duration, expected
-            )
+            points += measure_triton("b", work, repository, conch, False, concurrencies, plan)
         if "a" in systems:
-            points += measure_triton(
-                "a", work, repository, conch, True, concurrencies, args.warmup, args.duration, expected
-            )
+            points += measure_triton("a", work, repository, conch, True, concurrencies, plan)
     print_table(points)
 
     def at(system: str) -> Point | None:

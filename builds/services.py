@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
@@ -27,8 +28,10 @@ from builds.verification import check_output_shapes, make_sample_inputs
 from conch.errors import ConchError, InvalidInput, Unavailable
 from deployments.services import run_smoke_inference
 from models_registry import services as registry
-from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +94,15 @@ def _finish(step: BuildStep, status: str) -> None:
     step.save(update_fields=["status", "finished_at", "log"])
 
 
-def _skip_remaining(version: ModelVersion) -> None:
-    BuildStep.objects.filter(version=version, status=StepStatus.PENDING).update(status=StepStatus.SKIPPED)
+def _skip_remaining(version_id: int) -> None:
+    BuildStep.objects.filter(version_id=version_id, status=StepStatus.PENDING).update(status=StepStatus.SKIPPED)
+
+
+def queue_build(*, version_id: int, attempt: int) -> None:
+    """Queue build `attempt` of a version once the current transaction commits."""
+    from builds.tasks import build_version
+
+    transaction.on_commit(lambda: build_version.delay(version_id, attempt))
 
 
 def run_build(*, version_id: int, attempt: int) -> str:
@@ -156,14 +166,14 @@ def run_build(*, version_id: int, attempt: int) -> str:
     except Unavailable:
         raise
     except InvalidInput as exc:
-        _skip_remaining(version)
+        _skip_remaining(version.pk)
         registry.record_build_result(
             version_id=version.pk, attempt=attempt, succeeded=False, error=exc.detail, error_field=exc.field or ""
         )
         log.info("build.failed", extra={"version_id": version.pk, "error": exc.detail})
         return "failed"
     except Exception as exc:
-        _skip_remaining(version)
+        _skip_remaining(version.pk)
         registry.record_build_result(
             version_id=version.pk,
             attempt=attempt,
@@ -179,9 +189,7 @@ def run_build(*, version_id: int, attempt: int) -> str:
 
 def fail_build_after_retries(*, version_id: int, attempt: int, detail: str) -> None:
     """Mark a build failed once its transient errors outlived the task's retries."""
-    version = ModelVersion.objects.filter(pk=version_id).first()
-    if version is not None:
-        _skip_remaining(version)
+    _skip_remaining(version_id)
     registry.record_build_result(
         version_id=version_id,
         attempt=attempt,

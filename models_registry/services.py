@@ -156,10 +156,9 @@ def request_rebuild(*, version: ModelVersion) -> ModelVersion:
 
 
 def _queue_build(version: ModelVersion) -> None:
-    from builds.tasks import build_version
+    from builds.services import queue_build
 
-    version_id, attempt = version.pk, version.build_attempt
-    transaction.on_commit(lambda: build_version.delay(version_id, attempt))
+    queue_build(version_id=version.pk, attempt=version.build_attempt)
 
 
 def record_build_result(

@@ -29,6 +29,12 @@ def create_team(*, slug: str, name: str = "") -> Team:
     return Team.objects.create(slug=slug, name=name or slug)
 
 
+def ensure_team(*, slug: str, name: str = "") -> Team:
+    """Return the team `slug`, creating it if missing (idempotent)."""
+    team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return team
+
+
 def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.MEMBER) -> Membership:
     """Make `user` a member of `team` with `role` (idempotent; updates the role)."""
     membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from builds.models import BuildStep
+from builds.api.serializers import BuildStepSerializer
 from models_registry.models import ModelVersion, RegisteredModel
 
 
@@ -36,12 +36,6 @@ class UploadVersionSerializer(serializers.Serializer):
     max_queue_delay_microseconds = serializers.IntegerField(required=False, min_value=0)
     preferred_batch_size = serializers.CharField(required=False, help_text="Comma-separated sizes, e.g. 4,8.")
     instance_count = serializers.IntegerField(required=False, min_value=1)
-
-
-class BuildStepSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = BuildStep
-        fields = ["name", "status", "log", "started_at", "finished_at"]
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):

@@ -28,8 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from deployments.services import stop_all_local_servers
 from tenancy.choices import Role
-from tenancy.models import Team
-from tenancy.services import create_api_token, ensure_membership, ensure_user
+from tenancy.services import create_api_token, ensure_membership, ensure_team, ensure_user
 
 MODEL_NAME = "orientation"
 TEAM = "demo"
@@ -96,7 +95,7 @@ class Command(BaseCommand):
         call_command("collectstatic", interactive=False, verbosity=0)
         password = secrets.token_urlsafe(12)
         admin = ensure_user(username="admin", password=password, is_superuser=True)
-        team, _ = Team.objects.get_or_create(slug=TEAM, defaults={"name": "Demo team"})
+        team = ensure_team(slug=TEAM, name="Demo team")
         ensure_membership(team=team, user=admin, role=Role.ADMIN)
         token = create_api_token(user=admin, name="demo")
 
