@@ -460,6 +460,8 @@ def run_smoke_inference(
         try:
             client.load_model(model_name)
         except ModelLoadError as exc:
+            for line in triton_server.tail_log(log_path, lines=15):
+                log(f"triton: {line}")
             raise InvalidInput(f"Triton could not load the model: {exc.detail}", field="file") from exc
         log(f"Triton loaded model {model_name}")
         try:

@@ -37,7 +37,19 @@
     svg.appendChild(label);
   }
 
+  async function refreshStatus() {
+    const response = await fetch(`/api/v1/deployments/${id}/`,
+      { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) return;
+    const body = await response.json();
+    const badge = document.getElementById("status");
+    badge.textContent = body.status;
+    badge.className = `status status-${body.status}`;
+    document.getElementById("endpoint-http").textContent = body.endpoints.http || "—";
+  }
+
   async function refresh() {
+    refreshStatus().catch(() => {});
     try {
       const response = await fetch(`/api/v1/deployments/${id}/metrics?window=${windowSeconds}`,
         { credentials: "same-origin", headers: { Accept: "application/json" } });
