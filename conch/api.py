@@ -12,7 +12,8 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
-from rest_framework import exceptions, status
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -45,6 +46,13 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
             },
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
+    if isinstance(exc, exceptions.NotAuthenticated):
+        auth_header = getattr(exc, "auth_header", None)
+        exc = exceptions.NotAuthenticated(
+            "Send an API token as 'Authorization: Bearer <token>'; "
+            "create one with 'python manage.py create_token <username>'."
+        )
+        exc.auth_header = auth_header  # DRF turns it into the WWW-Authenticate header
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found, or not visible to your teams.")
     elif isinstance(exc, DjangoPermissionDenied):
@@ -74,3 +82,34 @@ class OptionalSlashRouter(SimpleRouter):
     def __init__(self) -> None:
         super().__init__()
         self.trailing_slash = "/?"
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error body of the API (for the OpenAPI schema)."""
+
+    detail = serializers.CharField(help_text="What went wrong and what to do.")
+    field = serializers.CharField(allow_null=True, help_text="The input at fault, or null.")
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """Documents `Authorization: Bearer <token>` in the OpenAPI schema (Swagger's Authorize dialog)."""
+
+    target_class = "tenancy.authentication.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from `python manage.py create_token <username>`.",
+        }
+
+
+class HeaderCsrfSessionScheme(OpenApiAuthenticationExtension):
+    """The upload view's session authentication is a browser session, like DRF's."""
+
+    target_class = "models_registry.uploads.HeaderCsrfSessionAuthentication"
+    name = "cookieAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "cookie", "name": "sessionid"}

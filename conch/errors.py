@@ -48,3 +48,9 @@ class Unavailable(ConchError):
     """An external system (object store, Triton, Kubernetes) cannot be reached; retry later (HTTP 503)."""
 
     status_code = 503
+
+
+class UnsupportedMediaType(ConchError):
+    """The request body is not in a format the endpoint reads (HTTP 415)."""
+
+    status_code = 415

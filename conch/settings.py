@@ -120,6 +120,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Upload a model, build it into a Triton model repository, deploy and observe it.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Separate request/response components, so upload fields are `format: binary` (a file picker).
+    "COMPONENT_SPLIT_REQUEST": True,
     # Swagger UI served from the drf-spectacular-sidecar package, not a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

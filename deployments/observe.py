@@ -51,6 +51,23 @@ def scrape_deployment(*, deployment: Deployment) -> int:
     return len(counters)
 
 
+def refresh_samples(*, deployment: Deployment, min_age_seconds: float = 1.0) -> None:
+    """Scrape a ready deployment now unless a sample is younger than `min_age_seconds`.
+
+    Lets a metrics read include the last seconds' inferences; an unreachable Triton is
+    ignored here (the stored samples are still summarized).
+    """
+    if deployment.status != DeploymentStatus.READY or not deployment.metrics_port:
+        return
+    latest = deployment.metric_samples.order_by("-scraped_at").values_list("scraped_at", flat=True).first()
+    if latest is not None and (timezone.now() - latest).total_seconds() < min_age_seconds:
+        return
+    try:
+        scrape_deployment(deployment=deployment)
+    except ConchError as exc:
+        log.warning("metrics.scrape.failed", extra={"deployment_id": deployment.pk, "error": exc.detail})
+
+
 def scrape_ready_deployments() -> int:
     """Scrape every ready deployment; a failing one is logged and skipped. Returns samples stored."""
     stored = 0

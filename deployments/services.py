@@ -73,6 +73,24 @@ def log_tail(deployment: Deployment, lines: int = LOG_TAIL_LINES) -> list[str]:
     return triton_server.tail_log(Path(deployment.log_path), lines=lines)
 
 
+def effective_settings(deployment: Deployment) -> dict[str, Any]:
+    """Batching and instance settings of the deployment's effective model configuration.
+
+    Returns max_batch_size, instance_count (summed over instance groups), dynamic_batching
+    (bool) and max_queue_delay_microseconds (None without a dynamic batcher).
+    """
+    if not deployment.config_pbtxt:
+        return {}
+    config = config_from_pbtxt(deployment.config_pbtxt)
+    batching = config.HasField("dynamic_batching")
+    return {
+        "max_batch_size": config.max_batch_size,
+        "instance_count": sum(group.count or 1 for group in config.instance_group) or 1,
+        "dynamic_batching": batching,
+        "max_queue_delay_microseconds": config.dynamic_batching.max_queue_delay_microseconds if batching else None,
+    }
+
+
 # --- create / delete ---------------------------------------------------------------
 
 
@@ -375,7 +393,8 @@ def reconcile_deployments() -> dict[str, int]:
                     d.save(update_fields=["restart_count", "updated_at"])
                     _queue_start(d.pk)
                     counts["restarted"] += 1
-            elif d.status == DeploymentStatus.PENDING and (now - d.updated_at).total_seconds() > 60:
+            elif d.status == DeploymentStatus.PENDING and not d.pid and (now - d.updated_at).total_seconds() > 15:
+                # A start that was never queued or got lost (e.g. Conch was shut down); starting is idempotent.
                 _queue_start(d.pk)
                 counts["restarted"] += 1
     counts["orphans_killed"] = kill_orphan_servers()
@@ -409,10 +428,26 @@ def kill_orphan_servers(*, verify_max_age_seconds: float = 900) -> int:
 
 
 def stop_all_local_servers() -> int:
-    """Stop every Triton this Conch instance started (used when the demo shuts down)."""
+    """Stop every Triton this Conch instance started, when Conch itself shuts down (the demo's Ctrl-C).
+
+    Deployments that should keep running go back to `pending` (not `failed`): the next
+    reconcile after Conch starts again brings them up without counting a crash.
+    """
     servers = triton_server.find_servers(settings.CONCH_INSTANCE_ID + "-")
     for server in servers:
         triton_server.stop_server(server.pid, server.create_time)
+    Deployment.objects.filter(runtime=Runtime.LOCAL, desired_state=DesiredState.RUNNING).exclude(
+        status=DeploymentStatus.STOPPED
+    ).update(
+        status=DeploymentStatus.PENDING,
+        pid=None,
+        process_create_time=None,
+        http_port=None,
+        grpc_port=None,
+        metrics_port=None,
+        error="",
+        updated_at=timezone.now(),
+    )
     return len(servers)
 
 

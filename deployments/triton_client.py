@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -84,8 +85,12 @@ def _status(exc: InferenceServerException) -> int | None:
         return None
 
 
+# Triton prefixes request errors with "[request id: <id_unknown>] " when the client sent no id.
+_REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\]\s*")
+
+
 def _message(exc: InferenceServerException) -> str:
-    return exc.message() or str(exc)
+    return _REQUEST_ID_PREFIX.sub("", exc.message() or str(exc))
 
 
 class TritonClient:

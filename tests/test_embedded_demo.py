@@ -51,7 +51,11 @@ def test_demo_on_embedded_defaults_then_a_curl_pipeline_then_ctrl_c(tmp_path):
     env.update({"CONCH_VAR_DIR": str(tmp_path / "var"), "CONCH_INSTANCE_ID": instance, "PYTHONUNBUFFERED": "1"})
     demo = subprocess.Popen(
         [sys.executable, "manage.py", "run_demo", "--port", "0", "--timeout", "300"],
-        cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         # when the demo comes up
@@ -65,12 +69,16 @@ def test_demo_on_embedded_defaults_then_a_curl_pipeline_then_ctrl_c(tmp_path):
 
         # when a CI pipeline takes another real model through with curl
         request = tmp_path / "request.json"
-        request.write_text(json.dumps({"inputs": [{"name": "bytes", "shape": [1, 2048], "datatype": "INT32",
-                                                   "data": [7] * 2048}]}))
+        request.write_text(
+            json.dumps({"inputs": [{"name": "bytes", "shape": [1, 2048], "datatype": "INT32", "data": [7] * 2048}]})
+        )
         pipeline = subprocess.run(
             ["bash", "examples/ci_pipeline.sh", str(real_models.magika()), "filetype", "demo", str(request)],
-            cwd=settings.BASE_DIR, env={**env, "CONCH_URL": found["CONCH_URL"], "CONCH_TOKEN": found["CONCH_TOKEN"]},
-            capture_output=True, text=True, timeout=600,
+            cwd=settings.BASE_DIR,
+            env={**env, "CONCH_URL": found["CONCH_URL"], "CONCH_TOKEN": found["CONCH_TOKEN"]},
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         # then every step worked
         assert pipeline.returncode == 0, pipeline.stdout + pipeline.stderr
@@ -88,7 +96,8 @@ def test_demo_on_embedded_defaults_then_a_curl_pipeline_then_ctrl_c(tmp_path):
     database = sqlite3.connect(var / "conch.sqlite3")
     assert database.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert sorted(database.execute("SELECT status FROM models_registry_modelversion").fetchall()) == [
-        ("built",), ("built",)
+        ("built",),
+        ("built",),
     ]
     assert (var / "broker" / "queue").is_dir()
     assert len(list((var / "storage").rglob("config.pbtxt"))) == 2

@@ -5,13 +5,11 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from deployments.models import Deployment
-from deployments.services import log_tail
+from deployments.services import effective_settings, log_tail
 
 
 class CreateDeploymentSerializer(serializers.Serializer):
-    name = serializers.CharField(
-        max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters."
-    )
+    name = serializers.CharField(allow_blank=True, help_text="Lowercase DNS label, at most 63 characters.")
     team = serializers.CharField(max_length=63, help_text="Slug of one of your teams.")
     model_version = serializers.JSONField(help_text="Id of a built model version.")
     runtime = serializers.CharField(required=False, default="local")
@@ -26,6 +24,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
     model_version_number = serializers.IntegerField(source="model_version.number", read_only=True)
     endpoints = serializers.SerializerMethodField()
     log_tail = serializers.SerializerMethodField()
+    effective = serializers.SerializerMethodField(
+        help_text="What Triton was told: max_batch_size, instance_count, dynamic batching and its queue delay (µs) "
+        "from the effective model configuration (the version's, with this deployment's overrides)."
+    )
 
     class Meta:
         model = Deployment
@@ -40,6 +42,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "instance_count",
             "max_batch_size",
             "max_queue_delay_microseconds",
+            "effective",
             "desired_state",
             "status",
             "error",
@@ -60,6 +63,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "metrics": obj.metrics_url,
             "infer": f"{obj.http_url}/v2/models/{obj.model_name}/infer" if obj.http_url else "",
         }
+
+    def get_effective(self, obj: Deployment) -> dict:
+        return effective_settings(obj)
 
     def get_log_tail(self, obj: Deployment) -> list[str]:
         return log_tail(obj)

@@ -7,10 +7,12 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
+from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
+from conch.api import ErrorSerializer
 from conch.errors import InvalidInput
 from deployments import observe, services
 from deployments.api.serializers import CreateDeploymentSerializer, DeploymentSerializer
@@ -24,7 +26,10 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     def get_queryset(self):
         return services.visible_deployments(user=self.request.user).order_by("id")
 
-    @extend_schema(request=CreateDeploymentSerializer, responses={201: DeploymentSerializer})
+    @extend_schema(
+        request=CreateDeploymentSerializer,
+        responses={201: DeploymentSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+    )
     def create(self, request: Request) -> Response:
         form = CreateDeploymentSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -48,16 +53,21 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT},
-        description="KServe v2 / Open Inference Protocol JSON request, forwarded to Triton; Triton's response.",
+        responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 409: ErrorSerializer, 503: ErrorSerializer},
+        description="KServe v2 / Open Inference Protocol JSON request, forwarded to Triton; Triton's response. "
+        'Example: {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}]}. '
+        "A request Triton rejects comes back 400 with Triton's message.",
     )
-    @action(detail=True, methods=["post"], url_path="infer")
+    @action(detail=True, methods=["post"], url_path="infer", parser_classes=[JSONParser])
     def infer(self, request: Request, pk: str) -> Response:
         return Response(services.infer(deployment=self.get_object(), request=request.data))
 
     @extend_schema(
         parameters=[OpenApiParameter("window", int, description="Seconds to look back (10..86400).")],
-        responses={200: OpenApiTypes.OBJECT},
+        responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 404: ErrorSerializer},
+        description="Per model over the window: throughput (inferences/s), requests/s, average request latency, "
+        "queue and compute time (µs), average batch size (inferences per execution), failures; from deltas of "
+        "Triton's cumulative counters. `series` holds points between consecutive samples for charts.",
     )
     @action(detail=True, methods=["get"], url_path="metrics")
     def metrics(self, request: Request, pk: str) -> Response:
@@ -66,4 +76,7 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             window = int(raw)
         except ValueError:
             raise InvalidInput("window must be a whole number of seconds.", field="window") from None
-        return Response(observe.summarize(deployment=self.get_object(), window_seconds=window))
+        deployment = self.get_object()
+        # Scrape now, so inferences of the last few seconds count without waiting for the beat.
+        observe.refresh_samples(deployment=deployment)
+        return Response(observe.summarize(deployment=deployment, window_seconds=window))

@@ -22,9 +22,7 @@ class RegisteredModelSerializer(serializers.ModelSerializer):
 
 
 class CreateModelSerializer(serializers.Serializer):
-    name = serializers.CharField(
-        max_length=200, allow_blank=True, help_text="Lowercase DNS label, at most 63 characters."
-    )
+    name = serializers.CharField(allow_blank=True, help_text="Lowercase DNS label, at most 63 characters.")
     team = serializers.CharField(max_length=63, help_text="Slug of one of your teams.")
 
 
@@ -32,7 +30,9 @@ class UploadVersionSerializer(serializers.Serializer):
     """Multipart form of a version upload (documented for the OpenAPI schema)."""
 
     file = serializers.FileField(help_text="The ONNX model file.")
-    max_batch_size = serializers.IntegerField(required=False, min_value=0)
+    max_batch_size = serializers.IntegerField(
+        required=False, min_value=0, help_text="Largest batch Triton may form; leave out for the default (8)."
+    )
     max_queue_delay_microseconds = serializers.IntegerField(required=False, min_value=0)
     preferred_batch_size = serializers.CharField(required=False, help_text="Comma-separated sizes, e.g. 4,8.")
     instance_count = serializers.IntegerField(required=False, min_value=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from rest_framework import exceptions, status
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -12,7 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
-from conch.errors import InvalidInput
+from conch.api import ErrorSerializer
+from conch.errors import InvalidInput, UnsupportedMediaType
 from models_registry import services
 from models_registry.api.serializers import (
     CreateModelSerializer,
@@ -39,7 +40,10 @@ class RegisteredModelViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet)
     def get_queryset(self):
         return services.visible_models(user=self.request.user).order_by("id")
 
-    @extend_schema(request=CreateModelSerializer, responses={201: RegisteredModelSerializer})
+    @extend_schema(
+        request=CreateModelSerializer,
+        responses={201: RegisteredModelSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+    )
     def create(self, request: Request) -> Response:
         form = CreateModelSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -62,7 +66,18 @@ class ModelVersionListUploadView(APIView):
         versions = services.visible_versions(user=request.user).filter(model=model).prefetch_related("build_steps")
         return Response(ModelVersionSerializer(versions, many=True).data)
 
-    @extend_schema(request={"multipart/form-data": UploadVersionSerializer}, responses={201: ModelVersionSerializer})
+    @extend_schema(
+        request={"multipart/form-data": UploadVersionSerializer},
+        responses={
+            201: ModelVersionSerializer,
+            400: ErrorSerializer,
+            404: ErrorSerializer,
+            413: ErrorSerializer,
+            415: ErrorSerializer,
+        },
+        description="Upload a model file (multipart field `file`) as the model's next version, with optional "
+        "build options. The bytes stream to the object store; the build is queued. Poll GET /versions/{id}/.",
+    )
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id)
         max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
@@ -72,7 +87,14 @@ class ModelVersionListUploadView(APIView):
         # The bytes stream straight into the object store as the body is parsed.
         request._request.upload_handlers = [handler]
         try:
-            data, files = request.data, request.FILES
+            try:
+                data, files = request.data, request.FILES
+            except exceptions.UnsupportedMediaType:
+                raise UnsupportedMediaType(
+                    "Send the model as multipart/form-data with the file in the field 'file' "
+                    "(curl -F file=@model.onnx …).",
+                    field="file",
+                ) from None
             upload = files.get("file")
             if upload is None:
                 raise InvalidInput("Send the model file in the multipart field 'file'.", field="file")
@@ -99,7 +121,7 @@ class ModelVersionViewSet(RetrieveModelMixin, ListModelMixin, GenericViewSet):
 class RebuildView(APIView):
     """POST starts the build of a version again from its stored file."""
 
-    @extend_schema(request=None, responses={202: ModelVersionSerializer})
+    @extend_schema(request=None, responses={202: ModelVersionSerializer, 404: ErrorSerializer, 409: ErrorSerializer})
     def post(self, request: Request, version_id: int) -> Response:
         version = services.get_version(user=request.user, version_id=version_id)
         version = services.request_rebuild(version=version)

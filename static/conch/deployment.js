@@ -56,11 +56,14 @@
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       const body = await response.json();
       const model = body.models[0];
+      const points = body.series.length ? body.series[0].points : [];
+      const latest = points.length ? points[points.length - 1] : null;
       const summary = document.getElementById("summary");
       if (model) {
         summary.innerHTML = "";
         const parts = [
-          ["Throughput", model.throughput_inferences_per_second.toFixed(2) + " inf/s"],
+          ["Now", latest ? latest.throughput_inferences_per_second.toFixed(2) + " inf/s" : "—"],
+          [`Window average`, model.throughput_inferences_per_second.toFixed(2) + " inf/s"],
           ["Requests", model.requests_per_second.toFixed(2) + " req/s"],
           ["Latency", model.average_request_latency_us.toFixed(0) + " µs"],
           ["Queue", model.average_queue_time_us.toFixed(0) + " µs"],
@@ -76,7 +79,6 @@
       } else {
         summary.textContent = "No metric samples yet.";
       }
-      const points = body.series.length ? body.series[0].points : [];
       draw(document.getElementById("chart-throughput"), points, "throughput_inferences_per_second");
       draw(document.getElementById("chart-latency"), points, "average_request_latency_us");
     } catch (err) {

@@ -9,11 +9,13 @@ import os
 import signal
 import socket
 import time
+from datetime import timedelta
 
 import numpy as np
 import onnxruntime
 import psutil
 import pytest
+from django.utils import timezone
 
 from deployments import services, triton_server
 from deployments.models import Deployment
@@ -70,11 +72,21 @@ def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_ca
     session = onnxruntime.InferenceSession(str(real_models.classifier()), providers=["CPUExecutionProvider"])
     expected = session.run(None, {"x": x})[0]
     np.testing.assert_allclose(np.array(out["data"]).reshape(3, 4), expected, rtol=1e-4, atol=1e-5)
+    # and the metrics include it at once (read scrapes when the last sample is over a second old)
+    time.sleep(1.1)
+    [stats] = alice.client.get(f"/api/v1/deployments/{d['id']}/metrics?window=300").json()["models"]
+    assert (stats["request_count"], stats["inference_count"], stats["execution_count"]) == (1, 3, 1)
+    assert d["effective"] == {
+        "max_batch_size": 4,
+        "instance_count": 2,
+        "dynamic_batching": True,
+        "max_queue_delay_microseconds": 1000,
+    }
     # a request Triton rejects comes back 400 with Triton's message
     bad = {"inputs": [{"name": "x", "shape": [1, 3, 10, 10], "datatype": "FP32", "data": [0.0] * 300}]}
     response = alice.client.post(f"/api/v1/deployments/{d['id']}/infer", bad, format="json")
     assert response.status_code == 400
-    assert "x" in response.json()["detail"]
+    assert response.json()["detail"].startswith("unexpected shape for input 'x'")
     # when it is deleted
     row = Deployment.objects.get(pk=d["id"])
     ports = [row.http_port, row.grpc_port, row.metrics_port]
@@ -146,6 +158,29 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     assert row.restart_count == 0
     services.stop_deployment(deployment_id=row.pk)
     assert psutil.pid_exists(row.pid) is False or not triton_server.is_alive(row.pid, row.process_create_time)
+
+
+def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
+):
+    # given a ready deployment
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    row = Deployment.objects.get(pk=d["id"])
+    # when Conch shuts down (the demo's Ctrl-C)
+    assert services.stop_all_local_servers() == 1
+    # then its Triton is gone and it waits as pending, not failed
+    assert not triton_server.is_alive(row.pid, row.process_create_time)
+    row.refresh_from_db()
+    assert (row.status, row.pid, row.error, row.restart_count) == ("pending", None, "", 0)
+    # when Conch runs again and reconcile sees it (after the grace period for queued starts)
+    Deployment.objects.filter(pk=row.pk).update(updated_at=timezone.now() - timedelta(seconds=60))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.reconcile_deployments()
+    # then it is ready again, without a recorded crash
+    row.refresh_from_db()
+    assert (row.status, row.restart_count, row.last_failure) == ("ready", 0, "")
+    assert triton_server.is_alive(row.pid, row.process_create_time)
+    services.stop_deployment(deployment_id=row.pk)
 
 
 def test_deploying_a_version_that_is_not_built_gets_409(alice, built_classifier):

@@ -381,6 +381,21 @@ def test_wrong_shape_is_rejected_with_tritons_message(client):
     )
 
 
+def test_inputs_disagreeing_on_a_named_dimension_get_a_400_naming_both(client):
+    # given MiniLM's inputs share the graph's "sequence" axis, but the mask is shorter
+    tokens = _tokens(seed=5, batch=1, length=6)
+    tokens["attention_mask"] = tokens["attention_mask"][:, :3]
+    # when
+    with pytest.raises(TritonRequestError) as raised:
+        client.infer_numpy("minilm", tokens)
+    # then the backend says which inputs disagree, instead of an onnxruntime crash deep in the graph
+    assert raised.value.status == 400
+    assert raised.value.detail == (
+        "input tensors 'input_ids' and 'attention_mask' must have the same size in dimension 'sequence' (axis 1): "
+        "got 6 and 3"
+    )
+
+
 def test_unknown_input_is_rejected_with_tritons_message(client):
     request = {"inputs": [{"name": "y", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}]}
 

@@ -106,6 +106,20 @@ def test_missing_file_field_gets_400(alice):
     assert ModelVersion.objects.count() == 0
 
 
+def test_raw_body_instead_of_multipart_gets_415_naming_the_file_field(alice):
+    model_id = _create_model(alice)
+    response = alice.client.generic(
+        "POST",
+        f"/api/v1/models/{model_id}/versions/",
+        b"\x08\x07onnx-bytes",
+        content_type="application/x-www-form-urlencoded",
+    )
+    assert response.status_code == 415
+    assert response.json()["field"] == "file"
+    assert "multipart/form-data" in response.json()["detail"]
+    assert ModelVersion.objects.count() == 0
+
+
 def test_file_over_the_limit_gets_413_and_leaves_no_partial_object(alice, settings):
     # given a limit below the file size, within the multipart slack so the body is streamed
     settings.CONCH_MAX_UPLOAD_BYTES = 1000
@@ -227,7 +241,22 @@ def test_rebuild_while_building_gets_409(alice):
 def test_openapi_schema_and_docs_are_served(alice):
     schema = alice.client.get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert schema.status_code == 200
-    paths = schema.json()["paths"]
+    document = schema.json()
+    assert document["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A token from `python manage.py create_token <username>`.",
+    }
+    upload = document["paths"]["/api/v1/models/{model_id}/versions/"]["post"]
+    assert {"bearerAuth": []} in upload["security"]
+    form = upload["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert document["components"]["schemas"][form]["properties"]["file"] == {
+        "type": "string",
+        "format": "binary",
+        "description": "The ONNX model file.",
+    }
+    assert document["components"]["schemas"]["Error"]["required"] == ["detail", "field"]
+    paths = document["paths"]
     for p in ("/api/v1/models/", "/api/v1/deployments/{id}/infer", "/api/v1/versions/{version_id}/rebuild"):
         assert any(k.rstrip("/") == p.rstrip("/") for k in paths), p
     assert alice.client.get("/api/v1/docs/").status_code == 200

@@ -43,10 +43,19 @@ def test_unknown_token_gets_401_with_detail():
     }
 
 
-def test_no_credentials_gets_401():
-    response = APIClient().get("/api/v1/deployments/")
+@pytest.mark.parametrize("header", [None, "Token abc", "conch_abc"])
+def test_missing_or_misspelled_credentials_get_401_saying_how_to_send_a_token(header):
+    client = APIClient()
+    if header:
+        client.credentials(HTTP_AUTHORIZATION=header)
+    response = client.get("/api/v1/deployments/")
     assert response.status_code == 401
-    assert response.json()["field"] is None
+    assert response.json() == {
+        "detail": "Send an API token as 'Authorization: Bearer <token>'; "
+        "create one with 'python manage.py create_token <username>'.",
+        "field": None,
+    }
+    assert response["WWW-Authenticate"] == "Bearer"
 
 
 def test_teams_list_shows_only_the_callers_teams(alice, bob):

@@ -177,6 +177,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"onnxruntime cannot open {model_path}: {exc}") from None
 
         self._inputs = self._read_input_specs(config)
+        # Axes the graph names symbolically (e.g. "sequence"): inputs sharing a name must agree on its size.
+        self._named_axes = {
+            item.name: tuple((axis, dim) for axis, dim in enumerate(item.shape or ()) if isinstance(dim, str) and dim)
+            for item in self._session.get_inputs()
+        }
         self._output_names, self._string_outputs = self._read_output_specs(config)
         # A graph whose first input dimension is a fixed number (e.g. batch fixed at 1) cannot take joined requests:
         # trying would only fail and re-run every request alone.
@@ -299,9 +304,24 @@ class TritonPythonModel:
                     )
             feeds[spec.name] = array
 
+        self._check_named_axes(feeds)
         wanted = set(request.requested_output_names())
         outputs = tuple(name for name in self._output_names if name in wanted) or self._output_names
         return _Prepared(index=index, feeds=feeds, outputs=outputs, batch_size=batch_size)
+
+    def _check_named_axes(self, feeds: dict[str, np.ndarray]) -> None:
+        """Refuse a request whose inputs disagree on a dimension the graph names the same (clear 400, not an ORT crash)."""
+        first_seen: dict[str, tuple[str, int]] = {}
+        for name, array in feeds.items():
+            for axis, symbol in self._named_axes.get(name, ()):
+                if axis >= array.ndim:
+                    continue
+                other = first_seen.setdefault(symbol, (name, array.shape[axis]))
+                if other[1] != array.shape[axis]:
+                    raise _RequestError(
+                        f"input tensors '{other[0]}' and '{name}' must have the same size in dimension "
+                        f"'{symbol}' (axis {axis}): got {other[1]} and {array.shape[axis]}"
+                    )
 
     def _run_group(self, group: list[_Prepared], responses: list) -> None:
         fetch = [name for name in self._output_names if any(name in item.outputs for item in group)]

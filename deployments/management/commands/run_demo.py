@@ -35,8 +35,11 @@ TEAM = "demo"
 
 
 def _free_port(preferred: int) -> int:
+    """Return `preferred` if a server can listen on it, else any free port (0 asks for any)."""
     for port in (preferred, 0):
         with socket.socket() as s:
+            # As a server would: sockets of a just-stopped run in TIME_WAIT don't block the port.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
@@ -78,6 +81,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, port: int, no_wait: bool, timeout: float, **options):
         self.children: list[subprocess.Popen] = []
+        # SIGINT too: a shell starts background jobs with SIGINT ignored, and `kill -INT` must still work.
+        signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
             self._run(port=port, no_wait=no_wait, timeout=timeout)
@@ -99,7 +104,10 @@ class Command(BaseCommand):
         ensure_membership(team=team, user=admin, role=Role.ADMIN)
         token = create_api_token(user=admin, name="demo")
 
-        port = _free_port(port)
+        chosen = _free_port(port)
+        if port and chosen != port:
+            self._say(f"port {port} is in use; using {chosen} (set CONCH_DEMO_PORT to choose)")
+        port = chosen
         url = f"http://127.0.0.1:{port}"
         self._start_services(port)
         self._wait_http(url, timeout=60)
@@ -230,10 +238,11 @@ class Command(BaseCommand):
             self._say(f"started {name} (pid {self.children[-1].pid}, log {logs / (name + '.log')})")
 
     def _shutdown(self) -> None:
+        # The main processes stop their own workers (gunicorn's, Celery's pool) on SIGTERM.
         for child in self.children:
             if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
+                child.terminate()
+        deadline = time.monotonic() + 15
         for child in self.children:
             try:
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
