@@ -310,7 +310,7 @@ class TritonPythonModel:
         return _Prepared(index=index, feeds=feeds, outputs=outputs, batch_size=batch_size)
 
     def _check_named_axes(self, feeds: dict[str, np.ndarray]) -> None:
-        """Refuse a request whose inputs disagree on a dimension the graph names the same (clear 400, not an ORT crash)."""
+        """Refuse inputs that disagree on a dimension the graph names alike (a clear 400, not an ORT crash)."""
         first_seen: dict[str, tuple[str, int]] = {}
         for name, array in feeds.items():
             for axis, symbol in self._named_axes.get(name, ()):
