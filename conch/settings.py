@@ -8,9 +8,11 @@ CELERY_BROKER_URL (Redis) and CONCH_STORAGE_URL (s3://...).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from conch.env import env
 
@@ -176,6 +178,8 @@ CONCH_TRITON_START_TIMEOUT_SECONDS = env("CONCH_TRITON_START_TIMEOUT_SECONDS", 1
 # Tags every Triton this Conch starts (`--id=<prefix>-...`), so a restarted Conch can
 # find, adopt or kill its own processes and never touches another installation's.
 CONCH_INSTANCE_ID = env("CONCH_INSTANCE_ID", "conch")
+if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", CONCH_INSTANCE_ID):
+    raise ImproperlyConfigured("CONCH_INSTANCE_ID must be 1-40 letters, digits, '_' or '-' (no '.').")
 
 LOGGING = {
     "version": 1,

@@ -45,8 +45,10 @@ from tenancy.services import get_team_for_user, teams_for_user
 
 log = logging.getLogger(__name__)
 
-SERVER_ID_INFIX_DEPLOYMENT = "-dep-"
-SERVER_ID_INFIX_VERIFY = "-verify-"
+# Server ids are "<CONCH_INSTANCE_ID>.dep.<id>" and "<CONCH_INSTANCE_ID>.verify.<hex>". Instance ids
+# may not contain ".", so one installation's prefix never matches another's (e.g. "conch" vs "conch-b").
+SERVER_ID_INFIX_DEPLOYMENT = ".dep."
+SERVER_ID_INFIX_VERIFY = ".verify."
 LOG_TAIL_LINES = 30
 
 
@@ -433,7 +435,10 @@ def stop_all_local_servers() -> int:
     Deployments that should keep running go back to `pending` (not `failed`): the next
     reconcile after Conch starts again brings them up without counting a crash.
     """
-    servers = triton_server.find_servers(settings.CONCH_INSTANCE_ID + "-")
+    prefix = settings.CONCH_INSTANCE_ID
+    servers = triton_server.find_servers(prefix + SERVER_ID_INFIX_DEPLOYMENT) + triton_server.find_servers(
+        prefix + SERVER_ID_INFIX_VERIFY
+    )
     for server in servers:
         triton_server.stop_server(server.pid, server.create_time)
     Deployment.objects.filter(runtime=Runtime.LOCAL, desired_state=DesiredState.RUNNING).exclude(

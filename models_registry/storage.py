@@ -726,7 +726,14 @@ class S3ObjectStore(ObjectStore):
             # Room for the writer's part threads plus managed copies/downloads running alongside.
             max_pool_connections=max(10, 2 * max_concurrency + 4),
             signature_version="s3v4",
-            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            s3={
+                "addressing_style": "path" if endpoint_url else "auto",
+                # Don't SHA-256 every part for the SigV4 signature (botocore does it over plain http):
+                # the writer already hashes every byte once for the object's own SHA-256, and a second
+                # hash per byte made uploads through Conch CPU-bound (bench/upload.py). Over https
+                # botocore skips payload signing anyway.
+                "payload_signing_enabled": False,
+            },
             # Checksums only where S3 requires them: S3-compatible servers differ in support for
             # the newer default CRC trailers, and we compute SHA-256 ourselves.
             request_checksum_calculation="when_required",

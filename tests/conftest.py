@@ -24,7 +24,7 @@ def _isolated_conch(settings, tmp_path_factory):
     # A failed test must not leave its Tritons running for the next one.
     from deployments import triton_server
 
-    for server in triton_server.find_servers(settings.CONCH_INSTANCE_ID):
+    for server in triton_server.find_servers(settings.CONCH_INSTANCE_ID + "."):
         triton_server.stop_server(server.pid, server.create_time)
 
 

@@ -161,15 +161,27 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
 
 
 def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back(
-    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
-    # given a ready deployment
+    # given a ready deployment, and another installation's Triton whose id shares our prefix's letters
     d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
     row = Deployment.objects.get(pk=d["id"])
+    ports = triton_server.allocate_ports(3)
+    neighbour = triton_server.start_server(
+        server_id=f"{settings.CONCH_INSTANCE_ID}-b.dep.1",
+        repository=str(settings.CONCH_TRITON_DIR),
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=settings.CONCH_TRITON_DIR / "neighbour.log",
+        backend_root=triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends"),
+    )
     # when Conch shuts down (the demo's Ctrl-C)
     assert services.stop_all_local_servers() == 1
-    # then its Triton is gone and it waits as pending, not failed
+    # then its Triton is gone and it waits as pending, not failed; the other installation's is untouched
     assert not triton_server.is_alive(row.pid, row.process_create_time)
+    assert triton_server.is_alive(neighbour.pid, neighbour.create_time)
+    triton_server.stop_server(neighbour.pid, neighbour.create_time)
     row.refresh_from_db()
     assert (row.status, row.pid, row.error, row.restart_count) == ("pending", None, "", 0)
     # when Conch runs again and reconcile sees it (after the grace period for queued starts)
