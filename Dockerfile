@@ -8,4 +8,4 @@ COPY . .
 RUN useradd --create-home conch && mkdir -p /app/var && chown -R conch /app/var
 USER conch
 EXPOSE 8000
-CMD ["gunicorn", "conch.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--threads", "4", "--timeout", "600"]
+CMD ["gunicorn", "-c", "gunicorn.conf.py", "--bind", "0.0.0.0:8000", "--workers", "3"]

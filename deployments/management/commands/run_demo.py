@@ -195,15 +195,10 @@ class Command(BaseCommand):
         commands = {
             "web": [
                 str(bin_dir / "gunicorn"),
-                "conch.wsgi",
+                "-c",
+                str(Path(settings.BASE_DIR) / "gunicorn.conf.py"),
                 "--bind",
                 f"127.0.0.1:{port}",
-                "--workers",
-                "2",
-                "--threads",
-                "4",
-                "--timeout",
-                "600",
             ],
             "worker": [
                 str(bin_dir / "celery"),
