@@ -17,6 +17,7 @@ from django.utils import timezone
 from conch.errors import ConchError, InvalidInput
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment, MetricSample
+from deployments.services import internal_url
 from deployments.triton_client import TritonClient
 from deployments.triton_metrics import COUNTERS, parse_triton_metrics
 
@@ -24,16 +25,12 @@ log = logging.getLogger(__name__)
 FIELDS = list(COUNTERS.values())
 
 
-def _metrics_url(deployment: Deployment) -> str:
-    return f"http://{settings.CONCH_TRITON_INTERNAL_HOST}:{deployment.metrics_port}/metrics"
-
-
 def scrape_deployment(*, deployment: Deployment) -> int:
     """Fetch one deployment's /metrics and store a sample per model; returns how many.
 
     Raises Unavailable when Triton's metrics port does not answer.
     """
-    text = TritonClient.fetch_metrics_text(_metrics_url(deployment), timeout_s=5)
+    text = TritonClient.fetch_metrics_text(internal_url(deployment.metrics_port, "/metrics"), timeout_s=5)
     now = timezone.now()
     counters = parse_triton_metrics(text)
     MetricSample.objects.bulk_create(
@@ -51,6 +48,15 @@ def scrape_deployment(*, deployment: Deployment) -> int:
     return len(counters)
 
 
+def scrape_deployment_or_log(*, deployment: Deployment) -> int:
+    """Like scrape_deployment, but a Triton that does not answer is logged and 0 returned."""
+    try:
+        return scrape_deployment(deployment=deployment)
+    except ConchError as exc:
+        log.warning("metrics.scrape.failed", extra={"deployment_id": deployment.pk, "error": exc.detail})
+        return 0
+
+
 def refresh_samples(*, deployment: Deployment, min_age_seconds: float = 1.0) -> None:
     """Scrape a ready deployment now unless a sample is younger than `min_age_seconds`.
 
@@ -62,21 +68,13 @@ def refresh_samples(*, deployment: Deployment, min_age_seconds: float = 1.0) -> 
     latest = deployment.metric_samples.order_by("-scraped_at").values_list("scraped_at", flat=True).first()
     if latest is not None and (timezone.now() - latest).total_seconds() < min_age_seconds:
         return
-    try:
-        scrape_deployment(deployment=deployment)
-    except ConchError as exc:
-        log.warning("metrics.scrape.failed", extra={"deployment_id": deployment.pk, "error": exc.detail})
+    scrape_deployment_or_log(deployment=deployment)
 
 
 def scrape_ready_deployments() -> int:
     """Scrape every ready deployment; a failing one is logged and skipped. Returns samples stored."""
-    stored = 0
-    for deployment in Deployment.objects.filter(status=DeploymentStatus.READY).exclude(metrics_port=None):
-        try:
-            stored += scrape_deployment(deployment=deployment)
-        except ConchError as exc:
-            log.warning("metrics.scrape.failed", extra={"deployment_id": deployment.pk, "error": exc.detail})
-    return stored
+    ready = Deployment.objects.filter(status=DeploymentStatus.READY).exclude(metrics_port=None)
+    return sum(scrape_deployment_or_log(deployment=deployment) for deployment in ready)
 
 
 def prune_metric_samples(*, older_than_seconds: int | None = None) -> int:
@@ -116,6 +114,10 @@ def _delta(new: float, old: float) -> float:
     return new - old if new >= old else new
 
 
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
 def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
     """Per-model throughput, latency, queue/compute time and batch size over the last `window_seconds`.
 
@@ -143,10 +145,6 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
         d = {f: _delta(getattr(last, f), getattr(first, f)) for f in FIELDS}
         requests = d["success_count"]
         compute = d["compute_input_duration_us"] + d["compute_infer_duration_us"] + d["compute_output_duration_us"]
-
-        def per_request(total: float, requests: float = requests) -> float:
-            return total / requests if requests else 0.0
-
         stats = ModelWindowStats(
             model_name=key[0],
             model_version=key[1],
@@ -156,11 +154,11 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
             execution_count=d["execution_count"],
             throughput_inferences_per_second=d["inference_count"] / elapsed if last is not first else 0.0,
             requests_per_second=requests / elapsed if last is not first else 0.0,
-            average_request_latency_us=per_request(d["request_duration_us"]),
-            average_queue_time_us=per_request(d["queue_duration_us"]),
-            average_compute_time_us=per_request(compute),
-            average_compute_infer_time_us=per_request(d["compute_infer_duration_us"]),
-            average_batch_size=d["inference_count"] / d["execution_count"] if d["execution_count"] else 0.0,
+            average_request_latency_us=_ratio(d["request_duration_us"], requests),
+            average_queue_time_us=_ratio(d["queue_duration_us"], requests),
+            average_compute_time_us=_ratio(compute, requests),
+            average_compute_infer_time_us=_ratio(d["compute_infer_duration_us"], requests),
+            average_batch_size=_ratio(d["inference_count"], d["execution_count"]),
             failures=d["failure_count"],
         )
         models.append(asdict(stats))

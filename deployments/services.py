@@ -287,7 +287,7 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
     log.info("deployment.starting", extra={"deployment_id": deployment.pk, "pid": process.pid})
     try:
         triton_server.wait_until_ready(process, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS)
-        client = TritonClient(_local_http_url(process.http_port), timeout_s=300)
+        client = TritonClient(internal_url(process.http_port), timeout_s=300)
         config = config_from_pbtxt(deployment.config_pbtxt)
         client.load_model(deployment.model_name, config_json=config_to_json(config))
     except (ConchError, OSError) as exc:
@@ -303,17 +303,15 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.ready_at = timezone.now()
         deployment.save(update_fields=["status", "ready_at", "updated_at"])
     log.info("deployment.ready", extra={"deployment_id": deployment.pk})
-    from deployments.observe import scrape_deployment
+    from deployments.observe import scrape_deployment_or_log
 
-    try:
-        scrape_deployment(deployment=deployment)
-    except Unavailable:
-        pass
+    scrape_deployment_or_log(deployment=deployment)  # the baseline that later counter deltas start from
     return DeploymentStatus.READY
 
 
-def _local_http_url(port: int) -> str:
-    return f"http://{settings.CONCH_TRITON_INTERNAL_HOST}:{port}"
+def internal_url(port: int, path: str = "") -> str:
+    """URL by which Conch's own processes reach a local Triton port (CONCH_TRITON_INTERNAL_HOST)."""
+    return f"http://{settings.CONCH_TRITON_INTERNAL_HOST}:{port}{path}"
 
 
 def _mark_failed(deployment_id: int, message: str, *, pid: int | None) -> None:
@@ -470,7 +468,7 @@ def infer(*, deployment: Deployment, request: dict[str, Any]) -> dict[str, Any]:
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
     if not isinstance(request, dict):
         raise InvalidInput("Send a JSON object with an 'inputs' list.", field="inputs")
-    client = TritonClient(_local_http_url(deployment.http_port), timeout_s=60)
+    client = TritonClient(internal_url(deployment.http_port), timeout_s=60)
     return client.infer_json(deployment.model_name, request)
 
 
@@ -496,7 +494,7 @@ def run_smoke_inference(
             triton_server.wait_until_ready(process, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS)
         except ConchError as exc:
             raise Unavailable(f"The verification Triton server did not start: {exc.detail}") from exc
-        client = TritonClient(_local_http_url(process.http_port), timeout_s=300)
+        client = TritonClient(internal_url(process.http_port), timeout_s=300)
         try:
             client.load_model(model_name)
         except ModelLoadError as exc:

@@ -111,16 +111,12 @@ def complete_upload(
 
     `options` are the raw build option fields (max_batch_size, max_queue_delay_microseconds,
     preferred_batch_size, instance_count). Raises InvalidInput naming `file` for an empty
-    file, or the option at fault; the stored bytes and the row are then discarded.
+    file, or the option at fault; the caller then discards the upload (`discard_upload`), as
+    it does for any failure while the body is received.
     """
     if stored.size_bytes == 0:
-        discard_upload(version=version)
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
-    try:
-        parsed = parse_build_options(options)
-    except InvalidInput:
-        discard_upload(version=version)
-        raise
+    parsed = parse_build_options(options)
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().get(pk=version.pk)
         version.source_filename = filename[:255]
