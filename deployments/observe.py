@@ -57,18 +57,15 @@ def scrape_deployment_or_log(*, deployment: Deployment) -> int:
         return 0
 
 
-def refresh_samples(*, deployment: Deployment, min_age_seconds: float = 1.0) -> None:
-    """Scrape a ready deployment now unless a sample is younger than `min_age_seconds`.
+def refresh_samples(*, deployment: Deployment) -> None:
+    """Scrape a ready deployment now, so a metrics read counts every inference answered so far.
 
-    Lets a metrics read include the last seconds' inferences; an unreachable Triton is
-    ignored here (the stored samples are still summarized).
+    Always scrapes: skipping when the last sample was recent lost the inferences answered since
+    it (e.g. a read right after the baseline sample taken when the deployment became ready).
+    An unreachable Triton is logged; the stored samples are still summarized.
     """
-    if deployment.status != DeploymentStatus.READY or not deployment.metrics_port:
-        return
-    latest = deployment.metric_samples.order_by("-scraped_at").values_list("scraped_at", flat=True).first()
-    if latest is not None and (timezone.now() - latest).total_seconds() < min_age_seconds:
-        return
-    scrape_deployment_or_log(deployment=deployment)
+    if deployment.status == DeploymentStatus.READY and deployment.metrics_port:
+        scrape_deployment_or_log(deployment=deployment)
 
 
 def scrape_ready_deployments() -> int:
