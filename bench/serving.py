@@ -8,8 +8,8 @@ before the clock starts, so the clients spend their CPU on sockets only.
 
 Systems measured (only one is under load at any time; the others sit idle):
   (a) Conch local deployment, dynamic batching on: the repository is built with Conch's own code
-      (`builds.inspection`, `builds.model_config`), served by `deployments.triton_server` and loaded with
-      `deployments.triton_client.TritonClient.load_model(name, config_json=...)` as `deployments/services.py` does.
+      (`builds.inspection`, `builds.model_config`), served by `tritonserving.server` and loaded with
+      `tritonserving.client.TritonClient.load_model(name, config_json=...)` as `deployments/services.py` does.
   (b) the same repository and instance settings with the dynamic batcher removed from the loaded configuration:
       Triton's default scheduler hands each instance one request at a time.
   (c) the baseline: a threading HTTP/1.1 keep-alive server in Python that speaks the same binary protocol and runs
@@ -648,7 +648,8 @@ def build_repository(root: Path, model: Path, settings: ConchSettings):
     Layout (Triton "Model Repository"): `<root>/<name>/config.pbtxt`, `<root>/<name>/1/model.onnx`.
     """
     from builds.inspection import inspect_onnx
-    from builds.model_config import BuildOptions, build_model_config, config_to_pbtxt
+    from builds.model_config import BuildOptions, build_model_config
+    from tritonserving.config import config_to_pbtxt
 
     signature = inspect_onnx(model)
     names = ([t.name for t in signature.inputs], [t.name for t in signature.outputs])
@@ -676,7 +677,8 @@ def deployment_config(repository: Path, settings: ConchSettings, batching: bool)
     Without `batching`, the dynamic batcher is removed (Triton then uses its default scheduler: one request per
     execution, each instance busy with one request at a time); everything else stays.
     """
-    from builds.model_config import apply_deployment_overrides, config_from_pbtxt
+    from builds.model_config import apply_deployment_overrides
+    from tritonserving.config import config_from_pbtxt
 
     config = apply_deployment_overrides(
         config_from_pbtxt((repository / MODEL_NAME / "config.pbtxt").read_text()),
@@ -739,13 +741,13 @@ class Server:
 def start_triton(system: str, work: Path, repository: Path, settings: ConchSettings, batching: bool):
     """Start a local Triton with Conch's adapter and load the model as `deployments.services` does.
 
-    Returns the `deployments.triton_server.ServerProcess` (stop it with `stop_server`). With `batching` False the
+    Returns the `tritonserving.server.ServerProcess` (stop it with `stop_server`). With `batching` False the
     loaded configuration has no dynamic batcher (see `deployment_config`). Raises Conch's `Unavailable` /
     `InvalidInput` errors from the adapters; on failure the server is stopped and its log tail printed.
     """
-    from builds.model_config import config_to_json
-    from deployments import triton_server
-    from deployments.triton_client import TritonClient
+    from tritonserving import server as triton_server
+    from tritonserving.client import TritonClient
+    from tritonserving.config import config_to_json
 
     backend_root = triton_server.ensure_backend_directory(work / "backends")
     http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
@@ -774,7 +776,7 @@ def start_triton(system: str, work: Path, repository: Path, settings: ConchSetti
 
 def print_triton_log(system: str, process) -> None:
     """Print the last lines of a Triton server's log to stderr (to explain a failure)."""
-    from deployments import triton_server
+    from tritonserving import server as triton_server
 
     if process.log_path is not None:
         tail = "\n".join(triton_server.tail_log(process.log_path, 20))
@@ -786,7 +788,7 @@ def start_baseline(model: Path, settings: BaselineSettings) -> tuple[subprocess.
 
     The caller stops it with `kill_process`. Raises SystemExit when it exits or is not ready in time.
     """
-    from deployments import triton_server
+    from tritonserving import server as triton_server
 
     (port,) = triton_server.allocate_ports(1)
     server = spawn(
@@ -827,7 +829,7 @@ def start_baseline(model: Path, settings: BaselineSettings) -> tuple[subprocess.
 
 def measure_server(server: Server, concurrency: int, plan: Plan) -> Point:
     """Measure one (system, concurrency) point; for Triton, add the batch and time split from its metrics."""
-    from deployments.triton_client import TritonClient
+    from tritonserving.client import TritonClient
 
     counters: dict[str, dict[str, float]] = {}
 
@@ -1027,7 +1029,7 @@ def main() -> None:
 
     import onnxruntime as ort
 
-    from deployments import triton_server
+    from tritonserving import server as triton_server
 
     model = model_path()
     reference = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])

@@ -12,19 +12,17 @@ auto-complete on (Triton's default). Every rule below is chosen to hold on both.
 
 from __future__ import annotations
 
-import json
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
 
 from builds.inspection import ModelSignature, TensorSpec
 from conch.errors import InvalidInput
+from models_registry.naming import validate_model_name
+from tritonserving.config import ModelConfig
 
 __all__ = [
     "DEFAULT_INSTANCE_COUNT",
@@ -35,20 +33,12 @@ __all__ = [
     "MAX_QUEUE_DELAY_MICROSECONDS",
     "MODEL_FILENAME",
     "BuildOptions",
-    "ModelConfig",
     "apply_deployment_overrides",
     "build_model_config",
-    "config_from_pbtxt",
-    "config_to_json",
-    "config_to_pbtxt",
     "parse_build_options",
     "supports_batching",
     "validate_build_options",
-    "validate_model_name",
 ]
-
-#: The protobuf message class of a Triton model configuration (`inference.ModelConfig`).
-ModelConfig = model_config_pb2.ModelConfig
 
 #: File name of the model inside `<model>/<version>/`; the onnxruntime backend's own default.
 MODEL_FILENAME = "model.onnx"
@@ -65,8 +55,6 @@ MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
 #: Largest accepted instance count: each instance holds its own onnxruntime session and copy of the weights.
 MAX_INSTANCE_COUNT = 16
 
-_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_NAME_MAX_LENGTH = 63
 _INTEGER_RE = re.compile(r"[+-]?\d+")
 
 # Triton datatype string (TensorSpec.datatype) -> model_config.proto DataType. BYTES is TYPE_STRING in the config
@@ -198,31 +186,6 @@ def validate_build_options(options: BuildOptions) -> None:
             raise _needs_batching("preferred_batch_size", "max_batch_size is 0")
     if sizes is not None and options.max_batch_size and max(sizes) > options.max_batch_size:
         raise _preferred_too_large(sizes, options.max_batch_size)
-
-
-def validate_model_name(name: str) -> None:
-    """Check a model name against the rule Triton repositories and Kubernetes objects share.
-
-    Rule: a lowercase RFC 1123 DNS label, `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters. The name is a
-    folder in the model repository (Triton "Model Repository" -> "Repository Layout"), part of inference URLs
-    (`/v2/models/<name>`), and of Kubernetes object names and labels.
-
-    Raises:
-        InvalidInput: field "name", stating the rule and, when possible, a valid suggestion.
-    """
-    rule = (
-        "a model name must be 1 to 63 characters of lowercase letters a-z, digits and hyphens, and start and end "
-        "with a letter or digit (a DNS label, shared by Triton repository folders and Kubernetes names)"
-    )
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"A name is required: {rule}.", field="name")
-    if len(name) <= _NAME_MAX_LENGTH and _NAME_RE.fullmatch(name):
-        return
-    problem = f"it is {len(name)} characters long" if len(name) > _NAME_MAX_LENGTH else "it does not fit"
-    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
-    suggestion = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:_NAME_MAX_LENGTH].strip("-")
-    hint = f" For example: {suggestion!r}." if suggestion and _NAME_RE.fullmatch(suggestion) else ""
-    raise InvalidInput(f"{name!r} is not a valid model name ({problem}): {rule}.{hint}", field="name")
 
 
 def supports_batching(signature: ModelSignature) -> bool:
@@ -366,45 +329,6 @@ def apply_deployment_overrides(
         for group in result.instance_group:
             group.count = instance_count
     return result
-
-
-def config_to_pbtxt(config: ModelConfig) -> str:
-    """Render `config` as protobuf text, the `config.pbtxt` format Triton reads (Triton "Model Configuration").
-
-    Fields at their proto3 default (max_batch_size 0, kind KIND_AUTO) are not printed; Triton reads them back as
-    the same defaults.
-    """
-    return text_format.MessageToString(config, as_utf8=True)
-
-
-def config_from_pbtxt(text: str) -> ModelConfig:
-    """Parse `config.pbtxt` text into a `ModelConfig`.
-
-    Raises:
-        InvalidInput: field "config" when the text is not a valid Triton model configuration.
-    """
-    config = ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as error:
-        raise InvalidInput(
-            f"This is not a valid Triton model configuration: {error}. Fix that line of config.pbtxt (see "
-            "Triton's model_config.proto for the field names) and try again.",
-            field="config",
-        ) from None
-    return config
-
-
-def config_to_json(config: ModelConfig) -> str:
-    """Render `config` as the JSON Triton's repository load API takes in its "config" parameter.
-
-    Shape: protobuf JSON with the proto field names ("max_batch_size", "data_type": "TYPE_FP32", ...), and 64-bit
-    integers written as JSON numbers rather than protobuf's quoted strings, matching the JSON Triton itself
-    returns for a model's configuration (Triton "Model Repository Extension" -> "Load", parameter "config").
-    """
-    data = json_format.MessageToDict(config, preserving_proto_field_name=True)
-    _int64_strings_to_numbers(config.DESCRIPTOR, data)
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
@@ -571,34 +495,3 @@ def _join(sizes: Sequence[int]) -> str:
 
 def _shape_text(dims: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
-
-
-_INT64_FIELD_TYPES = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
-
-
-def _int64_strings_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
-    """Turn protobuf-JSON's quoted 64-bit integers back into numbers, recursively, guided by the schema."""
-    for key, value in data.items():
-        field = descriptor.fields_by_name.get(key)
-        if field is None:
-            continue
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            value_field = field.message_type.fields_by_name["value"]
-            for map_key, item in value.items():
-                if value_field.message_type is not None:
-                    _int64_strings_to_numbers(value_field.message_type, item)
-                elif value_field.type in _INT64_FIELD_TYPES:
-                    value[map_key] = int(item)
-        elif field.message_type is not None:
-            for item in value if field.is_repeated else [value]:
-                _int64_strings_to_numbers(field.message_type, item)
-        elif field.type in _INT64_FIELD_TYPES:
-            data[key] = [int(item) for item in value] if field.is_repeated else int(value)

@@ -12,28 +12,36 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from celery import current_app
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.inspection import inspect_onnx
-from builds.model_config import build_model_config, config_to_pbtxt, parse_build_options
+from builds.model_config import build_model_config, parse_build_options
 from builds.models import BuildStep
 from builds.verification import check_output_shapes, make_sample_inputs
 from conch.errors import ConchError, InvalidInput, Unavailable
-from deployments.services import run_smoke_inference
 from models_registry import services as registry
-from models_registry.storage import get_object_store
+from models_registry.storage import StoredObject, get_object_store
+from tritonserving.config import config_to_pbtxt
+from tritonserving.smoke import ScratchServer, run_smoke_inference
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
+
+#: Server ids of verify servers are "<CONCH_INSTANCE_ID>.verify.<hex>" (see deployments' ".dep." ids); instance
+#: ids may not contain ".", so one installation's prefix never matches another's.
+SERVER_ID_INFIX_VERIFY = ".verify."
 
 
 class StepLog:
@@ -100,9 +108,46 @@ def _skip_remaining(version_id: int) -> None:
 
 def queue_build(*, version_id: int, attempt: int) -> None:
     """Queue build `attempt` of a version once the current transaction commits."""
-    from builds.tasks import build_version
+    # By task name: tasks import this module, so importing them here would close a cycle.
+    transaction.on_commit(lambda: current_app.signature("builds.build_version", args=(version_id, attempt)).delay())
 
-    transaction.on_commit(lambda: build_version.delay(version_id, attempt))
+
+def submit_upload(
+    *, version: ModelVersion, stored: StoredObject, filename: str, options: Mapping[str, Any]
+) -> ModelVersion:
+    """Record a finished upload with its build options and queue its first build.
+
+    `options` are the raw form fields (max_batch_size, max_queue_delay_microseconds, preferred_batch_size,
+    instance_count). Raises InvalidInput naming the option at fault or `file` (empty file); nothing is queued
+    then, and the caller discards the upload.
+    """
+    parsed = parse_build_options(options)
+    with transaction.atomic():
+        version = registry.complete_upload(
+            version=version, stored=stored, filename=filename, build_options=parsed.to_dict()
+        )
+        queue_build(version_id=version.pk, attempt=version.build_attempt)
+    return version
+
+
+def request_rebuild(*, version: ModelVersion) -> ModelVersion:
+    """Build a version again from its stored file (after a fix in Conch, or a transient failure).
+
+    Raises Conflict while the upload is unfinished or a build is queued or running.
+    """
+    with transaction.atomic():
+        version = registry.mark_rebuild(version=version)
+        queue_build(version_id=version.pk, attempt=version.build_attempt)
+    return version
+
+
+def _scratch_server() -> ScratchServer:
+    return ScratchServer(
+        work_dir=Path(settings.CONCH_TRITON_DIR),
+        server_id=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}{uuid.uuid4().hex[:12]}",
+        bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
+        start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
+    )
 
 
 def run_build(*, version_id: int, attempt: int) -> str:
@@ -152,13 +197,15 @@ def run_build(*, version_id: int, attempt: int) -> str:
                 inputs = make_sample_inputs(config)
                 for name, array in inputs.items():
                     say(f"sample input {name}: {array.dtype} {list(array.shape)}")
-                shapes = run_smoke_inference(
+                [outputs] = run_smoke_inference(
+                    scratch=_scratch_server(),
                     repository=store.triton_repository_location(prefix),
                     environment=store.triton_environment(),
                     model_name=model_name,
-                    inputs=inputs,
+                    input_sets=[inputs],
                     log=say,
                 )
+                shapes = {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
                 for name, shape in shapes.items():
                     say(f"output {name}: {list(shape)}")
                 batch = 1 if config.max_batch_size > 0 else 0

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from builds.model_config import ModelConfig
 from conch.errors import InvalidInput
+from tritonserving.config import ModelConfig
 
 __all__ = [
     "DEFAULT_DYNAMIC_SIZE",

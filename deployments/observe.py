@@ -18,8 +18,8 @@ from conch.errors import ConchError, InvalidInput
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment, MetricSample
 from deployments.services import internal_url
-from deployments.triton_client import TritonClient
-from deployments.triton_metrics import COUNTERS, parse_triton_metrics
+from tritonserving.client import TritonClient
+from tritonserving.metrics import COUNTERS, parse_triton_metrics
 
 log = logging.getLogger(__name__)
 FIELDS = list(COUNTERS.values())

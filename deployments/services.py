@@ -1,7 +1,7 @@
 """Deployment lifecycle on the local runtime: create, start, reconcile, stop, infer.
 
 A deployment on the `local` runtime is one `tritonserver` process (see
-`deployments.triton_server`) started detached by a Celery worker, with
+`tritonserving.server`) started detached by a Celery worker, with
 `--model-control-mode=explicit`: Conch loads the model through Triton's repository
 API with the deployment's effective configuration (Triton "Model Repository" doc,
 "Model Control Mode EXPLICIT"; repository extension `load` with a `config` parameter).
@@ -13,42 +13,36 @@ no deployment owns.
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from builds.model_config import (
-    apply_deployment_overrides,
-    config_from_pbtxt,
-    config_to_json,
-    config_to_pbtxt,
-    validate_model_name,
-)
-from conch.errors import ConchError, Conflict, InvalidInput, NotFound, Unavailable
-from deployments import triton_server
+from builds.model_config import apply_deployment_overrides
+from builds.services import SERVER_ID_INFIX_VERIFY
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from deployments.choices import DeploymentStatus, DesiredState, Runtime
 from deployments.models import Deployment
-from deployments.triton_client import ModelLoadError, TritonClient, TritonRequestError
 from models_registry.choices import VersionStatus
+from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
+from tritonserving import server as triton_server
+from tritonserving.client import TritonClient
+from tritonserving.config import config_from_pbtxt, config_to_json, config_to_pbtxt
 
 log = logging.getLogger(__name__)
 
 # Server ids are "<CONCH_INSTANCE_ID>.dep.<id>" and "<CONCH_INSTANCE_ID>.verify.<hex>". Instance ids
 # may not contain ".", so one installation's prefix never matches another's (e.g. "conch" vs "conch-b").
 SERVER_ID_INFIX_DEPLOYMENT = ".dep."
-SERVER_ID_INFIX_VERIFY = ".verify."
 LOG_TAIL_LINES = 30
 
 
@@ -197,18 +191,17 @@ def request_stop(*, deployment: Deployment) -> Deployment:
         deployment.status = DeploymentStatus.STOPPING
         deployment.save(update_fields=["desired_state", "status", "updated_at"])
         pk = deployment.pk
-        transaction.on_commit(lambda: _tasks().stop_deployment.delay(pk))
+        _queue_task("deployments.stop_deployment", pk)
     return deployment
 
 
-def _tasks():
-    from deployments import tasks
-
-    return tasks
+def _queue_task(name: str, *args: object) -> None:
+    """Queue a deployments task by its name once the transaction commits (tasks import this module)."""
+    transaction.on_commit(lambda: current_app.signature(name, args=args).delay())
 
 
 def _queue_start(deployment_id: int) -> None:
-    transaction.on_commit(lambda: _tasks().start_deployment.delay(deployment_id))
+    _queue_task("deployments.start_deployment", deployment_id)
 
 
 # --- local runtime ---------------------------------------------------------------
@@ -303,9 +296,6 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.ready_at = timezone.now()
         deployment.save(update_fields=["status", "ready_at", "updated_at"])
     log.info("deployment.ready", extra={"deployment_id": deployment.pk})
-    from deployments.observe import scrape_deployment_or_log
-
-    scrape_deployment_or_log(deployment=deployment)  # the baseline that later counter deltas start from
     return DeploymentStatus.READY
 
 
@@ -373,7 +363,7 @@ def reconcile_deployments() -> dict[str, int]:
             alive = bool(d.pid) and triton_server.is_alive(d.pid, d.process_create_time)
             if d.desired_state == DesiredState.STOPPED:
                 if d.status != DeploymentStatus.STOPPING or not alive:
-                    transaction.on_commit(lambda pk=d.pk: _tasks().stop_deployment.delay(pk))
+                    _queue_task("deployments.stop_deployment", d.pk)
                     counts["stopped"] += 1
                 continue
             if d.status in (DeploymentStatus.READY, DeploymentStatus.STARTING) and d.pid and not alive:
@@ -470,46 +460,3 @@ def infer(*, deployment: Deployment, request: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("Send a JSON object with an 'inputs' list.", field="inputs")
     client = TritonClient(internal_url(deployment.http_port), timeout_s=60)
     return client.infer_json(deployment.model_name, request)
-
-
-def run_smoke_inference(
-    *,
-    repository: str,
-    environment: dict[str, str],
-    model_name: str,
-    inputs: dict[str, np.ndarray],
-    log: Callable[[str], None],
-) -> dict[str, tuple[int, ...]]:
-    """Load `model_name` from `repository` into a temporary Triton and run one inference.
-
-    Returns each output's actual shape. Raises InvalidInput (field `file`) when Triton
-    refuses to load the model or the inference fails, Unavailable when no server starts.
-    """
-    server_id = _server_id(SERVER_ID_INFIX_VERIFY, uuid.uuid4().hex[:12])
-    log_path = _triton_dir() / "logs" / f"{server_id}.log"
-    process = _start_process(server_id=server_id, repository=repository, environment=environment, log_path=log_path)
-    try:
-        log(f"started tritonserver pid {process.pid} on {repository}")
-        try:
-            triton_server.wait_until_ready(process, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS)
-        except ConchError as exc:
-            raise Unavailable(f"The verification Triton server did not start: {exc.detail}") from exc
-        client = TritonClient(internal_url(process.http_port), timeout_s=300)
-        try:
-            client.load_model(model_name)
-        except ModelLoadError as exc:
-            for line in triton_server.tail_log(log_path, lines=15):
-                log(f"triton: {line}")
-            raise InvalidInput(f"Triton could not load the model: {exc.detail}", field="file") from exc
-        log(f"Triton loaded model {model_name}")
-        try:
-            outputs = client.infer_numpy(model_name, inputs)
-        except TritonRequestError as exc:
-            raise InvalidInput(f"The smoke inference failed in Triton: {exc.detail}", field="file") from exc
-        return {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
-    finally:
-        triton_server.stop_server(process.pid, process.create_time)
-        try:
-            log_path.unlink()
-        except OSError:
-            pass

@@ -5,6 +5,8 @@ from django.db import models
 
 class VersionStatus(models.TextChoices):
     UPLOADING = "uploading", "Uploading"
+    # Uploaded and waiting for a worker; `building` once a worker has claimed it.
+    QUEUED = "queued", "Queued"
     BUILDING = "building", "Building"
     BUILT = "built", "Built"
     FAILED = "failed", "Failed"

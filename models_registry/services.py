@@ -14,10 +14,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
-from builds.model_config import parse_build_options, validate_model_name
 from conch.errors import Conflict, InvalidInput, NotFound
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
+from models_registry.naming import validate_model_name
 from models_registry.storage import StoredObject, get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
 
@@ -105,56 +105,49 @@ def discard_upload(*, version: ModelVersion) -> None:
 
 
 def complete_upload(
-    *, version: ModelVersion, stored: StoredObject, filename: str, options: dict[str, Any]
+    *, version: ModelVersion, stored: StoredObject, filename: str, build_options: dict[str, Any]
 ) -> ModelVersion:
-    """Record a finished upload and queue its build.
+    """Record a finished upload as `queued` for build attempt 1 (or the next attempt).
 
-    `options` are the raw build option fields (max_batch_size, max_queue_delay_microseconds,
-    preferred_batch_size, instance_count). Raises InvalidInput naming `file` for an empty
-    file, or the option at fault; the caller then discards the upload (`discard_upload`), as
-    it does for any failure while the body is received.
+    `build_options` are already-validated build options (a plain dict). The caller queues the build in the
+    same transaction (`builds.services.submit_upload`). Raises InvalidInput naming `file` for an empty file;
+    the caller then discards the upload (`discard_upload`), as it does for any failure while the body is
+    received.
     """
     if stored.size_bytes == 0:
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
-    parsed = parse_build_options(options)
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().get(pk=version.pk)
         version.source_filename = filename[:255]
         version.source_size_bytes = stored.size_bytes
         version.source_sha256 = stored.sha256_hex
-        version.build_options = parsed.to_dict()
-        version.status = VersionStatus.BUILDING
+        version.build_options = build_options
+        version.status = VersionStatus.QUEUED
         version.build_attempt += 1
         version.save()
-        _queue_build(version)
     log.info("version.uploaded", extra={"version_id": version.pk, "size_bytes": stored.size_bytes})
     return version
 
 
-def request_rebuild(*, version: ModelVersion) -> ModelVersion:
-    """Build a version again from its stored file (after a fix in Conch, or a transient failure).
+def mark_rebuild(*, version: ModelVersion, allow_building: bool = False) -> ModelVersion:
+    """Start a new build attempt of a stored version: status `queued`, attempt + 1, error cleared.
 
-    Raises Conflict while a build is already queued or running.
+    Raises Conflict while the upload has not finished, or while a build is queued or running (unless
+    `allow_building`: the caller found that build's worker dead). The caller queues the build in the same
+    transaction.
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().get(pk=version.pk)
         if version.status == VersionStatus.UPLOADING:
             raise Conflict("The upload of this version has not finished.", field=None)
-        if version.status == VersionStatus.BUILDING:
-            raise Conflict("This version is already building; wait for it to finish.", field=None)
-        version.status = VersionStatus.BUILDING
+        if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING) and not allow_building:
+            raise Conflict(f"This version is already {version.status}; wait for its build to finish.", field=None)
+        version.status = VersionStatus.QUEUED
         version.error = ""
         version.error_field = ""
         version.build_attempt += 1
         version.save()
-        _queue_build(version)
     return version
-
-
-def _queue_build(version: ModelVersion) -> None:
-    from builds.services import queue_build
-
-    queue_build(version_id=version.pk, attempt=version.build_attempt)
 
 
 def record_build_result(
@@ -171,7 +164,7 @@ def record_build_result(
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().get(pk=version_id)
-        if version.build_attempt != attempt or version.status != VersionStatus.BUILDING:
+        if version.build_attempt != attempt or version.status not in (VersionStatus.QUEUED, VersionStatus.BUILDING):
             return False
         version.status = VersionStatus.BUILT if succeeded else VersionStatus.FAILED
         version.error = error
@@ -191,8 +184,17 @@ def record_build_artifacts(*, version_id: int, **fields: Any) -> None:
 
 
 def claim_build(*, version_id: int, attempt: int) -> ModelVersion | None:
-    """Return the version if build `attempt` is the current one and still to do, else None."""
-    version = ModelVersion.objects.select_related("model__team").filter(pk=version_id).first()
-    if version is None or version.build_attempt != attempt or version.status != VersionStatus.BUILDING:
-        return None
-    return version
+    """Mark build `attempt` of a version as taken by a worker (`building`) and return the version.
+
+    Returns None when the attempt is stale (a newer rebuild exists) or already finished. A redelivered task
+    claims a `building` attempt again and redoes it (builds are idempotent).
+    """
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
+        if version is None or version.build_attempt != attempt:
+            return None
+        if version.status not in (VersionStatus.QUEUED, VersionStatus.BUILDING):
+            return None
+        version.status = VersionStatus.BUILDING
+        version.save(update_fields=["status"])
+    return ModelVersion.objects.select_related("model__team").get(pk=version_id)

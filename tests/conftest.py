@@ -22,7 +22,7 @@ def _isolated_conch(settings, tmp_path_factory):
     settings.CONCH_INSTANCE_ID = f"conchtest{os.getpid()}"
     yield
     # A failed test must not leave its Tritons running for the next one.
-    from deployments import triton_server
+    from tritonserving import server as triton_server
 
     for server in triton_server.find_servers(settings.CONCH_INSTANCE_ID + "."):
         triton_server.stop_server(server.pid, server.create_time)
@@ -33,6 +33,8 @@ def eager_tasks():
     """Run Celery tasks inline when queued (on commit), propagating their errors."""
     from conch.celery import app
 
+    # Services queue tasks by name; a worker imports the task modules at start, tests do it here.
+    app.loader.import_default_modules()
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
     yield app

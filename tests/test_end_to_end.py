@@ -15,10 +15,10 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from deployments import triton_server
 from deployments.models import Deployment
 from deployments.observe import scrape_ready_deployments
 from tests import real_models
+from tritonserving import server as triton_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -1,8 +1,11 @@
-"""Serializers of build data, embedded in the model registry's version responses."""
+"""Serializers of model versions and their builds (upload form, version detail with build steps)."""
+
+from __future__ import annotations
 
 from rest_framework import serializers
 
 from builds.models import BuildStep
+from models_registry.models import ModelVersion
 
 
 class BuildStepSerializer(serializers.ModelSerializer):
@@ -11,3 +14,52 @@ class BuildStepSerializer(serializers.ModelSerializer):
     class Meta:
         model = BuildStep
         fields = ["name", "status", "log", "started_at", "finished_at"]
+
+
+class UploadVersionSerializer(serializers.Serializer):
+    """Multipart form of a version upload (documented for the OpenAPI schema)."""
+
+    file = serializers.FileField(help_text="The ONNX model file.")
+    max_batch_size = serializers.IntegerField(
+        required=False, min_value=0, help_text="Largest batch Triton may form; leave out for the default (8)."
+    )
+    max_queue_delay_microseconds = serializers.IntegerField(required=False, min_value=0)
+    preferred_batch_size = serializers.CharField(required=False, help_text="Comma-separated sizes, e.g. 4,8.")
+    instance_count = serializers.IntegerField(required=False, min_value=1)
+
+
+class ModelVersionSerializer(serializers.ModelSerializer):
+    model = serializers.PrimaryKeyRelatedField(read_only=True)
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    team = serializers.CharField(source="model.team.slug", read_only=True)
+    source = serializers.SerializerMethodField()
+    steps = BuildStepSerializer(source="build_steps", many=True, read_only=True)
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "id",
+            "model",
+            "model_name",
+            "team",
+            "number",
+            "status",
+            "error",
+            "error_field",
+            "source",
+            "build_options",
+            "signature",
+            "config_pbtxt",
+            "repository_prefix",
+            "steps",
+            "created_at",
+            "built_at",
+        ]
+
+    def get_source(self, obj: ModelVersion) -> dict:
+        return {
+            "filename": obj.source_filename,
+            "size_bytes": obj.source_size_bytes,
+            "sha256": obj.source_sha256,
+            "key": obj.source_key,
+        }

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from builds.api.serializers import BuildStepSerializer
-from models_registry.models import ModelVersion, RegisteredModel
+from models_registry.models import RegisteredModel
 
 
 class RegisteredModelSerializer(serializers.ModelSerializer):
@@ -24,52 +23,3 @@ class RegisteredModelSerializer(serializers.ModelSerializer):
 class CreateModelSerializer(serializers.Serializer):
     name = serializers.CharField(allow_blank=True, help_text="Lowercase DNS label, at most 63 characters.")
     team = serializers.CharField(max_length=63, help_text="Slug of one of your teams.")
-
-
-class UploadVersionSerializer(serializers.Serializer):
-    """Multipart form of a version upload (documented for the OpenAPI schema)."""
-
-    file = serializers.FileField(help_text="The ONNX model file.")
-    max_batch_size = serializers.IntegerField(
-        required=False, min_value=0, help_text="Largest batch Triton may form; leave out for the default (8)."
-    )
-    max_queue_delay_microseconds = serializers.IntegerField(required=False, min_value=0)
-    preferred_batch_size = serializers.CharField(required=False, help_text="Comma-separated sizes, e.g. 4,8.")
-    instance_count = serializers.IntegerField(required=False, min_value=1)
-
-
-class ModelVersionSerializer(serializers.ModelSerializer):
-    model = serializers.PrimaryKeyRelatedField(read_only=True)
-    model_name = serializers.CharField(source="model.name", read_only=True)
-    team = serializers.CharField(source="model.team.slug", read_only=True)
-    source = serializers.SerializerMethodField()
-    steps = BuildStepSerializer(source="build_steps", many=True, read_only=True)
-
-    class Meta:
-        model = ModelVersion
-        fields = [
-            "id",
-            "model",
-            "model_name",
-            "team",
-            "number",
-            "status",
-            "error",
-            "error_field",
-            "source",
-            "build_options",
-            "signature",
-            "config_pbtxt",
-            "repository_prefix",
-            "steps",
-            "created_at",
-            "built_at",
-        ]
-
-    def get_source(self, obj: ModelVersion) -> dict:
-        return {
-            "filename": obj.source_filename,
-            "size_bytes": obj.source_size_bytes,
-            "sha256": obj.source_sha256,
-            "key": obj.source_key,
-        }

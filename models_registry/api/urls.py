@@ -1,16 +1,9 @@
-from django.urls import re_path
-
 from conch.api import OptionalSlashRouter
 from models_registry.api import views
 
 router = OptionalSlashRouter()
 router.register("models", views.RegisteredModelViewSet, basename="model")
-router.register("versions", views.ModelVersionViewSet, basename="version")
 
 urlpatterns = [
-    re_path(
-        r"^models/(?P<model_id>[0-9]+)/versions/?$", views.ModelVersionListUploadView.as_view(), name="model-versions"
-    ),
-    re_path(r"^versions/(?P<version_id>[0-9]+)/rebuild/?$", views.RebuildView.as_view(), name="version-rebuild"),
     *router.urls,
 ]

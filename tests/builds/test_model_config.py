@@ -11,19 +11,16 @@ from tritonclient.grpc import model_config_pb2
 from builds.inspection import ModelSignature, TensorSpec, inspect_onnx
 from builds.model_config import (
     BuildOptions,
-    ModelConfig,
     apply_deployment_overrides,
     build_model_config,
-    config_from_pbtxt,
-    config_to_json,
-    config_to_pbtxt,
     parse_build_options,
     supports_batching,
     validate_build_options,
-    validate_model_name,
 )
 from conch.errors import InvalidInput
+from models_registry.naming import validate_model_name
 from tests import real_models
+from tritonserving.config import ModelConfig, config_from_pbtxt, config_to_json, config_to_pbtxt
 
 KIND_AUTO = model_config_pb2.ModelInstanceGroup.KIND_AUTO
 

@@ -10,10 +10,11 @@ import onnxruntime
 import pytest
 
 from builds.inspection import inspect_onnx
-from builds.model_config import BuildOptions, ModelConfig, build_model_config, config_from_pbtxt
+from builds.model_config import BuildOptions, build_model_config
 from builds.verification import VerificationError, check_output_shapes, make_sample_inputs
 from conch.errors import InvalidInput
 from tests import real_models
+from tritonserving.config import ModelConfig, config_from_pbtxt
 
 
 def config_for(model: Callable[[], Path]) -> ModelConfig:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from builds.inspection import inspect_onnx
-from builds.model_config import BuildOptions, build_model_config, config_to_pbtxt
+from builds.model_config import BuildOptions, build_model_config
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.services import repository_prefix, source_key
 from models_registry.storage import get_object_store
 from tests import real_models
+from tritonserving.config import config_to_pbtxt
 
 
 def write_built_version(team, name: str, model_file, options: BuildOptions | None = None) -> ModelVersion:

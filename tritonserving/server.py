@@ -4,7 +4,7 @@ Owns: finding the Triton 2.51 installation inside the `nvidia-pytriton` wheel, b
 servers use (Triton's Python backend plus our Python-based backends from `triton_backends/`), starting a server
 detached from Conch, waiting for it, telling whether it still runs, stopping it, and finding servers left running
 by an earlier Conch process. It talks to the operating system (processes, ports, files) and to Triton's health
-endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading live in `triton_client`.
+endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading live in `tritonserving.client`.
 
 Errors: `TritonNotInstalled` (the wheel or a part of it is missing), `TritonStartError` (the process exited or
 never became ready; carries the last log lines), `TritonStopError` (a process survived SIGKILL). All subclass

@@ -1,4 +1,4 @@
-"""Tests of `deployments.triton_server` against real `tritonserver` processes (Triton 2.51 from nvidia-pytriton)."""
+"""Tests of `tritonserving.server` against real `tritonserver` processes (Triton 2.51 from nvidia-pytriton)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from conch.errors import InvalidInput
-from deployments import triton_server
-from deployments.triton_client import TritonClient
-from deployments.triton_server import (
+from tests.real_models import classifier
+from tritonserving import server as triton_server
+from tritonserving.client import TritonClient
+from tritonserving.server import (
     ServerProcess,
     TritonStartError,
     allocate_ports,
@@ -33,7 +34,6 @@ from deployments.triton_server import (
     tail_log,
     wait_until_ready,
 )
-from tests.real_models import classifier
 
 READY_TIMEOUT_S = 60
 

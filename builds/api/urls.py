@@ -1,0 +1,15 @@
+from django.urls import re_path
+
+from builds.api import views
+from conch.api import OptionalSlashRouter
+
+router = OptionalSlashRouter()
+router.register("versions", views.ModelVersionViewSet, basename="version")
+
+urlpatterns = [
+    re_path(
+        r"^models/(?P<model_id>[0-9]+)/versions/?$", views.ModelVersionListUploadView.as_view(), name="model-versions"
+    ),
+    re_path(r"^versions/(?P<version_id>[0-9]+)/rebuild/?$", views.RebuildView.as_view(), name="version-rebuild"),
+    *router.urls,
+]

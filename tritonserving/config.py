@@ -1,0 +1,93 @@
+"""Triton model configuration as data: the `inference.ModelConfig` protobuf and its text and JSON forms.
+
+Owns the conversions between `config.pbtxt` text (protobuf text format, Triton "Model Configuration"), the
+`ModelConfig` message (`tritonclient.grpc.model_config_pb2`, the generated schema of `model_config.proto`) and the
+JSON that Triton's repository load API takes ("Model Repository Extension" -> "Load", parameter "config"). Pure:
+no network, no Django.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from tritonclient.grpc import model_config_pb2
+
+from conch.errors import InvalidInput
+
+__all__ = ["ModelConfig", "config_from_pbtxt", "config_to_json", "config_to_pbtxt"]
+
+#: The protobuf message class of a Triton model configuration (`inference.ModelConfig`).
+ModelConfig = model_config_pb2.ModelConfig
+
+
+def config_to_pbtxt(config: ModelConfig) -> str:
+    """Render `config` as protobuf text, the `config.pbtxt` format Triton reads (Triton "Model Configuration").
+
+    Fields at their proto3 default (max_batch_size 0, kind KIND_AUTO) are not printed; Triton reads them back as
+    the same defaults.
+    """
+    return text_format.MessageToString(config, as_utf8=True)
+
+
+def config_from_pbtxt(text: str) -> ModelConfig:
+    """Parse `config.pbtxt` text into a `ModelConfig`.
+
+    Raises:
+        InvalidInput: field "config" when the text is not a valid Triton model configuration.
+    """
+    config = ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        raise InvalidInput(
+            f"This is not a valid Triton model configuration: {error}. Fix that line of config.pbtxt (see "
+            "Triton's model_config.proto for the field names) and try again.",
+            field="config",
+        ) from None
+    return config
+
+
+def config_to_json(config: ModelConfig) -> str:
+    """Render `config` as the JSON Triton's repository load API takes in its "config" parameter.
+
+    Shape: protobuf JSON with the proto field names ("max_batch_size", "data_type": "TYPE_FP32", ...), and 64-bit
+    integers written as JSON numbers rather than protobuf's quoted strings, matching the JSON Triton itself
+    returns for a model's configuration (Triton "Model Repository Extension" -> "Load", parameter "config").
+    """
+    data = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    _int64_strings_to_numbers(config.DESCRIPTOR, data)
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+_INT64_FIELD_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _int64_strings_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
+    """Turn protobuf-JSON's quoted 64-bit integers back into numbers, recursively, guided by the schema."""
+    for key, value in data.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            for map_key, item in value.items():
+                if value_field.message_type is not None:
+                    _int64_strings_to_numbers(value_field.message_type, item)
+                elif value_field.type in _INT64_FIELD_TYPES:
+                    value[map_key] = int(item)
+        elif field.message_type is not None:
+            for item in value if field.is_repeated else [value]:
+                _int64_strings_to_numbers(field.message_type, item)
+        elif field.type in _INT64_FIELD_TYPES:
+            data[key] = [int(item) for item in value] if field.is_repeated else int(value)
