@@ -10,6 +10,7 @@ a redelivered task simply does the same work again.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 import uuid
@@ -31,6 +32,7 @@ from builds.verification import check_output_shapes, make_sample_inputs
 from conch.errors import ConchError, InvalidInput, Unavailable
 from models_registry import services as registry
 from models_registry.storage import StoredObject, get_object_store
+from tritonserving import server as triton_server
 from tritonserving.config import config_to_pbtxt
 from tritonserving.smoke import ScratchServer, run_smoke_inference
 
@@ -39,8 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Server ids of verify servers are "<CONCH_INSTANCE_ID>.verify.<hex>" (see deployments' ".dep." ids); instance
-#: ids may not contain ".", so one installation's prefix never matches another's.
+#: Server ids of verify servers are "<CONCH_INSTANCE_ID>.verify.<owner pid>-<hex>", the owner being the worker
+#: process that runs the build. Instance ids may not contain ".", so one installation's prefix never matches
+#: another's.
 SERVER_ID_INFIX_VERIFY = ".verify."
 
 
@@ -144,10 +147,26 @@ def request_rebuild(*, version: ModelVersion) -> ModelVersion:
 def _scratch_server() -> ScratchServer:
     return ScratchServer(
         work_dir=Path(settings.CONCH_TRITON_DIR),
-        server_id=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}{uuid.uuid4().hex[:12]}",
+        server_id=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}{os.getpid()}-{uuid.uuid4().hex[:12]}",
         bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
         start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
     )
+
+
+def stop_verify_servers(*, only_abandoned: bool = True) -> int:
+    """Stop this installation's verify servers on this host whose build worker process is gone (all of them
+    when `only_abandoned` is False, at shutdown); returns how many. Run by the periodic reconcile, so a verify
+    server whose build died is stopped within one reconcile interval."""
+    stopped = 0
+    prefix = f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}"
+    for found in triton_server.find_servers(prefix):
+        owner = found.server_id[len(prefix) :].split("-", 1)[0]
+        if only_abandoned and owner.isdigit() and triton_server.process_exists(int(owner)):
+            continue
+        triton_server.stop_server(found.pid, found.create_time)
+        stopped += 1
+        log.warning("build.verify_server_stopped", extra={"server_id": found.server_id})
+    return stopped
 
 
 def run_build(*, version_id: int, attempt: int) -> str:

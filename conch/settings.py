@@ -175,6 +175,13 @@ CONCH_TRITON_PUBLIC_HOST = env("CONCH_TRITON_PUBLIC_HOST", "127.0.0.1")
 # Host Conch's own processes (web's infer proxy, the metrics scraper) use to reach local Tritons.
 CONCH_TRITON_INTERNAL_HOST = env("CONCH_TRITON_INTERNAL_HOST", "127.0.0.1")
 CONCH_TRITON_START_TIMEOUT_SECONDS = env("CONCH_TRITON_START_TIMEOUT_SECONDS", 120.0, cast=float)
+# A start task writes a heartbeat every few seconds; one older than this (seconds) means the task died and
+# reconcile queues the start again (it adopts the server the dead task spawned).
+CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS = env("CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS", 60.0, cast=float)
+# Ready this long (seconds) after a restart resets a deployment's restart count, and so its backoff.
+CONCH_RESTART_BACKOFF_RESET_SECONDS = env("CONCH_RESTART_BACKOFF_RESET_SECONDS", 600.0, cast=float)
+# Name of this worker host; local Tritons belong to the host that started them (default: the host name).
+CONCH_WORKER_HOST = env("CONCH_WORKER_HOST", "")
 # Tags every Triton this Conch starts (`--id=<prefix>-...`), so a restarted Conch can
 # find, adopt or kill its own processes and never touches another installation's.
 CONCH_INSTANCE_ID = env("CONCH_INSTANCE_ID", "conch")

@@ -12,7 +12,7 @@ class DeploymentStatus(models.TextChoices):
     STOPPED = "stopped", "Stopped"
 
 
-class Runtime(models.TextChoices):
+class RuntimeName(models.TextChoices):
     LOCAL = "local", "Local Triton process"
     KUBERNETES = "kubernetes", "Kubernetes"
 

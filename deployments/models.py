@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from deployments.choices import DeploymentStatus, DesiredState, Runtime
+from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 
 
 class Deployment(models.Model):
@@ -14,8 +14,8 @@ class Deployment(models.Model):
 
     `config_pbtxt` is the effective model configuration: the version's, with this
     deployment's overrides; it is sent with Triton's repository load request, so the
-    stored repository itself is never changed. For the local runtime, `pid` and
-    `process_create_time` identify the running `tritonserver` (guarding against PID reuse).
+    stored repository itself is never changed. `runtime_state` is what the deployment's
+    runtime remembers of its workload (a local process's pid and ports, Kubernetes names).
     """
 
     team = models.ForeignKey("tenancy.Team", on_delete=models.PROTECT, related_name="deployments")
@@ -23,25 +23,26 @@ class Deployment(models.Model):
     model_version = models.ForeignKey(
         "models_registry.ModelVersion", on_delete=models.PROTECT, related_name="deployments"
     )
-    runtime = models.CharField(max_length=16, choices=Runtime.choices, default=Runtime.LOCAL)
+    runtime = models.CharField(max_length=16, choices=RuntimeName.choices, default=RuntimeName.LOCAL)
     instance_count = models.PositiveIntegerField(default=1)
     max_batch_size = models.PositiveIntegerField(null=True, blank=True)
     max_queue_delay_microseconds = models.PositiveIntegerField(null=True, blank=True)
     config_pbtxt = models.TextField(blank=True)
+    # The model repository this deployment serves, pinned when it is created: a rebuild of the version writes a
+    # new prefix and never changes what a running or restarting deployment loads.
+    repository_prefix = models.CharField(max_length=500, blank=True)
     desired_state = models.CharField(max_length=16, choices=DesiredState.choices, default=DesiredState.RUNNING)
     status = models.CharField(max_length=16, choices=DeploymentStatus.choices, default=DeploymentStatus.PENDING)
     error = models.TextField(blank=True)
     last_failure = models.TextField(blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)
     restart_count = models.PositiveIntegerField(default=0)
-    server_id = models.CharField(max_length=100, blank=True)
-    host = models.CharField(max_length=255, blank=True)
-    http_port = models.PositiveIntegerField(null=True, blank=True)
-    grpc_port = models.PositiveIntegerField(null=True, blank=True)
-    metrics_port = models.PositiveIntegerField(null=True, blank=True)
-    pid = models.PositiveIntegerField(null=True, blank=True)
-    process_create_time = models.FloatField(null=True, blank=True)
-    log_path = models.CharField(max_length=500, blank=True)
+    # A failure restarting cannot fix (Triton refused the model): reconcile stops retrying.
+    permanent_failure = models.BooleanField(default=False)
+    # Written while a start task works on the deployment; a stale one means the task died.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The runtime's own record of the workload (see deployments.runtimes); opaque to everything else.
+    runtime_state = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -63,18 +64,6 @@ class Deployment(models.Model):
     @property
     def model_name(self) -> str:
         return self.model_version.model.name
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}" if self.http_port else ""
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}" if self.grpc_port else ""
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else ""
 
 
 class MetricSample(models.Model):

@@ -30,7 +30,7 @@ def scrape_deployment(*, deployment: Deployment) -> int:
 
     Raises Unavailable when Triton's metrics port does not answer.
     """
-    text = TritonClient.fetch_metrics_text(internal_url(deployment.metrics_port, "/metrics"), timeout_s=5)
+    text = TritonClient.fetch_metrics_text(internal_url(deployment, "metrics", "/metrics"), timeout_s=5)
     now = timezone.now()
     counters = parse_triton_metrics(text)
     MetricSample.objects.bulk_create(
@@ -64,13 +64,13 @@ def refresh_samples(*, deployment: Deployment) -> None:
     it (e.g. a read right after the baseline sample taken when the deployment became ready).
     An unreachable Triton is logged; the stored samples are still summarized.
     """
-    if deployment.status == DeploymentStatus.READY and deployment.metrics_port:
+    if deployment.status == DeploymentStatus.READY:
         scrape_deployment_or_log(deployment=deployment)
 
 
 def scrape_ready_deployments() -> int:
     """Scrape every ready deployment; a failing one is logged and skipped. Returns samples stored."""
-    ready = Deployment.objects.filter(status=DeploymentStatus.READY).exclude(metrics_port=None)
+    ready = Deployment.objects.filter(status=DeploymentStatus.READY)
     return sum(scrape_deployment_or_log(deployment=deployment) for deployment in ready)
 
 

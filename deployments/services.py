@@ -1,20 +1,16 @@
-"""Deployment lifecycle on the local runtime: create, start, reconcile, stop, infer.
+"""Deployment lifecycle: create, start, reconcile, stop, infer; runtime-agnostic.
 
-A deployment on the `local` runtime is one `tritonserver` process (see
-`tritonserving.server`) started detached by a Celery worker, with
-`--model-control-mode=explicit`: Conch loads the model through Triton's repository
-API with the deployment's effective configuration (Triton "Model Repository" doc,
-"Model Control Mode EXPLICIT"; repository extension `load` with a `config` parameter).
-The process is identified by (pid, create time) and by `--id=<instance>-dep-<id>`, so a
-restarted Conch adopts its servers instead of starting duplicates, and kills the ones
-no deployment owns.
+A deployment says what to serve (a built model version, pinned to the repository prefix its build wrote), how
+(instances, batching: the effective model configuration) and where (a runtime, see `deployments.runtimes`).
+Starting and reconciling talk to the runtime only through its interface; no database lock is held while a
+runtime spawns, stops or waits on a server, or while the network is used.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
-from pathlib import Path
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import current_app
@@ -25,25 +21,25 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from builds.model_config import apply_deployment_overrides
-from builds.services import SERVER_ID_INFIX_VERIFY
+from builds.services import stop_verify_servers
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
-from deployments.choices import DeploymentStatus, DesiredState, Runtime
+from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+from deployments.runtimes.base import DeploymentSpec, Endpoints, Phase, Runtime
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
-from tritonserving import server as triton_server
 from tritonserving.client import TritonClient
 from tritonserving.config import config_from_pbtxt, config_to_json, config_to_pbtxt
 
 log = logging.getLogger(__name__)
 
-# Server ids are "<CONCH_INSTANCE_ID>.dep.<id>" and "<CONCH_INSTANCE_ID>.verify.<hex>". Instance ids
-# may not contain ".", so one installation's prefix never matches another's (e.g. "conch" vs "conch-b").
-SERVER_ID_INFIX_DEPLOYMENT = ".dep."
 LOG_TAIL_LINES = 30
+#: Runtimes this installation can run deployments on.
+ENABLED_RUNTIMES = (RuntimeName.LOCAL,)
 
 
 # --- queries ---------------------------------------------------------------------
@@ -64,9 +60,19 @@ def get_deployment(*, user: AbstractBaseUser, deployment_id: int) -> Deployment:
 
 def log_tail(deployment: Deployment, lines: int = LOG_TAIL_LINES) -> list[str]:
     """The last lines of the deployment's Triton log (empty when there is none yet)."""
-    if not deployment.log_path:
-        return []
-    return triton_server.tail_log(Path(deployment.log_path), lines=lines)
+    return get_runtime(deployment.runtime).log_tail(deployment.runtime_state, lines)
+
+
+def endpoints(deployment: Deployment) -> Endpoints:
+    """Where clients reach the deployment's Triton; empty while it is not starting or ready."""
+    if deployment.status not in (DeploymentStatus.STARTING, DeploymentStatus.READY):
+        return Endpoints()
+    return get_runtime(deployment.runtime).endpoints(deployment.runtime_state)
+
+
+def internal_url(deployment: Deployment, port: str = "http", path: str = "") -> str:
+    """URL by which Conch's own processes reach the deployment's Triton `port` ("http", "metrics") + `path`."""
+    return get_runtime(deployment.runtime).internal_url(deployment.runtime_state, port, path)
 
 
 def effective_settings(deployment: Deployment) -> dict[str, Any]:
@@ -109,7 +115,7 @@ def create_deployment(
     team_slug: str,
     name: str,
     model_version_id: Any,
-    runtime: str = Runtime.LOCAL,
+    runtime: str = RuntimeName.LOCAL,
     instance_count: Any = None,
     max_batch_size: Any = None,
     max_queue_delay_microseconds: Any = None,
@@ -125,9 +131,9 @@ def create_deployment(
     """
     validate_model_name(name)
     team = get_team_for_user(user=user, slug=team_slug)
-    if runtime not in Runtime.values:
-        raise InvalidInput(f"runtime must be one of {', '.join(Runtime.values)}.", field="runtime")
-    if runtime != Runtime.LOCAL:
+    if runtime not in RuntimeName.values:
+        raise InvalidInput(f"runtime must be one of {', '.join(RuntimeName.values)}.", field="runtime")
+    if runtime not in ENABLED_RUNTIMES:
         raise InvalidInput(
             f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime"
         )
@@ -171,8 +177,8 @@ def create_deployment(
                 max_batch_size=max_batch_size,
                 max_queue_delay_microseconds=delay,
                 config_pbtxt=config_to_pbtxt(config),
+                repository_prefix=version.repository_prefix,
                 created_by=user,
-                host=settings.CONCH_TRITON_PUBLIC_HOST,
             )
             _queue_start(deployment.pk)
     except IntegrityError:
@@ -204,133 +210,144 @@ def _queue_start(deployment_id: int) -> None:
     _queue_task("deployments.start_deployment", deployment_id)
 
 
-# --- local runtime ---------------------------------------------------------------
+# --- runtime lifecycle -----------------------------------------------------------
 
 
-def _triton_dir() -> Path:
-    root = Path(settings.CONCH_TRITON_DIR)
-    (root / "logs").mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def _server_id(kind_infix: str, suffix: str) -> str:
-    return f"{settings.CONCH_INSTANCE_ID}{kind_infix}{suffix}"
-
-
-def _start_process(*, server_id: str, repository: str, environment: dict[str, str], log_path: Path):
-    root = _triton_dir()
-    backend_root = triton_server.ensure_backend_directory(root / "backends")
-    http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
-    return triton_server.start_server(
-        server_id=server_id,
-        repository=repository,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        log_path=log_path,
-        backend_root=backend_root,
-        env=environment,
-        bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
+def deployment_spec(deployment: Deployment) -> DeploymentSpec:
+    """What the deployment's runtime should run: its pinned repository and effective configuration."""
+    store = get_object_store()
+    prefix = deployment.repository_prefix or deployment.model_version.repository_prefix
+    return DeploymentSpec(
+        deployment_id=deployment.pk,
+        model_name=deployment.model_name,
+        repository=store.triton_repository_location(prefix),
+        config_json=config_to_json(config_from_pbtxt(deployment.config_pbtxt)),
+        instance_count=deployment.instance_count,
+        environment=store.triton_environment(),
     )
 
 
-def ensure_deployment_started(*, deployment_id: int) -> str:
-    """Bring a local deployment to `ready`: start its Triton, wait for it, load the model.
+def _locked(deployment_id: int) -> Deployment:
+    return (
+        Deployment.objects.select_for_update(of=("self",)).select_related("model_version__model").get(pk=deployment_id)
+    )
 
-    Idempotent: a ready deployment with a live process, or one a concurrent task is
-    already starting, is left alone. Returns the resulting status. Start failures
-    (Triton exits, the load is refused) mark it `failed` with Triton's last log lines.
+
+def _heartbeat_is_fresh(deployment: Deployment, now: datetime) -> bool:
+    limit = timedelta(seconds=settings.CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS)
+    return deployment.heartbeat_at is not None and now - deployment.heartbeat_at < limit
+
+
+def _touch(deployment_id: int) -> Callable[[], None]:
+    def heartbeat() -> None:
+        Deployment.objects.filter(pk=deployment_id).update(heartbeat_at=timezone.now())
+
+    return heartbeat
+
+
+def ensure_deployment_started(*, deployment_id: int) -> str:
+    """Bring a deployment to `ready`: apply its spec on its runtime, wait for it, load the model.
+
+    Idempotent: a ready deployment, or one another task is starting (fresh heartbeat), is left alone; a server
+    that still runs is adopted, not duplicated. Returns the resulting status. A start that fails marks the
+    deployment `failed` with the runtime's message and Triton's last log lines; `permanent_failure` is set when
+    Triton refused the model (reconcile then stops retrying).
     """
-    store = get_object_store()
+    now = timezone.now()
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().select_related("model_version__model").get(pk=deployment_id)
-        if deployment.desired_state != DesiredState.RUNNING or deployment.runtime != Runtime.LOCAL:
+        deployment = _locked(deployment_id)
+        runtime = get_runtime(deployment.runtime)
+        if deployment.desired_state != DesiredState.RUNNING or not runtime.manages_here(deployment.runtime_state):
             return deployment.status
-        alive = bool(deployment.pid) and triton_server.is_alive(deployment.pid, deployment.process_create_time)
-        if alive and deployment.status == DeploymentStatus.READY:
+        if deployment.status == DeploymentStatus.READY:
             return deployment.status
-        recent = deployment.updated_at > timezone.now() - timedelta(
-            seconds=settings.CONCH_TRITON_START_TIMEOUT_SECONDS + 30
-        )
-        if alive and deployment.status == DeploymentStatus.STARTING and recent:
+        if deployment.status == DeploymentStatus.STARTING and _heartbeat_is_fresh(deployment, now):
             return deployment.status
-        if alive:
-            triton_server.stop_server(deployment.pid, deployment.process_create_time)
-        log_path = _triton_dir() / "logs" / f"deployment-{deployment.pk}.log"
-        if log_path.exists():
-            log_path.replace(log_path.with_suffix(".previous.log"))
-        version = deployment.model_version
-        process = _start_process(
-            server_id=_server_id(SERVER_ID_INFIX_DEPLOYMENT, str(deployment.pk)),
-            repository=store.triton_repository_location(version.repository_prefix),
-            environment=store.triton_environment(),
-            log_path=log_path,
-        )
         deployment.status = DeploymentStatus.STARTING
+        deployment.heartbeat_at = now
         deployment.error = ""
-        deployment.server_id = process.server_id
-        deployment.pid = process.pid
-        deployment.process_create_time = process.create_time
-        deployment.http_port = process.http_port
-        deployment.grpc_port = process.grpc_port
-        deployment.metrics_port = process.metrics_port
-        deployment.host = settings.CONCH_TRITON_PUBLIC_HOST
-        deployment.log_path = str(log_path)
-        deployment.save()
-    log.info("deployment.starting", extra={"deployment_id": deployment.pk, "pid": process.pid})
+        deployment.save(update_fields=["status", "heartbeat_at", "error", "updated_at"])
+        spec = deployment_spec(deployment)
+        previous_state = deployment.runtime_state
     try:
-        triton_server.wait_until_ready(process, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS)
-        client = TritonClient(internal_url(process.http_port), timeout_s=300)
-        config = config_from_pbtxt(deployment.config_pbtxt)
-        client.load_model(deployment.model_name, config_json=config_to_json(config))
-    except (ConchError, OSError) as exc:
-        detail = exc.detail if isinstance(exc, ConchError) else str(exc)
-        _mark_failed(deployment.pk, f"Triton did not become ready: {detail}", pid=process.pid)
-        triton_server.stop_server(process.pid, process.create_time)
+        state = runtime.apply(spec, previous_state)
+    except ConchError as exc:
+        _record_failure(deployment_id, f"Triton could not be started: {exc.detail}", state=None)
         return DeploymentStatus.FAILED
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
-        if deployment.pid != process.pid or deployment.desired_state != DesiredState.RUNNING:
+        deployment = _locked(deployment_id)
+        if deployment.desired_state != DesiredState.RUNNING:
+            transaction.on_commit(lambda: runtime.delete(state))
+            return deployment.status
+        deployment.runtime_state = state
+        deployment.heartbeat_at = timezone.now()
+        deployment.save(update_fields=["runtime_state", "heartbeat_at", "updated_at"])
+    log.info("deployment.starting", extra={"deployment_id": deployment_id})
+    observation = runtime.wait_until_ready(
+        spec, state, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS, heartbeat=_touch(deployment_id)
+    )
+    if observation.phase != Phase.READY:
+        _record_failure(deployment_id, observation.message, state=state, permanent=observation.permanent)
+        runtime.delete(state)
+        return DeploymentStatus.FAILED
+    with transaction.atomic():
+        deployment = _locked(deployment_id)
+        if deployment.runtime_state != state or deployment.desired_state != DesiredState.RUNNING:
             return deployment.status
         deployment.status = DeploymentStatus.READY
         deployment.ready_at = timezone.now()
-        deployment.save(update_fields=["status", "ready_at", "updated_at"])
-    log.info("deployment.ready", extra={"deployment_id": deployment.pk})
+        deployment.permanent_failure = False
+        deployment.save(update_fields=["status", "ready_at", "permanent_failure", "updated_at"])
+    log.info("deployment.ready", extra={"deployment_id": deployment_id})
     return DeploymentStatus.READY
 
 
-def internal_url(port: int, path: str = "") -> str:
-    """URL by which Conch's own processes reach a local Triton port (CONCH_TRITON_INTERNAL_HOST)."""
-    return f"http://{settings.CONCH_TRITON_INTERNAL_HOST}:{port}{path}"
+def _record_failure(
+    deployment_id: int, message: str, *, state: dict | None, permanent: bool = False, expect_status: str | None = None
+) -> bool:
+    """Mark a deployment `failed` with `message` and Triton's last log lines; returns whether it did.
 
-
-def _mark_failed(deployment_id: int, message: str, *, pid: int | None) -> None:
+    Nothing is written when the deployment meanwhile runs another workload than `state` (None: any), is no
+    longer wanted, or (with `expect_status`) has moved on.
+    """
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
-        if pid is not None and deployment.pid != pid:
-            return
+        deployment = _locked(deployment_id)
+        if state is not None and deployment.runtime_state != state:
+            return False
+        if deployment.desired_state != DesiredState.RUNNING:
+            return False
+        if expect_status is not None and deployment.status != expect_status:
+            return False
         tail = log_tail(deployment)
         text = message + ("\nLast lines of Triton's log:\n" + "\n".join(tail) if tail else "")
         deployment.status = DeploymentStatus.FAILED
         deployment.error = text
         deployment.last_failure = text
         deployment.failed_at = timezone.now()
-        deployment.save(update_fields=["status", "error", "last_failure", "failed_at", "updated_at"])
-    log.warning("deployment.failed", extra={"deployment_id": deployment_id})
+        deployment.permanent_failure = permanent
+        deployment.save(
+            update_fields=["status", "error", "last_failure", "failed_at", "permanent_failure", "updated_at"]
+        )
+    log.warning("deployment.failed", extra={"deployment_id": deployment_id, "permanent": permanent})
+    return True
 
 
 def stop_deployment(*, deployment_id: int) -> None:
-    """End a deployment's Triton process (if any), free its ports and mark it `stopped`."""
+    """Delete a deployment's workload on its runtime (its ports are freed) and mark it `stopped`."""
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
-        if deployment.pid:
-            triton_server.stop_server(deployment.pid, deployment.process_create_time)
-        deployment.status = DeploymentStatus.STOPPED
+        deployment = _locked(deployment_id)
         deployment.desired_state = DesiredState.STOPPED
-        deployment.pid = None
-        deployment.process_create_time = None
-        deployment.http_port = deployment.grpc_port = deployment.metrics_port = None
-        deployment.save()
+        if deployment.status != DeploymentStatus.STOPPED:
+            deployment.status = DeploymentStatus.STOPPING
+        deployment.save(update_fields=["desired_state", "status", "updated_at"])
+        runtime, state = get_runtime(deployment.runtime), deployment.runtime_state
+    if not runtime.manages_here(state):
+        return  # the worker host that owns it stops it on its next reconcile
+    runtime.delete(state)
+    with transaction.atomic():
+        deployment = _locked(deployment_id)
+        deployment.status = DeploymentStatus.STOPPED
+        deployment.save(update_fields=["status", "updated_at"])
     log.info("deployment.stopped", extra={"deployment_id": deployment_id})
 
 
@@ -342,106 +359,128 @@ def restart_backoff_seconds(restart_count: int) -> float:
 
 
 def reconcile_deployments() -> dict[str, int]:
-    """Compare local deployments with their processes and act; run periodically by beat.
+    """Compare every deployment this worker host manages with what its runtime observes, and act.
 
-    - desired running, recorded process gone: mark `failed` with Triton's last log lines,
-      then restart it (with backoff between repeated failures);
-    - desired stopped but a process left: stop it;
-    - a `tritonserver` tagged with this Conch's id that no deployment owns (or a duplicate
-      of one), or a build's verify server left by a dead worker: stop it.
-    Returns counts of what it did.
+    Run periodically by beat. For each deployment not stopped:
+    - desired stopped: queue its stop (again, if the last stop task got lost);
+    - `starting` with a stale heartbeat (the start task died): queue a start, which adopts the running server;
+    - `pending` for a while (the start was never queued or got lost): queue a start;
+    - `ready`: observe; a workload that is gone or whose model is not ready marks it `failed` with the
+      runtime's message; ready for `CONCH_RESTART_BACKOFF_RESET_SECONDS` resets the restart count;
+    - `failed` (not permanent): queue a restart after the backoff (`restart_backoff_seconds`).
+    Deployments whose workload belongs to another worker host are left to that host. Then workloads of this
+    installation that no running deployment owns (orphans) are deleted. Returns counts of what it did.
     """
     counts = {"failed": 0, "restarted": 0, "stopped": 0, "orphans_killed": 0}
     now = timezone.now()
-    for deployment_id in list(
-        Deployment.objects.filter(runtime=Runtime.LOCAL)
-        .exclude(status=DeploymentStatus.STOPPED)
-        .values_list("pk", flat=True)
-    ):
-        with transaction.atomic():
-            d = Deployment.objects.select_for_update().get(pk=deployment_id)
-            alive = bool(d.pid) and triton_server.is_alive(d.pid, d.process_create_time)
-            if d.desired_state == DesiredState.STOPPED:
-                if d.status != DeploymentStatus.STOPPING or not alive:
-                    _queue_task("deployments.stop_deployment", d.pk)
-                    counts["stopped"] += 1
+    running_states: dict[str, list[dict]] = {}
+    ids = list(Deployment.objects.exclude(status=DeploymentStatus.STOPPED).values_list("pk", flat=True))
+    for deployment_id in ids:
+        deployment = Deployment.objects.select_related("model_version__model").filter(pk=deployment_id).first()
+        if deployment is None:
+            continue
+        runtime = get_runtime(deployment.runtime)
+        if not runtime.manages_here(deployment.runtime_state):
+            continue
+        if deployment.desired_state == DesiredState.RUNNING:
+            running_states.setdefault(deployment.runtime, []).append(deployment.runtime_state)
+        action = _reconcile_one(deployment, runtime, now)
+        if action:
+            counts[action] += 1
+    for name in ENABLED_RUNTIMES:
+        runtime, states = get_runtime(name), running_states.get(name, [])
+        for workload in runtime.list_owned():
+            if any(runtime.same_workload(state, workload) for state in states):
                 continue
-            if d.status in (DeploymentStatus.READY, DeploymentStatus.STARTING) and d.pid and not alive:
-                tail = log_tail(d)
-                text = "Triton exited unexpectedly" + ("; last lines of its log:\n" + "\n".join(tail) if tail else ".")
-                d.status = DeploymentStatus.FAILED
-                d.error = text
-                d.last_failure = text
-                d.failed_at = now
-                d.save(update_fields=["status", "error", "last_failure", "failed_at", "updated_at"])
-                counts["failed"] += 1
-                log.warning("deployment.process_died", extra={"deployment_id": d.pk})
-            if d.status == DeploymentStatus.FAILED:
-                waited = (now - (d.failed_at or now)).total_seconds()
-                if waited >= restart_backoff_seconds(d.restart_count):
-                    d.restart_count += 1
-                    d.save(update_fields=["restart_count", "updated_at"])
-                    _queue_start(d.pk)
-                    counts["restarted"] += 1
-            elif d.status == DeploymentStatus.PENDING and not d.pid and (now - d.updated_at).total_seconds() > 15:
-                # A start that was never queued or got lost (e.g. Conch was shut down); starting is idempotent.
-                _queue_start(d.pk)
-                counts["restarted"] += 1
-    counts["orphans_killed"] = kill_orphan_servers()
+            runtime.delete(workload.state)
+            counts["orphans_killed"] += 1
+            log.warning("deployment.orphan_killed", extra={"workload": workload.key})
+    counts["orphans_killed"] += stop_verify_servers(only_abandoned=True)
     return counts
 
 
-def kill_orphan_servers(*, verify_max_age_seconds: float = 900) -> int:
-    """Stop `tritonserver` processes tagged with this Conch's id that nothing owns.
+def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> str | None:
+    """Reconcile one deployment (see `reconcile_deployments`); returns the count it adds to, if any."""
+    pk = deployment.pk
+    if deployment.desired_state == DesiredState.STOPPED:
+        quiet = (now - deployment.updated_at).total_seconds() > settings.CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS
+        if deployment.status != DeploymentStatus.STOPPING or quiet:
+            with transaction.atomic():
+                _queue_task("deployments.stop_deployment", pk)
+            return "stopped"
+        return None
+    if deployment.status == DeploymentStatus.STARTING:
+        if _heartbeat_is_fresh(deployment, now):
+            return None
+        log.warning("deployment.start_stalled", extra={"deployment_id": pk})
+        with transaction.atomic():
+            _queue_task("deployments.start_deployment", pk)
+        return "restarted"
+    if deployment.status == DeploymentStatus.PENDING:
+        if (now - deployment.updated_at).total_seconds() > 15:
+            # A start that was never queued or got lost (e.g. Conch was shut down); starting is idempotent.
+            with transaction.atomic():
+                _queue_task("deployments.start_deployment", pk)
+            return "restarted"
+        return None
+    if deployment.status == DeploymentStatus.READY:
+        observation = runtime.observe(deployment_spec(deployment), deployment.runtime_state)
+        if observation.phase == Phase.READY:
+            stable = (now - (deployment.ready_at or now)).total_seconds()
+            if deployment.restart_count and stable >= settings.CONCH_RESTART_BACKOFF_RESET_SECONDS:
+                Deployment.objects.filter(pk=pk, status=DeploymentStatus.READY).update(restart_count=0)
+            return None
+        if observation.phase == Phase.UNKNOWN:
+            return None
+        failed = _record_failure(
+            pk,
+            observation.message,
+            state=deployment.runtime_state,
+            permanent=observation.permanent,
+            expect_status=DeploymentStatus.READY,
+        )
+        if not failed:
+            return None
+        log.warning("deployment.not_ready", extra={"deployment_id": pk, "phase": str(observation.phase)})
+        deployment.refresh_from_db()
+        _restart_if_due(deployment, now)
+        return "failed"
+    if deployment.status == DeploymentStatus.FAILED:
+        return "restarted" if _restart_if_due(deployment, now) else None
+    return None
 
-    A deployment server is an orphan when its deployment is gone, stopped, or records
-    another process; a build's verify server when it is older than `verify_max_age_seconds`.
-    """
-    killed = 0
-    prefix = settings.CONCH_INSTANCE_ID
-    owned = {
-        (d.pid, d.process_create_time)
-        for d in Deployment.objects.filter(desired_state=DesiredState.RUNNING).exclude(pid=None)
-    }
-    now = timezone.now().timestamp()
-    for server in triton_server.find_servers(prefix + SERVER_ID_INFIX_DEPLOYMENT):
-        if any(pid == server.pid and abs((ct or 0) - server.create_time) < 0.5 for pid, ct in owned):
-            continue
-        triton_server.stop_server(server.pid, server.create_time)
-        killed += 1
-        log.warning("deployment.orphan_killed", extra={"pid": server.pid, "server_id": server.server_id})
-    for server in triton_server.find_servers(prefix + SERVER_ID_INFIX_VERIFY):
-        if now - server.create_time > verify_max_age_seconds:
-            triton_server.stop_server(server.pid, server.create_time)
-            killed += 1
-    return killed
+
+def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
+    """Queue a restart of a failed deployment once its backoff has passed, unless the failure is permanent."""
+    if deployment.permanent_failure:
+        return False
+    waited = max(0.0, (now - (deployment.failed_at or now)).total_seconds())
+    if waited < restart_backoff_seconds(deployment.restart_count):
+        return False
+    with transaction.atomic():
+        updated = Deployment.objects.filter(
+            pk=deployment.pk, status=DeploymentStatus.FAILED, restart_count=deployment.restart_count
+        ).update(restart_count=deployment.restart_count + 1, updated_at=now)
+        if updated:
+            _queue_task("deployments.start_deployment", deployment.pk)
+    return bool(updated)
 
 
 def stop_all_local_servers() -> int:
-    """Stop every Triton this Conch instance started, when Conch itself shuts down (the demo's Ctrl-C).
+    """Stop every Triton this Conch instance started on this host, when Conch itself shuts down (the demo's Ctrl-C).
 
-    Deployments that should keep running go back to `pending` (not `failed`): the next
-    reconcile after Conch starts again brings them up without counting a crash.
+    Deployments that should keep running go back to `pending` (not `failed`): the next reconcile after Conch
+    starts again brings them up without counting a crash. Build verify servers are stopped too.
     """
-    prefix = settings.CONCH_INSTANCE_ID
-    servers = triton_server.find_servers(prefix + SERVER_ID_INFIX_DEPLOYMENT) + triton_server.find_servers(
-        prefix + SERVER_ID_INFIX_VERIFY
-    )
-    for server in servers:
-        triton_server.stop_server(server.pid, server.create_time)
-    Deployment.objects.filter(runtime=Runtime.LOCAL, desired_state=DesiredState.RUNNING).exclude(
+    runtime = get_runtime("local")
+    workloads = runtime.list_owned()
+    for workload in workloads:
+        runtime.delete(workload.state)
+    stopped = len(workloads) + stop_verify_servers(only_abandoned=False)
+    Deployment.objects.filter(runtime="local", desired_state=DesiredState.RUNNING).exclude(
         status=DeploymentStatus.STOPPED
-    ).update(
-        status=DeploymentStatus.PENDING,
-        pid=None,
-        process_create_time=None,
-        http_port=None,
-        grpc_port=None,
-        metrics_port=None,
-        error="",
-        updated_at=timezone.now(),
-    )
-    return len(servers)
+    ).update(status=DeploymentStatus.PENDING, error="", heartbeat_at=None, updated_at=timezone.now())
+    return stopped
 
 
 # --- inference -------------------------------------------------------------------
@@ -458,5 +497,5 @@ def infer(*, deployment: Deployment, request: dict[str, Any]) -> dict[str, Any]:
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
     if not isinstance(request, dict):
         raise InvalidInput("Send a JSON object with an 'inputs' list.", field="inputs")
-    client = TritonClient(internal_url(deployment.http_port), timeout_s=60)
+    client = TritonClient(internal_url(deployment), timeout_s=60)
     return client.infer_json(deployment.model_name, request)

@@ -27,5 +27,9 @@ def deployment_detail(request: HttpRequest, deployment_id: int) -> HttpResponse:
     return render(
         request,
         "deployments/detail.html",
-        {"deployment": deployment, "log_tail": services.log_tail(deployment)},
+        {
+            "deployment": deployment,
+            "endpoints": services.endpoints(deployment),
+            "log_tail": services.log_tail(deployment),
+        },
     )

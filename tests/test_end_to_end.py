@@ -17,6 +17,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from deployments.models import Deployment
 from deployments.observe import scrape_ready_deployments
+from deployments.runtimes.local import LocalServerState
 from tests import real_models
 from tritonserving import server as triton_server
 
@@ -107,11 +108,11 @@ def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
     assert model["average_request_latency_us"] > 0
     assert model["throughput_inferences_per_second"] > 0
     # delete: no process left, ports free
-    row = Deployment.objects.get(pk=deployment["id"])
+    server = LocalServerState.from_state(Deployment.objects.get(pk=deployment["id"]).runtime_state)
     assert api.delete(f"/api/v1/deployments/{deployment['id']}/").status_code == 202
     assert _wait(api, f"/api/v1/deployments/{deployment['id']}/", ("stopped",), timeout=60)["status"] == "stopped"
-    assert not triton_server.is_alive(row.pid, row.process_create_time)
-    for port in (row.http_port, row.grpc_port, row.metrics_port):
+    assert not triton_server.is_alive(server.pid, server.create_time)
+    for port in (server.http_port, server.grpc_port, server.metrics_port):
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers don't hold a port
             s.bind(("127.0.0.1", port))

@@ -423,6 +423,11 @@ def is_alive(pid: int, create_time: float) -> bool:
         return False
 
 
+def process_exists(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (any process: the pid may have been reused)."""
+    return psutil.pid_exists(pid)
+
+
 def _still_running(procs: list[tuple[psutil.Process, float]]) -> list[tuple[psutil.Process, float]]:
     return [(proc, started) for proc, started in procs if is_alive(proc.pid, started)]
 

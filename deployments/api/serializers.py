@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from deployments.models import Deployment
-from deployments.services import effective_settings, log_tail
+from deployments.services import effective_settings, endpoints, log_tail
 
 
 class CreateDeploymentSerializer(serializers.Serializer):
@@ -50,6 +50,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "restart_count",
             "endpoints",
             "config_pbtxt",
+            "repository_prefix",
             "log_tail",
             "created_at",
             "ready_at",
@@ -57,11 +58,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
         ]
 
     def get_endpoints(self, obj: Deployment) -> dict:
+        where = endpoints(obj)
         return {
-            "http": obj.http_url,
-            "grpc": obj.grpc_url,
-            "metrics": obj.metrics_url,
-            "infer": f"{obj.http_url}/v2/models/{obj.model_name}/infer" if obj.http_url else "",
+            "http": where.http,
+            "grpc": where.grpc,
+            "metrics": where.metrics,
+            "infer": f"{where.http}/v2/models/{obj.model_name}/infer" if where.http else "",
         }
 
     def get_effective(self, obj: Deployment) -> dict:

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from deployments import services
 from deployments.models import Deployment
+from deployments.runtimes.local import LocalServerState
 from tests import real_models
 from tritonserving import server as triton_server
 
@@ -31,6 +32,12 @@ def _deploy(caller, version, capture, **extra) -> dict:
         response = caller.client.post("/api/v1/deployments/", body, format="json")
     assert response.status_code == 201, response.content
     return caller.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
+
+
+def _server(row: Deployment) -> LocalServerState:
+    """The local runtime's record of a deployment's tritonserver."""
+    row.refresh_from_db()
+    return LocalServerState.from_state(row.runtime_state)
 
 
 def _port_is_free(port: int) -> bool:
@@ -88,14 +95,15 @@ def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_ca
     assert response.status_code == 400
     assert response.json()["detail"].startswith("unexpected shape for input 'x'")
     # when it is deleted
-    row = Deployment.objects.get(pk=d["id"])
-    ports = [row.http_port, row.grpc_port, row.metrics_port]
+    server = _server(Deployment.objects.get(pk=d["id"]))
+    ports = [server.http_port, server.grpc_port, server.metrics_port]
     with django_capture_on_commit_callbacks(execute=True):
         response = alice.client.delete(f"/api/v1/deployments/{d['id']}/")
     assert response.status_code == 202
     # then no process is left and the ports are free
-    assert alice.client.get(f"/api/v1/deployments/{d['id']}/").json()["status"] == "stopped"
-    assert not triton_server.is_alive(row.pid, row.process_create_time)
+    stopped = alice.client.get(f"/api/v1/deployments/{d['id']}/").json()
+    assert stopped["status"] == "stopped" and stopped["endpoints"]["http"] == ""
+    assert not triton_server.is_alive(server.pid, server.create_time)
     assert all(_port_is_free(p) for p in ports)
 
 
@@ -105,22 +113,23 @@ def test_reconcile_reports_a_dead_triton_and_restarts_it(
     # given a ready deployment whose Triton then dies
     d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
     row = Deployment.objects.get(pk=d["id"])
-    old_pid = row.pid
-    os.kill(old_pid, signal.SIGKILL)
+    old = _server(row)
+    os.kill(old.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while triton_server.is_alive(old_pid, row.process_create_time) and time.monotonic() < deadline:
+    while triton_server.is_alive(old.pid, old.create_time) and time.monotonic() < deadline:
         time.sleep(0.1)
     # when the periodic reconcile runs
     with django_capture_on_commit_callbacks(execute=True):
         counts = services.reconcile_deployments()
-    # then it reported the failure with Triton's last log lines and started a new Triton
-    assert counts["failed"] == 1 and counts["restarted"] == 1
-    row.refresh_from_db()
+    # then it reported the failure with Triton's last log lines and started a new Triton on the same ports
+    assert counts["failed"] == 1
+    new = _server(row)
     assert row.status == "ready"
     assert row.restart_count == 1
-    assert row.pid != old_pid and triton_server.is_alive(row.pid, row.process_create_time)
+    assert new.pid != old.pid and triton_server.is_alive(new.pid, new.create_time)
+    assert (new.http_port, new.grpc_port, new.metrics_port) == (old.http_port, old.grpc_port, old.metrics_port)
     assert "Triton exited unexpectedly" in row.last_failure
-    assert "last lines of its log" in row.last_failure
+    assert "Last lines of Triton's log" in row.last_failure
     x, request = _classifier_request(batch=1)
     assert alice.client.post(f"/api/v1/deployments/{d['id']}/infer", request, format="json").status_code == 200
     services.stop_deployment(deployment_id=row.pk)
@@ -134,8 +143,9 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     row = Deployment.objects.get(pk=d["id"])
     backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
     ports = triton_server.allocate_ports(3)
+    server = _server(row)
     orphan = triton_server.start_server(
-        server_id=row.server_id,
+        server_id=server.server_id,
         repository=str(settings.CONCH_TRITON_DIR),
         http_port=ports[0],
         grpc_port=ports[1],
@@ -152,12 +162,12 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     assert counts["orphans_killed"] == 1
     assert again == "ready"
     assert not triton_server.is_alive(orphan.pid, orphan.create_time)
-    running = triton_server.find_servers(row.server_id)
-    assert [s.pid for s in running] == [row.pid]
-    row.refresh_from_db()
+    running = triton_server.find_servers(server.server_id)
+    assert [s.pid for s in running] == [server.pid]
+    assert _server(row) == server
     assert row.restart_count == 0
     services.stop_deployment(deployment_id=row.pk)
-    assert psutil.pid_exists(row.pid) is False or not triton_server.is_alive(row.pid, row.process_create_time)
+    assert psutil.pid_exists(server.pid) is False or not triton_server.is_alive(server.pid, server.create_time)
 
 
 def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back(
@@ -166,6 +176,7 @@ def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back
     # given a ready deployment, and another installation's Triton whose id shares our prefix's letters
     d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
     row = Deployment.objects.get(pk=d["id"])
+    server = _server(row)
     ports = triton_server.allocate_ports(3)
     neighbour = triton_server.start_server(
         server_id=f"{settings.CONCH_INSTANCE_ID}-b.dep.1",
@@ -179,19 +190,19 @@ def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back
     # when Conch shuts down (the demo's Ctrl-C)
     assert services.stop_all_local_servers() == 1
     # then its Triton is gone and it waits as pending, not failed; the other installation's is untouched
-    assert not triton_server.is_alive(row.pid, row.process_create_time)
+    assert not triton_server.is_alive(server.pid, server.create_time)
     assert triton_server.is_alive(neighbour.pid, neighbour.create_time)
     triton_server.stop_server(neighbour.pid, neighbour.create_time)
     row.refresh_from_db()
-    assert (row.status, row.pid, row.error, row.restart_count) == ("pending", None, "", 0)
+    assert (row.status, row.error, row.restart_count) == ("pending", "", 0)
     # when Conch runs again and reconcile sees it (after the grace period for queued starts)
     Deployment.objects.filter(pk=row.pk).update(updated_at=timezone.now() - timedelta(seconds=60))
     with django_capture_on_commit_callbacks(execute=True):
         services.reconcile_deployments()
     # then it is ready again, without a recorded crash
-    row.refresh_from_db()
+    again = _server(row)
     assert (row.status, row.restart_count, row.last_failure) == ("ready", 0, "")
-    assert triton_server.is_alive(row.pid, row.process_create_time)
+    assert triton_server.is_alive(again.pid, again.create_time)
     services.stop_deployment(deployment_id=row.pk)
 
 

@@ -1,0 +1,300 @@
+"""The local runtime: one detached `tritonserver` process per deployment on the worker host that started it.
+
+The server runs with `--model-control-mode=explicit`; the model is loaded through Triton's repository API with
+the deployment's effective configuration (Triton "Model Repository" doc, "Model Control Mode EXPLICIT";
+repository extension `load` with a `config` parameter). The process is identified by (pid, create time) and by
+`--id=<instance>.dep.<deployment id>`, so a restarted Conch adopts its servers instead of starting duplicates, and
+kills the ones no deployment owns. Processes belong to one worker host (`CONCH_WORKER_HOST`): another host never
+observes, restarts or deletes them.
+
+State kept on the deployment (`LocalServerState`): host, server id, pid, create time, the three ports, log path.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from conch.errors import ConchError
+from deployments.runtimes.base import (
+    DeploymentSpec,
+    Endpoints,
+    Observation,
+    OwnedWorkload,
+    Phase,
+    Runtime,
+    RuntimeState,
+)
+from tritonserving import server as triton_server
+from tritonserving.client import ModelLoadError, TritonClient
+
+__all__ = ["SERVER_ID_INFIX_DEPLOYMENT", "LocalRuntime", "LocalServerState", "worker_host"]
+
+# Server ids are "<CONCH_INSTANCE_ID>.dep.<id>"; instance ids may not contain ".", so one installation's prefix
+# never matches another's (e.g. "conch" vs "conch-b").
+SERVER_ID_INFIX_DEPLOYMENT = ".dep."
+#: Seconds between heartbeats while waiting for a server or a model load.
+HEARTBEAT_INTERVAL_S = 5.0
+
+
+def worker_host() -> str:
+    """Name of this worker host (`CONCH_WORKER_HOST`, default the machine's host name)."""
+    return settings.CONCH_WORKER_HOST or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class LocalServerState:
+    """What the local runtime remembers of a deployment's `tritonserver`.
+
+    `create_time` is psutil's process start time (seconds since the epoch); with `pid` it guards against PID
+    reuse. Ports are TCP ports on `CONCH_TRITON_BIND_ADDRESS`.
+    """
+
+    host: str = ""
+    server_id: str = ""
+    pid: int | None = None
+    create_time: float | None = None
+    http_port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    log_path: str = ""
+
+    @classmethod
+    def from_state(cls, state: RuntimeState | None) -> LocalServerState:
+        """Read the stored dict (unknown keys ignored, missing ones default)."""
+        known = cls.__dataclass_fields__
+        return cls(**{key: value for key, value in (state or {}).items() if key in known})
+
+    def to_state(self) -> RuntimeState:
+        return asdict(self)
+
+    @property
+    def has_process(self) -> bool:
+        return self.pid is not None and self.create_time is not None
+
+    def process(self) -> triton_server.ServerProcess:
+        """The recorded server as the adapter's `ServerProcess` (for waiting on it)."""
+        return triton_server.ServerProcess(
+            server_id=self.server_id,
+            pid=int(self.pid or 0),
+            create_time=float(self.create_time or 0),
+            http_port=int(self.http_port or 0),
+            grpc_port=int(self.grpc_port or 0),
+            metrics_port=int(self.metrics_port or 0),
+            bind_address=settings.CONCH_TRITON_INTERNAL_HOST,
+            repository="",
+            log_path=Path(self.log_path) if self.log_path else None,
+        )
+
+
+class LocalRuntime(Runtime):
+    """Deployments as local `tritonserver` processes (see the module docstring)."""
+
+    name = "local"
+
+    # --- helpers -----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _root() -> Path:
+        root = Path(settings.CONCH_TRITON_DIR)
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        return root
+
+    @staticmethod
+    def server_id(deployment_id: int) -> str:
+        return f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_DEPLOYMENT}{deployment_id}"
+
+    @staticmethod
+    def _alive(server: LocalServerState) -> bool:
+        return server.has_process and triton_server.is_alive(int(server.pid), float(server.create_time))
+
+    @staticmethod
+    def _ports(previous: LocalServerState) -> tuple[int, int, int]:
+        """The previous ports when all three are free again (endpoints a user copied keep working), else new."""
+        wanted = (previous.http_port, previous.grpc_port, previous.metrics_port)
+        if all(wanted) and all(_port_is_free(settings.CONCH_TRITON_BIND_ADDRESS, int(p)) for p in wanted):
+            return int(wanted[0]), int(wanted[1]), int(wanted[2])
+        http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
+        return http_port, grpc_port, metrics_port
+
+    def _client(self, server: LocalServerState, timeout_s: float) -> TritonClient:
+        return TritonClient(self.internal_url(server.to_state()), timeout_s=timeout_s)
+
+    # --- Runtime -----------------------------------------------------------------------------------------------
+
+    def apply(self, spec: DeploymentSpec, state: RuntimeState) -> RuntimeState:
+        """Adopt the recorded server when it still runs here, else start a new one (reusing its ports if free).
+
+        Raises `Unavailable` (Triton missing, spawn failed, no ports).
+        """
+        previous = LocalServerState.from_state(state)
+        if self._alive(previous):
+            return previous.to_state()
+        root = self._root()
+        backend_root = triton_server.ensure_backend_directory(root / "backends")
+        log_path = root / "logs" / f"deployment-{spec.deployment_id}.log"
+        if log_path.exists():
+            log_path.replace(log_path.with_suffix(".previous.log"))
+        http_port, grpc_port, metrics_port = self._ports(previous)
+        process = triton_server.start_server(
+            server_id=self.server_id(spec.deployment_id),
+            repository=spec.repository,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            log_path=log_path,
+            backend_root=backend_root,
+            env=dict(spec.environment),
+            bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
+        )
+        return LocalServerState(
+            host=worker_host(),
+            server_id=process.server_id,
+            pid=process.pid,
+            create_time=process.create_time,
+            http_port=process.http_port,
+            grpc_port=process.grpc_port,
+            metrics_port=process.metrics_port,
+            log_path=str(log_path),
+        ).to_state()
+
+    def wait_until_ready(
+        self,
+        spec: DeploymentSpec,
+        state: RuntimeState,
+        *,
+        timeout_s: float,
+        heartbeat: Callable[[], None] = lambda: None,
+    ) -> Observation:
+        """Wait for the server's health endpoint, then load the model (unless already ready).
+
+        Returns READY, FAILED (transient: the server exited or was not ready in time) or FAILED permanent
+        (Triton refused to load the model: its message says why).
+        """
+        server = LocalServerState.from_state(state)
+        if not server.has_process:
+            return Observation(Phase.ABSENT, "No Triton process has been started for this deployment.")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            heartbeat()
+            remaining = deadline - time.monotonic()
+            try:
+                triton_server.wait_until_ready(
+                    server.process(), timeout_s=max(0.1, min(HEARTBEAT_INTERVAL_S, remaining))
+                )
+                break
+            except triton_server.TritonStartError as exc:
+                if not self._alive(server) or time.monotonic() >= deadline:
+                    return Observation(Phase.FAILED, f"Triton did not become ready: {exc.detail}")
+        heartbeat()
+        client = self._client(server, timeout_s=max(30.0, remaining))
+        try:
+            if client.model_ready(spec.model_name):
+                return Observation(Phase.READY)
+            client.load_model(spec.model_name, config_json=spec.config_json)
+        except ModelLoadError as exc:
+            return Observation(
+                Phase.FAILED,
+                f"Triton could not load model '{spec.model_name}': {exc.detail} Restarting will not help: fix the "
+                "model or its configuration, then rebuild the version and deploy it again.",
+                permanent=True,
+            )
+        except ConchError as exc:
+            return Observation(Phase.FAILED, f"Loading model '{spec.model_name}' failed: {exc.detail}")
+        return Observation(Phase.READY)
+
+    def observe(self, spec: DeploymentSpec, state: RuntimeState) -> Observation:
+        """Process alive? Then `GET /v2/models/<name>/ready` (KServe v2 "Model Ready"); never raises."""
+        server = LocalServerState.from_state(state)
+        if not server.has_process:
+            return Observation(Phase.ABSENT, "No Triton process runs for this deployment.")
+        if not self._alive(server):
+            return Observation(Phase.ABSENT, "Triton exited unexpectedly.")
+        try:
+            with self._client(server, timeout_s=5) as client:
+                if client.model_ready(spec.model_name):
+                    return Observation(Phase.READY)
+        except ConchError as exc:
+            return Observation(Phase.UNKNOWN, f"Triton does not answer its readiness check: {exc.detail}")
+        return Observation(
+            Phase.STARTING, f"Triton runs but model '{spec.model_name}' is not ready (it was unloaded or failed)."
+        )
+
+    def delete(self, state: RuntimeState) -> None:
+        """Stop the server and its backend stubs (SIGTERM, then SIGKILL); its ports are free on return."""
+        server = LocalServerState.from_state(state)
+        if server.has_process:
+            triton_server.stop_server(int(server.pid), float(server.create_time))
+
+    def list_owned(self) -> list[OwnedWorkload]:
+        """Deployment servers of this installation running on this host, from their `--id`."""
+        prefix = settings.CONCH_INSTANCE_ID + SERVER_ID_INFIX_DEPLOYMENT
+        owned = []
+        for found in triton_server.find_servers(prefix):
+            suffix = found.server_id[len(prefix) :]
+            state = LocalServerState(
+                host=worker_host(),
+                server_id=found.server_id,
+                pid=found.pid,
+                create_time=found.create_time,
+                http_port=found.http_port,
+                grpc_port=found.grpc_port,
+                metrics_port=found.metrics_port,
+                log_path=str(found.log_path or ""),
+            )
+            owned.append(
+                OwnedWorkload(
+                    key=found.server_id,
+                    deployment_id=int(suffix) if suffix.isdigit() else None,
+                    state=state.to_state(),
+                )
+            )
+        return owned
+
+    def same_workload(self, state: RuntimeState, workload: OwnedWorkload) -> bool:
+        mine, other = LocalServerState.from_state(state), LocalServerState.from_state(workload.state)
+        return (
+            mine.has_process
+            and mine.pid == other.pid
+            and abs(float(mine.create_time or 0) - float(other.create_time or 0)) < 0.5
+        )
+
+    def manages_here(self, state: RuntimeState) -> bool:
+        host = LocalServerState.from_state(state).host
+        return not host or host == worker_host()
+
+    def log_tail(self, state: RuntimeState, lines: int) -> list[str]:
+        server = LocalServerState.from_state(state)
+        return triton_server.tail_log(Path(server.log_path), lines=lines) if server.log_path else []
+
+    def endpoints(self, state: RuntimeState) -> Endpoints:
+        server = LocalServerState.from_state(state)
+        if not server.http_port:
+            return Endpoints()
+        host = settings.CONCH_TRITON_PUBLIC_HOST
+        return Endpoints(
+            http=f"http://{host}:{server.http_port}",
+            grpc=f"{host}:{server.grpc_port}",
+            metrics=f"http://{host}:{server.metrics_port}/metrics",
+        )
+
+    def internal_url(self, state: RuntimeState, port: str = "http", path: str = "") -> str:
+        server = LocalServerState.from_state(state)
+        number = {"http": server.http_port, "metrics": server.metrics_port}[port]
+        return f"http://{settings.CONCH_TRITON_INTERNAL_HOST}:{number}{path}" if number else ""
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on `host:port` now (TIME_WAIT leftovers of closed connections don't count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
