@@ -188,11 +188,22 @@ CONCH_INSTANCE_ID = env("CONCH_INSTANCE_ID", "conch")
 if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", CONCH_INSTANCE_ID):
     raise ImproperlyConfigured("CONCH_INSTANCE_ID must be 1-40 letters, digits, '_' or '-' (no '.').")
 
+# Log records keep their structured fields (`extra=`): `plain` writes them as key=value after
+# the message, `json` writes one JSON object per line (conch/logging.py).
+CONCH_LOG_FORMAT = env("CONCH_LOG_FORMAT", "plain")
+if CONCH_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"CONCH_LOG_FORMAT={CONCH_LOG_FORMAT!r} is not 'plain' or 'json'.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"()": "conch.logging.KeyValueFormatter"},
+        "json": {"()": "conch.logging.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CONCH_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env("CONCH_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+# Celery workers and beat log through the handler above instead of replacing the root
+# logger's handlers with Celery's own format (which drops the structured fields).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

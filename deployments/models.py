@@ -70,10 +70,14 @@ class MetricSample(models.Model):
     """Triton's cumulative counters for one model at one scrape (Triton "Metrics" doc: inference request metrics).
 
     Durations are microseconds, summed over requests; counts are totals since the model loaded.
+    `counters_since` is when that load finished (the deployment's `ready_at` at the scrape):
+    two samples with different values come from different loads, so the later one counts
+    from zero; null on samples whose load time is unknown.
     """
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="metric_samples")
     scraped_at = models.DateTimeField(db_index=True)
+    counters_since = models.DateTimeField(null=True, blank=True)
     model_name = models.CharField(max_length=63)
     model_version = models.CharField(max_length=20, blank=True)
     success_count = models.FloatField(default=0)

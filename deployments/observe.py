@@ -1,15 +1,20 @@
 """Observation services: scrape Triton's metrics, store samples, prune them, summarize a window.
 
-Rates come from counter deltas between two samples (Triton's counters are cumulative),
-so a summary over `window` seconds needs a sample at or before the window's start and
-the latest one. A counter that went down (Triton restarted) restarts the delta from zero.
+Only the periodic scrape (beat task `deployments.scrape_metrics`) writes samples; reads only
+summarize what is stored. Triton's counters are cumulative since the model loaded (Triton
+"Metrics" doc, "Inference Request Metrics"), so a window's figures are sums of per-interval
+increases between consecutive samples of a model. An interval in which Triton restarted or
+reloaded the model (its `counters_since` changed, or a counter went down) counts from zero,
+so a restart mid-window never undercounts. The series buckets those same increases with a
+fixed step, so the summary's totals are the sums over the series.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
@@ -23,21 +28,43 @@ from tritonserving.metrics import COUNTERS, parse_triton_metrics
 
 log = logging.getLogger(__name__)
 FIELDS = list(COUNTERS.values())
+# A chart needs about this many points; longer windows get a longer step (downsampled).
+MAX_POINTS = 60
+MIN_WINDOW_SECONDS = 10
+MAX_WINDOW_SECONDS = 86400
+
+
+# --- scraping (the only writer of samples) -----------------------------------------
+
+
+def _metrics_url(deployment: Deployment) -> str:
+    """Where Conch's own processes read a deployment's Prometheus metrics (the one place that knows)."""
+    return internal_url(deployment, "metrics", "/metrics")
 
 
 def scrape_deployment(*, deployment: Deployment) -> int:
-    """Fetch one deployment's /metrics and store a sample per model; returns how many.
+    """Fetch one ready deployment's /metrics and store a sample per model; returns how many.
 
-    Raises Unavailable when Triton's metrics port does not answer.
+    Each sample records `counters_since` = the deployment's `ready_at` (when the model
+    load that Triton's counters count from finished). When the deployment restarted or
+    left `ready` while the text was being fetched, the text could belong to either load,
+    so nothing is stored and 0 returned. Raises Unavailable when Triton's metrics port
+    does not answer or answers something that is not Prometheus text.
     """
-    text = TritonClient.fetch_metrics_text(internal_url(deployment, "metrics", "/metrics"), timeout_s=5)
+    counters_since = deployment.ready_at
+    text = TritonClient.fetch_metrics_text(_metrics_url(deployment), timeout_s=5)
     now = timezone.now()
     counters = parse_triton_metrics(text)
+    current = Deployment.objects.filter(pk=deployment.pk).values("status", "ready_at").first()
+    if current != {"status": DeploymentStatus.READY, "ready_at": counters_since}:
+        log.info("metrics.scrape.skipped", extra={"deployment_id": deployment.pk, "reason": "restarted"})
+        return 0
     MetricSample.objects.bulk_create(
         [
             MetricSample(
                 deployment=deployment,
                 scraped_at=now,
+                counters_since=counters_since,
                 model_name=c.model_name,
                 model_version=c.model_version,
                 **{f: getattr(c, f) for f in FIELDS},
@@ -57,17 +84,6 @@ def scrape_deployment_or_log(*, deployment: Deployment) -> int:
         return 0
 
 
-def refresh_samples(*, deployment: Deployment) -> None:
-    """Scrape a ready deployment now, so a metrics read counts every inference answered so far.
-
-    Always scrapes: skipping when the last sample was recent lost the inferences answered since
-    it (e.g. a read right after the baseline sample taken when the deployment became ready).
-    An unreachable Triton is logged; the stored samples are still summarized.
-    """
-    if deployment.status == DeploymentStatus.READY:
-        scrape_deployment_or_log(deployment=deployment)
-
-
 def scrape_ready_deployments() -> int:
     """Scrape every ready deployment; a failing one is logged and skipped. Returns samples stored."""
     ready = Deployment.objects.filter(status=DeploymentStatus.READY)
@@ -82,13 +98,133 @@ def prune_metric_samples(*, older_than_seconds: int | None = None) -> int:
     return deleted
 
 
+# --- increases (pure) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One stored sample of one model: taken `at`; counters (FIELDS, cumulative) counted since `counters_since`.
+
+    `counters_since` is None when the load time is unknown (samples stored before it was recorded).
+    """
+
+    at: datetime
+    counters_since: datetime | None
+    counters: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """What a model did between `begin` and `end` (the sample that closes it): counter increases by field."""
+
+    begin: datetime
+    end: datetime
+    increase: dict[str, float]
+
+
+def interval_increase(previous: Reading, current: Reading) -> dict[str, float]:
+    """Increase of every counter from `previous` to the next sample `current` of the same model.
+
+    `current - previous` per field; but when Triton restarted or reloaded the model in between
+    (both loads are known and differ, or any counter went down, since Triton's counters only
+    grow while a model stays loaded), the interval counts from zero: `current`'s own values.
+    """
+    reloaded = (
+        previous.counters_since is not None
+        and current.counters_since is not None
+        and current.counters_since != previous.counters_since
+    )
+    if reloaded or any(current.counters[f] < previous.counters[f] for f in FIELDS):
+        return dict(current.counters)
+    return {f: current.counters[f] - previous.counters[f] for f in FIELDS}
+
+
+def window_intervals(readings: list[Reading], *, start: datetime) -> list[Interval]:
+    """The intervals closed inside the window that starts at `start`, with their increases.
+
+    `readings`: one model's samples, oldest first; the first may be the latest sample at or
+    before `start` (a baseline: it only opens the first interval). Each later sample closes
+    the interval since the one before it. A first sample without an earlier one counts from
+    zero (an interval from its `counters_since`) when its model loaded inside the window;
+    when it loaded earlier, or when is unknown, part of its counts may predate the window,
+    so it is only a baseline.
+    """
+    intervals = []
+    for i, current in enumerate(readings):
+        if current.at <= start:
+            continue
+        if i == 0:
+            since = current.counters_since
+            if since is not None and start <= since <= current.at:
+                intervals.append(Interval(begin=since, end=current.at, increase=dict(current.counters)))
+            continue
+        previous = readings[i - 1]
+        intervals.append(Interval(begin=previous.at, end=current.at, increase=interval_increase(previous, current)))
+    return intervals
+
+
+def series_step_seconds(window_seconds: float, scrape_interval_seconds: float) -> float:
+    """The series' step: window / MAX_POINTS rounded up to a whole number of scrape intervals (at least one).
+
+    A finer step would leave buckets without a sample; a coarser one downsamples long windows.
+    """
+    intervals = math.ceil(window_seconds / MAX_POINTS / scrape_interval_seconds - 1e-9)
+    return scrape_interval_seconds * max(1, intervals)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
+def _totals(intervals: list[Interval]) -> dict[str, float]:
+    return {f: sum(interval.increase[f] for interval in intervals) for f in FIELDS}
+
+
+def bucket_intervals(intervals: list[Interval], *, start: datetime, step_seconds: float, buckets: int) -> list[dict]:
+    """Sum `intervals` into `buckets` consecutive buckets of `step_seconds` after `start`.
+
+    An interval belongs to the bucket holding its end (bucket i is (start + i·step,
+    start + (i+1)·step]). Each point: `time` (bucket end, ISO 8601), `samples` (intervals
+    closed in it), the counts (inferences, requests, executions, failures), throughput
+    (inferences/s) and requests/s over the step, average request latency (µs: request
+    duration increase / request increase). Rates are null in a bucket without samples
+    (no data, not zero traffic); latency is null in one without requests.
+    """
+    members: list[list[Interval]] = [[] for _ in range(buckets)]
+    for interval in intervals:
+        index = math.ceil((interval.end - start).total_seconds() / step_seconds) - 1
+        members[min(max(index, 0), buckets - 1)].append(interval)
+    points = []
+    for i, group in enumerate(members):
+        t = _totals(group)
+        requests = t["success_count"]
+        points.append(
+            {
+                "time": (start + timedelta(seconds=(i + 1) * step_seconds)).isoformat(),
+                "samples": len(group),
+                "inference_count": t["inference_count"],
+                "request_count": requests,
+                "execution_count": t["execution_count"],
+                "failures": t["failure_count"],
+                "throughput_inferences_per_second": t["inference_count"] / step_seconds if group else None,
+                "requests_per_second": requests / step_seconds if group else None,
+                "average_request_latency_us": t["request_duration_us"] / requests if requests else None,
+            }
+        )
+    return points
+
+
+# --- summaries (read only) -------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class ModelWindowStats:
-    """What one model did during a window.
+    """What one model did during a window: the sums of its interval increases.
 
-    throughput: inferences/s (an inference is one batch element); requests_per_second;
-    latency and queue/compute times: average microseconds per request; average_batch_size:
-    inferences per model execution; failures: failed requests in the window.
+    window_seconds: the time those intervals cover (from the first one's begin to the last
+    sample); throughput: inferences/s over it (an inference is one batch element);
+    requests_per_second; latency and queue/compute times: average microseconds per request;
+    average_batch_size: inferences per model execution; failures: failed requests.
     """
 
     model_name: str
@@ -107,73 +243,79 @@ class ModelWindowStats:
     failures: float
 
 
-def _delta(new: float, old: float) -> float:
-    return new - old if new >= old else new
+def _model_stats(key: tuple[str, str], intervals: list[Interval]) -> ModelWindowStats:
+    d = _totals(intervals)
+    covered = (intervals[-1].end - min(i.begin for i in intervals)).total_seconds() if intervals else 0.0
+    requests = d["success_count"]
+    compute = d["compute_input_duration_us"] + d["compute_infer_duration_us"] + d["compute_output_duration_us"]
+    return ModelWindowStats(
+        model_name=key[0],
+        model_version=key[1],
+        window_seconds=round(covered, 3),
+        inference_count=d["inference_count"],
+        request_count=requests,
+        execution_count=d["execution_count"],
+        throughput_inferences_per_second=_ratio(d["inference_count"], covered),
+        requests_per_second=_ratio(requests, covered),
+        average_request_latency_us=_ratio(d["request_duration_us"], requests),
+        average_queue_time_us=_ratio(d["queue_duration_us"], requests),
+        average_compute_time_us=_ratio(compute, requests),
+        average_compute_infer_time_us=_ratio(d["compute_infer_duration_us"], requests),
+        average_batch_size=_ratio(d["inference_count"], d["execution_count"]),
+        failures=d["failure_count"],
+    )
 
 
-def _ratio(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator else 0.0
+_COLUMNS = ("model_name", "model_version", "scraped_at", "counters_since", *FIELDS)
+
+
+def _reading(row: tuple) -> Reading:
+    return Reading(at=row[2], counters_since=row[3], counters=dict(zip(FIELDS, row[4:], strict=True)))
 
 
 def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
-    """Per-model throughput, latency, queue/compute time and batch size over the last `window_seconds`.
+    """Per-model totals and averages over the last `window_seconds`, and a fixed-step series.
 
-    Returns {"window_seconds", "models": [ModelWindowStats as dict], "series": [...]} where
-    `series` lists, per model, points between consecutive samples: time (ISO 8601),
-    throughput (inferences/s) and average request latency (µs). Raises InvalidInput
-    (field `window`) for a window outside 10..86400 s.
+    Reads stored samples only. The window is rounded up to whole steps (see
+    series_step_seconds; the step is CONCH_METRICS_SCRAPE_INTERVAL_SECONDS or a multiple).
+    Returns {"window_seconds", "step_seconds", "start", "end" (ISO 8601), "models":
+    [ModelWindowStats as dict], "series": [{"model_name", "model_version", "points":
+    [bucket_intervals point]}]}; each model's counts equal the sums over its points.
+    Raises InvalidInput (field `window`) for a window outside 10..86400 s.
     """
-    if not 10 <= window_seconds <= 86400:
-        raise InvalidInput("window must be between 10 and 86400 seconds.", field="window")
-    now = timezone.now()
-    start = now - timedelta(seconds=window_seconds)
-    samples = list(deployment.metric_samples.filter(scraped_at__gte=start).order_by("scraped_at"))
-    before = {}
-    for s in deployment.metric_samples.filter(scraped_at__lt=start).order_by("-scraped_at")[:50]:
-        before.setdefault((s.model_name, s.model_version), s)
-    by_model: dict[tuple[str, str], list[MetricSample]] = {}
-    for s in samples:
-        by_model.setdefault((s.model_name, s.model_version), []).append(s)
-    models, series = [], []
-    for key, rows in sorted(by_model.items()):
-        first = before.get(key, rows[0])
-        last = rows[-1]
-        elapsed = max((last.scraped_at - first.scraped_at).total_seconds(), 1e-9)
-        d = {f: _delta(getattr(last, f), getattr(first, f)) for f in FIELDS}
-        requests = d["success_count"]
-        compute = d["compute_input_duration_us"] + d["compute_infer_duration_us"] + d["compute_output_duration_us"]
-        stats = ModelWindowStats(
-            model_name=key[0],
-            model_version=key[1],
-            window_seconds=round(elapsed, 3) if last is not first else 0.0,
-            inference_count=d["inference_count"],
-            request_count=requests,
-            execution_count=d["execution_count"],
-            throughput_inferences_per_second=d["inference_count"] / elapsed if last is not first else 0.0,
-            requests_per_second=requests / elapsed if last is not first else 0.0,
-            average_request_latency_us=_ratio(d["request_duration_us"], requests),
-            average_queue_time_us=_ratio(d["queue_duration_us"], requests),
-            average_compute_time_us=_ratio(compute, requests),
-            average_compute_infer_time_us=_ratio(d["compute_infer_duration_us"], requests),
-            average_batch_size=_ratio(d["inference_count"], d["execution_count"]),
-            failures=d["failure_count"],
+    if not MIN_WINDOW_SECONDS <= window_seconds <= MAX_WINDOW_SECONDS:
+        raise InvalidInput(
+            f"window must be between {MIN_WINDOW_SECONDS} and {MAX_WINDOW_SECONDS} seconds.", field="window"
         )
-        models.append(asdict(stats))
-        points = []
-        chain = ([before[key]] if key in before else []) + rows
-        for prev, cur in zip(chain, chain[1:], strict=False):
-            dt = (cur.scraped_at - prev.scraped_at).total_seconds()
-            if dt <= 0:
-                continue
-            n = _delta(cur.success_count, prev.success_count)
-            points.append(
-                {
-                    "time": cur.scraped_at.isoformat(),
-                    "throughput_inferences_per_second": _delta(cur.inference_count, prev.inference_count) / dt,
-                    "average_request_latency_us": (
-                        _delta(cur.request_duration_us, prev.request_duration_us) / n if n else 0.0
-                    ),
-                }
-            )
+    step = series_step_seconds(window_seconds, settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS)
+    buckets = math.ceil(window_seconds / step - 1e-9)
+    end = timezone.now()
+    start = end - timedelta(seconds=buckets * step)
+    samples = deployment.metric_samples.all()
+    by_model: dict[tuple[str, str], list[Reading]] = {}
+    rows = samples.filter(scraped_at__gt=start, scraped_at__lte=end).order_by(
+        "model_name", "model_version", "scraped_at", "pk"
+    )
+    for row in rows.values_list(*_COLUMNS):
+        by_model.setdefault((row[0], row[1]), []).append(_reading(row))
+    models, series = [], []
+    for key, readings in sorted(by_model.items()):
+        baseline = (
+            samples.filter(model_name=key[0], model_version=key[1], scraped_at__lte=start)
+            .order_by("-scraped_at", "-pk")
+            .values_list(*_COLUMNS)
+            .first()
+        )
+        chain = ([_reading(baseline)] if baseline else []) + readings
+        intervals = window_intervals(chain, start=start)
+        models.append(asdict(_model_stats(key, intervals)))
+        points = bucket_intervals(intervals, start=start, step_seconds=step, buckets=buckets)
         series.append({"model_name": key[0], "model_version": key[1], "points": points})
-    return {"window_seconds": window_seconds, "models": models, "series": series}
+    return {
+        "window_seconds": window_seconds,
+        "step_seconds": step,
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "models": models,
+        "series": series,
+    }

@@ -97,7 +97,7 @@ def test_upload_build_deploy_infer_and_observe(alice, celery_worker_thread):
             rtol=1e-4,
             atol=1e-5,
         )
-    # metrics count those inferences (a baseline sample was taken when it became ready)
+    # once the periodic scrape has run, the metrics count those inferences (its first sample counts from zero)
     assert scrape_ready_deployments() >= 1
     metrics = api.get(f"/api/v1/deployments/{deployment['id']}/metrics?window=300").json()
     [model] = metrics["models"]

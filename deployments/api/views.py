@@ -65,9 +65,13 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     @extend_schema(
         parameters=[OpenApiParameter("window", int, description="Seconds to look back (10..86400).")],
         responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 404: ErrorSerializer},
-        description="Per model over the window: throughput (inferences/s), requests/s, average request latency, "
-        "queue and compute time (µs), average batch size (inferences per execution), failures; from deltas of "
-        "Triton's cumulative counters. `series` holds points between consecutive samples for charts.",
+        description="Per model over the window: inference, request and execution counts, failures, throughput "
+        "(inferences/s), requests/s, average request latency, queue and compute time (µs), average batch size "
+        "(inferences per execution). Read from the samples the periodic scrape stores (every "
+        "CONCH_METRICS_SCRAPE_INTERVAL_SECONDS); this request does not scrape. Figures are sums of the increases "
+        "of Triton's cumulative counters between consecutive samples (an interval in which Triton restarted counts "
+        "from zero). `series` holds, per model, one point per `step_seconds` (window/60 rounded up to whole scrape "
+        "intervals) with the counts closed in that step, their rates and latency; the counts add up to `models`.",
     )
     @action(detail=True, methods=["get"], url_path="metrics")
     def metrics(self, request: Request, pk: str) -> Response:
@@ -76,7 +80,4 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             window = int(raw)
         except ValueError:
             raise InvalidInput("window must be a whole number of seconds.", field="window") from None
-        deployment = self.get_object()
-        # Scrape now, so inferences of the last few seconds count without waiting for the beat.
-        observe.refresh_samples(deployment=deployment)
-        return Response(observe.summarize(deployment=deployment, window_seconds=window))
+        return Response(observe.summarize(deployment=self.get_object(), window_seconds=window))

@@ -7,8 +7,10 @@
   const windowSeconds = 300;
   const svgNs = "http://www.w3.org/2000/svg";
 
-  function draw(svg, points, key) {
+  function draw(svg, allPoints, key) {
     while (svg.firstChild) svg.removeChild(svg.firstChild);
+    // A step without samples (or, for latency, without requests) has a null value: no data, not zero.
+    const points = allPoints.filter(p => p[key] !== null);
     const width = 600, height = 180, pad = 30;
     if (points.length === 0) {
       const text = document.createElementNS(svgNs, "text");
@@ -57,7 +59,8 @@
       const body = await response.json();
       const model = body.models[0];
       const points = body.series.length ? body.series[0].points : [];
-      const latest = points.length ? points[points.length - 1] : null;
+      const measured = points.filter(p => p.samples > 0);
+      const latest = measured.length ? measured[measured.length - 1] : null;
       const summary = document.getElementById("summary");
       if (model) {
         summary.innerHTML = "";

@@ -1,14 +1,35 @@
-"""Metrics: parsing Triton's Prometheus text, window summaries from counter deltas, pruning."""
+"""Metrics: parsing Triton's Prometheus text, per-interval increases, window summaries and series, pruning.
+
+The last test scrapes a real Triton across a restart of it.
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import os
+import random
+import signal
+import time
+from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
+from deployments import services, tasks
 from deployments.models import Deployment, MetricSample
-from deployments.observe import prune_metric_samples, summarize
+from deployments.observe import (
+    FIELDS,
+    Interval,
+    Reading,
+    bucket_intervals,
+    interval_increase,
+    prune_metric_samples,
+    series_step_seconds,
+    summarize,
+    window_intervals,
+)
+from deployments.runtimes.local import LocalServerState
+from tritonserving import server as triton_server
 from tritonserving.metrics import parse_triton_metrics
 
 TRITON_TEXT = """\
@@ -68,29 +89,123 @@ def deployment(built_classifier, alice):
     )
 
 
-def _sample(deployment, seconds_ago, **values):
-    fields = {
-        f: 0.0
-        for f in (
-            "success_count",
-            "failure_count",
-            "inference_count",
-            "execution_count",
-            "request_duration_us",
-            "queue_duration_us",
-            "compute_input_duration_us",
-            "compute_infer_duration_us",
-            "compute_output_duration_us",
-        )
-    }
+def _sample(deployment, seconds_ago, *, counters_since=None, now=None, **values):
+    fields = {f: 0.0 for f in FIELDS}
     fields.update(values)
     return MetricSample.objects.create(
         deployment=deployment,
-        scraped_at=timezone.now() - timedelta(seconds=seconds_ago),
+        scraped_at=(now or timezone.now()) - timedelta(seconds=seconds_ago),
+        counters_since=counters_since,
         model_name="classifier",
         model_version="1",
         **fields,
     )
+
+
+# --- the increase rule (pure) ---------------------------------------------------------
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _reading(seconds: float, since: float | None = 0.0, **values: float) -> Reading:
+    counters = {f: 0.0 for f in FIELDS}
+    counters.update(values)
+    return Reading(
+        at=T0 + timedelta(seconds=seconds),
+        counters_since=None if since is None else T0 + timedelta(seconds=since),
+        counters=counters,
+    )
+
+
+def test_increase_is_the_difference_while_the_model_stays_loaded():
+    increase = interval_increase(
+        _reading(0, success_count=10, request_duration_us=900), _reading(5, success_count=13, request_duration_us=1200)
+    )
+    assert increase["success_count"] == 3
+    assert increase["request_duration_us"] == 300
+    assert increase["failure_count"] == 0
+
+
+def test_increase_counts_from_zero_when_a_counter_went_down():
+    # Triton restarted: its counters began again at zero; the load time is not known here
+    previous = _reading(0, since=None, success_count=500, request_duration_us=90000)
+    current = _reading(5, since=None, success_count=4, request_duration_us=100000)
+    increase = interval_increase(previous, current)
+    assert increase["success_count"] == 4
+    # every field of that interval counts from zero, not only the one that went down
+    assert increase["request_duration_us"] == 100000
+
+
+def test_increase_counts_from_zero_after_a_reload_even_when_counters_grew_past_the_old_values():
+    previous = _reading(0, since=0, success_count=2, inference_count=2)
+    current = _reading(5, since=3, success_count=3, inference_count=3)
+    assert interval_increase(previous, current)["success_count"] == 3
+
+
+def test_an_unknown_load_time_is_no_reason_to_count_from_zero():
+    previous = _reading(0, since=None, success_count=2)
+    current = _reading(5, since=3, success_count=3)
+    assert interval_increase(previous, current)["success_count"] == 1
+
+
+def test_a_first_sample_counts_from_zero_when_its_model_loaded_inside_the_window():
+    start = T0 + timedelta(seconds=100)
+    [interval] = window_intervals([_reading(130, since=120, success_count=7)], start=start)
+    assert (interval.begin, interval.increase["success_count"]) == (T0 + timedelta(seconds=120), 7)
+
+
+def test_a_first_sample_whose_model_loaded_before_the_window_is_only_a_baseline():
+    # some of its 7 requests may have been answered before the window: none is counted
+    start = T0 + timedelta(seconds=100)
+    readings = [_reading(130, since=50, success_count=7), _reading(135, since=50, success_count=9)]
+    [interval] = window_intervals(readings, start=start)
+    assert interval.increase["success_count"] == 2
+    assert window_intervals([_reading(130, since=None, success_count=7)], start=start) == []
+
+
+def test_window_increases_add_up_across_restarts():
+    # given a baseline before the window, then a restart that went unnoticed by the counters (3 >= 2)
+    # and one where they went down
+    start = T0 + timedelta(seconds=100)
+    readings = [
+        _reading(95, since=0, success_count=40),
+        _reading(105, since=0, success_count=42),  # +2
+        _reading(115, since=110, success_count=3),  # restarted at 110: +3
+        _reading(125, since=110, success_count=5),  # +2
+        _reading(135, since=None, success_count=1),  # restarted again (load time unknown): +1
+    ]
+    intervals = window_intervals(readings, start=start)
+    assert [i.increase["success_count"] for i in intervals] == [2, 3, 2, 1]
+    assert intervals[0].begin == T0 + timedelta(seconds=95)
+
+
+@pytest.mark.parametrize(
+    ("window", "interval", "step"),
+    [(10, 5.0, 5.0), (300, 5.0, 5.0), (301, 5.0, 10.0), (3600, 5.0, 60.0), (86400, 5.0, 1440.0), (300, 7.0, 7.0)],
+)
+def test_series_step_is_a_sixtieth_of_the_window_in_whole_scrape_intervals(window, interval, step):
+    assert series_step_seconds(window, interval) == step
+
+
+def test_buckets_hold_the_intervals_that_end_in_them():
+    start = T0
+    counters = {f: 0.0 for f in FIELDS}
+
+    def closed_at(seconds, requests, duration):
+        increase = {**counters, "success_count": requests, "inference_count": requests, "request_duration_us": duration}
+        return Interval(begin=T0, end=T0 + timedelta(seconds=seconds), increase=increase)
+
+    points = bucket_intervals(
+        [closed_at(5, 1, 100), closed_at(7, 2, 500), closed_at(10, 1, 300)], start=start, step_seconds=10, buckets=3
+    )
+    assert [p["request_count"] for p in points] == [4, 0, 0]
+    assert [p["samples"] for p in points] == [3, 0, 0]
+    assert points[0]["throughput_inferences_per_second"] == pytest.approx(0.4)
+    assert points[0]["average_request_latency_us"] == pytest.approx(225)
+    # a step without samples has no data, which is not zero traffic
+    assert points[1]["throughput_inferences_per_second"] is None
+    assert points[1]["average_request_latency_us"] is None
+    assert points[2]["time"] == (T0 + timedelta(seconds=30)).isoformat()
 
 
 @pytest.mark.django_db
@@ -144,6 +259,52 @@ def test_summary_restarts_deltas_after_a_counter_reset(deployment):
 
 
 @pytest.mark.django_db
+def test_summary_totals_equal_the_sums_over_a_downsampled_series(deployment, settings):
+    # given an hour of samples every 5 s, with traffic, failures and two Triton restarts
+    settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = 5.0
+    rng = random.Random(7)
+    now = timezone.now()
+    since = now - timedelta(seconds=4000)
+    values = dict.fromkeys(FIELDS, 0.0)
+    _sample(deployment, 3602, counters_since=since, now=now, **values)  # baseline, before the window
+    expected = dict.fromkeys(("success_count", "inference_count", "failure_count"), 0.0)
+    for seconds_ago in range(3598, 0, -5):
+        if seconds_ago in (2398, 698):  # Triton restarted just before this sample
+            since = now - timedelta(seconds=seconds_ago + 1)
+            values = dict.fromkeys(FIELDS, 0.0)
+        requests = rng.randint(0, 4)
+        failures = rng.randint(0, 1)
+        values["success_count"] += requests
+        values["inference_count"] += 2 * requests
+        values["execution_count"] += requests
+        values["failure_count"] += failures
+        values["request_duration_us"] += 1000.0 * requests
+        expected["success_count"] += requests
+        expected["inference_count"] += 2 * requests
+        expected["failure_count"] += failures
+        _sample(deployment, seconds_ago, counters_since=since, now=now, **values)
+    # when an hour is summarized
+    summary = summarize(deployment=deployment, window_seconds=3600)
+    [stats] = summary["models"]
+    [series] = summary["series"]
+    points = series["points"]
+    # then 720 samples come back as 60 one-minute steps
+    assert summary["step_seconds"] == 60
+    assert len(points) == 60
+    assert sum(p["samples"] for p in points) == 720
+    # and the summary holds every request, restarts included, as do the steps added up
+    assert stats["request_count"] == expected["success_count"]
+    assert stats["inference_count"] == expected["inference_count"]
+    assert stats["failures"] == expected["failure_count"]
+    assert sum(p["request_count"] for p in points) == stats["request_count"]
+    assert sum(p["inference_count"] for p in points) == stats["inference_count"]
+    assert sum(p["execution_count"] for p in points) == stats["execution_count"]
+    assert sum(p["failures"] for p in points) == stats["failures"]
+    busy = [p for p in points if p["request_count"]]
+    assert all(p["average_request_latency_us"] == pytest.approx(1000) for p in busy)
+
+
+@pytest.mark.django_db
 def test_metrics_api_rejects_a_bad_window(alice, deployment):
     for window in ("abc", "5", "100000"):
         response = alice.client.get(f"/api/v1/deployments/{deployment.pk}/metrics?window={window}")
@@ -179,3 +340,59 @@ def test_deployment_page_requires_login_and_shows_status(client, alice, deployme
 def test_deployment_page_of_another_team_is_404(client, bob, deployment):
     client.force_login(bob.user)
     assert client.get(f"/deployments/{deployment.pk}/").status_code == 404
+
+
+def _wait_until_dead(pid: int, create_time: float) -> None:
+    deadline = time.monotonic() + 30
+    while triton_server.is_alive(pid, create_time) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+@pytest.mark.django_db
+def test_metrics_window_across_a_real_triton_restart_counts_every_request(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
+):
+    # given a ready deployment on a real Triton
+    body = {"name": "web", "team": alice.team.slug, "model_version": built_classifier.pk, "runtime": "local"}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post("/api/v1/deployments/", body, format="json")
+    row = Deployment.objects.get(pk=response.json()["id"])
+    assert row.status == "ready", row.error
+    x = np.zeros((1, 3, 224, 224), dtype=np.float32)
+    request = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    url = f"/api/v1/deployments/{row.pk}/"
+
+    def infer(times: int) -> None:
+        for _ in range(times):
+            assert alice.client.post(url + "infer", request, format="json").status_code == 200
+
+    def window_requests() -> float:
+        [stats] = alice.client.get(url + "metrics?window=300").json()["models"]
+        return stats["request_count"]
+
+    # when it answers 2 requests and the periodic scrape runs
+    infer(2)
+    assert tasks.scrape_metrics() == 1
+    assert window_requests() == 2
+    # then a metrics read only reads: the request answered since that scrape is not stored by it
+    infer(1)
+    stored = MetricSample.objects.count()
+    assert window_requests() == 2
+    assert MetricSample.objects.count() == stored
+    # when its Triton dies and is started again, answers 4 more requests and is scraped
+    tasks.scrape_metrics()
+    server = LocalServerState.from_state(row.runtime_state)
+    os.kill(server.pid, signal.SIGKILL)
+    _wait_until_dead(server.pid, server.create_time)
+    with django_capture_on_commit_callbacks(execute=True):  # reconcile sees it dead and restarts it
+        assert services.reconcile_deployments()["failed"] == 1
+    row.refresh_from_db()
+    assert row.status == "ready", row.error
+    infer(4)
+    assert tasks.scrape_metrics() == 1
+    # then the window holds all 7, although the new Triton's counter (4) is above the old one (3)
+    summary = alice.client.get(url + "metrics?window=300").json()
+    [stats] = summary["models"]
+    assert (stats["request_count"], stats["inference_count"]) == (7, 7)
+    assert sum(p["request_count"] for p in summary["series"][0]["points"]) == 7
+    services.stop_deployment(deployment_id=row.pk)

@@ -188,6 +188,8 @@ def test_a_verify_server_whose_build_process_died_is_stopped(settings):
                 backend_root=backend_root,
             )
         )
+    for server in servers:  # exec'd and up, as a build's verify server is
+        triton_server.wait_until_ready(server, timeout_s=60)
     mine, abandoned = servers
     # when the sweep runs (reconcile calls it)
     stopped = stop_verify_servers(only_abandoned=True)
