@@ -6,7 +6,9 @@ from celery import shared_task
 
 from deployments import observe, services
 
-_COMMON = {"acks_late": True, "reject_on_worker_lost": True, "max_retries": 3}
+# No max_retries: these tasks never retry (no autoretry_for, no self.retry); a failed start is retried by
+# the periodic reconcile instead.
+_COMMON = {"acks_late": True, "reject_on_worker_lost": True}
 
 
 @shared_task(name="deployments.start_deployment", **_COMMON)
