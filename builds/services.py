@@ -334,8 +334,9 @@ def sweep_stalled_versions() -> dict[str, int]:
     - `building` with no heartbeat for CONCH_BUILD_STALE_SECONDS: the worker stopped mid-build. The next
       attempt is queued, until CONCH_BUILD_MAX_ATTEMPTS attempts were lost that way; then the version
       fails with a message saying so and that rebuild retries. (`requeued`, `failed`)
-    - `queued` for CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it: the message was lost.
-      The next attempt is queued; this does not count as a lost attempt. (`requeued_unclaimed`)
+    - `queued` for CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it: the message was lost, or
+      waits in a deep queue. The same attempt is sent again (a duplicate is skipped by whichever copy comes
+      second); this does not count as a lost attempt. (`requeued_unclaimed`)
     - `uploading` with no bytes for CONCH_UPLOAD_STALE_SECONDS: the row, the stored object and any open
       multipart upload are removed. (`aborted_uploads`)
     """

@@ -363,20 +363,20 @@ def recover_stalled_build(
 
 
 def requeue_unclaimed_build(*, version_id: int, queued_before: datetime) -> ModelVersion | None:
-    """Start the next attempt of a version `queued` since before `queued_before` that no worker claimed.
+    """Restart the wait of a version `queued` since before `queued_before` that no worker claimed.
 
-    Its task message was lost (kombu's filesystem transport deletes a message when a worker reads it, and a
-    worker killed before claiming it takes it along). The attempt number moves on, so the old message, if it
-    does arrive, is skipped. Returns the version (the caller queues the build in the same transaction), or
-    None when it is no longer unclaimed.
+    Its task message was probably lost (kombu's filesystem transport deletes a message when a worker reads
+    it, and a worker killed before claiming it takes it along); the caller sends the same attempt again in
+    the same transaction. If the first message was only slow (a deep queue), whichever arrives second finds
+    the attempt building or done and is skipped (`claim_build`), and the version keeps its place in the queue.
+    Returns the version, or None when it is no longer unclaimed.
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
         if version is None or version.status != VersionStatus.QUEUED or not _heartbeat_before(version, queued_before):
             return None
-        version.build_attempt += 1
         version.heartbeat_at = timezone.now()
-        version.save(update_fields=["build_attempt", "heartbeat_at"])
+        version.save(update_fields=["heartbeat_at"])
     return version
 
 

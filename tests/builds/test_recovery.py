@@ -6,6 +6,7 @@ heartbeat and no task runs it. Builds the sweeper queues run inline (eager Celer
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -14,7 +15,13 @@ from django.utils import timezone
 
 from builds.choices import StepName, StepStatus
 from builds.models import BuildStep
-from builds.services import collect_repository_garbage, reset_steps, run_build, sweep_stalled_versions
+from builds.services import (
+    BuildHeartbeat,
+    collect_repository_garbage,
+    reset_steps,
+    run_build,
+    sweep_stalled_versions,
+)
 from conch.errors import Conflict
 from models_registry import services as registry
 from models_registry.choices import VersionStatus
@@ -120,11 +127,11 @@ def test_queued_build_whose_message_was_lost_is_queued_again_and_ends_built(
     # when the sweeper runs
     with django_capture_on_commit_callbacks(execute=True):
         counts = sweep_stalled_versions()
-    # then it was queued as the next attempt, which built; a lost message is not a lost attempt
+    # then the attempt was sent again and built; a lost message is not a lost attempt
     assert counts == {**NOTHING_DONE, "requeued_unclaimed": 1}
     version.refresh_from_db()
-    assert (version.status, version.build_attempt, version.lost_attempts) == ("built", 2, 0)
-    # and the lost message, should it turn up after all, is skipped
+    assert (version.status, version.build_attempt, version.lost_attempts) == ("built", 1, 0)
+    # and the first message, should it turn up after all, is skipped
     assert run_build(version_id=version.pk, attempt=1) == "skipped"
 
 
@@ -216,6 +223,30 @@ def test_upload_heartbeat_moves_only_while_uploading(alice):
     registry.touch_upload(version_id=version.pk)
     version.refresh_from_db()
     assert version.heartbeat_at == old
+
+
+@pytest.mark.django_db(transaction=True)
+def test_build_heartbeat_beats_from_its_thread_and_stops_when_superseded(alice):
+    # given a version a worker is building, its heartbeat long ago
+    model = RegisteredModel.objects.create(team=alice.team, name="classifier")
+    old = timezone.now() - LONG_AGO
+    version = ModelVersion.objects.create(
+        model=model, number=1, status=VersionStatus.BUILDING, build_attempt=1, heartbeat_at=old
+    )
+    with BuildHeartbeat(version_id=version.pk, attempt=1, interval_s=0.05) as heartbeat:
+        # when the build runs, its heartbeat moves without the build doing anything
+        deadline = time.monotonic() + 30
+        while ModelVersion.objects.get(pk=version.pk).heartbeat_at == old:
+            assert time.monotonic() < deadline, "no heartbeat was written"
+            time.sleep(0.05)
+        # and once a rebuild supersedes the attempt, the thread stops by itself
+        ModelVersion.objects.filter(pk=version.pk).update(build_attempt=2, status=VersionStatus.QUEUED)
+        heartbeat._thread.join(timeout=30)
+        assert not heartbeat._thread.is_alive()
+    # then the superseded attempt never moved the new attempt's heartbeat past the rebuild
+    stopped_at = ModelVersion.objects.get(pk=version.pk).heartbeat_at
+    assert registry.record_build_heartbeat(version_id=version.pk, attempt=1) is False
+    assert ModelVersion.objects.get(pk=version.pk).heartbeat_at == stopped_at
 
 
 # --- rebuild of a stalled build ----------------------------------------------------------------------------------
