@@ -24,3 +24,9 @@ def build_version(self, version_id: int, attempt: int) -> str:
             services.fail_build_after_retries(version_id=version_id, attempt=attempt, detail=exc.detail)
             return "failed"
         raise self.retry(exc=exc, countdown=min(60, 5 * 2**self.request.retries)) from exc
+
+
+@shared_task(name="builds.sweep_stalled_versions")
+def sweep_stalled_versions() -> dict[str, int]:
+    """Periodic: recover builds whose worker stopped or whose message was lost; abort stale uploads."""
+    return services.sweep_stalled_versions()

@@ -1,15 +1,40 @@
-"""The Celery application: configuration from Django settings (CELERY_*) and the beat schedule."""
+"""The Celery application: configuration from Django settings (CELERY_*), queues, routes and the beat schedule.
+
+Two queues: `celery` (builds, deployment starts and stops: minutes long) and `periodic` (the beat tasks:
+reconcile, metrics, the sweeper of stuck builds and uploads). Periodic tasks go to their own queue and
+expire after about one period, so they never pile up behind a long build, and a worker that was away
+does not run a backlog of stale copies. Every worker consumes both (`-Q celery,periodic`, which is also
+what a worker started without `-Q` consumes, since both queues are declared here).
+"""
 
 from __future__ import annotations
 
 import os
 
 from celery import Celery
+from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
 
+DEFAULT_QUEUE = "celery"
+PERIODIC_QUEUE = "periodic"
+#: Tasks the beat schedule sends; they are routed to PERIODIC_QUEUE.
+PERIODIC_TASKS = (
+    "deployments.reconcile_deployments",
+    "deployments.scrape_metrics",
+    "deployments.prune_metric_samples",
+    "builds.sweep_stalled_versions",
+    "deployments.collect_repository_garbage",
+)
+
 app = Celery("conch")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_default_queue = DEFAULT_QUEUE
+app.conf.task_queues = (
+    Queue(DEFAULT_QUEUE, routing_key=DEFAULT_QUEUE),
+    Queue(PERIODIC_QUEUE, routing_key=PERIODIC_QUEUE),
+)
+app.conf.task_routes = {name: {"queue": PERIODIC_QUEUE} for name in PERIODIC_TASKS}
 app.autodiscover_tasks()
 
 
@@ -17,18 +42,19 @@ app.autodiscover_tasks()
 def _install_beat_schedule(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
-    sender.add_periodic_task(
-        settings.CONCH_RECONCILE_INTERVAL_SECONDS,
-        sender.signature("deployments.reconcile_deployments"),
-        name="reconcile local deployments",
+    schedule = (
+        (settings.CONCH_RECONCILE_INTERVAL_SECONDS, "deployments.reconcile_deployments", "reconcile local deployments"),
+        (settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS, "deployments.scrape_metrics", "scrape Triton metrics"),
+        (300.0, "deployments.prune_metric_samples", "prune old metric samples"),
+        (settings.CONCH_SWEEP_INTERVAL_SECONDS, "builds.sweep_stalled_versions", "recover stuck builds and uploads"),
+        (900.0, "deployments.collect_repository_garbage", "delete repositories no build or deployment uses"),
     )
-    sender.add_periodic_task(
-        settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS,
-        sender.signature("deployments.scrape_metrics"),
-        name="scrape Triton metrics",
-    )
-    sender.add_periodic_task(
-        300.0,
-        sender.signature("deployments.prune_metric_samples"),
-        name="prune old metric samples",
-    )
+    for period_s, task_name, title in schedule:
+        # A copy not started within one period is dropped (the next one is already on its way).
+        sender.add_periodic_task(
+            period_s,
+            sender.signature(task_name),
+            name=title,
+            expires=period_s,
+            queue=PERIODIC_QUEUE,
+        )

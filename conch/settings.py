@@ -157,6 +157,28 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CONCH_RECONCILE_INTERVAL_SECONDS = env("CONCH_RECONCILE_INTERVAL_SECONDS", 10.0, cast=float)
 CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = env("CONCH_METRICS_SCRAPE_INTERVAL_SECONDS", 5.0, cast=float)
 CONCH_METRICS_RETENTION_SECONDS = env("CONCH_METRICS_RETENTION_SECONDS", 86400, cast=int)
+# The sweeper (builds.sweep_stalled_versions) recovers stuck builds and uploads every this many seconds.
+CONCH_SWEEP_INTERVAL_SECONDS = env("CONCH_SWEEP_INTERVAL_SECONDS", 30.0, cast=float)
+
+# --- Heartbeats of builds and uploads (seconds) ------------------------------------
+# A running build writes its heartbeat at each step and this often in between.
+CONCH_BUILD_HEARTBEAT_SECONDS = env("CONCH_BUILD_HEARTBEAT_SECONDS", 5.0, cast=float)
+# A build with no heartbeat for this long lost its worker: the sweeper queues its next attempt.
+CONCH_BUILD_STALE_SECONDS = env("CONCH_BUILD_STALE_SECONDS", 60.0, cast=float)
+# A build whose worker was lost this many times in a row fails (with a message; rebuild retries).
+CONCH_BUILD_MAX_ATTEMPTS = env("CONCH_BUILD_MAX_ATTEMPTS", 3, cast=int)
+# A build queued this long without a worker claiming it lost its message: the sweeper queues it again.
+CONCH_BUILD_QUEUED_STALE_SECONDS = env("CONCH_BUILD_QUEUED_STALE_SECONDS", 300.0, cast=float)
+# An upload records progress at most this often while bytes stream in.
+CONCH_UPLOAD_HEARTBEAT_SECONDS = env("CONCH_UPLOAD_HEARTBEAT_SECONDS", 5.0, cast=float)
+# An upload with no bytes for this long is given up: row, stored object and open multipart upload removed.
+CONCH_UPLOAD_STALE_SECONDS = env("CONCH_UPLOAD_STALE_SECONDS", 600.0, cast=float)
+# Repositories of superseded build attempts are garbage-collected once their version was idle this long.
+CONCH_REPOSITORY_GC_GRACE_SECONDS = env("CONCH_REPOSITORY_GC_GRACE_SECONDS", 3600.0, cast=float)
+if not CONCH_BUILD_HEARTBEAT_SECONDS < CONCH_BUILD_STALE_SECONDS:
+    raise ImproperlyConfigured("CONCH_BUILD_HEARTBEAT_SECONDS must be smaller than CONCH_BUILD_STALE_SECONDS.")
+if CONCH_BUILD_MAX_ATTEMPTS < 1:
+    raise ImproperlyConfigured("CONCH_BUILD_MAX_ATTEMPTS must be at least 1.")
 
 # --- Object store ---------------------------------------------------------------
 CONCH_STORAGE_URL = env("CONCH_STORAGE_URL", (VAR_DIR / "storage").as_uri())

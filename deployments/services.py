@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from builds import services as builds
 from builds.model_config import apply_deployment_overrides
 from builds.services import stop_verify_servers
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
@@ -464,6 +465,17 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
         if updated:
             _queue_task("deployments.start_deployment", deployment.pk)
     return bool(updated)
+
+
+def collect_repository_garbage() -> int:
+    """Delete repository prefixes of old build attempts that no deployment pins (see
+    `builds.services.collect_repository_garbage`); returns how many prefixes were deleted."""
+    pinned = set(
+        Deployment.objects.exclude(status=DeploymentStatus.STOPPED)
+        .exclude(repository_prefix="")
+        .values_list("repository_prefix", flat=True)
+    )
+    return builds.collect_repository_garbage(keep=pinned)
 
 
 def stop_all_local_servers() -> int:

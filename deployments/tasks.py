@@ -6,7 +6,9 @@ from celery import shared_task
 
 from deployments import observe, services
 
-_COMMON = {"acks_late": True, "reject_on_worker_lost": True, "max_retries": 3}
+# No max_retries: these tasks never retry (no autoretry_for, no self.retry); a failed start is retried by
+# the periodic reconcile instead.
+_COMMON = {"acks_late": True, "reject_on_worker_lost": True}
 
 
 @shared_task(name="deployments.start_deployment", **_COMMON)
@@ -37,3 +39,9 @@ def scrape_metrics() -> int:
 def prune_metric_samples() -> int:
     """Periodic: delete metric samples older than the retention."""
     return observe.prune_metric_samples()
+
+
+@shared_task(name="deployments.collect_repository_garbage", **_COMMON)
+def collect_repository_garbage() -> int:
+    """Periodic: delete build repositories that neither their version nor any deployment uses."""
+    return services.collect_repository_garbage()

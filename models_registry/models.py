@@ -27,9 +27,15 @@ class RegisteredModel(models.Model):
 class ModelVersion(models.Model):
     """One uploaded file of a model, numbered 1, 2, 3… per model, and the result of its build.
 
-    `source_key` is where the uploaded bytes live in the object store; `repository_prefix`
-    is the Triton model repository the build wrote (`<prefix>/<model name>/config.pbtxt`,
-    `<prefix>/<model name>/<number>/model.onnx`).
+    `source_key` is where the uploaded bytes live in the object store. Each build attempt writes its
+    own Triton model repository under its own prefix and never touches another attempt's;
+    `repository_prefix` is the one of the latest successful build (`<prefix>/<model name>/config.pbtxt`,
+    `<prefix>/<model name>/<number>/model.onnx`), empty until a build succeeds.
+
+    `heartbeat_at` is the last sign of life of the current phase: while `uploading`, when bytes last
+    arrived; while `queued`, when it was queued; while `building`, the worker's last heartbeat. The
+    sweeper (`builds.services.sweep_stalled_versions`) acts on versions whose heartbeat is too old.
+    `lost_attempts` counts the attempts of the current build whose worker stopped mid-build.
     """
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")
@@ -46,6 +52,8 @@ class ModelVersion(models.Model):
     signature = models.JSONField(null=True, blank=True)
     config_pbtxt = models.TextField(blank=True)
     repository_prefix = models.CharField(max_length=500, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    lost_attempts = models.PositiveSmallIntegerField(default=0)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     built_at = models.DateTimeField(null=True, blank=True)
@@ -53,6 +61,8 @@ class ModelVersion(models.Model):
     class Meta:
         ordering = ["model_id", "number"]
         constraints = [models.UniqueConstraint(fields=["model", "number"], name="modelversion_unique_model_number")]
+        # The sweeper's query: versions in one status whose heartbeat is older than a bound.
+        indexes = [models.Index(fields=["status", "heartbeat_at"], name="modelversion_status_heartbeat")]
 
     def __str__(self) -> str:
         return f"{self.model}:{self.number}"

@@ -1,20 +1,24 @@
-"""Model registry rules: naming, race-free version numbers, upload bookkeeping, rebuilds.
+"""Model registry rules: naming, race-free version numbers, upload bookkeeping, rebuilds, heartbeats.
 
 The bytes themselves go through `models_registry.storage` (the object-store adapter);
 builds are run by the `builds` app, which reports back through `record_build_*` here.
+Every status change of a version happens here, under a row lock; the `builds` app's sweeper
+decides when a version has stalled and calls `recover_stalled_build`, `requeue_unclaimed_build`
+and `abort_stale_uploads`.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
-from conch.errors import Conflict, InvalidInput, NotFound
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
@@ -29,9 +33,18 @@ def source_key(*, model_id: int, number: int) -> str:
     return f"models/{model_id}/versions/{number}/source/model.onnx"
 
 
-def repository_prefix(*, model_id: int, number: int) -> str:
-    """Object-store prefix of the Triton model repository a version's build writes."""
+def repositories_root(*, model_id: int, number: int) -> str:
+    """Object-store folder holding the repositories of every build attempt of a version."""
     return f"models/{model_id}/versions/{number}/repository"
+
+
+def repository_prefix(*, model_id: int, number: int, attempt: int = 1) -> str:
+    """Object-store prefix of the Triton model repository build `attempt` of a version writes.
+
+    One prefix per attempt (`.../repository/attempt-<k>`), so a rebuild never rewrites what a running
+    deployment serves; `attempt` is the version's `build_attempt` (1 for its first build).
+    """
+    return f"{repositories_root(model_id=model_id, number=number)}/attempt-{attempt}"
 
 
 def visible_models(*, user: AbstractBaseUser) -> QuerySet[RegisteredModel]:
@@ -90,9 +103,53 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser | None) ->
             number=number,
             status=VersionStatus.UPLOADING,
             source_key=source_key(model_id=model.pk, number=number),
-            repository_prefix=repository_prefix(model_id=model.pk, number=number),
+            heartbeat_at=timezone.now(),
             created_by=user,
         )
+
+
+def touch_upload(*, version_id: int) -> None:
+    """Record that bytes of a version's upload are still arriving (its heartbeat while `uploading`).
+
+    The upload handler calls this as the body streams (throttled); `abort_stale_uploads` removes
+    uploads whose heartbeat stopped.
+    """
+    ModelVersion.objects.filter(pk=version_id, status=VersionStatus.UPLOADING).update(heartbeat_at=timezone.now())
+
+
+def abort_stale_uploads(*, stale_before: datetime) -> int:
+    """Remove versions still `uploading` whose last bytes arrived before `stale_before`; return how many.
+
+    Such an upload's web worker died or was stopped mid-body (Ctrl-C, a killed gunicorn worker). For each:
+    the open multipart upload of its source key is aborted and any stored object deleted (no lock is held
+    while the store is called), then the row is deleted if it is still `uploading` and stale. A store that
+    fails leaves the row for the next sweep (logged, not raised).
+    """
+    stale = ModelVersion.objects.filter(status=VersionStatus.UPLOADING).filter(
+        Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True)
+    )
+    store = get_object_store()
+    removed = 0
+    for version_id, key in stale.values_list("pk", "source_key"):
+        try:
+            aborted = store.abort_multipart_uploads(key)
+            store.delete(key)
+        except ConchError as error:
+            log.warning("upload.abort_stale.failed", extra={"version_id": version_id, "error": error.detail})
+            continue
+        with transaction.atomic():
+            deleted, _ = (
+                ModelVersion.objects.filter(pk=version_id, status=VersionStatus.UPLOADING)
+                .filter(Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True))
+                .delete()
+            )
+        if deleted:
+            removed += 1
+            log.warning(
+                "upload.aborted_stale",
+                extra={"version_id": version_id, "key": key, "multipart_uploads_aborted": aborted},
+            )
+    return removed
 
 
 def discard_upload(*, version: ModelVersion) -> None:
@@ -112,42 +169,78 @@ def complete_upload(
     `build_options` are already-validated build options (a plain dict). The caller queues the build in the
     same transaction (`builds.services.submit_upload`). Raises InvalidInput naming `file` for an empty file;
     the caller then discards the upload (`discard_upload`), as it does for any failure while the body is
-    received.
+    received. Raises Conflict (field `file`) when the sweeper already gave the upload up (no bytes arrived for
+    longer than CONCH_UPLOAD_STALE_SECONDS).
     """
     if stored.size_bytes == 0:
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
     with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        version = ModelVersion.objects.select_for_update().filter(pk=version.pk).first()
+        if version is None or version.status != VersionStatus.UPLOADING:
+            raise Conflict(
+                "This upload was given up because no bytes arrived for too long (CONCH_UPLOAD_STALE_SECONDS); "
+                "upload the file again.",
+                field="file",
+            )
         version.source_filename = filename[:255]
         version.source_size_bytes = stored.size_bytes
         version.source_sha256 = stored.sha256_hex
         version.build_options = build_options
         version.status = VersionStatus.QUEUED
         version.build_attempt += 1
+        version.heartbeat_at = timezone.now()
+        version.lost_attempts = 0
         version.save()
     log.info("version.uploaded", extra={"version_id": version.pk, "size_bytes": stored.size_bytes})
     return version
 
 
-def mark_rebuild(*, version: ModelVersion, allow_building: bool = False) -> ModelVersion:
+def mark_rebuild(
+    *,
+    version: ModelVersion,
+    building_stale_before: datetime | None = None,
+    queued_stale_before: datetime | None = None,
+) -> ModelVersion:
     """Start a new build attempt of a stored version: status `queued`, attempt + 1, error cleared.
 
-    Raises Conflict while the upload has not finished, or while a build is queued or running (unless
-    `allow_building`: the caller found that build's worker dead). The caller queues the build in the same
-    transaction.
+    Raises Conflict while the upload has not finished, or while a build is queued or running, unless that
+    build has stalled: `building` with a heartbeat before `building_stale_before` (its worker stopped), or
+    `queued` since before `queued_stale_before` (its message was lost). The caller queues the build in the
+    same transaction.
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().get(pk=version.pk)
         if version.status == VersionStatus.UPLOADING:
             raise Conflict("The upload of this version has not finished.", field=None)
-        if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING) and not allow_building:
-            raise Conflict(f"This version is already {version.status}; wait for its build to finish.", field=None)
+        if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING):
+            bound = building_stale_before if version.status == VersionStatus.BUILDING else queued_stale_before
+            if bound is None or not _heartbeat_before(version, bound):
+                raise Conflict(_still_busy_message(version, bound), field=None)
+            log.warning(
+                "version.rebuild_stalled",
+                extra={"version_id": version.pk, "status": version.status, "attempt": version.build_attempt},
+            )
         version.status = VersionStatus.QUEUED
         version.error = ""
         version.error_field = ""
         version.build_attempt += 1
+        version.heartbeat_at = timezone.now()
+        version.lost_attempts = 0
         version.save()
     return version
+
+
+def _heartbeat_before(version: ModelVersion, bound: datetime) -> bool:
+    return version.heartbeat_at is None or version.heartbeat_at < bound
+
+
+def _still_busy_message(version: ModelVersion, bound: datetime | None) -> str:
+    message = f"This version is already {version.status}; wait for its build to finish."
+    if bound is not None:
+        wait_s = (timezone.now() - bound).total_seconds()
+        what = "heartbeat from its worker" if version.status == VersionStatus.BUILDING else "worker claims it"
+        message += f" If no {what} for {wait_s:.0f} s, it has stalled: rebuild is then allowed."
+    return message
 
 
 def record_build_result(
@@ -157,10 +250,13 @@ def record_build_result(
     succeeded: bool,
     error: str = "",
     error_field: str = "",
+    repository_prefix: str = "",
 ) -> bool:
     """Store the outcome of build `attempt`; a stale attempt (a newer rebuild exists) is ignored.
 
-    Returns whether the result was recorded.
+    A success records `repository_prefix` (where that attempt wrote its repository) as the version's
+    current one; a failure keeps the prefix of the latest successful build. Returns whether the result was
+    recorded.
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().get(pk=version_id)
@@ -170,6 +266,9 @@ def record_build_result(
         version.error = error
         version.error_field = error_field
         version.built_at = timezone.now() if succeeded else None
+        if succeeded:
+            version.repository_prefix = repository_prefix
+        version.heartbeat_at = timezone.now()
         version.save()
     return True
 
@@ -183,11 +282,13 @@ def record_build_artifacts(*, version_id: int, **fields: Any) -> None:
     ModelVersion.objects.filter(pk=version_id).update(**fields)
 
 
-def claim_build(*, version_id: int, attempt: int) -> ModelVersion | None:
-    """Mark build `attempt` of a version as taken by a worker (`building`) and return the version.
+def claim_build(*, version_id: int, attempt: int, stale_before: datetime | None = None) -> ModelVersion | None:
+    """Mark build `attempt` of a version as taken by a worker (`building`, heartbeat now) and return it.
 
-    Returns None when the attempt is stale (a newer rebuild exists) or already finished. A redelivered task
-    claims a `building` attempt again and redoes it (builds are idempotent).
+    Returns None when the attempt is stale (a newer rebuild exists) or already finished, and when another
+    worker is building it (its heartbeat is at or after `stale_before`): a duplicate message must not run a
+    second build beside the first. A redelivered task claims a `building` attempt whose heartbeat stopped
+    and redoes it (builds are idempotent).
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
@@ -195,6 +296,90 @@ def claim_build(*, version_id: int, attempt: int) -> ModelVersion | None:
             return None
         if version.status not in (VersionStatus.QUEUED, VersionStatus.BUILDING):
             return None
+        if version.status == VersionStatus.BUILDING and stale_before and not _heartbeat_before(version, stale_before):
+            log.warning("build.claim.busy", extra={"version_id": version_id, "attempt": attempt})
+            return None
         version.status = VersionStatus.BUILDING
-        version.save(update_fields=["status"])
+        version.heartbeat_at = timezone.now()
+        version.save(update_fields=["status", "heartbeat_at"])
     return ModelVersion.objects.select_related("model__team").get(pk=version_id)
+
+
+def record_build_heartbeat(*, version_id: int, attempt: int) -> bool:
+    """Record that the worker running build `attempt` is alive; return False once that attempt is superseded.
+
+    Superseded: a rebuild or the sweeper started a newer attempt, or the attempt finished. The build should
+    then stop; whatever it records is ignored anyway.
+    """
+    updated = ModelVersion.objects.filter(pk=version_id, build_attempt=attempt, status=VersionStatus.BUILDING).update(
+        heartbeat_at=timezone.now()
+    )
+    return updated == 1
+
+
+def release_build(*, version_id: int, attempt: int) -> None:
+    """Put build `attempt` back to `queued` (heartbeat now): it waits for a retry, no worker has it."""
+    ModelVersion.objects.filter(pk=version_id, build_attempt=attempt, status=VersionStatus.BUILDING).update(
+        status=VersionStatus.QUEUED, heartbeat_at=timezone.now()
+    )
+
+
+def stalled_version_ids(*, status: str, stale_before: datetime) -> list[int]:
+    """Ids of versions in `status` whose heartbeat is before `stale_before` (or missing), oldest first."""
+    return list(
+        ModelVersion.objects.filter(status=status)
+        .filter(Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True))
+        .order_by("heartbeat_at", "pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def recover_stalled_build(
+    *, version_id: int, stale_before: datetime, max_attempts: int, error: str
+) -> ModelVersion | None:
+    """Recover a `building` version whose worker stopped (heartbeat before `stale_before`).
+
+    Counts the lost attempt; while fewer than `max_attempts` attempts were lost, starts the next attempt
+    (`queued`, attempt + 1, heartbeat now) for the caller to queue in the same transaction; otherwise marks
+    the version `failed` with `error`. Returns the updated version, or None when it is no longer stalled
+    (it finished, was rebuilt, or its heartbeat came back).
+    """
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
+        if version is None or version.status != VersionStatus.BUILDING or not _heartbeat_before(version, stale_before):
+            return None
+        version.lost_attempts += 1
+        version.heartbeat_at = timezone.now()
+        if version.lost_attempts >= max_attempts:
+            version.status = VersionStatus.FAILED
+            version.error = error
+            version.error_field = ""
+            version.built_at = None
+        else:
+            version.status = VersionStatus.QUEUED
+            version.build_attempt += 1
+        version.save()
+    return version
+
+
+def requeue_unclaimed_build(*, version_id: int, queued_before: datetime) -> ModelVersion | None:
+    """Restart the wait of a version `queued` since before `queued_before` that no worker claimed.
+
+    Its task message was probably lost (kombu's filesystem transport deletes a message when a worker reads
+    it, and a worker killed before claiming it takes it along); the caller sends the same attempt again in
+    the same transaction. If the first message was only slow (a deep queue), whichever arrives second finds
+    the attempt building or done and is skipped (`claim_build`), and the version keeps its place in the queue.
+    Returns the version, or None when it is no longer unclaimed.
+    """
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
+        if version is None or version.status != VersionStatus.QUEUED or not _heartbeat_before(version, queued_before):
+            return None
+        version.heartbeat_at = timezone.now()
+        version.save(update_fields=["heartbeat_at"])
+    return version
+
+
+def versions_with_builds() -> QuerySet[ModelVersion]:
+    """Versions that were ever queued for a build (so may have repositories in the object store)."""
+    return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status=VersionStatus.UPLOADING).order_by("pk")

@@ -59,6 +59,8 @@ FALLBACK_REGION = "us-east-1"
 
 # In-progress files of FileObjectStore writers start with this; they are never listed as keys.
 _TEMP_MARKER = ".conch-tmp-"
+# Characters of the target file name kept in a temp file's name (the rest of a 255-byte name is mkstemp's).
+_TEMP_NAME_CHARS = 100
 _MAX_KEY_BYTES = 1024
 _COPY_BUFFER_BYTES = 1 * MIB
 
@@ -279,6 +281,16 @@ class ObjectStore(abc.ABC):
         """Return the keys under folder `prefix` (all keys for `""`), sorted, as full store keys."""
 
     @abc.abstractmethod
+    def abort_multipart_uploads(self, key: str) -> int:
+        """Abort every unfinished write of object `key` left by a writer that never finished; return how many.
+
+        For a writer whose process died (a web worker killed mid-upload): on S3 its multipart upload stays
+        open, and its parts are stored (and billed) until aborted; in a folder its temp file stays. A writer
+        still running for `key` loses its partial upload too, and its `commit()` then raises Unavailable.
+        The object `key` itself, if committed, is not touched (see `delete`).
+        """
+
+    @abc.abstractmethod
     def triton_repository_location(self, prefix: str) -> str:
         """Return the `--model-repository` value that makes Triton read the repository at `prefix`.
 
@@ -310,12 +322,17 @@ class ObjectStore(abc.ABC):
             shutil.copyfileobj(reader, out, _COPY_BUFFER_BYTES)
 
 
+def _temp_prefix(target: Path) -> str:
+    """Name prefix of the in-progress files that become `target` (`.conch-tmp-<name>.`)."""
+    return f"{_TEMP_MARKER}{target.name[:_TEMP_NAME_CHARS]}."
+
+
 @contextlib.contextmanager
 def _atomic_local_file(target: Path) -> Iterator[BinaryIO]:
     """Yield a temp file next to `target` that replaces `target` when the block succeeds."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=_TEMP_MARKER, suffix=".part")
+        fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".part")
     except OSError as exc:
         raise Unavailable(f"Cannot write {target}: {exc.strerror or exc}.") from exc
     temp_path = Path(temp_name)
@@ -352,7 +369,7 @@ class _FileObjectWriter(ObjectWriter):
         for attempt in range(2):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                return tempfile.mkstemp(dir=path.parent, prefix=_TEMP_MARKER, suffix=".part")
+                return tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".part")
             except FileNotFoundError:
                 if attempt:
                     raise Unavailable(f"Cannot create a file in {path.parent}.") from None
@@ -492,6 +509,34 @@ class FileObjectStore(ObjectStore):
                     continue
                 keys.append(name if base == "." else f"{base}/{name}")
         return sorted(keys)
+
+    def abort_multipart_uploads(self, key: str) -> int:
+        """Delete the in-progress temp files of `key` (`.conch-tmp-<name>.<random>.part` next to it); return how many.
+
+        mkstemp's random part has no `.`, which tells `model.onnx`'s temp files from `model.onnx.sig`'s. Names
+        are cut to 100 characters in temp names, so a sibling sharing the first 100 characters matches too.
+        """
+        target = self._path(key)
+        prefix = _temp_prefix(target)
+
+        def is_temp_of_key(name: str) -> bool:
+            rest = name[len(prefix) :]
+            return name.startswith(prefix) and rest.endswith(".part") and "." not in rest[: -len(".part")]
+
+        try:
+            leftovers = [path for path in target.parent.iterdir() if is_temp_of_key(path.name)]
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        except OSError as exc:
+            raise Unavailable(f"Cannot list {target.parent}: {exc.strerror or exc}.") from exc
+        for path in leftovers:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise Unavailable(f"Cannot delete {path}: {exc.strerror or exc}.") from exc
+        if leftovers:
+            self._prune_empty_parents(target)
+        return len(leftovers)
 
     def triton_repository_location(self, prefix: str) -> str:
         """Return the absolute local path of folder `prefix`, without a trailing slash.
@@ -904,6 +949,34 @@ class S3ObjectStore(ObjectStore):
     def list_keys(self, prefix: str = "") -> list[str]:
         """Return the keys under folder `prefix`, sorted (ListObjectsV2, paginated). Raises Unavailable."""
         return sorted(self._store_key(object_key) for object_key in self._iter_object_keys(prefix))
+
+    def abort_multipart_uploads(self, key: str) -> int:
+        """Abort the open multipart uploads of exactly `key` (ListMultipartUploads, AbortMultipartUpload).
+
+        Returns how many were aborted; one that vanished meanwhile (NoSuchUpload) is not counted.
+        S3 API reference, "AbortMultipartUpload": the parts of an aborted upload are freed. Raises Unavailable.
+        """
+        object_key = self._object_key(key)
+        with self._errors("list the unfinished uploads of", key):
+            paginator = self._client.get_paginator("list_multipart_uploads")
+            upload_ids = [
+                upload["UploadId"]
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=object_key)
+                for upload in page.get("Uploads", ())
+                if upload["Key"] == object_key
+            ]
+        aborted = 0
+        for upload_id in upload_ids:
+            try:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=object_key, UploadId=upload_id)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                    continue
+                raise self._translate(exc, "abort an unfinished upload of", key) from exc
+            except _S3_ERRORS as exc:
+                raise self._translate(exc, "abort an unfinished upload of", key) from exc
+            aborted += 1
+        return aborted
 
     def triton_repository_location(self, prefix: str) -> str:
         """Return the S3 location Triton reads the repository at folder `prefix` from.

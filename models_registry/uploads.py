@@ -30,6 +30,8 @@ token from the `X-CSRFToken` header only and leaves the body unread.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, BinaryIO, Self
 
 from django.core.files.uploadedfile import UploadedFile
@@ -153,6 +155,12 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     ends in the middle of the file (`upload_interrupted`) the writer is aborted. For errors raised
     outside the handler (a later form field too big, a broken connection), use the handler as a
     context manager around `request.data`, or call `abort()` and delete `key` yourself.
+
+    `heartbeat`, when given, is called as chunks of the file arrive, at most once per
+    `heartbeat_interval_s` seconds (the first chunk always beats): the registry records it so the
+    sweeper can tell a live upload from one whose web worker died (`touch_upload`). A heartbeat
+    that raises is logged and never fails the upload. Note a beat can only come once per chunk
+    (2 MiB), so a client slower than 2 MiB per stale bound looks dead.
     """
 
     chunk_size = UPLOAD_CHUNK_BYTES
@@ -165,6 +173,8 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         max_bytes: int,
         field_name: str = "file",
         request: Any = None,
+        heartbeat: Callable[[], None] | None = None,
+        heartbeat_interval_s: float = 5.0,
     ) -> None:
         super().__init__(request)
         self.store = store
@@ -174,6 +184,9 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         self.upload: StoredUpload | None = None
         self._writer: ObjectWriter | None = None
         self._received_bytes = 0
+        self._heartbeat = heartbeat
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._last_beat: float | None = None
 
     def handle_raw_input(
         self,
@@ -224,6 +237,19 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             self.abort()
             raise _too_large(self.max_bytes)
         self._writer.write(raw_data)
+        self._beat()
+
+    def _beat(self) -> None:
+        if self._heartbeat is None:
+            return
+        now = time.monotonic()
+        if self._last_beat is not None and now - self._last_beat < self._heartbeat_interval_s:
+            return
+        self._last_beat = now
+        try:
+            self._heartbeat()
+        except Exception as error:  # the heartbeat only informs the sweeper; the upload goes on without it
+            log.warning("upload.heartbeat_failed", extra={"key": self.key, "error": str(error)})
 
     def file_complete(self, file_size: int) -> StoredUpload | None:
         """Commit the object and return it as a StoredUpload. Raises Unavailable."""

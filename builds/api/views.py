@@ -6,6 +6,8 @@ its build (the registry itself never queues work of a layer above it).
 
 from __future__ import annotations
 
+import functools
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
@@ -62,7 +64,13 @@ class ModelVersionListUploadView(APIView):
         max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
         check_content_length(request._request, max_bytes)
         version = services.reserve_version(model=model, user=request.user)
-        handler = ObjectStoreUploadHandler(get_object_store(), version.source_key, max_bytes=max_bytes)
+        handler = ObjectStoreUploadHandler(
+            get_object_store(),
+            version.source_key,
+            max_bytes=max_bytes,
+            heartbeat=functools.partial(services.touch_upload, version_id=version.pk),
+            heartbeat_interval_s=settings.CONCH_UPLOAD_HEARTBEAT_SECONDS,
+        )
         # The bytes stream straight into the object store as the body is parsed.
         request._request.upload_handlers = [handler]
         try:

@@ -5,9 +5,12 @@ Builds run inline (eager Celery) when the upload commits; verify starts a real T
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import onnx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 
 from builds.models import BuildStep
 from builds.services import run_build
@@ -69,21 +72,36 @@ def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_c
     assert any("output fetch_name_0: [1, 4]" in line for line in verify_log)
 
 
-def test_rebuild_and_redelivery_overwrite_their_own_output(alice, eager_tasks, django_capture_on_commit_callbacks):
-    # given a built version
+def test_rebuild_writes_a_new_prefix_and_redelivery_overwrites_only_its_own(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    # given a built version (attempt 1)
     version = _upload(alice, real_models.classifier().read_bytes(), capture=django_capture_on_commit_callbacks)
     store = get_object_store()
-    keys_before = sorted(store.list_keys(""))
+    first_prefix = version["repository_prefix"]
+    assert first_prefix.endswith("/repository/attempt-1")
+    first = {key: store.read_bytes(key) for key in store.list_keys(first_prefix + "/")}
     # when it is rebuilt
     with django_capture_on_commit_callbacks(execute=True):
         response = alice.client.post(f"/api/v1/versions/{version['id']}/rebuild")
     assert response.status_code == 202
-    # and the same attempt is delivered again after a crash left it "building"
+    # then the rebuild wrote its own repository and left the first one as it was
     row = ModelVersion.objects.get(pk=version["id"])
-    ModelVersion.objects.filter(pk=row.pk).update(status=VersionStatus.BUILDING)
+    assert (row.status, row.build_attempt) == ("built", 2)
+    assert row.repository_prefix == first_prefix.replace("attempt-1", "attempt-2")
+    assert {key: store.read_bytes(key) for key in store.list_keys(first_prefix + "/")} == first
+    keys_after_rebuild = sorted(store.list_keys(""))
+    assert [key for key in keys_after_rebuild if key.startswith(row.repository_prefix + "/")] == [
+        f"{row.repository_prefix}/classifier/1/model.onnx",
+        f"{row.repository_prefix}/classifier/config.pbtxt",
+    ]
+    # when the same attempt is delivered again after a crash left it "building" with no heartbeat
+    ModelVersion.objects.filter(pk=row.pk).update(
+        status=VersionStatus.BUILDING, heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
     assert run_build(version_id=row.pk, attempt=row.build_attempt) == "built"
     # then nothing is duplicated
-    assert sorted(store.list_keys("")) == keys_before
+    assert sorted(store.list_keys("")) == keys_after_rebuild
     assert BuildStep.objects.filter(version_id=row.pk).count() == 4
     row.refresh_from_db()
     assert (row.status, row.build_attempt) == ("built", 2)

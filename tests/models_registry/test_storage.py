@@ -440,3 +440,41 @@ def test_file_store_keeps_in_progress_writes_out_of_listings(tmp_path):
     assert stored.size_bytes == 7
     assert store.list_keys() == ["m/model.onnx"]
     assert [path.name for path in Path(tmp_path, "m").iterdir()] == ["model.onnx"]
+
+
+def test_abort_multipart_uploads_drops_what_a_dead_writer_left(store, request):
+    # given a writer of one key that died mid-write (never committed, never aborted), a finished object of that
+    # key, and a writer of a sibling key still at work
+    dead = store.open_writer("models/1/source/model.onnx")
+    dead.write(payload(9 * MIB))
+    store.put_bytes("models/1/source/model.onnx", b"committed earlier")
+    sibling = store.open_writer("models/1/source/model.onnx.sig")
+    sibling.write(payload(9 * MIB, seed=2))
+
+    # when
+    aborted = store.abort_multipart_uploads("models/1/source/model.onnx")
+
+    # then only the dead writer's partial upload is gone; objects are not touched
+    assert aborted == 1
+    assert store.read_bytes("models/1/source/model.onnx") == b"committed earlier"
+    assert [upload["Key"] for upload in pending_uploads(store, request)] == (
+        [f"{S3_STORE_PREFIX}/models/1/source/model.onnx.sig"] if isinstance(store, S3ObjectStore) else []
+    )
+    if isinstance(store, FileObjectStore):
+        leftovers = [name for name in files_on_disk(store) if ".conch-tmp-" in name]
+        assert len(leftovers) == 1 and leftovers[0].startswith("models/1/source/.conch-tmp-model.onnx.sig.")
+    assert sibling.commit().size_bytes == 9 * MIB
+    # and nothing is left to abort
+    assert store.abort_multipart_uploads("models/1/source/model.onnx") == 0
+    assert store.abort_multipart_uploads("models/2/source/model.onnx") == 0
+
+
+def test_commit_after_abort_multipart_uploads_raises_unavailable(store):
+    writer = store.open_writer("models/1/source/model.onnx")
+    writer.write(payload(9 * MIB))
+
+    store.abort_multipart_uploads("models/1/source/model.onnx")
+
+    with pytest.raises(Unavailable):
+        writer.commit()
+    assert store.exists("models/1/source/model.onnx") is False

@@ -366,3 +366,41 @@ def test_header_csrf_session_authentication_requires_the_header():
         HeaderCsrfSessionAuthentication().authenticate(drf)
 
     assert not hasattr(drf._request, "_files")
+
+
+@pytest.mark.parametrize(("interval_s", "expected_beats"), [(0.0, 5), (3600.0, 1)], ids=["every-chunk", "throttled"])
+def test_heartbeat_is_called_as_chunks_arrive_and_throttled(tmp_path, interval_s, expected_beats):
+    # given a file of five chunks
+    store = FileObjectStore(tmp_path / "store")
+    beats: list[int] = []
+    handler = ObjectStoreUploadHandler(
+        store,
+        KEY,
+        max_bytes=64 * MIB,
+        heartbeat=lambda: beats.append(handler._received_bytes),
+        heartbeat_interval_s=interval_s,
+    )
+    data = payload(5 * ObjectStoreUploadHandler.chunk_size)
+    # when
+    _post, files, _stream = parse(multipart_body(("file", "model.onnx", data)), handler)
+    # then every chunk beats (as its bytes arrive), or only the first one within the interval
+    assert files["file"].stored.size_bytes == len(data)
+    if expected_beats == 1:
+        assert len(beats) == 1 and 0 < beats[0] <= ObjectStoreUploadHandler.chunk_size
+    else:
+        assert len(beats) >= expected_beats
+        assert beats == sorted(set(beats)) and beats[-1] == len(data)
+
+
+def test_failing_heartbeat_does_not_fail_the_upload(tmp_path):
+    store = FileObjectStore(tmp_path / "store")
+
+    def broken_heartbeat():
+        raise RuntimeError("database is down")
+
+    handler = ObjectStoreUploadHandler(store, KEY, max_bytes=MIB, heartbeat=broken_heartbeat, heartbeat_interval_s=0)
+
+    _post, files, _stream = parse(multipart_body(("file", "model.onnx", b"onnx bytes")), handler)
+
+    assert store.read_bytes(KEY) == b"onnx bytes"
+    assert files["file"].stored.size_bytes == 10

@@ -205,6 +205,8 @@ class Command(BaseCommand):
                 "-A",
                 "conch",
                 "worker",
+                "-Q",
+                "celery,periodic",
                 "--loglevel",
                 "INFO",
                 "--concurrency",

@@ -1,0 +1,26 @@
+"""Celery wiring: periodic tasks go to their own queue and expire, so they never pile up behind a long build."""
+
+from __future__ import annotations
+
+from conch.celery import DEFAULT_QUEUE, PERIODIC_QUEUE, PERIODIC_TASKS, app
+
+
+def test_every_beat_entry_expires_within_its_period_on_the_periodic_queue(settings):
+    app.loader.import_default_modules()
+    schedule = app.conf.beat_schedule
+
+    assert sorted(entry["task"] for entry in schedule.values()) == sorted(PERIODIC_TASKS)
+    for entry in schedule.values():
+        period_s = entry["schedule"]
+        assert entry["options"] == {"expires": period_s, "queue": PERIODIC_QUEUE}, entry
+    assert "builds.sweep_stalled_versions" in {entry["task"] for entry in schedule.values()}
+
+
+def test_periodic_tasks_route_to_their_queue_and_builds_to_the_default_one():
+    router = app.amqp.router
+    for name in PERIODIC_TASKS:
+        assert router.route({}, name)["queue"].name == PERIODIC_QUEUE
+    assert router.route({}, "builds.build_version")["queue"].name == DEFAULT_QUEUE
+    assert router.route({}, "deployments.start_deployment")["queue"].name == DEFAULT_QUEUE
+    # a worker started without -Q consumes both queues
+    assert sorted(app.amqp.queues) == sorted([DEFAULT_QUEUE, PERIODIC_QUEUE])
