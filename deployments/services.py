@@ -35,6 +35,7 @@ from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
 from tritonserving import server as triton_server
+from tritonserving.access import derive_api_key
 from tritonserving.client import TritonClient
 from tritonserving.config import config_from_pbtxt, config_to_json, config_to_pbtxt
 
@@ -217,6 +218,16 @@ def _server_id(kind_infix: str, suffix: str) -> str:
     return f"{settings.CONCH_INSTANCE_ID}{kind_infix}{suffix}"
 
 
+def triton_api_key(server_id: str) -> str:
+    """The key of local Triton `server_id`'s restricted endpoints (load, unload, config, statistics...).
+
+    Derived from Django's SECRET_KEY and the server id (`tritonserving.access.derive_api_key`), so the worker
+    that starts a server, a worker that adopts it after a restart and the web process all know it without
+    storing it. After SECRET_KEY changes, servers started before refuse Conch's calls until they restart.
+    """
+    return derive_api_key(settings.SECRET_KEY, server_id)
+
+
 def _start_process(*, server_id: str, repository: str, environment: dict[str, str], log_path: Path):
     root = _triton_dir()
     backend_root = triton_server.ensure_backend_directory(root / "backends")
@@ -229,6 +240,7 @@ def _start_process(*, server_id: str, repository: str, environment: dict[str, st
         metrics_port=metrics_port,
         log_path=log_path,
         backend_root=backend_root,
+        api_key=triton_api_key(server_id),
         env=environment,
         bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
     )
@@ -280,7 +292,7 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
     log.info("deployment.starting", extra={"deployment_id": deployment.pk, "pid": process.pid})
     try:
         triton_server.wait_until_ready(process, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS)
-        client = TritonClient(internal_url(process.http_port), timeout_s=300)
+        client = TritonClient(internal_url(process.http_port), timeout_s=300, api_key=triton_api_key(process.server_id))
         config = config_from_pbtxt(deployment.config_pbtxt)
         client.load_model(deployment.model_name, config_json=config_to_json(config))
     except (ConchError, OSError) as exc:
