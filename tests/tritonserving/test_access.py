@@ -171,6 +171,8 @@ def test_the_key_opens_the_repository_api_and_inference_stays_open(server, key):
     assert _http(server, "GET", "/v2/models/orientation/ready")[0] == 200
     assert _http(server, "GET", "/v2/models/orientation")[0] == 200  # metadata: what a client needs to call it
     assert _http(server, "GET", "/v2/models/orientation/config", key=key)[0] == 200
+    assert _http(server, "POST", "/v2/repository/models/spare/load", key=key)[0] == 200
+    assert _http(server, "POST", "/v2/repository/models/spare/unload", key=key)[0] == 200
 
 
 def test_a_client_without_the_key_cannot_load_unload_or_read_the_config(server, key):
