@@ -38,6 +38,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -751,6 +752,7 @@ def start_triton(system: str, work: Path, repository: Path, settings: ConchSetti
 
     backend_root = triton_server.ensure_backend_directory(work / "backends")
     http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
+    api_key = secrets.token_hex(32)
     process = triton_server.start_server(
         # Not "conch-...": a Conch demo with the default instance id stops every server whose id starts so.
         server_id=f"bench-serving-{system}-{os.getpid()}",
@@ -760,12 +762,13 @@ def start_triton(system: str, work: Path, repository: Path, settings: ConchSetti
         metrics_port=metrics_port,
         log_path=work / "logs" / f"triton-{system}.log",
         backend_root=backend_root,
+        api_key=api_key,
         bind_address=HOST,
     )
     try:
         triton_server.wait_until_ready(process, timeout_s=SERVER_START_TIMEOUT_S)
         config = deployment_config(repository, settings, batching)
-        with TritonClient(process.http_url, timeout_s=SERVER_START_TIMEOUT_S) as client:
+        with TritonClient(process.http_url, timeout_s=SERVER_START_TIMEOUT_S, api_key=api_key) as client:
             client.load_model(MODEL_NAME, config_json=config_to_json(config))
     except BaseException:
         print_triton_log(system, process)

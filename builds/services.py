@@ -34,9 +34,9 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from builds.choices import STEP_ORDER, StepName, StepStatus
-from builds.inspection import inspect_onnx
 from builds.model_config import build_model_config, parse_build_options
 from builds.models import BuildStep
+from builds.sandbox import inspect_onnx_in_sandbox
 from builds.verification import check_output_shapes, make_sample_inputs
 from conch.errors import ConchError, InvalidInput, Unavailable
 from models_registry import services as registry
@@ -264,7 +264,7 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
             with _step(version, StepName.INSPECT) as say:
                 say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
                 store.download_to(version.source_key, local)
-                signature = inspect_onnx(local)
+                signature = inspect_onnx_in_sandbox(local)
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:
                         say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}")

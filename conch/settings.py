@@ -4,6 +4,11 @@ Embedded defaults (no variable set) run everything on one machine: SQLite under
 `var/`, kombu's filesystem transport as the Celery broker, a folder as object store,
 and local `tritonserver` processes. Production sets DATABASE_URL (PostgreSQL),
 CELERY_BROKER_URL (Redis) and CONCH_STORAGE_URL (s3://...).
+
+`CONCH_ENV=production` makes start-up refuse an insecure configuration (the development
+SECRET_KEY or a weak one, DEBUG on, ALLOWED_HOSTS='*') and turns the HTTPS protections
+on by default (secure cookies, HSTS, redirect to HTTPS), so the security checks of
+`manage.py check --deploy` pass. `development` (the default) keeps the plain-HTTP demo on 127.0.0.1 working.
 """
 
 from __future__ import annotations
@@ -20,10 +25,59 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("CONCH_VAR_DIR", str(BASE_DIR / "var"))).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = env("DJANGO_SECRET_KEY", "conch-insecure-development-key-change-me")
+CONCH_ENV = env("CONCH_ENV", "development")
+if CONCH_ENV not in {"development", "production"}:
+    raise ImproperlyConfigured(f"CONCH_ENV must be 'development' or 'production', not {CONCH_ENV!r}.")
+PRODUCTION = CONCH_ENV == "production"
+
+DEVELOPMENT_SECRET_KEY = "conch-insecure-development-key-change-me"
+SECRET_KEY = env("DJANGO_SECRET_KEY", DEVELOPMENT_SECRET_KEY)
 DEBUG = env("DJANGO_DEBUG", False, cast=bool)
 ALLOWED_HOSTS = env("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"], cast=list)
 CSRF_TRUSTED_ORIGINS = env("DJANGO_CSRF_TRUSTED_ORIGINS", [], cast=list)
+
+# HTTPS protections (Django "Deployment checklist", "HTTPS"): on by default in production, off in development,
+# each overridable. HSTS is in seconds.
+SECURE_SSL_REDIRECT = env("DJANGO_SECURE_SSL_REDIRECT", PRODUCTION, cast=bool)
+SESSION_COOKIE_SECURE = env("DJANGO_SESSION_COOKIE_SECURE", PRODUCTION, cast=bool)
+CSRF_COOKIE_SECURE = env("DJANGO_CSRF_COOKIE_SECURE", PRODUCTION, cast=bool)
+SECURE_HSTS_SECONDS = env("DJANGO_SECURE_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, cast=int)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION, cast=bool)
+SECURE_HSTS_PRELOAD = env("DJANGO_SECURE_HSTS_PRELOAD", PRODUCTION, cast=bool)
+# "X-Forwarded-Proto=https": the header (and value) a TLS-terminating proxy in front of Conch sets, so Django
+# knows the request came over HTTPS. Only set it when such a proxy strips the header from clients' requests.
+_PROXY_SSL_HEADER = env("DJANGO_SECURE_PROXY_SSL_HEADER", "")
+if _PROXY_SSL_HEADER:
+    _header, _, _value = _PROXY_SSL_HEADER.partition("=")
+    if not re.fullmatch(r"[A-Za-z0-9-]+", _header.strip()) or not _value.strip():
+        raise ImproperlyConfigured(
+            f"DJANGO_SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto=https', not {_PROXY_SSL_HEADER!r}."
+        )
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.strip().upper().replace("-", "_"), _value.strip())
+
+
+def _production_problems() -> list[str]:
+    """What makes this configuration unsafe to serve (Django's `check --deploy` rules, made fatal)."""
+    problems = []
+    if SECRET_KEY == DEVELOPMENT_SECRET_KEY:
+        problems.append("DJANGO_SECRET_KEY is not set (the development key is public)")
+    elif len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure-"):
+        problems.append(
+            f"DJANGO_SECRET_KEY is weak ({len(SECRET_KEY)} characters; at least 50 with 5 different ones are needed)"
+        )
+    if DEBUG:
+        problems.append("DJANGO_DEBUG is on (error pages would show settings and code to anyone)")
+    if "*" in ALLOWED_HOSTS:
+        problems.append("DJANGO_ALLOWED_HOSTS contains '*' (list the host names Conch is served under)")
+    return problems
+
+
+if PRODUCTION and (_problems := _production_problems()):
+    raise ImproperlyConfigured(
+        "CONCH_ENV=production refuses to start: "
+        + "; ".join(_problems)
+        + ". Generate a key with `python -c 'import secrets; print(secrets.token_urlsafe(50))'` and see .env.example."
+    )
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -189,6 +243,16 @@ CONCH_S3_SECRET_ACCESS_KEY = env("CONCH_S3_SECRET_ACCESS_KEY", "")
 # Largest non-file request body (e.g. a JSON inference request through /infer), bytes.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env("CONCH_MAX_REQUEST_BODY_BYTES", 64 * 1024**2, cast=int)
 CONCH_MAX_UPLOAD_BYTES = env("CONCH_MAX_UPLOAD_BYTES", 4 * 1024**3, cast=int)
+
+# --- Builds: limits of the child process that parses an uploaded model (builds.sandbox) ---
+# CPU time (seconds, all threads) the parsing may use, and the child's address space (bytes, ~0.5 GB of it taken
+# by Python, onnx and onnxruntime). A file past either fails its build with a message saying so.
+CONCH_INSPECT_CPU_SECONDS = env("CONCH_INSPECT_CPU_SECONDS", 120, cast=int)
+CONCH_INSPECT_MEMORY_BYTES = env("CONCH_INSPECT_MEMORY_BYTES", 8 * 1024**3, cast=int)
+if CONCH_INSPECT_CPU_SECONDS < 1 or CONCH_INSPECT_MEMORY_BYTES < 256 * 1024**2:
+    raise ImproperlyConfigured(
+        "CONCH_INSPECT_CPU_SECONDS must be at least 1 and CONCH_INSPECT_MEMORY_BYTES at least 268435456 (256 MiB)."
+    )
 
 # --- Triton (local runtime) -----------------------------------------------------
 CONCH_TRITON_DIR = Path(env("CONCH_TRITON_DIR", str(VAR_DIR / "triton"))).resolve()

@@ -2,7 +2,9 @@
 
 Talks the KServe v2 / Open Inference Protocol ("Health", "Model Ready", "Model Configuration", "Inference") and
 Triton's extensions: "Model Repository" (load/unload with an optional configuration override) and "Binary Tensor
-Data". Returns plain dicts and numpy arrays; raises only our errors:
+Data". A client built with `api_key=` sends it in the `X-Conch-Key` header of every request, which the restricted
+endpoints of a server Conch started require (Triton "Limit Endpoint Access"). Returns plain dicts and numpy
+arrays; raises only our errors:
 
 - `TritonUnavailable` (`Unavailable`, 503): connection refused/reset, timeout, or Triton answered 503.
 - `TritonRequestError` (`InvalidInput`, 400): Triton rejected the request (bad shape, datatype, input name...)
@@ -10,6 +12,8 @@ Data". Returns plain dicts and numpy arrays; raises only our errors:
   a rejected request, 500 for a model that failed while running).
 - `TritonModelNotFound` (`NotFound`, 404): the model is not loaded (or not in the repository).
 - `ModelLoadError` (`InvalidInput`): Triton could not load a model; `detail` is Triton's message.
+- `TritonAccessDenied` (`ConchError`, 500): Triton refused a restricted endpoint (HTTP 403) because the client's
+  API key is missing or is not the server's (see `tritonserving.access`).
 - `InvalidInput` naming the field: a malformed JSON inference request, caught before anything is sent.
 """
 
@@ -31,6 +35,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
+from tritonserving.access import API_KEY_HEADER, validate_api_key
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -78,6 +83,14 @@ class ModelLoadError(InvalidInput):
     """Triton failed to load a model; `detail` is Triton's message (config error, backend error, missing file)."""
 
 
+class TritonAccessDenied(ConchError):
+    """Triton answered 403 to a restricted endpoint: the client sent no API key or not the server's key.
+
+    Not the user's fault and not transient: the server was started with another key (e.g. after
+    DJANGO_SECRET_KEY changed); restarting the server with the current key fixes it.
+    """
+
+
 def _status(exc: InferenceServerException) -> int | None:
     try:
         return int(exc.status())
@@ -96,13 +109,18 @@ def _message(exc: InferenceServerException) -> str:
 class TritonClient:
     """Client for one Triton server's HTTP endpoint, e.g. `TritonClient("http://127.0.0.1:8000", timeout_s=5)`.
 
-    `timeout_s` (seconds) bounds connecting and each network read/write of every call. Safe to share between
-    threads: each thread gets its own `tritonclient.http` connection (that client is not thread-safe).
+    `timeout_s` (seconds) bounds connecting and each network read/write of every call. `api_key` (the server's key,
+    `tritonserving.access.derive_api_key`) is sent as the `X-Conch-Key` header of every request; without it the
+    restricted endpoints (load, unload, index, config, statistics...) of a server Conch started answer 403 and
+    raise `TritonAccessDenied`, while health and inference work. Safe to share between threads: each thread gets
+    its own `tritonclient.http` connection (that client is not thread-safe).
+    Raises `InvalidInput` for a non-positive timeout or a malformed key.
     """
 
-    def __init__(self, http_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, http_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None) -> None:
         if timeout_s <= 0:
             raise InvalidInput(f"timeout_s must be positive, got {timeout_s}", field="timeout_s")
+        self._headers = {API_KEY_HEADER: validate_api_key(api_key)} if api_key is not None else None
         url = http_url.strip().rstrip("/")
         self._ssl = url.startswith("https://")
         self._address = url.split("://", 1)[1] if "://" in url else url
@@ -144,13 +162,19 @@ class TritonClient:
         return client
 
     def _call(self, action: str, call: Callable[[triton_http.InferenceServerClient], _Result]) -> _Result:
-        """Run one tritonclient call; turn transport failures into `TritonUnavailable`.
+        """Run one tritonclient call; turn transport failures into `TritonUnavailable`, a 403 into `TritonAccessDenied`.
 
-        `InferenceServerException` is re-raised as is for the caller to classify.
+        Any other `InferenceServerException` is re-raised as is for the caller to classify.
         """
         try:
             return call(self._client())
-        except InferenceServerException:
+        except InferenceServerException as exc:
+            if _status(exc) == 403:
+                key_note = "the key Conch sent is not this server's" if self._headers else "Conch sent no API key"
+                raise TritonAccessDenied(
+                    f"Triton at {self.http_url} refused {action}: {_message(exc)} ({key_note}). The server was "
+                    "started with another key; restart it so it gets the current one."
+                ) from None
             raise
         except (OSError, http.client.HTTPException, gevent.Timeout) as exc:
             self.close()  # the connection may be half-used; start clean next time
@@ -168,14 +192,18 @@ class TritonClient:
     def is_ready(self) -> bool:
         """Whether the server answers `GET /v2/health/ready` with 200 (KServe v2 "Health"); False when unreachable."""
         try:
-            return bool(self._call("checking readiness", lambda client: client.is_server_ready()))
+            return bool(self._call("checking readiness", lambda client: client.is_server_ready(headers=self._headers)))
         except (TritonUnavailable, InferenceServerException):
             return False
 
     def model_ready(self, name: str) -> bool:
         """Whether model `name` is loaded and ready (`GET /v2/models/<name>/ready`). Raises `TritonUnavailable`."""
         try:
-            return bool(self._call(f"checking model '{name}'", lambda client: client.is_model_ready(name)))
+            return bool(
+                self._call(
+                    f"checking model '{name}'", lambda client: client.is_model_ready(name, headers=self._headers)
+                )
+            )
         except InferenceServerException:
             return False
 
@@ -184,8 +212,8 @@ class TritonClient:
 
         `config_json` (JSON text of a ModelConfig) replaces the repository's `config.pbtxt` for this load
         (Triton "Model Repository" extension, "Load", parameter `config`).
-        Raises `ModelLoadError` with Triton's message, `InvalidInput` for config text that is not JSON,
-        `TritonUnavailable`.
+        A restricted endpoint: needs the server's `api_key`. Raises `ModelLoadError` with Triton's message,
+        `InvalidInput` for config text that is not JSON, `TritonAccessDenied`, `TritonUnavailable`.
         """
         if config_json is not None:
             try:
@@ -193,7 +221,10 @@ class TritonClient:
             except ValueError as exc:
                 raise InvalidInput(f"config_json is not valid JSON: {exc}", field="config_json") from None
         try:
-            self._call(f"loading model '{name}'", lambda client: client.load_model(name, config=config_json))
+            self._call(
+                f"loading model '{name}'",
+                lambda client: client.load_model(name, config=config_json, headers=self._headers),
+            )
         except InferenceServerException as exc:
             if _status(exc) == 503:
                 raise TritonUnavailable(f"Triton at {self.http_url} is unavailable: {_message(exc)}") from None
@@ -203,13 +234,13 @@ class TritonClient:
         """Ask Triton to unload model `name` (Triton "Model Repository" extension, "Unload").
 
         Triton answers once the unload has started; `model_ready` is False from then on, while in-flight
-        requests finish. Unloading a model that is not loaded succeeds. Raises `TritonRequestError`,
-        `TritonUnavailable`.
+        requests finish. Unloading a model that is not loaded succeeds. A restricted endpoint: needs the server's
+        `api_key`. Raises `TritonRequestError`, `TritonAccessDenied`, `TritonUnavailable`.
         """
         try:
             self._call(
                 f"unloading model '{name}'",
-                lambda client: client.unload_model(name, unload_dependents=unload_dependents),
+                lambda client: client.unload_model(name, unload_dependents=unload_dependents, headers=self._headers),
             )
         except InferenceServerException as exc:
             raise self._translate(exc, name) from None
@@ -217,12 +248,32 @@ class TritonClient:
     def model_config(self, name: str) -> dict[str, Any]:
         """Return the configuration Triton serves model `name` with, as JSON (the filled-in ModelConfig).
 
-        Raises `TritonModelNotFound`, `TritonUnavailable`.
+        A restricted endpoint: needs the server's `api_key`. Raises `TritonModelNotFound`, `TritonAccessDenied`,
+        `TritonUnavailable`.
         """
         try:
-            return self._call(f"reading the config of '{name}'", lambda client: client.get_model_config(name))
+            return self._call(
+                f"reading the config of '{name}'", lambda client: client.get_model_config(name, headers=self._headers)
+            )
         except InferenceServerException as exc:
             raise self._translate(exc, name) from None
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """List the models in the server's repository (Triton "Model Repository" extension, "Index").
+
+        Returns `[{"name": str, "version"?: str, "state"?: "READY"|"UNAVAILABLE"|..., "reason"?: str}]` as Triton
+        answers it. A restricted endpoint: needs the server's `api_key`. Raises `TritonAccessDenied`,
+        `TritonRequestError`, `TritonUnavailable`.
+        """
+        try:
+            return list(
+                self._call(
+                    "listing the model repository",
+                    lambda client: client.get_model_repository_index(headers=self._headers),
+                )
+            )
+        except InferenceServerException as exc:
+            raise self._translate(exc, "") from None
 
     def infer_json(self, name: str, request: Mapping[str, Any]) -> dict[str, Any]:
         """Run one KServe v2 JSON inference request body on model `name`; return Triton's response body.
@@ -239,7 +290,9 @@ class TritonClient:
         try:
             result = self._call(
                 f"running model '{name}'",
-                lambda client: client.infer(name, inputs, outputs=outputs or None, request_id=request_id),
+                lambda client: client.infer(
+                    name, inputs, outputs=outputs or None, request_id=request_id, headers=self._headers
+                ),
             )
         except InferenceServerException as exc:
             raise self._translate(exc, name) from None
@@ -288,7 +341,7 @@ class TritonClient:
         try:
             result = self._call(
                 f"running model '{name}'",
-                lambda client: client.infer(name, infer_inputs, outputs=requested or None),
+                lambda client: client.infer(name, infer_inputs, outputs=requested or None, headers=self._headers),
             )
         except InferenceServerException as exc:
             raise self._translate(exc, name) from None

@@ -6,6 +6,11 @@ detached from Conch, waiting for it, telling whether it still runs, stopping it,
 by an earlier Conch process. It talks to the operating system (processes, ports, files) and to Triton's health
 endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading live in `tritonserving.client`.
 
+Every server is locked down: its repository, config, shared-memory, statistics, trace and logging endpoints answer
+only to requests carrying its key (`tritonserving.access`, Triton "Limit Endpoint Access"), and its environment
+(which its Python backend stubs inherit) is built from an allow-list, never copied from Conch's, so no database
+URL, broker URL or Django secret reaches a process that runs uploaded models.
+
 Errors: `TritonNotInstalled` (the wheel or a part of it is missing), `TritonStartError` (the process exited or
 never became ready; carries the last log lines), `TritonStopError` (a process survived SIGKILL). All subclass
 `conch.errors.Unavailable` or `InvalidInput`; psutil and OS exceptions do not escape.
@@ -13,9 +18,11 @@ never became ready; carries the last log lines), `TritonStopError` (a process su
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,12 +32,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from conch.errors import InvalidInput, Unavailable
+from tritonserving.access import api_key_from_flags, restricted_api_flags
 
 # Our Python-based backends (`<name>/model.py`), copied into every backend directory we build.
 BACKENDS_SOURCE = Path(__file__).resolve().parent.parent / "triton_backends"
@@ -82,7 +91,8 @@ class ServerProcess:
     """A running `tritonserver`, identified by `pid` plus `create_time` (psutil, seconds since the epoch).
 
     The pair guards against PID reuse: store both, pass both to `is_alive` / `stop_server`. `log_path` is None
-    only for a server found by `find_servers` whose stdout cannot be read back.
+    only for a server found by `find_servers` whose stdout cannot be read back. `api_key` is the key its restricted
+    endpoints answer to (`tritonserving.access`); None for a found server started without one (by an older Conch).
     """
 
     server_id: str
@@ -94,6 +104,7 @@ class ServerProcess:
     bind_address: str
     repository: str
     log_path: Path | None
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def host(self) -> str:
@@ -220,16 +231,53 @@ def allocate_ports(count: int, *, host: str = "127.0.0.1") -> tuple[int, ...]:
             sock.close()
 
 
-def _server_environment(installation: TritonInstallation, extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ)
-    # The Python backend stub finds the interpreter (and so the venv's numpy/onnxruntime) through PATH.
+#: Variables a server inherits from Conch's environment when set there: what any process needs (locale, home, temp
+#: folder, time zone) and which GPUs it may use. Nothing that can hold a secret.
+INHERITED_VARIABLES: tuple[str, ...] = (
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+)
+#: Variables a caller may add (`start_server(env=...)`): the inherited ones above and the credentials Triton's
+#: cloud storage clients read (Triton "Model Repository", "Cloud Storage with Environment variables": `AWS_*` for
+#: S3, `GOOGLE_APPLICATION_CREDENTIALS` for GCS, `AZURE_STORAGE_*` for Azure, `TRITON_CLOUD_CREDENTIAL_PATH`).
+_EXTRA_VARIABLE = re.compile(
+    r"AWS_[A-Z0-9_]+|AZURE_STORAGE_[A-Z0-9_]+|GOOGLE_APPLICATION_CREDENTIALS|TRITON_CLOUD_CREDENTIAL_PATH"
+)
+
+
+def server_environment(installation: TritonInstallation, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Build the environment of a `tritonserver` (and so of its backend stubs) from an allow-list.
+
+    PATH starts with this interpreter's `bin` folder: the Python backend stub finds the interpreter, and so the
+    venv's numpy and onnxruntime, through PATH (DESIGN.md, "What runs on this machine"). LD_LIBRARY_PATH starts
+    with the wheel's `nvidia_pytriton.libs`. `INHERITED_VARIABLES` come from Conch's environment when set; `extra`
+    (e.g. the object store's `triton_environment()`) may set those and cloud storage credentials (`AWS_*`, ...).
+    Everything else in Conch's environment (DATABASE_URL, DJANGO_SECRET_KEY, CELERY_BROKER_URL...) stays out.
+    Raises `InvalidInput` (field `env`) naming an `extra` variable outside the allow-list.
+    """
+    env = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
     venv_bin = str(Path(sys.prefix) / "bin")
-    env["PATH"] = os.pathsep.join(part for part in (venv_bin, env.get("PATH", "")) if part)
+    inherited_path = os.environ.get("PATH") or os.defpath
+    env["PATH"] = os.pathsep.join(part for part in (venv_bin, inherited_path) if part)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        part for part in (str(installation.libs_dir), env.get("LD_LIBRARY_PATH", "")) if part
+        part for part in (str(installation.libs_dir), os.environ.get("LD_LIBRARY_PATH", "")) if part
     )
-    if extra:
-        env.update({str(key): str(value) for key, value in extra.items()})
+    for name, value in (extra or {}).items():
+        name = str(name)
+        if name not in INHERITED_VARIABLES and not _EXTRA_VARIABLE.fullmatch(name):
+            raise InvalidInput(
+                f"environment variable {name} may not be passed to tritonserver; allowed are "
+                f"{', '.join(INHERITED_VARIABLES)} and cloud storage credentials (AWS_*, AZURE_STORAGE_*, "
+                "GOOGLE_APPLICATION_CREDENTIALS, TRITON_CLOUD_CREDENTIAL_PATH)",
+                field="env",
+            )
+        env[name] = str(value)
     return env
 
 
@@ -242,7 +290,8 @@ def start_server(
     metrics_port: int,
     log_path: Path,
     backend_root: Path,
-    env: dict[str, str] | None = None,
+    api_key: str,
+    env: Mapping[str, str] | None = None,
     bind_address: str = "127.0.0.1",
     exit_timeout_s: int = 5,
     installation: TritonInstallation | None = None,
@@ -251,13 +300,16 @@ def start_server(
 
     `repository` is a local folder or an `s3://http://host:port/bucket/prefix` URL (Triton docs, "Model
     Repository", "Cloud Storage with Environment variables"); for S3 pass `AWS_ACCESS_KEY_ID`,
-    `AWS_SECRET_ACCESS_KEY` and `AWS_DEFAULT_REGION` in `env`. Models load on request only
+    `AWS_SECRET_ACCESS_KEY` and `AWS_DEFAULT_REGION` in `env`. The server's environment is `server_environment`
+    (an allow-list plus `env`), never a copy of Conch's. Its repository, config, shared-memory, statistics, trace
+    and logging endpoints answer only to requests carrying `api_key` (`tritonserving.access`; derive it with
+    `derive_api_key`, send it with `TritonClient(api_key=...)`). Models load on request only
     (`--model-control-mode=explicit`, "Model Management"). `--id=<server_id>` marks the process so that
     `find_servers` can adopt it after a Conch restart. stdout and stderr are appended to `log_path`.
     `backend_root` must have been built by `ensure_backend_directory`. On SIGTERM the server waits up to
     `exit_timeout_s` seconds for in-flight requests and open client connections (`--exit-timeout-secs`; Triton's
     own default of 30 s would outlast `stop_server`'s patience whenever a client keeps a connection alive).
-    Raises `InvalidInput` (bad id, ports, repository, backend folder), `TritonNotInstalled`,
+    Raises `InvalidInput` (bad id, ports, repository, backend folder, api key, env variable), `TritonNotInstalled`,
     `TritonStartError` (the process could not be spawned or died at once).
     """
     if not server_id or any(ch.isspace() for ch in server_id):
@@ -283,7 +335,9 @@ def start_server(
             f"{backend_root} is not a backend directory; build it with ensure_backend_directory()",
             field="backend_root",
         )
+    restriction = restricted_api_flags(api_key)
     installation = installation or locate_installation()
+    environment = server_environment(installation, env)
     log_path = Path(log_path).resolve()
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -304,15 +358,17 @@ def start_server(
         f"--exit-timeout-secs={exit_timeout_s}",
     ]
     with log_path.open("ab") as log:
-        log.write(f"# conch: starting {' '.join(command)}\n".encode())
+        # Users read this log: name the restriction flags, not the key they carry.
+        restricted = " ".join(flag.split("=", 1)[0] + "=<restricted>" for flag in restriction)
+        log.write(f"# conch: starting {' '.join(command)} {restricted}\n".encode())
         log.flush()
         try:
             child = subprocess.Popen(
-                command,
+                command + restriction,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_server_environment(installation, env),
+                env=environment,
                 # A fixed, existing cwd: the backend stubs inherit it, and Conch's own cwd may go away.
                 cwd=backend_root,
                 start_new_session=True,
@@ -339,6 +395,7 @@ def start_server(
         bind_address=bind_address,
         repository=repository_text,
         log_path=log_path,
+        api_key=api_key,
     )
 
 
@@ -524,10 +581,10 @@ def _stdout_path(pid: int) -> Path | None:
 def find_servers(server_id_prefix: str) -> list[ServerProcess]:
     """List running `tritonserver` processes whose `--id` starts with `server_id_prefix`, oldest first.
 
-    Used after a Conch restart to adopt or stop servers an earlier process started. Ports, bind address and
-    repository come from the command line (Triton's defaults 8000/8001/8002 when a flag is absent); `log_path`
-    from the process's stdout when readable. Raises `InvalidInput` for an empty prefix (it would match servers
-    Conch does not own).
+    Used after a Conch restart to adopt or stop servers an earlier process started. Ports, bind address,
+    repository and API key come from the command line (Triton's defaults 8000/8001/8002 when a flag is absent);
+    `log_path` from the process's stdout when readable. Raises `InvalidInput` for an empty prefix (it would match
+    servers Conch does not own).
     """
     if not server_id_prefix:
         raise InvalidInput("a server id prefix is required", field="server_id_prefix")
@@ -553,6 +610,7 @@ def find_servers(server_id_prefix: str) -> list[ServerProcess]:
                     bind_address=flags.get("--http-address", "0.0.0.0"),
                     repository=flags.get("--model-repository", ""),
                     log_path=_stdout_path(proc.pid),
+                    api_key=api_key_from_flags(flags),
                 )
             )
         except (psutil.Error, ValueError):

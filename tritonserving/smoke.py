@@ -1,11 +1,15 @@
 """A scratch Triton that loads one model and runs smoke inferences on it (the build's verify step).
 
 Talks to a `tritonserver` it starts itself (`tritonserving.server`) over the KServe v2 HTTP API
-(`tritonserving.client`). No Django: the caller passes the folders, ids and timeouts it wants.
+(`tritonserving.client`). No Django: the caller passes the folders, ids and timeouts it wants. The scratch server is
+locked down like every server Conch starts (`tritonserving.access`): only requests carrying its key may load or
+unload models, and it gets no copy of Conch's environment.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +28,16 @@ class ScratchServer:
     """Where and how a scratch server runs.
 
     `work_dir` holds `backends/` and `logs/`; `server_id` tags the process (`--id`, see
-    `tritonserving.server.find_servers`); `start_timeout_s` bounds the wait for readiness (seconds).
+    `tritonserving.server.find_servers`); `start_timeout_s` bounds the wait for readiness (seconds). `api_key` is
+    the key of the server's restricted endpoints; None (the default) makes a random one for this run, which only
+    this process knows: no one else needs to talk to a throwaway server.
     """
 
     work_dir: Path
     server_id: str
     bind_address: str = "127.0.0.1"
     start_timeout_s: float = 120.0
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
 
 def run_smoke_inference(
@@ -54,6 +61,7 @@ def run_smoke_inference(
     backend_root = triton_server.ensure_backend_directory(work_dir / "backends")
     log_path = work_dir / "logs" / f"{scratch.server_id}.log"
     http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
+    api_key = scratch.api_key or secrets.token_hex(32)
     process = triton_server.start_server(
         server_id=scratch.server_id,
         repository=repository,
@@ -63,6 +71,7 @@ def run_smoke_inference(
         log_path=log_path,
         backend_root=backend_root,
         env=dict(environment),
+        api_key=api_key,
         bind_address=scratch.bind_address,
     )
     try:
@@ -71,7 +80,7 @@ def run_smoke_inference(
             triton_server.wait_until_ready(process, timeout_s=scratch.start_timeout_s)
         except ConchError as exc:
             raise Unavailable(f"The verification Triton server did not start: {exc.detail}") from exc
-        client = TritonClient(process.http_url, timeout_s=300)
+        client = TritonClient(process.http_url, timeout_s=300, api_key=api_key)
         try:
             client.load_model(model_name)
         except ModelLoadError as exc:

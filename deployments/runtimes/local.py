@@ -31,15 +31,27 @@ from deployments.runtimes.base import (
     RuntimeState,
 )
 from tritonserving import server as triton_server
+from tritonserving.access import derive_api_key
 from tritonserving.client import ModelLoadError, TritonClient
 
-__all__ = ["SERVER_ID_INFIX_DEPLOYMENT", "LocalRuntime", "LocalServerState", "worker_host"]
+__all__ = ["SERVER_ID_INFIX_DEPLOYMENT", "LocalRuntime", "LocalServerState", "triton_api_key", "worker_host"]
 
 # Server ids are "<CONCH_INSTANCE_ID>.dep.<id>"; instance ids may not contain ".", so one installation's prefix
 # never matches another's (e.g. "conch" vs "conch-b").
 SERVER_ID_INFIX_DEPLOYMENT = ".dep."
 #: Seconds between heartbeats while waiting for a server or a model load.
 HEARTBEAT_INTERVAL_S = 5.0
+
+
+def triton_api_key(server_id: str) -> str:
+    """The key of local Triton `server_id`'s restricted endpoints (load, unload, config, statistics...).
+
+    Derived from Django's SECRET_KEY and the server id (`tritonserving.access.derive_api_key`), so the worker
+    that starts a server, a worker that adopts it after a restart and the web process all know it without
+    storing it (Triton "Limit Endpoint Access"). After SECRET_KEY changes, servers started before refuse
+    Conch's calls until they restart.
+    """
+    return derive_api_key(settings.SECRET_KEY, server_id)
 
 
 def worker_host() -> str:
@@ -123,7 +135,9 @@ class LocalRuntime(Runtime):
         return http_port, grpc_port, metrics_port
 
     def _client(self, server: LocalServerState, timeout_s: float) -> TritonClient:
-        return TritonClient(self.internal_url(server.to_state()), timeout_s=timeout_s)
+        return TritonClient(
+            self.internal_url(server.to_state()), timeout_s=timeout_s, api_key=triton_api_key(server.server_id)
+        )
 
     # --- Runtime -----------------------------------------------------------------------------------------------
 
@@ -149,6 +163,7 @@ class LocalRuntime(Runtime):
             metrics_port=metrics_port,
             log_path=log_path,
             backend_root=backend_root,
+            api_key=triton_api_key(self.server_id(spec.deployment_id)),
             env=dict(spec.environment),
             bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
         )

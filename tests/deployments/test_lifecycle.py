@@ -9,6 +9,8 @@ import os
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 from datetime import timedelta
 
 import numpy as np
@@ -19,7 +21,7 @@ from django.utils import timezone
 
 from deployments import services, tasks
 from deployments.models import Deployment
-from deployments.runtimes.local import LocalServerState
+from deployments.runtimes.local import LocalServerState, triton_api_key
 from tests import real_models
 from tritonserving import server as triton_server
 
@@ -108,6 +110,50 @@ def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_ca
     assert all(_port_is_free(p) for p in ports)
 
 
+def _load_status(http_url: str, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(
+        f"{http_url}/v2/repository/models/classifier/load", data=b"{}", method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_a_deployments_triton_answers_only_to_conchs_key_and_gets_no_secret(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, monkeypatch, settings
+):
+    # given: the worker's environment holds Conch's secrets
+    secrets = {
+        "DATABASE_URL": "postgres://conch:db-password-e41f@db.internal:5432/conch",
+        "DJANGO_SECRET_KEY": settings.SECRET_KEY,
+        "CELERY_BROKER_URL": "redis://:broker-password-09ab@redis.internal:6379/0",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    # when a deployment starts
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    server = _server(Deployment.objects.get(pk=d["id"]))
+    http_url = f"http://127.0.0.1:{server.http_port}"
+    # then a caller of its published endpoint cannot load models; the key any Conch process derives can
+    assert d["status"] == "ready", d["error"]
+    assert _load_status(http_url, {}) == 403
+    assert _load_status(http_url, {"X-Conch-Key": triton_api_key(server.server_id)}) == 200
+    [found] = triton_server.find_servers(server.server_id)
+    assert found.api_key == triton_api_key(server.server_id)
+    # and neither the server nor its backend stub got a secret, while inference works
+    processes = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    assert len(processes) == 2
+    for process in processes:
+        environment = process.environ()
+        assert not set(secrets) & set(environment)
+        assert not [value for value in secrets.values() if value in "\0".join(environment.values())]
+    _, request = _classifier_request(batch=1)
+    assert alice.client.post(f"/api/v1/deployments/{d['id']}/infer", request, format="json").status_code == 200
+    services.stop_deployment(deployment_id=d["id"])
+
+
 def test_reconcile_reports_a_dead_triton_and_restarts_it(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -153,6 +199,7 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
         metrics_port=ports[2],
         log_path=settings.CONCH_TRITON_DIR / "orphan.log",
         backend_root=backend_root,
+        api_key=triton_api_key(server.server_id),
     )
     triton_server.wait_until_ready(orphan, timeout_s=60)
     # when Conch restarts (nothing in the database changes) and reconcile runs
@@ -187,6 +234,7 @@ def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back
         metrics_port=ports[2],
         log_path=settings.CONCH_TRITON_DIR / "neighbour.log",
         backend_root=triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends"),
+        api_key=triton_api_key(f"{settings.CONCH_INSTANCE_ID}-b.dep.1"),
     )
     # when Conch shuts down (the demo's Ctrl-C)
     assert services.stop_all_local_servers() == 1

@@ -18,7 +18,7 @@ from builds.services import SERVER_ID_INFIX_VERIFY, stop_verify_servers
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
-from deployments.runtimes.local import LocalServerState
+from deployments.runtimes.local import LocalServerState, triton_api_key
 from models_registry.storage import get_object_store
 from tests import real_models
 from tests.deployments.conftest import write_built_version
@@ -84,7 +84,7 @@ def test_a_model_unloaded_behind_conchs_back_is_not_ready_then_healed(
     row = _create(alice, built_classifier, django_capture_on_commit_callbacks, execute=True)
     before = _server(row)
     assert row.status == "ready", row.error
-    client = TritonClient(services.internal_url(row), timeout_s=30)
+    client = TritonClient(services.internal_url(row), timeout_s=30, api_key=triton_api_key(before.server_id))
     client.unload_model("classifier")
     deadline = time.monotonic() + 30
     while client.model_ready("classifier") and time.monotonic() < deadline:
@@ -186,6 +186,7 @@ def test_a_verify_server_whose_build_process_died_is_stopped(settings):
                 metrics_port=ports[2],
                 log_path=root / f"verify-{owner}.log",
                 backend_root=backend_root,
+                api_key="k" * 32,
             )
         )
     for server in servers:  # exec'd and up, as a build's verify server is

@@ -41,6 +41,7 @@ from tritonserving.server import (
     wait_until_ready,
 )
 
+API_KEY = "conchtest-client-key-0123456789"
 QUEUE_DELAY_US = 100_000  # long enough on 2 slow cores for concurrent requests to meet in one batch
 
 
@@ -144,10 +145,11 @@ def server(tmp_path_factory):
         metrics_port=metrics_port,
         log_path=base / "triton.log",
         backend_root=ensure_backend_directory(base / "backends"),
+        api_key=API_KEY,
     )
     try:
         wait_until_ready(process, timeout_s=60)
-        with TritonClient(process.http_url, timeout_s=60) as loader:
+        with TritonClient(process.http_url, timeout_s=60, api_key=API_KEY) as loader:
             for name in ("orientation", "orientation_full", "minilm", "text"):
                 loader.load_model(name)
         yield process
@@ -157,7 +159,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def client(server):
-    with TritonClient(server.http_url, timeout_s=60) as triton:
+    with TritonClient(server.http_url, timeout_s=60, api_key=API_KEY) as triton:
         yield triton
 
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.real_models import classifier
 from tritonserving import server as triton_server
 from tritonserving.client import TritonClient
 from tritonserving.server import (
+    INHERITED_VARIABLES,
     ServerProcess,
     TritonStartError,
     allocate_ports,
@@ -29,6 +31,7 @@ from tritonserving.server import (
     find_servers,
     is_alive,
     locate_installation,
+    server_environment,
     start_server,
     stop_server,
     tail_log,
@@ -36,6 +39,14 @@ from tritonserving.server import (
 )
 
 READY_TIMEOUT_S = 60
+API_KEY = "conchtest-server-key-0123456789"
+# What Conch's own processes hold in their environment; none of it may reach Triton or a backend stub.
+CONCH_SECRETS = {
+    "DATABASE_URL": "postgres://conch:db-password-7f3a@db.internal:5432/conch",
+    "DJANGO_SECRET_KEY": "django-secret-9c1e-not-for-triton",
+    "CELERY_BROKER_URL": "redis://:broker-password-41d2@redis.internal:6379/0",
+    "CONCH_MADE_UP_SECRET": "made-up-secret-b6e0",
+}
 
 
 def _classifier_config(name: str) -> str:
@@ -50,6 +61,27 @@ def _write_classifier(repository: Path, name: str) -> None:
     (repository / name / "1").mkdir(parents=True)
     shutil.copyfile(classifier(), repository / name / "1" / "model.onnx")
     (repository / name / "config.pbtxt").write_text(_classifier_config(name))
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a running process was started with, from `/proc/<pid>/environ`."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
+def _server_and_stub_environments(process: ServerProcess) -> dict[str, dict[str, str]]:
+    """`{"tritonserver": env, "triton_python_backend_stub": env}` of a server with a model loaded."""
+    environments = {"tritonserver": _environ(process.pid)}
+    for child in psutil.Process(process.pid).children(recursive=True):
+        environments[child.name()] = _environ(child.pid)
+    return environments
+
+
+def _assert_no_conch_secret(environment: dict[str, str]) -> None:
+    text = "\0".join(f"{name}={value}" for name, value in environment.items())
+    assert not set(CONCH_SECRETS) & set(environment)
+    assert not [value for value in CONCH_SECRETS.values() if value in text]
 
 
 def _port_is_free(port: int) -> bool:
@@ -93,6 +125,7 @@ def start(backend_root, repository, tmp_path):
             "metrics_port": metrics_port,
             "log_path": tmp_path / f"{server_id}.log",
             "backend_root": backend_root,
+            "api_key": API_KEY,
             **overrides,
         }
         process = start_server(**arguments)
@@ -174,7 +207,7 @@ def test_tail_log_returns_the_last_lines_and_nothing_for_a_missing_file(tmp_path
 def test_started_server_serves_a_model_and_is_found_by_id_prefix(start, server_id_prefix):
     # given
     process = start(f"{server_id_prefix}a")
-    client = TritonClient(process.http_url, timeout_s=30)
+    client = TritonClient(process.http_url, timeout_s=30, api_key=API_KEY)
 
     # when
     client.load_model("orientation")
@@ -187,6 +220,7 @@ def test_started_server_serves_a_model_and_is_found_by_id_prefix(start, server_i
     expected = ort.InferenceSession(str(classifier())).run(["fetch_name_0"], {"x": image})[0]
     assert np.allclose(served, expected, atol=1e-4)
     assert found == [process]
+    assert found[0].api_key == API_KEY
     assert is_alive(process.pid, process.create_time) is True
     assert find_servers(f"{server_id_prefix}zzz") == []
 
@@ -194,7 +228,7 @@ def test_started_server_serves_a_model_and_is_found_by_id_prefix(start, server_i
 def test_stop_server_ends_the_server_and_its_stubs_and_frees_its_ports(start, server_id_prefix):
     # given: a server with a model loaded, so a backend stub process runs too
     process = start(f"{server_id_prefix}stop")
-    with TritonClient(process.http_url, timeout_s=30) as client:
+    with TritonClient(process.http_url, timeout_s=30, api_key=API_KEY) as client:
         client.load_model("orientation")
     stubs = [(child.pid, child.create_time()) for child in psutil.Process(process.pid).children(recursive=True)]
 
@@ -269,7 +303,12 @@ def test_wait_until_ready_fails_fast_with_the_log_when_the_server_exits(start, s
 
 
 def test_start_server_rejects_a_missing_repository_and_clashing_ports(backend_root, tmp_path):
-    common = {"server_id": "conchtest-x", "log_path": tmp_path / "x.log", "backend_root": backend_root}
+    common = {
+        "server_id": "conchtest-x",
+        "log_path": tmp_path / "x.log",
+        "backend_root": backend_root,
+        "api_key": API_KEY,
+    }
 
     with pytest.raises(InvalidInput) as missing:
         start_server(repository=tmp_path / "nope", http_port=1, grpc_port=2, metrics_port=3, **common)
@@ -280,10 +319,51 @@ def test_start_server_rejects_a_missing_repository_and_clashing_ports(backend_ro
     assert clash.value.field == "ports"
 
 
+def test_server_and_its_backend_stub_get_no_secret_from_conchs_environment(start, server_id_prefix, monkeypatch):
+    # given: Conch's environment holds its database, broker and Django secrets
+    for name, value in CONCH_SECRETS.items():
+        monkeypatch.setenv(name, value)
+
+    # when: a server starts and loads a model, which starts a Python backend stub
+    process = start(f"{server_id_prefix}env")
+    image = np.random.default_rng(3).random((1, 3, 224, 224), dtype=np.float32)
+    with TritonClient(process.http_url, timeout_s=60, api_key=API_KEY) as client:
+        client.load_model("orientation")
+        served = client.infer_numpy("orientation", {"x": image})["fetch_name_0"]
+    environments = _server_and_stub_environments(process)
+
+    # then: neither process got any of them, the stub still found the venv's onnxruntime through PATH
+    assert sorted(environments) == ["triton_python_backend_stub", "tritonserver"]
+    for environment in environments.values():
+        _assert_no_conch_secret(environment)
+    server_env = environments["tritonserver"]
+    assert set(server_env) <= {"PATH", "LD_LIBRARY_PATH", *INHERITED_VARIABLES}
+    assert server_env["PATH"].split(os.pathsep)[0] == str(Path(sys.prefix) / "bin")
+    assert server_env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(locate_installation().libs_dir)
+    expected = ort.InferenceSession(str(classifier())).run(["fetch_name_0"], {"x": image})[0]
+    assert np.allclose(served, expected, atol=1e-4)
+    assert API_KEY not in process.log_path.read_text()
+
+
+def test_server_environment_takes_storage_credentials_and_refuses_other_variables():
+    installation = locate_installation()
+
+    environment = server_environment(installation, {"AWS_ACCESS_KEY_ID": "a", "AWS_DEFAULT_REGION": "eu-west-1"})
+    with pytest.raises(InvalidInput) as refused:
+        server_environment(installation, {"DATABASE_URL": CONCH_SECRETS["DATABASE_URL"]})
+
+    assert (environment["AWS_ACCESS_KEY_ID"], environment["AWS_DEFAULT_REGION"]) == ("a", "eu-west-1")
+    assert refused.value.field == "env"
+    assert "DATABASE_URL may not be passed to tritonserver" in refused.value.detail
+    assert CONCH_SECRETS["DATABASE_URL"] not in refused.value.detail
+
+
 def test_server_reads_an_s3_repository_with_credentials_from_env(
-    start, server_id_prefix, s3_server, s3_client, s3_bucket
+    start, server_id_prefix, s3_server, s3_client, s3_bucket, monkeypatch
 ):
-    # given: the classifier repository uploaded to a bucket of the S3 protocol server
+    # given: the classifier repository uploaded to a bucket of the S3 protocol server, and Conch's secrets set
+    for name, value in CONCH_SECRETS.items():
+        monkeypatch.setenv(name, value)
     _, bucket = s3_bucket
     s3_client.upload_file(str(classifier()), bucket, "repo/orientation/1/model.onnx")
     s3_client.put_object(Bucket=bucket, Key="repo/orientation/config.pbtxt", Body=_classifier_config("orientation"))
@@ -298,13 +378,20 @@ def test_server_reads_an_s3_repository_with_credentials_from_env(
             "AWS_DEFAULT_REGION": s3_server.region,
         },
     )
-    client = TritonClient(process.http_url, timeout_s=60)
+    client = TritonClient(process.http_url, timeout_s=60, api_key=API_KEY)
     client.load_model("orientation")
     image = np.zeros((2, 3, 224, 224), dtype=np.float32)
     served = client.infer_numpy("orientation", {"x": image})["fetch_name_0"]
     client.close()
+    environments = _server_and_stub_environments(process)
 
-    # then
+    # then: the server (and the stub it started) got the S3 credentials and none of Conch's secrets
     expected = ort.InferenceSession(str(classifier())).run(["fetch_name_0"], {"x": image})[0]
     assert process.repository == f"s3://{s3_server.endpoint_url}/{bucket}/repo"
     assert np.allclose(served, expected, atol=1e-4)
+    assert sorted(environments) == ["triton_python_backend_stub", "tritonserver"]
+    for environment in environments.values():
+        assert environment["AWS_ACCESS_KEY_ID"] == s3_server.access_key
+        assert environment["AWS_SECRET_ACCESS_KEY"] == s3_server.secret_key
+        assert environment["AWS_DEFAULT_REGION"] == s3_server.region
+        _assert_no_conch_secret(environment)

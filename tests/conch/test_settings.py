@@ -1,0 +1,183 @@
+"""Production settings refuse to start insecure, and turn HTTPS protections on; docker compose keeps secrets out.
+
+Settings are read once per process, so each case runs Django in a subprocess with only the variables it sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+GOOD_KEY = "k3V9-pQz_7Rw2mXc8LdT4bYh6NsJf1GaUe5oKiZr0Hq3WnCy9Ps"  # 51 characters, made up for these tests
+PRINT_SETTINGS = (
+    "import json, django; django.setup(); from django.conf import settings as s; print(json.dumps({name: "
+    "getattr(s, name, None) for name in ('CONCH_ENV', 'DEBUG', 'SECURE_SSL_REDIRECT', 'SESSION_COOKIE_SECURE', "
+    "'CSRF_COOKIE_SECURE', 'SECURE_HSTS_SECONDS', 'SECURE_HSTS_INCLUDE_SUBDOMAINS', 'SECURE_HSTS_PRELOAD', "
+    "'SECURE_PROXY_SSL_HEADER')}))"
+)
+
+
+def _run(tmp_path: Path, arguments: list[str], **variables: str) -> subprocess.CompletedProcess:
+    environment = {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "conch.settings",
+        "CONCH_VAR_DIR": str(tmp_path / "var"),
+        **variables,
+    }
+    return subprocess.run(
+        [sys.executable, *arguments], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300
+    )
+
+
+def _settings(tmp_path: Path, **variables: str) -> dict:
+    completed = _run(tmp_path, ["-c", PRINT_SETTINGS], **variables)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+@pytest.mark.parametrize(
+    ("variables", "problem"),
+    [
+        ({}, "DJANGO_SECRET_KEY is not set (the development key is public)"),
+        ({"DJANGO_SECRET_KEY": "change-me"}, "DJANGO_SECRET_KEY is weak (9 characters; at least 50"),
+        ({"DJANGO_SECRET_KEY": "a" * 60}, "DJANGO_SECRET_KEY is weak (60 characters; at least 50 with 5 different"),
+        ({"DJANGO_SECRET_KEY": GOOD_KEY, "DJANGO_DEBUG": "true"}, "DJANGO_DEBUG is on"),
+        ({"DJANGO_SECRET_KEY": GOOD_KEY, "DJANGO_ALLOWED_HOSTS": "*"}, "DJANGO_ALLOWED_HOSTS contains '*'"),
+    ],
+)
+def test_production_refuses_to_start_with_an_insecure_configuration(tmp_path, variables, problem):
+    # when
+    completed = _run(tmp_path, ["-c", "import django; django.setup()"], CONCH_ENV="production", **variables)
+
+    # then
+    assert completed.returncode != 0
+    [last_line] = completed.stderr.strip().splitlines()[-1:]
+    assert last_line.startswith("django.core.exceptions.ImproperlyConfigured: CONCH_ENV=production refuses to start: ")
+    assert problem in last_line
+    assert "secrets.token_urlsafe(50)" in last_line
+
+
+def test_production_names_every_problem_at_once(tmp_path):
+    completed = _run(
+        tmp_path,
+        ["-c", "import django; django.setup()"],
+        CONCH_ENV="production",
+        DJANGO_DEBUG="1",
+        DJANGO_ALLOWED_HOSTS="conch.example.com,*",
+    )
+
+    assert completed.returncode != 0
+    for problem in ("DJANGO_SECRET_KEY is not set", "DJANGO_DEBUG is on", "DJANGO_ALLOWED_HOSTS contains '*'"):
+        assert problem in completed.stderr
+
+
+def test_a_good_production_configuration_starts_with_https_protections_on(tmp_path):
+    # when
+    values = _settings(
+        tmp_path,
+        CONCH_ENV="production",
+        DJANGO_SECRET_KEY=GOOD_KEY,
+        DJANGO_ALLOWED_HOSTS="conch.example.com",
+        DJANGO_SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto=https",
+    )
+
+    # then
+    assert values == {
+        "CONCH_ENV": "production",
+        "DEBUG": False,
+        "SECURE_SSL_REDIRECT": True,
+        "SESSION_COOKIE_SECURE": True,
+        "CSRF_COOKIE_SECURE": True,
+        "SECURE_HSTS_SECONDS": 31_536_000,
+        "SECURE_HSTS_INCLUDE_SUBDOMAINS": True,
+        "SECURE_HSTS_PRELOAD": True,
+        "SECURE_PROXY_SSL_HEADER": ["HTTP_X_FORWARDED_PROTO", "https"],
+    }
+
+
+def test_production_https_settings_follow_the_environment(tmp_path):
+    values = _settings(
+        tmp_path,
+        CONCH_ENV="production",
+        DJANGO_SECRET_KEY=GOOD_KEY,
+        DJANGO_SECURE_SSL_REDIRECT="false",
+        DJANGO_SECURE_HSTS_SECONDS="3600",
+        DJANGO_SECURE_HSTS_PRELOAD="false",
+    )
+
+    assert (values["SECURE_SSL_REDIRECT"], values["SECURE_HSTS_SECONDS"], values["SECURE_HSTS_PRELOAD"]) == (
+        False,
+        3600,
+        False,
+    )
+    assert values["SESSION_COOKIE_SECURE"] is True
+
+
+def test_development_keeps_the_plain_http_demo_working(tmp_path):
+    values = _settings(tmp_path)
+
+    assert values["CONCH_ENV"] == "development"
+    assert (values["SECURE_SSL_REDIRECT"], values["SESSION_COOKIE_SECURE"], values["SECURE_HSTS_SECONDS"]) == (
+        False,
+        False,
+        0,
+    )
+    assert values["SECURE_PROXY_SSL_HEADER"] is None
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"CONCH_ENV": "staging"}, "CONCH_ENV must be 'development' or 'production', not 'staging'."),
+        ({"DJANGO_SECURE_PROXY_SSL_HEADER": "https"}, "DJANGO_SECURE_PROXY_SSL_HEADER must look like"),
+    ],
+)
+def test_unknown_values_are_refused(tmp_path, variables, message):
+    completed = _run(tmp_path, ["-c", "import django; django.setup()"], **variables)
+
+    assert completed.returncode != 0
+    assert message in completed.stderr
+
+
+def test_the_deploy_security_checks_pass_in_production_and_not_in_development(tmp_path):
+    command = ["manage.py", "check", "--deploy", "--tag", "security", "--fail-level", "WARNING"]
+
+    production = _run(tmp_path, command, CONCH_ENV="production", DJANGO_SECRET_KEY=GOOD_KEY)
+    development = _run(tmp_path, command, DJANGO_SECRET_KEY=GOOD_KEY)
+
+    assert production.returncode == 0, production.stderr
+    assert "System check identified no issues" in production.stdout
+    assert development.returncode != 0
+    for check in ("security.W004", "security.W008", "security.W012", "security.W016"):
+        assert check in development.stderr
+
+
+def test_docker_compose_publishes_no_backing_service_and_keeps_secrets_in_an_env_file():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+
+    # No port of the database, Redis or MinIO (or anything else) on all interfaces.
+    published = {name: service.get("ports", []) for name, service in services.items()}
+    assert published["postgres"] == [] and published["redis"] == []
+    assert all(str(port).startswith("127.0.0.1:") for ports in published.values() for port in ports)
+    # Conch runs in production mode and reads its secrets from conch.env, which git ignores.
+    for name in ("migrate", "web", "worker", "beat"):
+        assert services[name]["environment"]["CONCH_ENV"] == "production"
+        assert services[name]["env_file"] == ["conch.env"]
+    for name, service in services.items():
+        environment = service.get("environment") or {}
+        secret_names = [key for key in environment if any(word in key for word in ("SECRET", "PASSWORD", "KEY"))]
+        assert secret_names == [], name
+        assert "DATABASE_URL" not in environment, name
+    assert "conch.env" in (ROOT / ".gitignore").read_text().splitlines()
+    example = (ROOT / "conch.env.example").read_text()
+    for name in ("DJANGO_SECRET_KEY", "DATABASE_URL", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD"):
+        assert f"\n{name}=" in example
