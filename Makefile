@@ -10,10 +10,11 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-nodeps.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt -c constraints.txt
 	touch $@
 
 demo: venv

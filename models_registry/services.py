@@ -29,6 +29,16 @@ def source_key(*, model_id: int, number: int) -> str:
     return f"models/{model_id}/versions/{number}/source/model.onnx"
 
 
+def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> str:
+    """Object-store key of a version's sample inputs (`.npz`), stored beside its source file.
+
+    `incoming=True` gives the key an upload streams into before the builds app has checked the file and moved
+    it to the plain key, so a bad file sent with a rebuild never replaces good samples.
+    """
+    name = "sample_inputs.incoming.npz" if incoming else "sample_inputs.npz"
+    return f"models/{model_id}/versions/{number}/source/{name}"
+
+
 def repository_prefix(*, model_id: int, number: int) -> str:
     """Object-store prefix of the Triton model repository a version's build writes."""
     return f"models/{model_id}/versions/{number}/repository"
@@ -96,11 +106,17 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser | None) ->
 
 
 def discard_upload(*, version: ModelVersion) -> None:
-    """Forget a version whose upload failed: delete its row and any stored bytes."""
-    try:
-        get_object_store().delete(version.source_key)
-    except NotFound:
-        pass
+    """Forget a version whose upload failed: delete its row and any stored bytes (model file, sample inputs)."""
+    store = get_object_store()
+    keys = [version.source_key] + [
+        sample_inputs_key(model_id=version.model_id, number=version.number, incoming=incoming)
+        for incoming in (False, True)
+    ]
+    for key in keys:
+        try:
+            store.delete(key)
+        except NotFound:
+            pass
     ModelVersion.objects.filter(pk=version.pk, status=VersionStatus.UPLOADING).delete()
 
 
@@ -129,10 +145,13 @@ def complete_upload(
     return version
 
 
-def mark_rebuild(*, version: ModelVersion, allow_building: bool = False) -> ModelVersion:
+def mark_rebuild(
+    *, version: ModelVersion, allow_building: bool = False, build_options: dict[str, Any] | None = None
+) -> ModelVersion:
     """Start a new build attempt of a stored version: status `queued`, attempt + 1, error cleared.
 
-    Raises Conflict while the upload has not finished, or while a build is queued or running (unless
+    `build_options`, when given, replaces the stored (already validated) build options, e.g. with sample inputs
+    added. Raises Conflict while the upload has not finished, or while a build is queued or running (unless
     `allow_building`: the caller found that build's worker dead). The caller queues the build in the same
     transaction.
     """
@@ -146,6 +165,8 @@ def mark_rebuild(*, version: ModelVersion, allow_building: bool = False) -> Mode
         version.error = ""
         version.error_field = ""
         version.build_attempt += 1
+        if build_options is not None:
+            version.build_options = build_options
         version.save()
     return version
 
