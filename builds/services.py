@@ -257,6 +257,7 @@ def run_build(*, version_id: int, attempt: int) -> str:
                 verify_build(
                     version=version,
                     store=store,
+                    prefix=prefix,
                     config=config,
                     signature=signature,
                     options=options,

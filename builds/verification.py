@@ -232,6 +232,8 @@ def parse_sample_values(raw: Any) -> dict[str, Any]:
             f"sample_values must be text such as 'sr=16000' or a JSON object such as {{\"sr\": 16000}}; got "
             f"{type(raw).__name__}."
         )
+    if len(items) > _MAX_SAMPLE_ARRAYS:
+        raise _values_error(f"sample_values gives {len(items)} inputs; at most {_MAX_SAMPLE_ARRAYS}.")
     values: dict[str, Any] = {}
     for name, value in items:
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):

@@ -81,13 +81,14 @@ def verify_build(
     *,
     version: ModelVersion,
     store: ObjectStore,
+    prefix: str,
     config: ModelConfig,
     signature: ModelSignature,
     options: BuildOptions,
     say: _Say,
     scratch: Callable[[], ScratchServer],
 ) -> ModelConfig:
-    """Run the verify step; return the configuration the version is built with.
+    """Run the verify step on the repository the build wrote under `prefix`; return the configuration it keeps.
 
     Batching configurations are proven first (Triton "Dynamic Batcher" joins requests along axis 0): two
     different samples run alone and joined on axis 0, on one scratch server, and the joined run must give each
@@ -98,7 +99,7 @@ def verify_build(
     and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
     """
     samples = load_samples(store, version.build_options or {})
-    run = _smoke_runner(version, store, config.name, say, scratch)
+    run = _smoke_runner(store, prefix, config.name, say, scratch)
     if config.max_batch_size > 0:
         first = make_sample_inputs(config, signature=signature, samples=samples, item=0)
         second = make_sample_inputs(config, signature=signature, samples=samples, item=1)
@@ -122,7 +123,7 @@ def verify_build(
         say(f"batching off: {problem}")
         config = without_batching(config)
         pbtxt = config_to_pbtxt(config)
-        store.put_bytes(f"{version.repository_prefix}/{config.name}/config.pbtxt", pbtxt.encode())
+        store.put_bytes(f"{prefix}/{config.name}/config.pbtxt", pbtxt.encode())
         registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
         say("rewrote config.pbtxt with max_batch_size 0, full dims and no dynamic batcher; verifying again")
         if options.max_batch_size:
@@ -170,10 +171,10 @@ def _check_outputs(say: _Say, config: ModelConfig, outputs: Mapping[str, Any]) -
 
 
 def _smoke_runner(
-    version: ModelVersion, store: ObjectStore, model_name: str, say: _Say, scratch: Callable[[], ScratchServer]
+    store: ObjectStore, prefix: str, model_name: str, say: _Say, scratch: Callable[[], ScratchServer]
 ) -> _SmokeRun:
-    """A function that loads the version's repository in a scratch Triton and runs the given input sets."""
-    repository = store.triton_repository_location(version.repository_prefix)
+    """A function that loads the repository under `prefix` in a scratch Triton and runs the given input sets."""
+    repository = store.triton_repository_location(prefix)
     environment = store.triton_environment()
 
     def run(input_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,6 +6,8 @@ its build (the registry itself never queues work of a layer above it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
@@ -153,6 +155,11 @@ class RebuildView(APIView):
                     '({"sample_values": {"sr": 16000}}), or with no body.',
                     field=SAMPLE_INPUTS_FIELD,
                 ) from None
+            if not isinstance(data, Mapping):
+                raise InvalidInput(
+                    'Send the rebuild body as a JSON object such as {"sample_values": {"sr": 16000}}.',
+                    field=SAMPLE_VALUES_FIELD,
+                )
             samples = files.get(SAMPLE_INPUTS_FIELD)
             version = builds.request_rebuild(
                 version=version,

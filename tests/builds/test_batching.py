@@ -432,3 +432,16 @@ def test_a_rebuild_takes_sample_values_as_json(alice, eager_tasks, django_captur
         )
     assert response.status_code == 202, response.content
     assert ModelVersion.objects.get(pk=version["id"]).build_options["samples"] == {"values": {"sr": 8000}}
+
+
+@pytest.mark.parametrize("body", ['"has sample_values in it"', "[1, 2]"])
+def test_a_rebuild_refuses_a_json_body_that_is_not_an_object(
+    alice, eager_tasks, django_capture_on_commit_callbacks, body
+):
+    version = built(alice, django_capture_on_commit_callbacks, "x", b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    response = alice.client.post(
+        f"/api/v1/versions/{version['id']}/rebuild", data=body, content_type="application/json"
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "sample_values"
+    assert ModelVersion.objects.get(pk=version["id"]).build_attempt == 1
