@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from builds import services as builds
-from builds.model_config import apply_deployment_overrides
+from builds.model_config import apply_deployment_overrides, parse_build_options
 from builds.services import stop_verify_servers
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
@@ -97,19 +97,6 @@ def effective_settings(deployment: Deployment) -> dict[str, Any]:
 # --- create / delete ---------------------------------------------------------------
 
 
-def _check_count(value: Any, field: str, *, minimum: int, maximum: int) -> int | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value))
-        except ValueError:
-            raise InvalidInput(f"{field} must be a whole number.", field=field) from None
-    if not minimum <= value <= maximum:
-        raise InvalidInput(f"{field} must be between {minimum} and {maximum}; got {value}.", field=field)
-    return value
-
-
 def create_deployment(
     *,
     user: AbstractBaseUser,
@@ -158,9 +145,17 @@ def create_deployment(
             + ".",
             field="model_version",
         )
-    instance_count = _check_count(instance_count, "instance_count", minimum=1, maximum=64)
-    max_batch_size = _check_count(max_batch_size, "max_batch_size", minimum=0, maximum=4096)
-    delay = _check_count(max_queue_delay_microseconds, "max_queue_delay_microseconds", minimum=0, maximum=10_000_000)
+    # One definition of the option bounds: the build's (builds.model_config MAX_* constants).
+    overrides = parse_build_options(
+        {
+            "instance_count": instance_count,
+            "max_batch_size": max_batch_size,
+            "max_queue_delay_microseconds": max_queue_delay_microseconds,
+        }
+    )
+    instance_count = overrides.instance_count
+    max_batch_size = overrides.max_batch_size
+    delay = overrides.max_queue_delay_microseconds
     config = apply_deployment_overrides(
         config_from_pbtxt(version.config_pbtxt),
         instance_count=instance_count,

@@ -346,6 +346,9 @@ def start_server(
         f"--id={server_id}",
         f"--model-repository={repository_text}",
         "--model-control-mode=explicit",
+        # Conch writes complete configurations; with auto-complete on, Triton's C++ onnxruntime backend would raise
+        # an explicit `max_batch_size: 0` back to its default for a model whose axis 0 is dynamic.
+        "--disable-auto-complete-config",
         f"--backend-directory={backend_root}",
         f"--http-address={bind_address}",
         f"--http-port={http_port}",

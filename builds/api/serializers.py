@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from builds.model_config import MAX_INSTANCE_COUNT, MAX_MAX_BATCH_SIZE, MAX_QUEUE_DELAY_MICROSECONDS
 from builds.models import BuildStep
 from models_registry.models import ModelVersion
+
+_SAMPLE_INPUTS_HELP = (
+    "Optional .npz of named arrays (numpy.savez('samples.npz', input_name=array, ...)), each in the shape the model "
+    "takes; the verify step runs them instead of generated inputs."
+)
+_SAMPLE_VALUES_HELP = (
+    "Optional per-input values for the verify step, e.g. sr=16000 (entries separated by ';'); a single value fills "
+    "the input, a JSON list gives the whole array."
+)
 
 
 class BuildStepSerializer(serializers.ModelSerializer):
@@ -21,11 +31,26 @@ class UploadVersionSerializer(serializers.Serializer):
 
     file = serializers.FileField(help_text="The ONNX model file.")
     max_batch_size = serializers.IntegerField(
-        required=False, min_value=0, help_text="Largest batch Triton may form; leave out for the default (8)."
+        required=False,
+        min_value=0,
+        max_value=MAX_MAX_BATCH_SIZE,
+        help_text="Largest batch Triton may form; 0 serves one request per run; leave out to let the build decide "
+        "from the model (8 when its axis 0 is proven to be the batch axis, else 0).",
     )
-    max_queue_delay_microseconds = serializers.IntegerField(required=False, min_value=0)
+    max_queue_delay_microseconds = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS
+    )
     preferred_batch_size = serializers.CharField(required=False, help_text="Comma-separated sizes, e.g. 4,8.")
-    instance_count = serializers.IntegerField(required=False, min_value=1)
+    instance_count = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INSTANCE_COUNT)
+    sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
+    sample_values = serializers.CharField(required=False, help_text=_SAMPLE_VALUES_HELP)
+
+
+class RebuildSerializer(serializers.Serializer):
+    """Optional body of a rebuild: new sample inputs for the verify step (documented for the OpenAPI schema)."""
+
+    sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
+    sample_values = serializers.CharField(required=False, help_text=_SAMPLE_VALUES_HELP)
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
