@@ -12,6 +12,9 @@ app = Celery("conch")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+# The heartbeat task and the signal handlers that let probes tell a stuck worker or beat (conch.liveness).
+from conch import liveness  # noqa: E402
+
 
 @app.on_after_configure.connect
 def _install_beat_schedule(sender: Celery, **_: object) -> None:
@@ -31,4 +34,11 @@ def _install_beat_schedule(sender: Celery, **_: object) -> None:
         300.0,
         sender.signature("deployments.prune_metric_samples"),
         name="prune old metric samples",
+    )
+    # Beat's own pulse (conch.liveness): keeps beat publishing, and some worker running a heartbeat, at a
+    # known period whatever the other intervals are.
+    sender.add_periodic_task(
+        settings.CONCH_HEARTBEAT_INTERVAL_SECONDS,
+        sender.signature(liveness.HEARTBEAT_TASK, expires=settings.CONCH_HEARTBEAT_INTERVAL_SECONDS),
+        name="heartbeat",
     )
