@@ -100,7 +100,7 @@ def send_worker_heartbeat(*, node: str, expires_s: float) -> None:
     """Queue one `conch.heartbeat` for worker `node` (e.g. `celery@host`) on its direct queue.
 
     It expires after `expires_s` seconds, so heartbeats sent to a stuck worker do not pile up.
-    Raises kombu's OperationalError when the broker cannot be reached.
+    Raises kombu's OperationalError (a KombuError) when the broker cannot be reached.
     """
     current_app.send_task(
         HEARTBEAT_TASK,
@@ -111,6 +111,8 @@ def send_worker_heartbeat(*, node: str, expires_s: float) -> None:
     )
 
 
+# Acked on receipt: a heartbeat lost with a crashed pool process is harmless, and one that comes back
+# after a restart would only say the old worker was alive.
 @shared_task(name=HEARTBEAT_TASK, ignore_result=True, acks_late=False)
 def heartbeat(node: str | None = None, sent_at: float | None = None) -> None:
     """Record that worker `node` ran a task (the proof that it consumes); `sent_at` is Unix seconds.

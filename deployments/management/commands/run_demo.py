@@ -40,7 +40,7 @@ import requests
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from kombu.exceptions import OperationalError
+from kombu.exceptions import KombuError
 
 from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worker_liveness
 from deployments.services import stop_all_local_servers
@@ -216,7 +216,7 @@ class _Supervisor:
     def _send_heartbeat(self) -> None:
         try:
             send_worker_heartbeat(node=self.worker_node, expires_s=self.worker_max_age)
-        except OperationalError as exc:
+        except (KombuError, OSError) as exc:
             if not self.heartbeat_failing:
                 self.say(f"cannot send the worker a heartbeat: {exc}")
             self.heartbeat_failing = True

@@ -13,7 +13,7 @@ import logging
 from celery.utils.nodenames import default_nodename
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from kombu.exceptions import OperationalError
+from kombu.exceptions import KombuError
 
 from conch.liveness import send_worker_heartbeat, worker_liveness
 
@@ -39,8 +39,8 @@ class Command(BaseCommand):
         if not no_send:
             try:
                 send_worker_heartbeat(node=node, expires_s=max_age)
-            except OperationalError as exc:
-                raise CommandError(f"worker {node}: cannot send a heartbeat, the broker is unreachable: {exc}") from exc
+            except (KombuError, OSError) as exc:
+                raise CommandError(f"worker {node}: cannot send a heartbeat through the broker: {exc}") from exc
         liveness = worker_liveness(node=node, max_age_s=max_age)
         if not liveness.alive:
             raise CommandError(f"worker {node} {liveness.reason}")
