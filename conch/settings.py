@@ -194,6 +194,8 @@ CELERY_TASK_ALWAYS_EAGER = env("CELERY_TASK_ALWAYS_EAGER", False, cast=bool)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Each worker also consumes its own queue `<node>.dq2`: liveness heartbeats are addressed to one worker.
+CELERY_WORKER_DIRECT = True
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for _sub in ("queue", "processed", "control"):
@@ -233,6 +235,12 @@ if not CONCH_BUILD_HEARTBEAT_SECONDS < CONCH_BUILD_STALE_SECONDS:
     raise ImproperlyConfigured("CONCH_BUILD_HEARTBEAT_SECONDS must be smaller than CONCH_BUILD_STALE_SECONDS.")
 if CONCH_BUILD_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured("CONCH_BUILD_MAX_ATTEMPTS must be at least 1.")
+
+# Liveness (conch.liveness, manage.py worker_health / beat_health): beat's heartbeat period, and how long a
+# worker may go without running a heartbeat (while some pool process is idle) or beat without publishing.
+CONCH_HEARTBEAT_INTERVAL_SECONDS = env("CONCH_HEARTBEAT_INTERVAL_SECONDS", 15.0, cast=float)
+CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS = env("CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS", 60.0, cast=float)
+CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS = env("CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS", 60.0, cast=float)
 
 # --- Object store ---------------------------------------------------------------
 CONCH_STORAGE_URL = env("CONCH_STORAGE_URL", (VAR_DIR / "storage").as_uri())
