@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -41,21 +41,19 @@ in `field`."""
 
 
 class InferenceBodyParser(BaseParser):
-    """Hands the view the request body as bytes, whatever its Content-Type: Triton, not DRF, reads it.
+    """Reads the request body for the view, whatever its Content-Type: Triton, not DRF, interprets it.
 
-    Reading through Django's `HttpRequest.body` keeps Django's size limit (DATA_UPLOAD_MAX_MEMORY_SIZE, 413).
+    The view takes the bytes from Django's `request.body`; DRF gets an empty form. DRF parses a body only when
+    something asks for `request.data` or `request.POST`, and here that is the CSRF check of session
+    authentication, which reads `request.POST` as a form (bytes there were a 500). Reading through Django's
+    `HttpRequest.body` keeps Django's size limit (DATA_UPLOAD_MAX_MEMORY_SIZE, 413) and caches the bytes.
     """
 
     media_type = "*/*"
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> bytes:
-        return parser_context["request"]._request.body
-
-
-def _request_body(request: Request) -> bytes:
-    data = request.data
-    # Without a Content-Type DRF parses nothing; the body is still unread.
-    return data if isinstance(data, bytes) else request._request.body
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> QueryDict:
+        parser_context["request"]._request.body  # noqa: B018 - reads and caches the body, under Django's limit
+        return QueryDict()
 
 
 def _header_length(request: Request) -> int | None:
@@ -130,7 +128,7 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     def infer(self, request: Request, pk: str) -> HttpResponse:
         deployment = self.get_object()
         answer = services.infer(
-            deployment=deployment, body=_request_body(request), header_length=_header_length(request)
+            deployment=deployment, body=request._request.body, header_length=_header_length(request)
         )
         response = HttpResponse(answer.body, content_type=answer.content_type)
         if answer.header_length is not None:

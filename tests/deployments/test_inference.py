@@ -15,6 +15,7 @@ import onnx
 import onnxruntime
 import pytest
 import tritonclient.http as triton_http
+from django.test import Client
 from onnx import TensorProto, helper
 
 from tests import real_models
@@ -194,3 +195,43 @@ def test_triton_errors_about_a_tensor_name_it_in_field(
         body = response.json()
         assert body["field"] == field, (problem, body)
         assert words in body["detail"], (problem, body)
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/x-www-form-urlencoded", "text/plain"])
+def test_browser_session_with_csrf_token_reaches_the_deployment_whatever_the_content_type(
+    alice, built_classifier, content_type
+):
+    # given a logged-in browser session (Swagger UI's "Try it out" after logging in to the console)
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice.user)
+    browser.cookies["csrftoken"] = "c" * 32
+    created = alice.client.post(
+        "/api/v1/deployments/", {"name": "web", "team": "acme", "model_version": built_classifier.pk}, format="json"
+    )
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]})
+    # when it sends an inference request with its CSRF token (the session check reads the body as a form)
+    response = browser.generic(
+        "POST",
+        f"/api/v1/deployments/{created.json()['id']}/infer",
+        body,
+        content_type=content_type,
+        HTTP_X_CSRFTOKEN="c" * 32,
+    )
+    # then the request gets past authentication to the deployment, which is not started
+    assert response.status_code == 409, response.content
+    assert response.json()["detail"].endswith("not ready.")
+
+
+def test_a_body_over_the_size_limit_gets_413(alice, built_classifier, settings):
+    # given a small limit (CONCH_MAX_REQUEST_BODY_BYTES)
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    created = alice.client.post(
+        "/api/v1/deployments/", {"name": "web", "team": "acme", "model_version": built_classifier.pk}, format="json"
+    )
+    # when
+    response = alice.client.generic(
+        "POST", f"/api/v1/deployments/{created.json()['id']}/infer", b"0" * 5000, content_type="application/json"
+    )
+    # then
+    assert response.status_code == 413, response.content
+    assert "CONCH_MAX_REQUEST_BODY_BYTES" in response.json()["detail"]
