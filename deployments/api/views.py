@@ -19,8 +19,47 @@ from conch.api import ErrorSerializer
 from conch.errors import InvalidInput
 from deployments import observe, services
 from deployments.api.serializers import CreateDeploymentSerializer, DeploymentSerializer
+from tritonserving.client import BINARY_ONLY_DATATYPES, HEADER_LENGTH, JSON_DATATYPES
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
+# KServe v2 "Inference Request JSON Object", for the OpenAPI schema (Swagger's form, clients, fuzzers); the view
+# itself passes the body on, and the Triton adapter checks it.
+_TENSOR_PARAMETERS = {
+    "type": "object",
+    "additionalProperties": True,
+    "description": "E.g. binary_data_size (input bytes after the JSON header), binary_data (output as bytes).",
+}
+INFER_REQUEST_SCHEMA = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string", "description": "Returned in the response."},
+        "parameters": {"type": "object", "additionalProperties": True},
+        "inputs": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "shape", "datatype"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "datatype": {"type": "string", "enum": [*JSON_DATATYPES, *BINARY_ONLY_DATATYPES]},
+                    "parameters": _TENSOR_PARAMETERS,
+                    "data": {"type": "array", "items": {}, "description": "Row-major values, flat or nested."},
+                },
+            },
+        },
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}, "parameters": _TENSOR_PARAMETERS},
+            },
+        },
+    },
+    "example": {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}]},
+}
 
 INFER_DESCRIPTION = f"""KServe v2 / Open Inference Protocol request, sent to the deployment's Triton as is; Triton's \
 response comes back as Triton wrote it.
@@ -102,7 +141,7 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
-        request={"application/json": OpenApiTypes.OBJECT, "application/octet-stream": OpenApiTypes.BINARY},
+        request={"application/json": INFER_REQUEST_SCHEMA, "application/octet-stream": OpenApiTypes.BINARY},
         parameters=[
             OpenApiParameter(
                 HEADER_LENGTH,
