@@ -387,7 +387,7 @@ class TritonClient:
             return InferenceResponse(
                 body=answer,
                 content_type=response_headers.get("Content-Type", "application/json"),
-                header_length=int(raw_length) if raw_length and raw_length.isdigit() else None,
+                header_length=int(raw_length) if raw_length and raw_length.isascii() and raw_length.isdigit() else None,
             )
         raise self._error_for(status, _error_text(answer), name, sent_inputs)
 

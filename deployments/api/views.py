@@ -99,7 +99,8 @@ def _header_length(request: Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None
-    if not raw.strip().isdigit():
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone takes "²", which int() refuses
         raise InvalidInput(
             f"{HEADER_LENGTH} must be the length in bytes of the JSON header at the start of the body, got {raw!r}.",
             field=HEADER_LENGTH,

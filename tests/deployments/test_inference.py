@@ -235,3 +235,19 @@ def test_a_body_over_the_size_limit_gets_413(alice, built_classifier, settings):
     # then
     assert response.status_code == 413, response.content
     assert "CONCH_MAX_REQUEST_BODY_BYTES" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("header", ["abc", "-1", "", "²", "1.5"])
+def test_a_header_length_that_is_no_byte_count_gets_400_naming_it(alice, built_classifier, header):
+    created = alice.client.post(
+        "/api/v1/deployments/", {"name": "web", "team": "acme", "model_version": built_classifier.pk}, format="json"
+    )
+    response = alice.client.generic(
+        "POST",
+        f"/api/v1/deployments/{created.json()['id']}/infer",
+        b"{}",
+        content_type="application/octet-stream",
+        HTTP_INFERENCE_HEADER_CONTENT_LENGTH=header,
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == HEADER_LENGTH
