@@ -33,7 +33,7 @@ from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
-from tritonserving.client import TritonClient
+from tritonserving.client import InferenceResponse, TritonClient
 from tritonserving.config import config_from_pbtxt, config_to_json, config_to_pbtxt
 
 log = logging.getLogger(__name__)
@@ -493,16 +493,15 @@ def stop_all_local_servers() -> int:
 # --- inference -------------------------------------------------------------------
 
 
-def infer(*, deployment: Deployment, request: dict[str, Any]) -> dict[str, Any]:
-    """Forward a KServe v2 / Open Inference Protocol JSON request to the deployment's Triton.
+def infer(*, deployment: Deployment, body: bytes, header_length: int | None = None) -> InferenceResponse:
+    """Forward a KServe v2 / Open Inference Protocol request body to the deployment's Triton, unchanged.
 
-    Returns Triton's response JSON. Raises Conflict when the deployment is not ready,
-    InvalidInput with Triton's own message when Triton rejects the request, Unavailable
-    when Triton cannot be reached.
+    `body`: JSON, or (`header_length` set, Triton's `Inference-Header-Content-Length`) a JSON header followed by
+    binary tensor data. Returns Triton's response as Triton wrote it (`InferenceResponse`). Raises Conflict when
+    the deployment is not ready, InvalidInput naming the field or tensor at fault (Triton's own message when
+    Triton rejects the request), Unavailable when Triton cannot be reached.
     """
     if deployment.status != DeploymentStatus.READY:
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
-    if not isinstance(request, dict):
-        raise InvalidInput("Send a JSON object with an 'inputs' list.", field="inputs")
     client = TritonClient(internal_url(deployment), timeout_s=60)
-    return client.infer_json(deployment.model_name, request)
+    return client.infer_request_body(deployment.model_name, body, header_length=header_length)
