@@ -181,6 +181,11 @@ def read_sample_arrays(data: bytes) -> dict[str, np.ndarray]:
                     f"Array {name!r} of the sample inputs file cannot be read ({error}); object arrays and "
                     f"pickled data are not accepted. {how}"
                 ) from None
+            if not isinstance(array, np.ndarray):  # a zip member that is no .npy comes back as its raw bytes
+                raise _samples_error(
+                    f"The sample inputs file holds {name!r}, which is not a .npy array: a .npz archive holds only "
+                    f"arrays. {how}"
+                )
             if array.dtype.kind not in "biufUS":
                 raise _samples_error(
                     f"Array {name!r} of the sample inputs file has dtype {array.dtype}; use numbers, bools or text."

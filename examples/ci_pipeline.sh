@@ -127,7 +127,13 @@ echo "deployment $deployment_id ready"
 answer=$(api POST "/api/v1/deployments/$deployment_id/infer" -H 'Content-Type: application/json' -d @"$request")
 shape=$(field outputs 0 shape <<<"$answer")
 echo "inference output shape $shape"
-metrics=$(json_at "/api/v1/deployments/$deployment_id/metrics?window=300" models)
+# Metrics come from Conch's periodic scrape of Triton (every few seconds): wait until it has seen the request.
+for _ in $(seq 30); do
+  metrics=$(json_at "/api/v1/deployments/$deployment_id/metrics?window=300" models)
+  requests=$(python3 -c 'import ast, sys; print(int(sum(m["request_count"] for m in ast.literal_eval(sys.argv[1]))))' "$metrics")
+  (( requests > 0 )) && break
+  sleep 1
+done
 echo "metrics $metrics"
 api DELETE "/api/v1/deployments/$deployment_id/" >/dev/null
 wait_for "/api/v1/deployments/$deployment_id/" stopped >/dev/null

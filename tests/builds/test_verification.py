@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -241,6 +242,15 @@ def test_read_sample_arrays_reads_named_arrays():
     }
 
 
+def _zip_bytes(members: dict[str, bytes]) -> bytes:
+    """A zip archive (what schemathesis sent as sample inputs) whose members are not .npy arrays."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -249,8 +259,9 @@ def test_read_sample_arrays_reads_named_arrays():
         (lambda: np.save(buf := io.BytesIO(), np.zeros(3)) or buf.getvalue(), "holds a single .npy array"),
         (lambda: npz_bytes(), "holds no arrays"),
         (lambda: npz_bytes(x=np.array([{"a": 1}], dtype=object)), "object arrays and pickled data are not accepted"),
+        (lambda: _zip_bytes({"a.txt": b"a"}), "holds 'a.txt', which is not a .npy array"),
     ],
-    ids=["empty", "not-npz", "npy", "no-arrays", "pickle"],
+    ids=["empty", "not-npz", "npy", "no-arrays", "pickle", "zip-of-text"],
 )
 def test_read_sample_arrays_refuses_bad_files_naming_the_field(data, message):
     with pytest.raises(InvalidInput) as caught:
