@@ -1,9 +1,7 @@
-"""Deployment lifecycle: create, start, reconcile, stop, infer; runtime-agnostic.
+"""Deployment lifecycle on its runtime: start (apply, wait, load), stop, reconcile, garbage collection.
 
-A deployment says what to serve (a built model version, pinned to the repository prefix its build wrote), how
-(instances, batching: the effective model configuration) and where (a runtime, see `deployments.runtimes`).
-Starting and reconciling talk to the runtime only through its interface; no database lock is held while a
-runtime spawns, stops or waits on a server, or while the network is used.
+Starting and reconciling talk to the runtime only through its interface (`deployments.runtimes`); no database
+lock is held while a runtime spawns, stops or waits on a server, or while the network is used.
 """
 
 from __future__ import annotations
@@ -11,202 +9,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
-from celery import current_app
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db import transaction
 from django.utils import timezone
 
 from builds import services as builds
-from builds.model_config import apply_deployment_overrides, parse_build_options
 from builds.services import stop_verify_servers
-from conch.errors import ConchError, Conflict, InvalidInput, NotFound
-from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
+from conch.errors import ConchError
+from deployments.choices import DeploymentStatus, DesiredState
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
-from deployments.runtimes.base import DeploymentSpec, Endpoints, Phase, Runtime
-from models_registry.choices import VersionStatus
-from models_registry.naming import validate_model_name
-from models_registry.services import get_version
+from deployments.runtimes.base import DeploymentSpec, Phase, Runtime
+from deployments.services.records import ENABLED_RUNTIMES, log_tail, queue_task
 from models_registry.storage import get_object_store
-from tenancy.services import get_team_for_user, teams_for_user
-from tritonserving.client import InferenceResponse, TritonClient
-from tritonserving.config import config_from_pbtxt, config_to_json, config_to_pbtxt
+from tritonserving.config import config_from_pbtxt, config_to_json
 
 log = logging.getLogger(__name__)
-
-LOG_TAIL_LINES = 30
-#: Runtimes this installation can run deployments on.
-ENABLED_RUNTIMES = (RuntimeName.LOCAL,)
-
-
-# --- queries ---------------------------------------------------------------------
-
-
-def visible_deployments(*, user: AbstractBaseUser) -> QuerySet[Deployment]:
-    """Deployments of the caller's teams."""
-    return Deployment.objects.filter(team__in=teams_for_user(user=user)).select_related("team", "model_version__model")
-
-
-def get_deployment(*, user: AbstractBaseUser, deployment_id: int) -> Deployment:
-    """Return a deployment the caller may see. Raises NotFound."""
-    deployment = visible_deployments(user=user).filter(pk=deployment_id).first()
-    if deployment is None:
-        raise NotFound(f"Deployment {deployment_id} does not exist or is not in one of your teams.")
-    return deployment
-
-
-def log_tail(deployment: Deployment, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last lines of the deployment's Triton log (empty when there is none yet)."""
-    return get_runtime(deployment.runtime).log_tail(deployment.runtime_state, lines)
-
-
-def endpoints(deployment: Deployment) -> Endpoints:
-    """Where clients reach the deployment's Triton; empty while it is not starting or ready."""
-    if deployment.status not in (DeploymentStatus.STARTING, DeploymentStatus.READY):
-        return Endpoints()
-    return get_runtime(deployment.runtime).endpoints(deployment.runtime_state)
-
-
-def internal_url(deployment: Deployment, port: str = "http", path: str = "") -> str:
-    """URL by which Conch's own processes reach the deployment's Triton `port` ("http", "metrics") + `path`."""
-    return get_runtime(deployment.runtime).internal_url(deployment.runtime_state, port, path)
-
-
-def effective_settings(deployment: Deployment) -> dict[str, Any]:
-    """Batching and instance settings of the deployment's effective model configuration.
-
-    Returns max_batch_size, instance_count (summed over instance groups), dynamic_batching
-    (bool) and max_queue_delay_microseconds (None without a dynamic batcher).
-    """
-    if not deployment.config_pbtxt:
-        return {}
-    config = config_from_pbtxt(deployment.config_pbtxt)
-    batching = config.HasField("dynamic_batching")
-    return {
-        "max_batch_size": config.max_batch_size,
-        "instance_count": sum(group.count or 1 for group in config.instance_group) or 1,
-        "dynamic_batching": batching,
-        "max_queue_delay_microseconds": config.dynamic_batching.max_queue_delay_microseconds if batching else None,
-    }
-
-
-# --- create / delete ---------------------------------------------------------------
-
-
-def create_deployment(
-    *,
-    user: AbstractBaseUser,
-    team_slug: str,
-    name: str,
-    model_version_id: Any,
-    runtime: str = RuntimeName.LOCAL,
-    instance_count: Any = None,
-    max_batch_size: Any = None,
-    max_queue_delay_microseconds: Any = None,
-) -> Deployment:
-    """Create a deployment of a built model version and queue its start.
-
-    `max_batch_size` and `max_queue_delay_microseconds` override the version's model
-    configuration (Triton "Model Configuration": max_batch_size, dynamic_batching
-    max_queue_delay_microseconds); `instance_count` sets the instance group count
-    (concurrent model execution). Raises InvalidInput naming the field, NotFound for a
-    team or version the caller cannot see, Conflict for a version that is not built or
-    a name already used by an active deployment of the team.
-    """
-    validate_model_name(name)
-    team = get_team_for_user(user=user, slug=team_slug)
-    if runtime not in RuntimeName.values:
-        raise InvalidInput(f"runtime must be one of {', '.join(RuntimeName.values)}.", field="runtime")
-    if runtime not in ENABLED_RUNTIMES:
-        raise InvalidInput(
-            f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime"
-        )
-    try:
-        version_id = int(model_version_id)
-    except (TypeError, ValueError):
-        raise InvalidInput("model_version must be the id of a model version.", field="model_version") from None
-    try:
-        version = get_version(user=user, version_id=version_id)
-    except NotFound as exc:
-        raise NotFound(exc.detail, field="model_version") from None
-    if version.model.team_id != team.pk:
-        raise InvalidInput(
-            f"Model version {version_id} belongs to team '{version.model.team.slug}', not '{team.slug}'.",
-            field="model_version",
-        )
-    if version.status != VersionStatus.BUILT:
-        raise Conflict(
-            f"Model version {version_id} is '{version.status}'; only a built version can be deployed"
-            + (f" (build error: {version.error})" if version.error else "")
-            + ".",
-            field="model_version",
-        )
-    # One definition of the option bounds: the build's (builds.model_config MAX_* constants).
-    overrides = parse_build_options(
-        {
-            "instance_count": instance_count,
-            "max_batch_size": max_batch_size,
-            "max_queue_delay_microseconds": max_queue_delay_microseconds,
-        }
-    )
-    instance_count = overrides.instance_count
-    max_batch_size = overrides.max_batch_size
-    delay = overrides.max_queue_delay_microseconds
-    config = apply_deployment_overrides(
-        config_from_pbtxt(version.config_pbtxt),
-        instance_count=instance_count,
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=delay,
-    )
-    try:
-        with transaction.atomic():
-            deployment = Deployment.objects.create(
-                team=team,
-                name=name,
-                model_version=version,
-                runtime=runtime,
-                instance_count=instance_count or 1,
-                max_batch_size=max_batch_size,
-                max_queue_delay_microseconds=delay,
-                config_pbtxt=config_to_pbtxt(config),
-                repository_prefix=version.repository_prefix,
-                created_by=user,
-            )
-            _queue_start(deployment.pk)
-    except IntegrityError:
-        raise Conflict(f"Team '{team.slug}' already has an active deployment named '{name}'.", field="name") from None
-    log.info("deployment.created", extra={"deployment_id": deployment.pk})
-    return deployment
-
-
-def request_stop(*, deployment: Deployment) -> Deployment:
-    """Ask for a deployment to stop; a task ends its Triton and frees its ports."""
-    with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
-        if deployment.status == DeploymentStatus.STOPPED:
-            return deployment
-        deployment.desired_state = DesiredState.STOPPED
-        deployment.status = DeploymentStatus.STOPPING
-        deployment.save(update_fields=["desired_state", "status", "updated_at"])
-        pk = deployment.pk
-        _queue_task("deployments.stop_deployment", pk)
-    return deployment
-
-
-def _queue_task(name: str, *args: object) -> None:
-    """Queue a deployments task by its name once the transaction commits (tasks import this module)."""
-    transaction.on_commit(lambda: current_app.signature(name, args=args).delay())
-
-
-def _queue_start(deployment_id: int) -> None:
-    _queue_task("deployments.start_deployment", deployment_id)
-
-
-# --- runtime lifecycle -----------------------------------------------------------
 
 
 def deployment_spec(deployment: Deployment) -> DeploymentSpec:
@@ -402,7 +221,7 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
         quiet = (now - deployment.updated_at).total_seconds() > settings.CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS
         if deployment.status != DeploymentStatus.STOPPING or quiet:
             with transaction.atomic():
-                _queue_task("deployments.stop_deployment", pk)
+                queue_task("deployments.stop_deployment", pk)
             return "stopped"
         return None
     if deployment.status == DeploymentStatus.STARTING:
@@ -410,13 +229,13 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
             return None
         log.warning("deployment.start_stalled", extra={"deployment_id": pk})
         with transaction.atomic():
-            _queue_task("deployments.start_deployment", pk)
+            queue_task("deployments.start_deployment", pk)
         return "restarted"
     if deployment.status == DeploymentStatus.PENDING:
         if (now - deployment.updated_at).total_seconds() > 15:
             # A start that was never queued or got lost (e.g. Conch was shut down); starting is idempotent.
             with transaction.atomic():
-                _queue_task("deployments.start_deployment", pk)
+                queue_task("deployments.start_deployment", pk)
             return "restarted"
         return None
     if deployment.status == DeploymentStatus.READY:
@@ -458,7 +277,7 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
             pk=deployment.pk, status=DeploymentStatus.FAILED, restart_count=deployment.restart_count
         ).update(restart_count=deployment.restart_count + 1, updated_at=now)
         if updated:
-            _queue_task("deployments.start_deployment", deployment.pk)
+            queue_task("deployments.start_deployment", deployment.pk)
     return bool(updated)
 
 
@@ -488,20 +307,3 @@ def stop_all_local_servers() -> int:
         status=DeploymentStatus.STOPPED
     ).update(status=DeploymentStatus.PENDING, error="", heartbeat_at=None, updated_at=timezone.now())
     return stopped
-
-
-# --- inference -------------------------------------------------------------------
-
-
-def infer(*, deployment: Deployment, body: bytes, header_length: int | None = None) -> InferenceResponse:
-    """Forward a KServe v2 / Open Inference Protocol request body to the deployment's Triton, unchanged.
-
-    `body`: JSON, or (`header_length` set, Triton's `Inference-Header-Content-Length`) a JSON header followed by
-    binary tensor data. Returns Triton's response as Triton wrote it (`InferenceResponse`). Raises Conflict when
-    the deployment is not ready, InvalidInput naming the field or tensor at fault (Triton's own message when
-    Triton rejects the request), Unavailable when Triton cannot be reached.
-    """
-    if deployment.status != DeploymentStatus.READY:
-        raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
-    client = TritonClient(internal_url(deployment), timeout_s=60)
-    return client.infer_request_body(deployment.model_name, body, header_length=header_length)

@@ -1,0 +1,51 @@
+"""Deployment lifecycle: create, start, reconcile, stop, infer; runtime-agnostic.
+
+A deployment says what to serve (a built model version, pinned to the repository prefix its build wrote), how
+(instances, batching: the effective model configuration) and where (a runtime, see `deployments.runtimes`).
+Starting and reconciling talk to the runtime only through its interface; no database lock is held while a
+runtime spawns, stops or waits on a server, or while the network is used.
+"""
+
+from deployments.services.inference import infer
+from deployments.services.lifecycle import (
+    collect_repository_garbage,
+    deployment_spec,
+    ensure_deployment_started,
+    reconcile_deployments,
+    restart_backoff_seconds,
+    stop_all_local_servers,
+    stop_deployment,
+)
+from deployments.services.records import (
+    ENABLED_RUNTIMES,
+    LOG_TAIL_LINES,
+    create_deployment,
+    effective_settings,
+    endpoints,
+    get_deployment,
+    internal_url,
+    log_tail,
+    request_stop,
+    visible_deployments,
+)
+
+__all__ = [
+    "ENABLED_RUNTIMES",
+    "LOG_TAIL_LINES",
+    "collect_repository_garbage",
+    "create_deployment",
+    "deployment_spec",
+    "effective_settings",
+    "endpoints",
+    "ensure_deployment_started",
+    "get_deployment",
+    "infer",
+    "internal_url",
+    "log_tail",
+    "reconcile_deployments",
+    "request_stop",
+    "restart_backoff_seconds",
+    "stop_all_local_servers",
+    "stop_deployment",
+    "visible_deployments",
+]

@@ -1,0 +1,193 @@
+"""Deployment records: queries scoped to the caller's teams, creation, stop requests, what a deployment shows."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import current_app
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+
+from builds.model_config import apply_deployment_overrides, parse_build_options
+from conch.errors import Conflict, InvalidInput, NotFound
+from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
+from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+from deployments.runtimes.base import Endpoints
+from models_registry.choices import VersionStatus
+from models_registry.naming import validate_model_name
+from models_registry.services import get_version
+from tenancy.services import get_team_for_user, teams_for_user
+from tritonserving.config import config_from_pbtxt, config_to_pbtxt
+
+log = logging.getLogger(__name__)
+
+
+LOG_TAIL_LINES = 30
+#: Runtimes this installation can run deployments on.
+ENABLED_RUNTIMES = (RuntimeName.LOCAL,)
+
+
+# --- queries ---------------------------------------------------------------------
+
+
+def visible_deployments(*, user: AbstractBaseUser) -> QuerySet[Deployment]:
+    """Deployments of the caller's teams."""
+    return Deployment.objects.filter(team__in=teams_for_user(user=user)).select_related("team", "model_version__model")
+
+
+def get_deployment(*, user: AbstractBaseUser, deployment_id: int) -> Deployment:
+    """Return a deployment the caller may see. Raises NotFound."""
+    deployment = visible_deployments(user=user).filter(pk=deployment_id).first()
+    if deployment is None:
+        raise NotFound(f"Deployment {deployment_id} does not exist or is not in one of your teams.")
+    return deployment
+
+
+def log_tail(deployment: Deployment, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last lines of the deployment's Triton log (empty when there is none yet)."""
+    return get_runtime(deployment.runtime).log_tail(deployment.runtime_state, lines)
+
+
+def endpoints(deployment: Deployment) -> Endpoints:
+    """Where clients reach the deployment's Triton; empty while it is not starting or ready."""
+    if deployment.status not in (DeploymentStatus.STARTING, DeploymentStatus.READY):
+        return Endpoints()
+    return get_runtime(deployment.runtime).endpoints(deployment.runtime_state)
+
+
+def internal_url(deployment: Deployment, port: str = "http", path: str = "") -> str:
+    """URL by which Conch's own processes reach the deployment's Triton `port` ("http", "metrics") + `path`."""
+    return get_runtime(deployment.runtime).internal_url(deployment.runtime_state, port, path)
+
+
+def effective_settings(deployment: Deployment) -> dict[str, Any]:
+    """Batching and instance settings of the deployment's effective model configuration.
+
+    Returns max_batch_size, instance_count (summed over instance groups), dynamic_batching
+    (bool) and max_queue_delay_microseconds (None without a dynamic batcher).
+    """
+    if not deployment.config_pbtxt:
+        return {}
+    config = config_from_pbtxt(deployment.config_pbtxt)
+    batching = config.HasField("dynamic_batching")
+    return {
+        "max_batch_size": config.max_batch_size,
+        "instance_count": sum(group.count or 1 for group in config.instance_group) or 1,
+        "dynamic_batching": batching,
+        "max_queue_delay_microseconds": config.dynamic_batching.max_queue_delay_microseconds if batching else None,
+    }
+
+
+# --- create / delete ---------------------------------------------------------------
+
+
+def create_deployment(
+    *,
+    user: AbstractBaseUser,
+    team_slug: str,
+    name: str,
+    model_version_id: Any,
+    runtime: str = RuntimeName.LOCAL,
+    instance_count: Any = None,
+    max_batch_size: Any = None,
+    max_queue_delay_microseconds: Any = None,
+) -> Deployment:
+    """Create a deployment of a built model version and queue its start.
+
+    `max_batch_size` and `max_queue_delay_microseconds` override the version's model
+    configuration (Triton "Model Configuration": max_batch_size, dynamic_batching
+    max_queue_delay_microseconds); `instance_count` sets the instance group count
+    (concurrent model execution). Raises InvalidInput naming the field, NotFound for a
+    team or version the caller cannot see, Conflict for a version that is not built or
+    a name already used by an active deployment of the team.
+    """
+    validate_model_name(name)
+    team = get_team_for_user(user=user, slug=team_slug)
+    if runtime not in RuntimeName.values:
+        raise InvalidInput(f"runtime must be one of {', '.join(RuntimeName.values)}.", field="runtime")
+    if runtime not in ENABLED_RUNTIMES:
+        raise InvalidInput(
+            f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime"
+        )
+    try:
+        version_id = int(model_version_id)
+    except (TypeError, ValueError):
+        raise InvalidInput("model_version must be the id of a model version.", field="model_version") from None
+    try:
+        version = get_version(user=user, version_id=version_id)
+    except NotFound as exc:
+        raise NotFound(exc.detail, field="model_version") from None
+    if version.model.team_id != team.pk:
+        raise InvalidInput(
+            f"Model version {version_id} belongs to team '{version.model.team.slug}', not '{team.slug}'.",
+            field="model_version",
+        )
+    if version.status != VersionStatus.BUILT:
+        raise Conflict(
+            f"Model version {version_id} is '{version.status}'; only a built version can be deployed"
+            + (f" (build error: {version.error})" if version.error else "")
+            + ".",
+            field="model_version",
+        )
+    # One definition of the option bounds: the build's (builds.model_config MAX_* constants).
+    overrides = parse_build_options(
+        {
+            "instance_count": instance_count,
+            "max_batch_size": max_batch_size,
+            "max_queue_delay_microseconds": max_queue_delay_microseconds,
+        }
+    )
+    instance_count = overrides.instance_count
+    max_batch_size = overrides.max_batch_size
+    delay = overrides.max_queue_delay_microseconds
+    config = apply_deployment_overrides(
+        config_from_pbtxt(version.config_pbtxt),
+        instance_count=instance_count,
+        max_batch_size=max_batch_size,
+        max_queue_delay_microseconds=delay,
+    )
+    try:
+        with transaction.atomic():
+            deployment = Deployment.objects.create(
+                team=team,
+                name=name,
+                model_version=version,
+                runtime=runtime,
+                instance_count=instance_count or 1,
+                max_batch_size=max_batch_size,
+                max_queue_delay_microseconds=delay,
+                config_pbtxt=config_to_pbtxt(config),
+                repository_prefix=version.repository_prefix,
+                created_by=user,
+            )
+            _queue_start(deployment.pk)
+    except IntegrityError:
+        raise Conflict(f"Team '{team.slug}' already has an active deployment named '{name}'.", field="name") from None
+    log.info("deployment.created", extra={"deployment_id": deployment.pk})
+    return deployment
+
+
+def request_stop(*, deployment: Deployment) -> Deployment:
+    """Ask for a deployment to stop; a task ends its Triton and frees its ports."""
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if deployment.status == DeploymentStatus.STOPPED:
+            return deployment
+        deployment.desired_state = DesiredState.STOPPED
+        deployment.status = DeploymentStatus.STOPPING
+        deployment.save(update_fields=["desired_state", "status", "updated_at"])
+        pk = deployment.pk
+        queue_task("deployments.stop_deployment", pk)
+    return deployment
+
+
+def queue_task(name: str, *args: object) -> None:
+    """Queue a deployments task by its name once the transaction commits (tasks import this module)."""
+    transaction.on_commit(lambda: current_app.signature(name, args=args).delay())
+
+
+def _queue_start(deployment_id: int) -> None:
+    queue_task("deployments.start_deployment", deployment_id)
