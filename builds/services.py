@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -41,10 +41,11 @@ from builds.verification import check_output_shapes, make_sample_inputs
 from conch.errors import ConchError, InvalidInput, Unavailable
 from models_registry import services as registry
 from models_registry.choices import VersionStatus
-from models_registry.storage import StoredObject, get_object_store
+from models_registry.storage import ObjectStore, StoredObject, get_object_store
 from tritonserving import server as triton_server
+from tritonserving import smoke
 from tritonserving.config import config_to_pbtxt
-from tritonserving.smoke import ScratchServer, run_smoke_inference
+from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
@@ -212,13 +213,50 @@ def _queued_stale_before() -> datetime:
     return timezone.now() - timedelta(seconds=settings.CONCH_BUILD_QUEUED_STALE_SECONDS)
 
 
-def _scratch_server() -> ScratchServer:
+def _scratch_server() -> ScratchServer | VerifyServer:
+    """The server the verify step runs on: this process's warm one (CONCH_VERIFY_WARM_SERVER), else a throwaway."""
+    if settings.CONCH_VERIFY_WARM_SERVER:
+        return smoke.get_verify_server(_verify_server_settings())
     return ScratchServer(
         work_dir=Path(settings.CONCH_TRITON_DIR),
         server_id=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}{os.getpid()}-{uuid.uuid4().hex[:12]}",
         bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
         start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
     )
+
+
+def _verify_server_settings() -> smoke.VerifyServerSettings:
+    # The server appends "<owner pid>-<hex>": stop_verify_servers relies on that form.
+    return smoke.VerifyServerSettings(
+        work_dir=Path(settings.CONCH_TRITON_DIR),
+        server_id_prefix=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}",
+        bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
+        start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
+    )
+
+
+def warm_up_verify_server() -> None:
+    """Start this worker process's warm verify server in a background thread, so its first build finds it ready
+    (run on Celery's `worker_process_init`). Does nothing when CONCH_VERIFY_WARM_SERVER is off."""
+    if settings.CONCH_VERIFY_WARM_SERVER:
+        smoke.warm_up_verify_server(_verify_server_settings())
+
+
+def stop_warm_verify_server() -> None:
+    """Stop this process's warm verify server, if it has one (run on Celery's `worker_process_shutdown`)."""
+    smoke.stop_verify_server()
+
+
+def _model_directory_stager(store: ObjectStore, folder: str) -> Callable[[Path], None]:
+    """Return a function that copies every object under `folder` (`<prefix>/<model>`) of the store into a local
+    folder, keeping the relative paths: what the warm verify server loads is what the repository holds."""
+
+    def stage(target: Path) -> None:
+        root = folder.rstrip("/") + "/"
+        for key in store.list_keys(root):
+            store.download_to(key, target / key[len(root) :])
+
+    return stage
 
 
 def stop_verify_servers(*, only_abandoned: bool = True) -> int:
@@ -298,6 +336,8 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                     model_name=model_name,
                     input_sets=[inputs],
                     log=say,
+                    stage=_model_directory_stager(store, f"{prefix}/{model_name}"),
+                    label=f"v{version.pk}-a{attempt}",
                 )
                 shapes = {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
                 for name, shape in shapes.items():
