@@ -189,6 +189,7 @@ def _run_on_scratch_server(
         env=dict(environment),
         api_key=api_key,
         bind_address=scratch.bind_address,
+        auto_complete_config=False,
     )
     try:
         log(f"started tritonserver pid {process.pid} on {repository}")
@@ -306,6 +307,7 @@ class VerifyServer:
                 env={},
                 api_key=api_key,
                 bind_address=settings.bind_address,
+                auto_complete_config=False,
             )
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)

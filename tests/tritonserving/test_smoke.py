@@ -172,8 +172,9 @@ def test_the_warm_server_loads_the_copy_under_its_own_name_with_the_repository_c
     # when
     _verify(warm, repository, label="v7-a2", log=log)
 
-    # then the copy was loaded as <model>--<label>-<n> with the repository's configuration
+    # then the copy was loaded as <model>--<label>-<n> with the repository's configuration, taken as given
     [(name, config)] = seen.items()
+    assert "--disable-auto-complete-config" in psutil.Process(warm.process.pid).cmdline()
     assert name == "orientation--v7-a2-1"
     assert (config["name"], config["max_batch_size"], config["backend"]) == (name, 4, "onnxruntime")
     assert [tensor["name"] for tensor in config["input"]] == ["x"]
