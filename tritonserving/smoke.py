@@ -315,7 +315,7 @@ class VerifyServer:
         # Recorded before the wait: whatever interrupts the wait, a later stop() still finds the process.
         self._process, self._api_key, self._scratch, self._broken = process, api_key, scratch, None
         try:
-            triton_server.wait_until_ready(process, timeout_s=settings.start_timeout_s, poll_interval_s=0.05)
+            triton_server.wait_until_ready(process, timeout_s=settings.start_timeout_s)
         except ConchError as exc:
             self._discard()
             raise Unavailable(f"The verification Triton server did not start: {exc.detail}") from exc
