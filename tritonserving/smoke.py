@@ -16,7 +16,9 @@ Talks to a `tritonserver` it starts itself (`tritonserving.server`) over the KSe
 (`tritonserving.client`). No Django: the caller passes the folders, ids and timeouts it wants. Every server here is
 locked down like every server Conch starts (`tritonserving.access`): only requests carrying its key (random per
 server; only the owning process knows it) may load or unload models, and it gets no copy of Conch's environment. The
-warm server gets no storage credentials at all: it reads only its local scratch repository.
+warm server gets no storage credentials at all: it reads only its local scratch repository. Both take model
+configurations as given (`--disable-auto-complete-config`): Conch's are complete, and Triton's auto-complete step
+would cost an extra Python backend stub start per load.
 
 Process rules of the warm server: it belongs to the process that started it (its id is
 `<server_id_prefix><owner pid>-<hex>`, so a periodic sweep can stop servers whose owner is gone); a forked child
@@ -71,6 +73,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a health check of the warm server may take before it counts as not answering.
 HEALTH_TIMEOUT_S = 5.0
+#: Seconds a server being replaced because it misbehaves gets to exit on SIGTERM before SIGKILL.
+MISBEHAVING_STOP_GRACE_S = 2.0
 #: Lines of the Triton log shown with a failed load.
 LOAD_LOG_LINES = 15
 #: Model states (repository index) that mean a model still occupies the server.
@@ -279,7 +283,7 @@ class VerifyServer:
                 if problem is None:
                     return process
                 log(f"verify server {process.server_id} (pid {process.pid}) is replaced: {problem}")
-                self._discard()
+                self._discard(grace_s=MISBEHAVING_STOP_GRACE_S)
             return self._start(log)
 
     def _start(self, log: Callable[[str], None]) -> triton_server.ServerProcess:
@@ -331,14 +335,15 @@ class VerifyServer:
         with self._lock:
             self._discard()
 
-    def _discard(self) -> None:
+    def _discard(self, grace_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, SIGKILL after `grace_s` seconds), delete its scratch repository and log."""
         process, scratch = self._process, self._scratch
         self._process, self._api_key, self._scratch, self._broken = None, None, None, None
         if process is None:
             return
         was_running = triton_server.is_alive(process.pid, process.create_time)
         try:
-            triton_server.stop_server(process.pid, process.create_time)
+            triton_server.stop_server(process.pid, process.create_time, timeout_s=grace_s)
         except ConchError as exc:
             logger.warning("verify_server.stop_failed", extra={"server_id": process.server_id, "error": exc.detail})
         if scratch is not None:
@@ -386,7 +391,7 @@ class VerifyServer:
                 except _ServerMisbehaved as exc:
                     for line in _log_lines_since(process, 0)[-LOAD_LOG_LINES:]:
                         log(f"triton: {line}")
-                    self._discard()
+                    self._discard(grace_s=MISBEHAVING_STOP_GRACE_S)
                     if attempt == 2:
                         raise Unavailable(
                             f"The verification Triton server failed twice in a row: {exc}. Check the worker's "

@@ -228,6 +228,29 @@ def test_a_killed_warm_server_is_replaced_by_the_next_verification(warm, tmp_pat
     assert find_servers(killed.server_id) == []
 
 
+def test_a_warm_server_that_does_not_answer_is_replaced(warm, tmp_path, monkeypatch):
+    # given a warm server that verified once and then hangs (stopped, not dead), and a short liveness check
+    monkeypatch.setattr(smoke, "HEALTH_TIMEOUT_S", 1.0)
+    repository = _repository(tmp_path / "repository")
+    _verify(warm, repository)
+    assert warm.wait_idle()
+    hung = warm.process
+    os.kill(hung.pid, signal.SIGSTOP)
+    lines: list[str] = []
+
+    # when the next verification runs
+    outputs = _verify(warm, repository, log=lines.append)
+
+    # then the hung server was stopped and a fresh one verified the model
+    assert np.allclose(outputs["fetch_name_0"], _expected(), atol=1e-4)
+    assert (
+        f"verify server {hung.server_id} (pid {hung.pid}) is replaced: it did not answer its liveness check within 1 s"
+        in lines
+    )
+    assert not is_alive(hung.pid, hung.create_time)
+    assert warm.process.pid != hung.pid
+
+
 def test_a_model_that_fails_to_load_fails_its_verification_and_leaves_the_server_usable(warm, tmp_path):
     # given a repository holding a truncated copy of the classifier next to the real one
     repository = _repository(tmp_path / "repository")
