@@ -12,10 +12,11 @@ TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_UR
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-nodeps.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt -c constraints.txt
 	touch $@
 
 demo: venv

@@ -6,8 +6,16 @@ Triton import is `tritonclient.grpc.model_config_pb2`, the generated schema of `
 no network), so the text is always produced by protobuf's own `text_format`, never by a string template.
 
 The same repository must load unchanged on two runtimes: the local CPU `tritonserver`, where a Python-based
-backend named `onnxruntime` runs the file, and GPU pods running Triton's C++ onnxruntime backend with
-auto-complete on (Triton's default). Every rule below is chosen to hold on both.
+backend named `onnxruntime` runs the file, and GPU pods running Triton's C++ onnxruntime backend. Every server
+Conch starts runs with `--disable-auto-complete-config` (Triton "Model Configuration" -> "Auto-Generated Model
+Configuration"), so the configuration written here is served as written: it states everything a backend's
+auto-complete would otherwise fill in (backend, max_batch_size, every input and output with its dims, the
+dynamic batcher, the instance group and default_model_filename; Triton's core derives `platform` from
+`backend` itself). An explicit `max_batch_size: 0` therefore stays 0 on both runtimes.
+
+Batching is decided from the model, never guessed (`read_batch_axis`): axis 0 is taken for the batch axis only
+when every input and output has a dynamic axis 0 under the same symbolic name (or all unnamed), and the build's
+verify step then proves it by running two samples joined on axis 0 (`without_batching` is its fallback).
 """
 
 from __future__ import annotations
@@ -33,11 +41,14 @@ __all__ = [
     "MAX_QUEUE_DELAY_MICROSECONDS",
     "MODEL_FILENAME",
     "BuildOptions",
+    "BatchAxisReading",
     "apply_deployment_overrides",
     "build_model_config",
     "parse_build_options",
+    "read_batch_axis",
     "supports_batching",
     "validate_build_options",
+    "without_batching",
 ]
 
 #: File name of the model inside `<model>/<version>/`; the onnxruntime backend's own default.
@@ -56,6 +67,9 @@ MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
 MAX_INSTANCE_COUNT = 16
 
 _INTEGER_RE = re.compile(r"[+-]?\d+")
+# An axis name that says "batch" ("batch", "batch_size", as torch.onnx.export's dynamic_axes={"x": {1: "batch"}}
+# writes it). Only ever used to turn batching off, never on.
+_BATCH_NAME_RE = re.compile(r"batch", re.IGNORECASE)
 
 # Triton datatype string (TensorSpec.datatype) -> model_config.proto DataType. BYTES is TYPE_STRING in the config
 # (Triton "Model Configuration" -> "Datatypes").
@@ -188,26 +202,96 @@ def validate_build_options(options: BuildOptions) -> None:
         raise _preferred_too_large(sizes, options.max_batch_size)
 
 
-def supports_batching(signature: ModelSignature) -> bool:
-    """True when axis 0 of every input and output is dynamic, so Triton may batch along it.
+@dataclass(frozen=True)
+class BatchAxisReading:
+    """What a model's shapes and axis names say about batching along axis 0.
 
-    This is the test Triton's onnxruntime backend applies (`AutoCompleteMaxBatch`, `CompareDimsSupported`) and
-    the rule in Triton "Model Configuration" -> "Maximum Batch Size": with max_batch_size > 0 the first axis of
-    every tensor is the batch axis and is left out of `dims`.
+    Triton batches along axis 0 only: with max_batch_size > 0, axis 0 of every input and output is the batch
+    axis and is left out of `dims` (Triton "Model Configuration" -> "Maximum Batch Size"). Joining two requests
+    along an axis that is not a batch axis (the sequence axis of a time-major RNN, a detector's box axis) mixes
+    their data, so Conch only batches when the model itself says axis 0 is one batch axis.
+
+    Attributes:
+        blockers: reasons axis 0 cannot be a batch axis at all (a scalar tensor, an axis 0 of fixed size); with
+            any of them, max_batch_size > 0 is refused. Each names the tensor and its shape.
+        doubts: reasons the axis names do not show that axis 0 is the batch axis although it is dynamic
+            everywhere (different symbols, a mix of named and unnamed, an axis named like "batch" elsewhere).
+            The model is built without batching unless the user asks for max_batch_size > 0 explicitly; the
+            verify step then proves batching safe or fails the build.
     """
-    return _fixed_batch_axis(signature) is None
+
+    blockers: tuple[str, ...]
+    doubts: tuple[str, ...]
+
+    @property
+    def batchable(self) -> bool:
+        """True when the names show axis 0 is the batch axis (still to be proven by running the model)."""
+        return not self.blockers and not self.doubts
+
+    def explain(self) -> str:
+        """One sentence for the build log: why the model is built without batching ("" when batchable)."""
+        reasons = [*self.blockers, *self.doubts]
+        if not reasons:
+            return ""
+        return (
+            "Triton batches along axis 0 only, and axis 0 is not the same dynamic batch axis on every input and "
+            "output: " + "; ".join(reasons) + "."
+        )
+
+
+def read_batch_axis(signature: ModelSignature) -> BatchAxisReading:
+    """Decide from the shapes and symbolic axis names whether axis 0 is the batch axis of every tensor.
+
+    Axis 0 is the batch axis only when every input and output has a dynamic axis 0 and those axes carry the same
+    symbolic name (ONNX `dim_param`), or none of them is named. Blockers: a scalar (rank-0) tensor, an axis 0 of
+    fixed size. Doubts: axis 0 names that differ (a detector's `[batch, 3, H, W]` input with a `[num_boxes, 6]`
+    output, a `[samples]` waveform with `[frames, 40]` features), named and unnamed axes 0 mixed, and an axis
+    other than 0 whose name says "batch" (a time-major RNN's `[seq, batch, feat]`: its batch axis is axis 1).
+    """
+    tensors = [("input", spec) for spec in signature.inputs] + [("output", spec) for spec in signature.outputs]
+    blockers: list[str] = []
+    doubts: list[str] = []
+    for role, spec in tensors:
+        if not spec.dims:
+            blockers.append(f"{role} {spec.name!r} is a scalar (rank 0) with no batch axis")
+        elif spec.dims[0] != -1:
+            blockers.append(f"{role} {spec.name!r} has axis 0 fixed at {spec.dims[0]}, shape {_shape_text(spec.dims)}")
+        for axis, dim_name in enumerate(spec.dim_names):
+            if axis > 0 and dim_name and _BATCH_NAME_RE.search(dim_name):
+                doubts.append(
+                    f"{role} {spec.name!r} names axis {axis} {dim_name!r}, so its batch axis is axis {axis}, not axis 0"
+                )
+    if not blockers:
+        names = {spec.dim_names[0] for _, spec in tensors}
+        if len(names) > 1:
+            listed = ", ".join(f"{role} {spec.name!r} {_axis_name(spec.dim_names[0])}" for role, spec in tensors)
+            doubts.append(f"axis 0 is not one symbol on every tensor ({listed})")
+    return BatchAxisReading(blockers=tuple(blockers), doubts=tuple(doubts))
+
+
+def supports_batching(signature: ModelSignature) -> bool:
+    """True when the shapes and axis names show axis 0 is the batch axis of every tensor (`read_batch_axis`).
+
+    This is a stricter test than Triton's own auto-complete (`AutoCompleteMaxBatch` only asks for a dynamic axis
+    0), which would batch a time-major RNN along its sequence axis.
+    """
+    return read_batch_axis(signature).batchable
 
 
 def build_model_config(*, name: str, signature: ModelSignature, options: BuildOptions) -> ModelConfig:
     """Build the Triton model configuration for an ONNX model served by the onnxruntime backend.
 
     Batching (Triton "Model Configuration" -> "Maximum Batch Size", "Dynamic Batcher"):
-    - the model can batch when axis 0 of every input and output is dynamic (`supports_batching`). Then
-      max_batch_size = options.max_batch_size or DEFAULT_MAX_BATCH_SIZE, `dims` leave out axis 0, and the dynamic
-      batcher is on with options.max_queue_delay_microseconds (default 100 µs) and the preferred sizes if given.
-      A tensor whose only axis is the batch axis gets `dims: [1]` with an empty `reshape` (Triton "Reshape").
+    - with no max_batch_size given, the model batches when `read_batch_axis` shows axis 0 is the batch axis of
+      every input and output. Then max_batch_size = DEFAULT_MAX_BATCH_SIZE, `dims` leave out axis 0, and the
+      dynamic batcher is on with options.max_queue_delay_microseconds (default 100 µs) and the preferred sizes
+      if given. A tensor whose only axis is the batch axis gets `dims: [1]` with an empty `reshape` (Triton
+      "Reshape"). The verify step must still prove batching safe (builds.verify_step).
+    - max_batch_size 0 may always be asked for; > 0 is allowed whenever axis 0 is dynamic everywhere, even when
+      the names do not show it is the batch axis (the verify step proves it or fails the build).
     - otherwise max_batch_size is 0, `dims` are the full shape, no dynamic batcher. A scalar tensor gets
-      `dims: [1]` (the onnxruntime backend maps it to the scalar).
+      `dims: [1]` without reshape: Triton refuses an empty reshape without batching ("scalar tensors are not
+      supported"), and both onnxruntime backends map `[1]` to the model's scalar.
     - other dynamic axes are -1 (Triton "Model Configuration" -> "Inputs and Outputs", variable-size dims).
     Instances: one group of options.instance_count (default 1) with kind KIND_AUTO, which serves on the CPU
     locally and on the GPU in GPU pods (Triton "Instance Groups").
@@ -222,25 +306,21 @@ def build_model_config(*, name: str, signature: ModelSignature, options: BuildOp
 
     Raises:
         InvalidInput: field "name" for a bad name; field "max_batch_size" when max_batch_size > 0 is asked of a
-            model whose axis 0 is fixed, or 0 of a model whose axis 0 is dynamic (Triton's C++ onnxruntime backend
-            cannot tell an explicit 0 from an unset field and would switch batching back on, breaking the dims);
-            field of the option for any other meaningless option.
+            model with a scalar tensor or a fixed axis 0; field of the option for any other meaningless option.
     """
     validate_model_name(name)
     validate_build_options(options)
-    blocker = _fixed_batch_axis(signature)
+    reading = read_batch_axis(signature)
 
     if options.max_batch_size is None:
-        max_batch_size = DEFAULT_MAX_BATCH_SIZE if blocker is None else 0
-    elif options.max_batch_size > 0 and blocker is not None:
-        raise _batching_refused(options.max_batch_size, blocker)
-    elif options.max_batch_size == 0 and blocker is None:
-        raise _zero_batch_refused()
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if reading.batchable else 0
+    elif options.max_batch_size > 0 and reading.blockers:
+        raise _batching_refused(options.max_batch_size, reading.blockers[0])
     else:
         max_batch_size = options.max_batch_size
 
-    if max_batch_size == 0 and blocker is not None:
-        reason = f"this model cannot batch ({_describe_blocker(blocker)})"
+    if max_batch_size == 0 and options.max_batch_size is None:
+        reason = f"this model is built without batching ({'; '.join([*reading.blockers, *reading.doubts])})"
         if options.max_queue_delay_microseconds is not None:
             raise _needs_batching("max_queue_delay_microseconds", reason)
         if options.preferred_batch_size is not None:
@@ -268,6 +348,24 @@ def build_model_config(*, name: str, signature: ModelSignature, options: BuildOp
     return config
 
 
+def without_batching(config: ModelConfig) -> ModelConfig:
+    """Return a copy of `config` served without Triton batching: max_batch_size 0, full shapes, no batcher.
+
+    Each tensor's `dims` become the full model shape with axis 0 as -1 (a `[batch]` tensor written as `dims: [1]`
+    with an empty `reshape` becomes `dims: [-1]`), and the dynamic batcher is removed (Triton "Model
+    Configuration" -> "Maximum Batch Size"). A config that does not batch is returned as an equal copy.
+    """
+    result = ModelConfig()
+    result.CopyFrom(config)
+    if result.max_batch_size == 0:
+        return result
+    for tensor in [*result.input, *result.output]:
+        _set_shape(tensor, _model_shape(tensor, batching=True), batching=False)
+    result.max_batch_size = 0
+    result.ClearField("dynamic_batching")
+    return result
+
+
 def apply_deployment_overrides(
     config: ModelConfig,
     *,
@@ -277,11 +375,12 @@ def apply_deployment_overrides(
 ) -> ModelConfig:
     """Return a copy of `config` with a deployment's choices applied; None leaves a setting as built.
 
-    Same rules as building: instance_count 1..MAX_INSTANCE_COUNT sets the count of every instance group;
-    max_batch_size 0..MAX_MAX_BATCH_SIZE may only be above 0 when axis 0 of every input and output is dynamic,
-    and may not drop to 0 for such a model; existing preferred batch sizes must stay <= max_batch_size;
-    max_queue_delay_microseconds 0..MAX_QUEUE_DELAY_MICROSECONDS needs batching. Switching batching on for a
-    config built without it moves axis 0 out of `dims` and turns the dynamic batcher on (Triton "Model
+    Same bounds as building (`validate_build_options`: the MAX_* constants of this module): instance_count
+    1..MAX_INSTANCE_COUNT sets the count of every instance group; max_batch_size 0..MAX_MAX_BATCH_SIZE. A
+    deployment may always turn batching off (0: `without_batching`) and may change the batch size of a config
+    built with batching, but may not turn batching on for a config built without it: only a build's verify
+    step proves that joining requests along axis 0 is safe. Existing preferred batch sizes must stay <=
+    max_batch_size; max_queue_delay_microseconds 0..MAX_QUEUE_DELAY_MICROSECONDS needs batching (Triton "Model
     Configuration" -> "Maximum Batch Size", "Dynamic Batcher", "Instance Groups").
 
     Raises:
@@ -298,16 +397,17 @@ def apply_deployment_overrides(
     result.CopyFrom(config)
     was_batching = result.max_batch_size > 0
 
-    if max_batch_size is not None and max_batch_size != result.max_batch_size:
-        if was_batching and max_batch_size == 0:
-            raise _zero_batch_refused()
+    if max_batch_size == 0:
+        result = without_batching(result)
+    elif max_batch_size is not None and max_batch_size != result.max_batch_size:
         if not was_batching:
-            blocker = _fixed_batch_axis_in_config(result)
-            if blocker is not None:
-                raise _batching_refused(max_batch_size, blocker)
-            for tensor in [*result.input, *result.output]:
-                _set_shape(tensor, _model_shape(tensor, batching=False), batching=True)
-            _enable_dynamic_batcher(result, None, None)
+            raise InvalidInput(
+                f"max_batch_size {max_batch_size} cannot be used: this model version was built without batching "
+                "(its build log says why), and only a build can prove that joining requests along axis 0 gives "
+                "each request its own result. Deploy it with max_batch_size empty or 0, or upload the model again "
+                "with max_batch_size set so that the build checks batching.",
+                field="max_batch_size",
+            )
         preferred = tuple(result.dynamic_batching.preferred_batch_size)
         if preferred and max(preferred) > max_batch_size:
             raise InvalidInput(
@@ -375,46 +475,16 @@ def _enable_dynamic_batcher(config: ModelConfig, delay: int | None, preferred: S
         batcher.preferred_batch_size.extend(sorted(preferred))
 
 
-def _fixed_batch_axis(signature: ModelSignature) -> TensorSpec | None:
-    """The first tensor whose axis 0 is fixed (or missing), or None when every axis 0 is dynamic."""
-    for spec in [*signature.inputs, *signature.outputs]:
-        if not spec.dims or spec.dims[0] != -1:
-            return spec
-    return None
+def _axis_name(name: str | None) -> str:
+    return f"axis 0 {name!r}" if name else "axis 0 unnamed"
 
 
-def _fixed_batch_axis_in_config(config: ModelConfig) -> TensorSpec | None:
-    for tensor in [*config.input, *config.output]:
-        shape = _model_shape(tensor, batching=False)
-        if not shape or shape[0] != -1:
-            return TensorSpec(name=tensor.name, datatype="", dims=tuple(shape), dim_names=(None,) * len(shape))
-    return None
-
-
-def _describe_blocker(spec: TensorSpec) -> str:
-    if not spec.dims:
-        return f"{spec.name!r} is a scalar with no batch axis"
-    return f"{spec.name!r} has axis 0 fixed at {spec.dims[0]}, shape {_shape_text(spec.dims)}"
-
-
-def _batching_refused(requested: int, blocker: TensorSpec) -> InvalidInput:
+def _batching_refused(requested: int, blocker: str) -> InvalidInput:
     return InvalidInput(
         f"max_batch_size {requested} needs axis 0 of every input and output to be dynamic, because Triton uses "
-        f"axis 0 as the batch axis, but {_describe_blocker(blocker)}. Leave max_batch_size empty or set it to 0: "
+        f"axis 0 as the batch axis, but {blocker}. Leave max_batch_size empty or set it to 0: "
         "the model is then served without Triton batching, one request per run. To batch, export the model with "
         "a dynamic first axis (e.g. dynamic_axes={'input': {0: 'batch'}} in torch.onnx.export).",
-        field="max_batch_size",
-    )
-
-
-def _zero_batch_refused() -> InvalidInput:
-    # Triton's C++ onnxruntime backend, with auto-complete on (its default), cannot tell an explicit 0 from an
-    # unset field: for a model whose axis 0 is dynamic it raises max_batch_size to its default and then reads
-    # the full-shape dims written for 0 as per-item dims, so the model fails to load on GPU pods.
-    return InvalidInput(
-        "max_batch_size 0 cannot be used for this model: its axis 0 is dynamic, and Triton's onnxruntime backend "
-        "switches batching back on for such models, which would make the configuration's shapes wrong. Use "
-        "max_batch_size 1 to serve one request per run, or leave it empty for the default.",
         field="max_batch_size",
     )
 

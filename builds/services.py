@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -37,7 +37,8 @@ from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.model_config import build_model_config, parse_build_options
 from builds.models import BuildStep
 from builds.sandbox import inspect_onnx_in_sandbox
-from builds.verification import check_output_shapes, make_sample_inputs
+from builds.verification import describe_sample_arrays, parse_sample_values, read_sample_arrays
+from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
 from conch.errors import ConchError, InvalidInput, Unavailable
 from models_registry import services as registry
 from models_registry.choices import VersionStatus
@@ -45,7 +46,7 @@ from models_registry.storage import ObjectStore, StoredObject, get_object_store
 from tritonserving import server as triton_server
 from tritonserving import smoke
 from tritonserving.config import config_to_pbtxt
-from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
+from tritonserving.smoke import ScratchServer, VerifyServer
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
@@ -171,37 +172,68 @@ def queue_build(*, version_id: int, attempt: int) -> None:
 
 
 def submit_upload(
-    *, version: ModelVersion, stored: StoredObject, filename: str, options: Mapping[str, Any]
+    *,
+    version: ModelVersion,
+    stored: StoredObject,
+    filename: str,
+    options: Mapping[str, Any],
+    sample_inputs: StoredObject | None = None,
+    sample_values: Any = None,
 ) -> ModelVersion:
-    """Record a finished upload with its build options and queue its first build.
+    """Record a finished upload with its build options and sample inputs, and queue its first build.
 
     `options` are the raw form fields (max_batch_size, max_queue_delay_microseconds, preferred_batch_size,
-    instance_count). Raises InvalidInput naming the option at fault or `file` (empty file); nothing is queued
-    then, and the caller discards the upload.
+    instance_count). `sample_inputs` is an `.npz` the view streamed to the version's incoming samples key
+    (`registry.sample_inputs_key(incoming=True)`); `sample_values` the raw `sample_values` field ("sr=16000" or a
+    JSON object). Verify uses them instead of generated inputs. Raises InvalidInput naming the option at fault,
+    `sample_inputs`, `sample_values` or `file` (empty file); nothing is queued then, and the caller discards the
+    upload (`registry.discard_upload` also deletes the samples).
     """
     parsed = parse_build_options(options)
+    build_options = parsed.to_dict()
+    store = get_object_store()
+    samples = _accept_samples(store, version, {}, sample_inputs, sample_values, move=True)
+    if samples:
+        build_options["samples"] = samples
     with transaction.atomic():
         version = registry.complete_upload(
-            version=version, stored=stored, filename=filename, build_options=parsed.to_dict()
+            version=version, stored=stored, filename=filename, build_options=build_options
         )
         queue_build(version_id=version.pk, attempt=version.build_attempt)
     return version
 
 
-def request_rebuild(*, version: ModelVersion) -> ModelVersion:
-    """Build a version again from its stored file (after a fix in Conch, or a transient failure).
+def request_rebuild(
+    *, version: ModelVersion, sample_inputs: StoredObject | None = None, sample_values: Any = None
+) -> ModelVersion:
+    """Build a version again from its stored file (after a fix in Conch, a transient failure, or to add samples).
 
-    A build that stalled may be rebuilt: `building` with no heartbeat for CONCH_BUILD_STALE_SECONDS (its
-    worker stopped), or `queued` for CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it. Raises
-    Conflict while the upload is unfinished or a build is queued or running normally.
+    `sample_inputs` / `sample_values` as for `submit_upload`: each one given replaces what the version had (an
+    empty `sample_values` text removes the values); None keeps it. A build that stalled may be rebuilt:
+    `building` with no heartbeat for CONCH_BUILD_STALE_SECONDS (its worker stopped), or `queued` for
+    CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it. Raises InvalidInput (field `sample_inputs` or
+    `sample_values`) for bad samples, Conflict while the upload is unfinished or a build is queued or running
+    normally; the version's samples are unchanged then.
     """
+    store = get_object_store()
+    build_options = dict(version.build_options or {})
+    previous = build_options.get("samples") or {}
+    samples = _accept_samples(store, version, previous, sample_inputs, sample_values, move=False)
+    build_options.pop("samples", None)
+    if samples:
+        build_options["samples"] = samples
     with transaction.atomic():
         version = registry.mark_rebuild(
             version=version,
             building_stale_before=_building_stale_before(),
             queued_stale_before=_queued_stale_before(),
+            build_options=build_options,
         )
+        if sample_inputs is not None:
+            store.copy(sample_inputs.key, samples["key"])
         queue_build(version_id=version.pk, attempt=version.build_attempt)
+    if sample_inputs is not None:
+        store.delete(sample_inputs.key)
     return version
 
 
@@ -211,6 +243,37 @@ def _building_stale_before() -> datetime:
 
 def _queued_stale_before() -> datetime:
     return timezone.now() - timedelta(seconds=settings.CONCH_BUILD_QUEUED_STALE_SECONDS)
+
+
+def _accept_samples(
+    store: ObjectStore,
+    version: ModelVersion,
+    previous: Mapping[str, Any],
+    sample_inputs: StoredObject | None,
+    sample_values: Any,
+    *,
+    move: bool,
+) -> dict[str, Any]:
+    """Check uploaded samples and return their description for `build_options["samples"]` ({} when none).
+
+    Description: {"key": object key of the .npz, "inputs": {name: {"dtype", "shape"}}, "values": {name: value}}.
+    With `move` (an upload) the checked `.npz` goes from its incoming key to the version's samples key at once;
+    a rebuild copies it only once the rebuild is accepted (see `request_rebuild`).
+    """
+    samples = dict(previous)
+    if sample_values is not None:
+        values = parse_sample_values(sample_values)
+        samples.pop("values", None)
+        if values:
+            samples["values"] = values
+    if sample_inputs is not None:
+        arrays = read_sample_arrays(store.read_bytes(sample_inputs.key))
+        samples["key"] = registry.sample_inputs_key(model_id=version.model_id, number=version.number)
+        samples["inputs"] = describe_sample_arrays(arrays)
+        if move:
+            store.copy(sample_inputs.key, samples["key"])
+            store.delete(sample_inputs.key)
+    return samples
 
 
 def _scratch_server() -> ScratchServer | VerifyServer:
@@ -245,18 +308,6 @@ def warm_up_verify_server() -> None:
 def stop_warm_verify_server() -> None:
     """Stop this process's warm verify server, if it has one (run on Celery's `worker_process_shutdown`)."""
     smoke.stop_verify_server()
-
-
-def _model_directory_stager(store: ObjectStore, folder: str) -> Callable[[Path], None]:
-    """Return a function that copies every object under `folder` (`<prefix>/<model>`) of the store into a local
-    folder, keeping the relative paths: what the warm verify server loads is what the repository holds."""
-
-    def stage(target: Path) -> None:
-        root = folder.rstrip("/") + "/"
-        for key in store.list_keys(root):
-            store.download_to(key, target / key[len(root) :])
-
-    return stage
 
 
 def stop_verify_servers(*, only_abandoned: bool = True) -> int:
@@ -305,7 +356,7 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 signature = inspect_onnx_in_sandbox(local)
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:
-                        say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}")
+                        say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}{axis_names_text(t.dim_names)}")
                 registry.record_build_artifacts(version_id=version.pk, signature=signature.to_dict())
 
             with _step(version, StepName.CONFIGURE) as say:
@@ -313,10 +364,8 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 config = build_model_config(name=model_name, signature=signature, options=options)
                 pbtxt = config_to_pbtxt(config)
                 registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
-                say(
-                    f"max_batch_size={config.max_batch_size} "
-                    f"dynamic_batching={'on' if config.HasField('dynamic_batching') else 'off'}"
-                )
+                for line in describe_batching_plan(signature, options, config):
+                    say(line)
 
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(version, StepName.WRITE_REPOSITORY) as say:
@@ -326,24 +375,16 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key}")
 
             with _step(version, StepName.VERIFY) as say:
-                inputs = make_sample_inputs(config)
-                for name, array in inputs.items():
-                    say(f"sample input {name}: {array.dtype} {list(array.shape)}")
-                [outputs] = run_smoke_inference(
-                    scratch=_scratch_server(),
-                    repository=store.triton_repository_location(prefix),
-                    environment=store.triton_environment(),
-                    model_name=model_name,
-                    input_sets=[inputs],
-                    log=say,
-                    stage=_model_directory_stager(store, f"{prefix}/{model_name}"),
-                    label=f"v{version.pk}-a{attempt}",
+                verify_build(
+                    version=version,
+                    store=store,
+                    prefix=prefix,
+                    config=config,
+                    signature=signature,
+                    options=options,
+                    say=say,
+                    scratch=_scratch_server,
                 )
-                shapes = {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
-                for name, shape in shapes.items():
-                    say(f"output {name}: {list(shape)}")
-                batch = 1 if config.max_batch_size > 0 else 0
-                check_output_shapes(config, shapes, batch_size=batch)
     except BuildSuperseded:
         log.info("build.superseded", extra={"version_id": version.pk, "attempt": attempt})
         return "skipped"

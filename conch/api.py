@@ -1,12 +1,14 @@
-"""One exception handler for the whole REST API.
+"""One exception handler for the whole REST API, and its pagination.
 
 Every error body is `{"detail": <sentence>, "field": <input name or null>}`. Our typed
 errors (`conch.errors`) carry their own status; DRF's validation errors are flattened to
-their first field so a client always finds one `field` to point at.
+their first field so a client always finds one `field` to point at. Errors raised outside
+DRF (unknown URLs, unhandled exceptions) get the same body from `conch.middleware`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -14,11 +16,19 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, serializers, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from conch.errors import ConchError
+from conch.errors import ConchError, InvalidInput
+
+#: Largest page a list endpoint returns (`?limit=`).
+MAX_PAGE_SIZE = 1000
+#: Largest `?offset=`: far past any table here, and offset + limit stays inside the database's 64-bit LIMIT/OFFSET.
+MAX_OFFSET = 10**12
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,13}")
 
 
 def _first_error(data: Any, prefix: str | None = None) -> tuple[str | None, str]:
@@ -70,6 +80,42 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         detail = response.data.get("detail") if isinstance(response.data, dict) else response.data
         response.data = {"detail": str(detail), "field": None}
     return response
+
+
+class BoundedLimitOffsetPagination(LimitOffsetPagination):
+    """`?limit=&offset=` pagination whose values are checked, not silently replaced.
+
+    `limit` is 1..MAX_PAGE_SIZE (default REST_FRAMEWORK["PAGE_SIZE"]), `offset` 0..MAX_OFFSET (default 0); a
+    blank value means the default. Anything else (not a whole number, out of range) raises `InvalidInput`
+    naming the parameter (400): DRF's own class ignores bad values and passes any limit to the database, where a
+    page size past its integer range was a 500.
+    """
+
+    max_limit = MAX_PAGE_SIZE
+
+    def get_limit(self, request: Request) -> int:
+        return _bounded_whole_number(request, self.limit_query_param, self.default_limit, 1, MAX_PAGE_SIZE)
+
+    def get_offset(self, request: Request) -> int:
+        return _bounded_whole_number(request, self.offset_query_param, 0, 0, MAX_OFFSET)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {self.limit_query_param: (1, MAX_PAGE_SIZE), self.offset_query_param: (0, MAX_OFFSET)}
+        for parameter in parameters:
+            low, high = bounds[parameter["name"]]
+            parameter["schema"].update({"minimum": low, "maximum": high})
+        return parameters
+
+
+def _bounded_whole_number(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name, "").strip()
+    if not raw:
+        return default
+    if not _WHOLE_NUMBER.fullmatch(raw) or not low <= int(raw) <= high:
+        shown = raw if len(raw) <= 40 else raw[:40] + "…"
+        raise InvalidInput(f"{name} must be a whole number from {low} to {high}, got {shown!r}.", field=name)
+    return int(raw)
 
 
 class OptionalSlashRouter(SimpleRouter):

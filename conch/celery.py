@@ -30,6 +30,7 @@ PERIODIC_TASKS = (
     "deployments.prune_metric_samples",
     "builds.sweep_stalled_versions",
     "deployments.collect_repository_garbage",
+    "conch.heartbeat",  # conch.liveness.HEARTBEAT_TASK
 )
 
 app = Celery("conch")
@@ -42,6 +43,9 @@ app.conf.task_queues = (
 app.conf.task_routes = {name: {"queue": PERIODIC_QUEUE} for name in PERIODIC_TASKS}
 app.autodiscover_tasks()
 
+# The heartbeat task and the signal handlers that let probes tell a stuck worker or beat (conch.liveness).
+from conch import liveness  # noqa: E402
+
 
 @app.on_after_configure.connect
 def _install_beat_schedule(sender: Celery, **_: object) -> None:
@@ -53,6 +57,9 @@ def _install_beat_schedule(sender: Celery, **_: object) -> None:
         (300.0, "deployments.prune_metric_samples", "prune old metric samples"),
         (settings.CONCH_SWEEP_INTERVAL_SECONDS, "builds.sweep_stalled_versions", "recover stuck builds and uploads"),
         (900.0, "deployments.collect_repository_garbage", "delete repositories no build or deployment uses"),
+        # Beat's own pulse (conch.liveness): keeps beat publishing, and some worker running a heartbeat, at a
+        # known period whatever the other intervals are.
+        (settings.CONCH_HEARTBEAT_INTERVAL_SECONDS, liveness.HEARTBEAT_TASK, "heartbeat"),
     )
     for period_s, task_name, title in schedule:
         # A copy not started within one period is dropped (the next one is already on its way).

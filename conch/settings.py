@@ -98,6 +98,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before the others: their HTML error pages for /api/ paths become JSON {"detail", "field"} bodies.
+    "conch.middleware.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -168,7 +170,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "conch.api.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON only: an API answer, error or not, is never an HTML page (Swagger UI at /api/v1/docs/ is the browser view).
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PAGINATION_CLASS": "conch.api.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {
@@ -194,6 +198,8 @@ CELERY_TASK_ALWAYS_EAGER = env("CELERY_TASK_ALWAYS_EAGER", False, cast=bool)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Each worker also consumes its own queue `<node>.dq2`: liveness heartbeats are addressed to one worker.
+CELERY_WORKER_DIRECT = True
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for _sub in ("queue", "processed", "control"):
@@ -236,6 +242,12 @@ if not CONCH_BUILD_HEARTBEAT_SECONDS < CONCH_BUILD_STALE_SECONDS:
     raise ImproperlyConfigured("CONCH_BUILD_HEARTBEAT_SECONDS must be smaller than CONCH_BUILD_STALE_SECONDS.")
 if CONCH_BUILD_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured("CONCH_BUILD_MAX_ATTEMPTS must be at least 1.")
+
+# Liveness (conch.liveness, manage.py worker_health / beat_health): beat's heartbeat period, and how long a
+# worker may go without running a heartbeat (while some pool process is idle) or beat without publishing.
+CONCH_HEARTBEAT_INTERVAL_SECONDS = env("CONCH_HEARTBEAT_INTERVAL_SECONDS", 15.0, cast=float)
+CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS = env("CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS", 60.0, cast=float)
+CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS = env("CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS", 60.0, cast=float)
 
 # --- Object store ---------------------------------------------------------------
 CONCH_STORAGE_URL = env("CONCH_STORAGE_URL", (VAR_DIR / "storage").as_uri())

@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from builds import services as builds
-from builds.model_config import apply_deployment_overrides
+from builds.model_config import apply_deployment_overrides, parse_build_options
 from builds.services import stop_verify_servers
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
@@ -33,7 +33,7 @@ from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
-from tritonserving.client import TritonClient
+from tritonserving.client import InferenceResponse, TritonClient
 from tritonserving.config import config_from_pbtxt, config_to_json, config_to_pbtxt
 
 log = logging.getLogger(__name__)
@@ -97,19 +97,6 @@ def effective_settings(deployment: Deployment) -> dict[str, Any]:
 # --- create / delete ---------------------------------------------------------------
 
 
-def _check_count(value: Any, field: str, *, minimum: int, maximum: int) -> int | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value))
-        except ValueError:
-            raise InvalidInput(f"{field} must be a whole number.", field=field) from None
-    if not minimum <= value <= maximum:
-        raise InvalidInput(f"{field} must be between {minimum} and {maximum}; got {value}.", field=field)
-    return value
-
-
 def create_deployment(
     *,
     user: AbstractBaseUser,
@@ -158,9 +145,17 @@ def create_deployment(
             + ".",
             field="model_version",
         )
-    instance_count = _check_count(instance_count, "instance_count", minimum=1, maximum=64)
-    max_batch_size = _check_count(max_batch_size, "max_batch_size", minimum=0, maximum=4096)
-    delay = _check_count(max_queue_delay_microseconds, "max_queue_delay_microseconds", minimum=0, maximum=10_000_000)
+    # One definition of the option bounds: the build's (builds.model_config MAX_* constants).
+    overrides = parse_build_options(
+        {
+            "instance_count": instance_count,
+            "max_batch_size": max_batch_size,
+            "max_queue_delay_microseconds": max_queue_delay_microseconds,
+        }
+    )
+    instance_count = overrides.instance_count
+    max_batch_size = overrides.max_batch_size
+    delay = overrides.max_queue_delay_microseconds
     config = apply_deployment_overrides(
         config_from_pbtxt(version.config_pbtxt),
         instance_count=instance_count,
@@ -498,16 +493,15 @@ def stop_all_local_servers() -> int:
 # --- inference -------------------------------------------------------------------
 
 
-def infer(*, deployment: Deployment, request: dict[str, Any]) -> dict[str, Any]:
-    """Forward a KServe v2 / Open Inference Protocol JSON request to the deployment's Triton.
+def infer(*, deployment: Deployment, body: bytes, header_length: int | None = None) -> InferenceResponse:
+    """Forward a KServe v2 / Open Inference Protocol request body to the deployment's Triton, unchanged.
 
-    Returns Triton's response JSON. Raises Conflict when the deployment is not ready,
-    InvalidInput with Triton's own message when Triton rejects the request, Unavailable
-    when Triton cannot be reached.
+    `body`: JSON, or (`header_length` set, Triton's `Inference-Header-Content-Length`) a JSON header followed by
+    binary tensor data. Returns Triton's response as Triton wrote it (`InferenceResponse`). Raises Conflict when
+    the deployment is not ready, InvalidInput naming the field or tensor at fault (Triton's own message when
+    Triton rejects the request), Unavailable when Triton cannot be reached.
     """
     if deployment.status != DeploymentStatus.READY:
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
-    if not isinstance(request, dict):
-        raise InvalidInput("Send a JSON object with an 'inputs' list.", field="inputs")
     client = TritonClient(internal_url(deployment), timeout_s=60)
-    return client.infer_json(deployment.model_name, request)
+    return client.infer_request_body(deployment.model_name, body, header_length=header_length)

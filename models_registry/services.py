@@ -33,6 +33,16 @@ def source_key(*, model_id: int, number: int) -> str:
     return f"models/{model_id}/versions/{number}/source/model.onnx"
 
 
+def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> str:
+    """Object-store key of a version's sample inputs (`.npz`), stored beside its source file.
+
+    `incoming=True` gives the key an upload streams into before the builds app has checked the file and moved
+    it to the plain key, so a bad file sent with a rebuild never replaces good samples.
+    """
+    name = "sample_inputs.incoming.npz" if incoming else "sample_inputs.npz"
+    return f"models/{model_id}/versions/{number}/source/{name}"
+
+
 def repositories_root(*, model_id: int, number: int) -> str:
     """Object-store folder holding the repositories of every build attempt of a version."""
     return f"models/{model_id}/versions/{number}/repository"
@@ -153,11 +163,17 @@ def abort_stale_uploads(*, stale_before: datetime) -> int:
 
 
 def discard_upload(*, version: ModelVersion) -> None:
-    """Forget a version whose upload failed: delete its row and any stored bytes."""
-    try:
-        get_object_store().delete(version.source_key)
-    except NotFound:
-        pass
+    """Forget a version whose upload failed: delete its row and any stored bytes (model file, sample inputs)."""
+    store = get_object_store()
+    keys = [version.source_key] + [
+        sample_inputs_key(model_id=version.model_id, number=version.number, incoming=incoming)
+        for incoming in (False, True)
+    ]
+    for key in keys:
+        try:
+            store.delete(key)
+        except NotFound:
+            pass
     ModelVersion.objects.filter(pk=version.pk, status=VersionStatus.UPLOADING).delete()
 
 
@@ -200,10 +216,12 @@ def mark_rebuild(
     version: ModelVersion,
     building_stale_before: datetime | None = None,
     queued_stale_before: datetime | None = None,
+    build_options: dict[str, Any] | None = None,
 ) -> ModelVersion:
     """Start a new build attempt of a stored version: status `queued`, attempt + 1, error cleared.
 
-    Raises Conflict while the upload has not finished, or while a build is queued or running, unless that
+    `build_options`, when given, replaces the stored (already validated) build options, e.g. with sample inputs
+    added. Raises Conflict while the upload has not finished, or while a build is queued or running, unless that
     build has stalled: `building` with a heartbeat before `building_stale_before` (its worker stopped), or
     `queued` since before `queued_stale_before` (its message was lost). The caller queues the build in the
     same transaction.
@@ -226,6 +244,8 @@ def mark_rebuild(
         version.build_attempt += 1
         version.heartbeat_at = timezone.now()
         version.lost_attempts = 0
+        if build_options is not None:
+            version.build_options = build_options
         version.save()
     return version
 

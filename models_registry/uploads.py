@@ -147,7 +147,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     - PayloadTooLarge (field `file`) once more than `max_bytes` bytes of the file arrive, or when
       the declared request or part length already exceeds it; the writer is aborted first, so
       no object or partial upload is left;
-    - InvalidInput for a file in another field, or a second file;
+    - InvalidInput for a file in another field (other than `other_fields`), or a second file;
     - Unavailable when the store fails (the writer aborts itself).
 
     `file_complete` commits the object and returns a `StoredUpload`; an empty file is still
@@ -161,6 +161,10 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     sweeper can tell a live upload from one whose web worker died (`touch_upload`). A heartbeat
     that raises is logged and never fails the upload. Note a beat can only come once per chunk
     (2 MiB), so a client slower than 2 MiB per stale bound looks dead.
+
+    Several file fields: list one handler per field, the first with `other_fields` naming the fields the later
+    handlers take (it passes their chunks on and refuses any other field); give every handler the body's whole
+    allowance in `slack_bytes` beyond its own `max_bytes`, since each one checks the declared body length.
     """
 
     chunk_size = UPLOAD_CHUNK_BYTES
@@ -172,6 +176,8 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         *,
         max_bytes: int,
         field_name: str = "file",
+        other_fields: tuple[str, ...] = (),
+        slack_bytes: int = MULTIPART_SLACK_BYTES,
         request: Any = None,
         heartbeat: Callable[[], None] | None = None,
         heartbeat_interval_s: float = 5.0,
@@ -181,6 +187,8 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         self.key = key
         self.max_bytes = max_bytes
         self.expected_field_name = field_name
+        self.other_fields = other_fields
+        self.slack_bytes = slack_bytes
         self.upload: StoredUpload | None = None
         self._writer: ObjectWriter | None = None
         self._received_bytes = 0
@@ -197,7 +205,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         encoding: str | None = None,
     ) -> None:
         """Refuse a body whose declared length is over the limit; let Django parse the rest."""
-        _check_declared_length(content_length, self.max_bytes, MULTIPART_SLACK_BYTES)
+        _check_declared_length(content_length, self.max_bytes, self.slack_bytes)
 
     def new_file(
         self,
@@ -208,11 +216,14 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         charset: str | None = None,
         content_type_extra: dict[str, Any] | None = None,
     ) -> None:
-        """Open the store writer for the expected field; refuse other or repeated file fields."""
+        """Open the store writer for the expected field; leave `other_fields` to later handlers; refuse the rest."""
+        if field_name in self.other_fields:
+            return
         super().new_file(field_name, file_name, content_type, content_length, charset, content_type_extra)
         if field_name != self.expected_field_name:
+            accepted = " and ".join(repr(name) for name in (self.expected_field_name, *self.other_fields))
             raise InvalidInput(
-                f"Unexpected file field {field_name!r}; send the model file in the field {self.expected_field_name!r}.",
+                f"Unexpected file field {field_name!r}; this request takes files in the field(s) {accepted} only.",
                 field=field_name,
             )
         if self._writer is not None or self.upload is not None:
@@ -225,13 +236,14 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         self._writer = self.store.open_writer(self.key)
         raise StopFutureHandlers()
 
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
         """Write one chunk to the store; over `max_bytes` abort and raise PayloadTooLarge.
 
-        Returns None, which tells Django's parser not to pass the chunk to later handlers.
+        Returns None, which tells Django's parser not to pass the chunk to later handlers; a chunk of a field this
+        handler does not take is returned unchanged, for the next handler.
         """
         if self._writer is None:
-            return
+            return raw_data
         self._received_bytes += len(raw_data)
         if self._received_bytes > self.max_bytes:
             self.abort()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import distribution
 from importlib.resources import files
 from pathlib import Path
 
@@ -40,3 +41,13 @@ def magika() -> Path:
 def ddddocr_common() -> Path:
     """ddddocr common.onnx (54 MB): batch fixed at 1, declared output rank 2 but produces rank 3."""
     return _path("ddddocr", "common.onnx")
+
+
+def silero_vad() -> Path:
+    """silero-vad 6.2.3 voice activity detector: input FP32 [batch, samples], state FP32 [2, batch, 128], a scalar
+    INT64 `sr` that must be 8000 or 16000 -> output FP32 [batch, 1], stateN. Needs real sample inputs to verify.
+
+    Located without importing the package: `silero_vad/__init__.py` imports torch, which the tests do not need
+    (the wheel is installed with --no-deps, see requirements-nodeps.txt).
+    """
+    return Path(str(distribution("silero-vad").locate_file("silero_vad/data/silero_vad.onnx")))

@@ -2,14 +2,14 @@
 
 Talks the KServe v2 / Open Inference Protocol ("Health", "Model Ready", "Model Configuration", "Inference") and
 Triton's extensions: "Model Repository" (load/unload with an optional configuration override) and "Binary Tensor
-Data". A client built with `api_key=` sends it in the `X-Conch-Key` header of every request, which the restricted
-endpoints of a server Conch started require (Triton "Limit Endpoint Access"). Returns plain dicts and numpy
-arrays; raises only our errors:
+Data". Returns plain dicts, numpy arrays, or (`infer_request_body`) Triton's own response bytes. A client built
+with `api_key=` sends it in the `X-Conch-Key` header of every request, which the restricted endpoints of a server
+Conch started require (Triton "Limit Endpoint Access"). Raises only our errors:
 
 - `TritonUnavailable` (`Unavailable`, 503): connection refused/reset, timeout, or Triton answered 503.
 - `TritonRequestError` (`InvalidInput`, 400): Triton rejected the request (bad shape, datatype, input name...)
   or the model failed on it; `detail` is Triton's own message, `status` the HTTP status Triton answered (400 for
-  a rejected request, 500 for a model that failed while running).
+  a rejected request, 500 for a model that failed while running), `field` the tensor Triton names, if any.
 - `TritonModelNotFound` (`NotFound`, 404): the model is not loaded (or not in the repository).
 - `ModelLoadError` (`InvalidInput`): Triton could not load a model; `detail` is Triton's message.
 - `TritonAccessDenied` (`ConchError`, 500): Triton refused a restricted endpoint (HTTP 403) because the client's
@@ -27,7 +27,9 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Self, TypeVar
+from urllib.parse import quote
 
 import gevent
 import numpy as np
@@ -56,7 +58,29 @@ JSON_DATATYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(np.object_),
 }
 
+#: Datatypes a binary tensor may have besides the JSON ones (KServe v2 "Tensor Data Types"; BF16 has no JSON form).
+BINARY_ONLY_DATATYPES = ("BF16",)
+#: Triton's header naming the length of the JSON part of a body that carries binary tensors (Triton "Binary Tensor
+#: Data Extension"); an HTTP header, not a JSON field.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
 _Result = TypeVar("_Result")
+
+
+@dataclass(frozen=True)
+class InferenceResponse:
+    """Triton's answer to an inference request, byte for byte.
+
+    `body`: the KServe v2 "Inference Response JSON Object", followed by the outputs' raw bytes when binary outputs
+    were asked for. Triton writes non-finite floats as `NaN`, `Infinity` and `-Infinity` (not strict JSON; Python's
+    `json.loads` and most KServe clients read them). `header_length`: the length in bytes of the JSON part when the
+    body carries binary data (Triton's `Inference-Header-Content-Length` response header), else None.
+    `content_type`: Triton's Content-Type (`application/json`, or `application/octet-stream` with binary data).
+    """
+
+    body: bytes
+    content_type: str
+    header_length: int | None = None
 
 
 class TritonUnavailable(Unavailable):
@@ -104,6 +128,30 @@ _REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\]\s*")
 
 def _message(exc: InferenceServerException) -> str:
     return _REQUEST_ID_PREFIX.sub("", exc.message() or str(exc))
+
+
+# The tensor a Triton 2.51 request error is about. Core messages quote it ("inference input 'x' data-type is ...",
+# "unexpected shape for input 'x' ...", "unexpected inference input 'z' ...", "unexpected inference output 'o' ...",
+# "input 'x' already exists in request", "input byte size mismatch for input 'x' ...", "unexpected size for input
+# 'x' ..."); two do not ("invalid datatype for input x", and the missing-input message, which lists names).
+_QUOTED_TENSOR = re.compile(r"\b(?:input|output)(?: tensors)? '([^']+)'")
+_UNQUOTED_TENSOR = re.compile(r"\b(?:invalid datatype for input|Please use the binary data format for input) (\S+)")
+# "expected 3 inputs but got 2 inputs for model 'm'. Got input(s) ['a','b'], but missing required input(s)
+# ['c']. Please provide all required input(s)." The missing list is empty when an unknown input took its place.
+_MISSING_INPUTS = re.compile(r"missing required input\(s\) \[?([^\]]*)\]")
+
+
+def _named_tensor(message: str) -> str | None:
+    """Return the tensor Triton's error `message` names, or None (e.g. a batch-size error names none)."""
+    missing = _MISSING_INPUTS.search(message)
+    if missing:
+        names = re.findall(r"'([^']+)'", missing.group(1))
+        return names[0] if names else None
+    for pattern in (_QUOTED_TENSOR, _UNQUOTED_TENSOR):
+        found = pattern.search(message)
+        if found:
+            return found.group(1)
+    return None
 
 
 class TritonClient:
@@ -181,13 +229,30 @@ class TritonClient:
             kind = "timed out" if isinstance(exc, (TimeoutError, gevent.Timeout)) else "failed"
             raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
 
-    def _translate(self, exc: InferenceServerException, model_name: str) -> ConchError:
-        status, message = _status(exc), _message(exc)
+    def _translate(self, exc: InferenceServerException, model_name: str, sent_inputs: Sequence[str] = ()) -> ConchError:
+        return self._error_for(_status(exc), _message(exc), model_name, sent_inputs)
+
+    def _error_for(
+        self, status: int | None, message: str, model_name: str, sent_inputs: Sequence[str] = ()
+    ) -> ConchError:
+        """Classify Triton's answer `status`/`message` to a request on `model_name` that sent `sent_inputs`."""
         if status == 404 or "unknown model" in message:
             return TritonModelNotFound(f"model '{model_name}' is not loaded on {self.http_url}: {message}")
         if status == 503:
             return TritonUnavailable(f"Triton at {self.http_url} is unavailable: {message}")
-        return TritonRequestError(message, status=status)
+        field = _named_tensor(message)
+        if field is None and _MISSING_INPUTS.search(message):
+            field = self._unknown_input(model_name, sent_inputs)
+        return TritonRequestError(message, status=status, field=field)
+
+    def _unknown_input(self, model_name: str, sent_inputs: Sequence[str]) -> str | None:
+        """The first of `sent_inputs` the model does not have (model metadata, KServe v2 "Model Metadata")."""
+        try:
+            metadata = self._call(f"reading the metadata of '{model_name}'", lambda c: c.get_model_metadata(model_name))
+        except (TritonUnavailable, InferenceServerException):
+            return None
+        known = {item.get("name") for item in metadata.get("inputs", [])}
+        return next((name for name in sent_inputs if name not in known), None)
 
     def is_ready(self) -> bool:
         """Whether the server answers `GET /v2/health/ready` with 200 (KServe v2 "Health"); False when unreachable."""
@@ -295,7 +360,7 @@ class TritonClient:
                 ),
             )
         except InferenceServerException as exc:
-            raise self._translate(exc, name) from None
+            raise self._translate(exc, name, [tensor.name() for tensor in inputs]) from None
         response = dict(result.get_response())
         converted = []
         for output in response.get("outputs", []):
@@ -344,8 +409,58 @@ class TritonClient:
                 lambda client: client.infer(name, infer_inputs, outputs=requested or None, headers=self._headers),
             )
         except InferenceServerException as exc:
-            raise self._translate(exc, name) from None
+            raise self._translate(exc, name, list(inputs)) from None
         return {output["name"]: result.as_numpy(output["name"]) for output in result.get_response().get("outputs", [])}
+
+    def infer_request_body(self, name: str, body: bytes, *, header_length: int | None = None) -> InferenceResponse:
+        """Send an inference request body to model `name` as the client wrote it; return Triton's answer unchanged.
+
+        `body` is a KServe v2 "Inference Request JSON Object" (`header_length` None), or, with Triton's "Binary
+        Tensor Data Extension", that JSON header followed by the raw bytes of the inputs that declare
+        `parameters.binary_data_size` (`header_length`: the header's length in bytes, the client's
+        `Inference-Header-Content-Length`; 0 is Triton's raw request: the body is the one input's bytes). Outputs
+        come back as Triton writes them: JSON `data` (non-finite floats as `NaN`/`Infinity`), or binary when the
+        request asks (`parameters.binary_data` on an output, `binary_data_output` on the request).
+        The header is checked before anything is sent (Triton answers 500 to a malformed one): `InvalidInput`
+        names the field (`inputs[0].shape`, `inputs[1].parameters.binary_data_size`, `Inference-Header-Content-
+        Length`, ...). Shared-memory parameters are refused: clients of Conch cannot register regions.
+        Raises `InvalidInput`, `TritonRequestError` (Triton's message; `field` the tensor it names),
+        `TritonModelNotFound`, `TritonUnavailable`.
+        """
+        sent_inputs = _check_request_body(body, header_length)
+        headers = {"Content-Type": "application/json"}
+        if header_length is not None:
+            headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
+        status, response_headers, answer = self._post(
+            f"/v2/models/{quote(name, safe='')}/infer", body, headers, action=f"running model '{name}'"
+        )
+        if status == 200:
+            raw_length = response_headers.get(HEADER_LENGTH)
+            return InferenceResponse(
+                body=answer,
+                content_type=response_headers.get("Content-Type", "application/json"),
+                header_length=int(raw_length) if raw_length and raw_length.isascii() and raw_length.isdigit() else None,
+            )
+        raise self._error_for(status, _error_text(answer), name, sent_inputs)
+
+    def _post(
+        self, path: str, body: bytes, headers: Mapping[str, str], *, action: str
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """POST `body` to `path` on a fresh connection; return (status, headers, body). Raises `TritonUnavailable`.
+
+        tritonclient has no call that sends a request body as is, so this one speaks HTTP/1.1 itself.
+        """
+        connection_class = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
+        connection = connection_class(self._address, timeout=self.timeout_s)
+        try:
+            connection.request("POST", path, body=body, headers=dict(headers))
+            response = connection.getresponse()
+            return response.status, response.headers, response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
+            raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
+        finally:
+            connection.close()
 
     @staticmethod
     def fetch_metrics_text(metrics_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
@@ -405,15 +520,60 @@ def _json_to_numpy(data: Any, datatype: str, shape: list[int], field: str) -> np
             raise InvalidInput(
                 f"{field} holds a value outside {datatype}'s range [{limits.min}, {limits.max}]", field=field
             )
-    return np.array(values, dtype=dtype).reshape(shape)
+    try:
+        return np.array(values, dtype=dtype).reshape(shape)
+    except (OverflowError, ValueError):
+        raise InvalidInput(f"{field} holds a number too large for datatype {datatype}", field=field) from None
 
 
-def _parse_json_request(
-    request: Mapping[str, Any],
-) -> tuple[list[triton_http.InferInput], list[triton_http.InferRequestedOutput], str]:
-    """Validate a KServe v2 JSON request body and build tritonclient inputs/outputs from it."""
+@dataclass(frozen=True)
+class _CheckedInput:
+    name: str
+    shape: list[int]
+    datatype: str
+    array: np.ndarray | None  # the JSON `data`; None when the tensor travels as binary data
+    binary_data_size: int | None
+
+
+@dataclass(frozen=True)
+class _CheckedOutput:
+    name: str
+    class_count: int
+    binary_data: bool | None
+
+
+def _non_negative_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _parameters(raw: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """The `parameters` object of the request (`where` "") or of one of its tensors (`where` "inputs[0]"...)."""
+    field = f"{where}.parameters" if where else "parameters"
+    parameters = raw.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, Mapping):
+        raise InvalidInput(f"{field} must be an object", field=field)
+    if "shared_memory_region" in parameters:
+        raise InvalidInput(
+            f"{field}.shared_memory_region: shared memory cannot be used through Conch; send the tensor as JSON "
+            "data, or as binary data (Triton's binary tensor data extension)",
+            field=f"{field}.shared_memory_region",
+        )
+    return parameters
+
+
+def _check_request_header(request: Any, *, binary_part: bool) -> tuple[list[_CheckedInput], list[_CheckedOutput], str]:
+    """Check a KServe v2 "Inference Request JSON Object"; return its inputs, requested outputs and id.
+
+    `binary_part`: whether binary tensor data follows the JSON (Triton "Binary Tensor Data Extension"); without
+    it every input needs `data`. Raises `InvalidInput` naming the field (`inputs[0].shape`, ...).
+    """
     if not isinstance(request, Mapping):
         raise InvalidInput("the request body must be a JSON object", field="request")
+    request_parameters = _parameters(request, "")
+    if not isinstance(request_parameters.get("binary_data_output", False), bool):
+        raise InvalidInput("parameters.binary_data_output must be true or false", field="parameters.binary_data_output")
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("inputs must be a non-empty list of tensors", field="inputs")
@@ -430,24 +590,39 @@ def _parse_json_request(
             raise InvalidInput(f"{where}.name '{name}' appears twice", field=f"{where}.name")
         seen.add(name)
         shape = raw.get("shape")
-        if not isinstance(shape, list) or not all(
-            isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape
-        ):
+        if not isinstance(shape, list) or not all(_non_negative_int(dim) for dim in shape):
             raise InvalidInput(
                 f"{where}.shape of '{name}' must be a list of non-negative integers", field=f"{where}.shape"
             )
+        parameters = _parameters(raw, where)
+        binary_data_size = parameters.get("binary_data_size")
         datatype = raw.get("datatype")
-        if datatype not in JSON_DATATYPES:
+        allowed = sorted(JSON_DATATYPES) + (list(BINARY_ONLY_DATATYPES) if binary_data_size is not None else [])
+        if datatype not in allowed:
             raise InvalidInput(
-                f"{where}.datatype of '{name}' must be one of {sorted(JSON_DATATYPES)}, got {datatype!r}",
+                f"{where}.datatype of '{name}' must be one of {allowed}, got {datatype!r}",
                 field=f"{where}.datatype",
             )
-        if "data" not in raw:
-            raise InvalidInput(f"{where}.data of '{name}' is missing", field=f"{where}.data")
-        array = _json_to_numpy(raw["data"], datatype, shape, f"{where}.data")
-        tensor = triton_http.InferInput(name, shape, datatype)
-        tensor.set_data_from_numpy(array, binary_data=True)
-        inputs.append(tensor)
+        if binary_data_size is None:
+            if "data" not in raw:
+                raise InvalidInput(f"{where}.data of '{name}' is missing", field=f"{where}.data")
+            array = _json_to_numpy(raw["data"], datatype, shape, f"{where}.data")
+            inputs.append(_CheckedInput(name, shape, datatype, array, None))
+            continue
+        size_field = f"{where}.parameters.binary_data_size"
+        if not _non_negative_int(binary_data_size):
+            raise InvalidInput(f"{size_field} of '{name}' must be a non-negative integer", field=size_field)
+        if "data" in raw:
+            raise InvalidInput(
+                f"{where} of '{name}' has both data and binary_data_size; send its values one way", field=size_field
+            )
+        if not binary_part:
+            raise InvalidInput(
+                f"{size_field}: '{name}' is binary data, so send the body with the header "
+                f"{HEADER_LENGTH}: <length of the JSON part in bytes>",
+                field=size_field,
+            )
+        inputs.append(_CheckedInput(name, shape, datatype, None, binary_data_size))
 
     raw_outputs = request.get("outputs") or []
     if not isinstance(raw_outputs, list):
@@ -458,19 +633,96 @@ def _parse_json_request(
         name = raw.get("name") if isinstance(raw, Mapping) else None
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"{where}.name must be a non-empty string", field=f"{where}.name")
-        parameters = raw.get("parameters") or {}
-        class_count = parameters.get("classification", 0) if isinstance(parameters, Mapping) else 0
-        if not isinstance(class_count, int) or isinstance(class_count, bool) or class_count < 0:
+        parameters = _parameters(raw, where)
+        class_count = parameters.get("classification", 0)
+        if not _non_negative_int(class_count):
             raise InvalidInput(
                 f"{where}.parameters.classification must be a non-negative integer",
                 field=f"{where}.parameters.classification",
             )
-        outputs.append(triton_http.InferRequestedOutput(name, binary_data=True, class_count=class_count))
+        binary_data = parameters.get("binary_data")
+        if binary_data is not None and not isinstance(binary_data, bool):
+            raise InvalidInput(
+                f"{where}.parameters.binary_data must be true or false", field=f"{where}.parameters.binary_data"
+            )
+        outputs.append(_CheckedOutput(name, class_count, binary_data))
 
     request_id = request.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput("id must be a string", field="id")
     return inputs, outputs, request_id
+
+
+def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
+    """Check an inference request body before it goes to Triton; return the names of the inputs it sends.
+
+    `header_length` None: `body` is JSON. A number: the JSON header's length, binary tensor data follows, and
+    the inputs' `binary_data_size` must add up to the bytes after the header. 0: Triton's raw binary request
+    (no header; the body is the model's single input), left to Triton to check.
+    Raises `InvalidInput` naming the field.
+    """
+    if header_length == 0:
+        return []
+    if header_length is not None and not 0 < header_length <= len(body):
+        raise InvalidInput(
+            f"{HEADER_LENGTH} is {header_length}, but the body has {len(body)} bytes; it must be the length of "
+            "the JSON part at the start of the body",
+            field=HEADER_LENGTH,
+        )
+    header = body if header_length is None else body[:header_length]
+    try:
+        # Python's json reads NaN/Infinity as Triton does, so requests Triton accepts pass.
+        request = json.loads(header)
+    except (ValueError, RecursionError) as exc:
+        if header_length is None:
+            where, field = "the body", "request"
+        else:  # most likely the length is wrong, cutting the header short or taking in binary bytes
+            where, field = f"the first {header_length} bytes of the body ({HEADER_LENGTH})", HEADER_LENGTH
+        raise InvalidInput(
+            f"{where} must be a KServe v2 inference request in JSON ({exc}); binary tensor data goes after a "
+            f"JSON header whose length is sent as {HEADER_LENGTH}",
+            field=field,
+        ) from None
+    inputs, _, _ = _check_request_header(request, binary_part=header_length is not None)
+    if header_length is not None:
+        declared = sum(tensor.binary_data_size or 0 for tensor in inputs)
+        if declared != len(body) - header_length:
+            raise InvalidInput(
+                f"the body holds {len(body) - header_length} bytes after its {header_length}-byte JSON header, "
+                f"but the inputs' binary_data_size add up to {declared}; check {HEADER_LENGTH} and each "
+                "binary_data_size",
+                field=HEADER_LENGTH,
+            )
+    return [tensor.name for tensor in inputs]
+
+
+def _parse_json_request(
+    request: Mapping[str, Any],
+) -> tuple[list[triton_http.InferInput], list[triton_http.InferRequestedOutput], str]:
+    """Validate a KServe v2 JSON request body and build tritonclient inputs/outputs from it."""
+    checked_inputs, checked_outputs, request_id = _check_request_header(request, binary_part=False)
+    inputs = []
+    for checked in checked_inputs:
+        tensor = triton_http.InferInput(checked.name, checked.shape, checked.datatype)
+        tensor.set_data_from_numpy(checked.array, binary_data=True)
+        inputs.append(tensor)
+    outputs = [
+        triton_http.InferRequestedOutput(checked.name, binary_data=True, class_count=checked.class_count)
+        for checked in checked_outputs
+    ]
+    return inputs, outputs, request_id
+
+
+def _error_text(body: bytes) -> str:
+    """Triton's error message from an error response body `{"error": "<message>"}`, without the request-id prefix."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+        text = parsed["error"]
+    return _REQUEST_ID_PREFIX.sub("", text.strip()) or "Triton answered with an empty error"
 
 
 def _numpy_to_json(array: np.ndarray | None) -> list[Any]:

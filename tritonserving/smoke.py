@@ -16,9 +16,9 @@ Talks to a `tritonserver` it starts itself (`tritonserving.server`) over the KSe
 (`tritonserving.client`). No Django: the caller passes the folders, ids and timeouts it wants. Every server here is
 locked down like every server Conch starts (`tritonserving.access`): only requests carrying its key (random per
 server; only the owning process knows it) may load or unload models, and it gets no copy of Conch's environment. The
-warm server gets no storage credentials at all: it reads only its local scratch repository. Both take model
-configurations as given (`--disable-auto-complete-config`): Conch's are complete, and Triton's auto-complete step
-would cost an extra Python backend stub start per load.
+warm server gets no storage credentials at all: it reads only its local scratch repository. Like every
+server Conch starts (`tritonserving.server.start_server`), both take model configurations as given
+(`--disable-auto-complete-config`), which keeps a Python-backend model load at about 0.2 s here.
 
 Process rules of the warm server: it belongs to the process that started it (its id is
 `<server_id_prefix><owner pid>-<hex>`, so a periodic sweep can stop servers whose owner is gone); a forked child
@@ -193,7 +193,6 @@ def _run_on_scratch_server(
         env=dict(environment),
         api_key=api_key,
         bind_address=scratch.bind_address,
-        auto_complete_config=False,
     )
     try:
         log(f"started tritonserver pid {process.pid} on {repository}")
@@ -311,7 +310,6 @@ class VerifyServer:
                 env={},
                 api_key=api_key,
                 bind_address=settings.bind_address,
-                auto_complete_config=False,
             )
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 
+from builds.model_config import (
+    DEFAULT_INSTANCE_COUNT,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS,
+    MAX_INSTANCE_COUNT,
+    MAX_MAX_BATCH_SIZE,
+    MAX_QUEUE_DELAY_MICROSECONDS,
+)
 from builds.models import BuildStep
 from models_registry.models import ModelVersion
+
+_SAMPLE_INPUTS_HELP = (
+    "Optional .npz of named arrays (numpy.savez('samples.npz', input_name=array, ...)), each in the shape the model "
+    "takes; the verify step runs them instead of generated inputs."
+)
+_SAMPLE_VALUES_HELP = (
+    "Optional per-input values for the verify step, e.g. sr=16000 (entries separated by ';'); a single value fills "
+    "the input, a JSON list gives the whole array."
+)
 
 
 class BuildStepSerializer(serializers.ModelSerializer):
@@ -17,15 +35,78 @@ class BuildStepSerializer(serializers.ModelSerializer):
 
 
 class UploadVersionSerializer(serializers.Serializer):
-    """Multipart form of a version upload (documented for the OpenAPI schema)."""
+    """Multipart form of a version upload: the model file and optional build options.
+
+    A build option left out or empty gets the value that suits the model.
+    """
 
     file = serializers.FileField(help_text="The ONNX model file.")
     max_batch_size = serializers.IntegerField(
-        required=False, min_value=0, help_text="Largest batch Triton may form; leave out for the default (8)."
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_MAX_BATCH_SIZE,
+        help_text="Largest batch Triton may form; 0 turns batching off. Leave empty for the model's default "
+        f"({DEFAULT_MAX_BATCH_SIZE} when the model can batch, else 0).",
     )
-    max_queue_delay_microseconds = serializers.IntegerField(required=False, min_value=0)
-    preferred_batch_size = serializers.CharField(required=False, help_text="Comma-separated sizes, e.g. 4,8.")
-    instance_count = serializers.IntegerField(required=False, min_value=1)
+    max_queue_delay_microseconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_QUEUE_DELAY_MICROSECONDS,
+        help_text="How long the dynamic batcher may hold a request to batch it with others, in microseconds. "
+        f"Needs max_batch_size above 0. Leave empty for {DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS}.",
+    )
+    preferred_batch_size = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        help_text="Batch sizes the dynamic batcher aims for, comma-separated (e.g. 4,8), each at most "
+        "max_batch_size. Leave empty for none.",
+    )
+    instance_count = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=MAX_INSTANCE_COUNT,
+        help_text=f"Model instances Triton runs. Leave empty for {DEFAULT_INSTANCE_COUNT}.",
+    )
+
+    sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
+    sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
+
+
+class RebuildSerializer(serializers.Serializer):
+    """Optional body of a rebuild: new sample inputs for the verify step (documented for the OpenAPI schema)."""
+
+    sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
+    sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
+
+
+class UploadVersionFormScheme(OpenApiSerializerExtension):
+    """The upload form's optional fields carry the example `null`, so Swagger UI's "Try it out" leaves them empty.
+
+    Swagger UI pre-fills each form field with a sample made from its schema (the field's `example`, else
+    `default`, else one built from the type: "string", 0), and sends what is pre-filled. Such samples are
+    build options the API rejects ("string" is no list of batch sizes; a queue delay with max_batch_size 0).
+    An empty field is not sent, so the build uses the model's defaults.
+    """
+
+    target_class = UploadVersionSerializer
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        required = set(schema.get("required", ()))
+        for name, field_schema in schema["properties"].items():
+            if name not in required:
+                field_schema["example"] = None
+        return schema
+
+
+class RebuildFormScheme(UploadVersionFormScheme):
+    """The rebuild form's fields are all optional: "Try it out" leaves them empty too."""
+
+    target_class = RebuildSerializer
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):

@@ -7,24 +7,27 @@ its build (the registry itself never queues work of a layer above it).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
-from rest_framework.parsers import MultiPartParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
 from builds import services as builds
-from builds.api.serializers import ModelVersionSerializer, UploadVersionSerializer
+from builds.api.serializers import ModelVersionSerializer, RebuildSerializer, UploadVersionSerializer
+from builds.verification import MAX_SAMPLE_INPUTS_BYTES, SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD
 from conch.api import ErrorSerializer
 from conch.errors import InvalidInput, UnsupportedMediaType
 from models_registry import services
 from models_registry.storage import get_object_store
 from models_registry.uploads import (
+    MULTIPART_SLACK_BYTES,
     HeaderCsrfSessionAuthentication,
     ObjectStoreUploadHandler,
     check_content_length,
@@ -57,22 +60,38 @@ class ModelVersionListUploadView(APIView):
             415: ErrorSerializer,
         },
         description="Upload a model file (multipart field `file`) as the model's next version, with optional "
-        "build options. The bytes stream to the object store; the build is queued. Poll GET /versions/{id}/.",
+        "build options and sample inputs for the verify step (`sample_inputs`: an .npz of named arrays in the "
+        "shapes the model takes; `sample_values`: per-input values such as `sr=16000`). The bytes stream to the "
+        "object store; the build is queued. Poll GET /versions/{id}/.",
     )
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id)
         max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
-        check_content_length(request._request, max_bytes)
+        # The body may carry the model, an .npz of sample inputs and the small form fields.
+        slack = MULTIPART_SLACK_BYTES + MAX_SAMPLE_INPUTS_BYTES
+        check_content_length(request._request, max_bytes, slack_bytes=slack)
         version = services.reserve_version(model=model, user=request.user)
+        store = get_object_store()
         handler = ObjectStoreUploadHandler(
-            get_object_store(),
+            store,
             version.source_key,
             max_bytes=max_bytes,
+            other_fields=(SAMPLE_INPUTS_FIELD,),
+            slack_bytes=slack,
+            heartbeat=functools.partial(services.touch_upload, version_id=version.pk),
+            heartbeat_interval_s=settings.CONCH_UPLOAD_HEARTBEAT_SECONDS,
+        )
+        samples_handler = ObjectStoreUploadHandler(
+            store,
+            services.sample_inputs_key(model_id=model.pk, number=version.number, incoming=True),
+            max_bytes=MAX_SAMPLE_INPUTS_BYTES,
+            field_name=SAMPLE_INPUTS_FIELD,
+            slack_bytes=max_bytes + MULTIPART_SLACK_BYTES,
             heartbeat=functools.partial(services.touch_upload, version_id=version.pk),
             heartbeat_interval_s=settings.CONCH_UPLOAD_HEARTBEAT_SECONDS,
         )
         # The bytes stream straight into the object store as the body is parsed.
-        request._request.upload_handlers = [handler]
+        request._request.upload_handlers = [handler, samples_handler]
         try:
             try:
                 data, files = request.data, request.FILES
@@ -86,11 +105,19 @@ class ModelVersionListUploadView(APIView):
             if upload is None:
                 raise InvalidInput("Send the model file in the multipart field 'file'.", field="file")
             options = {k: data.get(k) for k in BUILD_OPTION_FIELDS if data.get(k) not in (None, "")}
+            samples = files.get(SAMPLE_INPUTS_FIELD)
             version = builds.submit_upload(
-                version=version, stored=upload.stored, filename=upload.name or "", options=options
+                version=version,
+                stored=upload.stored,
+                filename=upload.name or "",
+                options=options,
+                sample_inputs=samples.stored if samples is not None else None,
+                sample_values=data.get(SAMPLE_VALUES_FIELD) or None,
             )
         except BaseException:
-            handler.abort()  # a multipart upload still open in the store is aborted, not left pending
+            # Multipart uploads still open in the store are aborted, not left pending.
+            handler.abort()
+            samples_handler.abort()
             services.discard_upload(version=version)
             raise
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
@@ -106,10 +133,49 @@ class ModelVersionViewSet(RetrieveModelMixin, ListModelMixin, GenericViewSet):
 
 
 class RebuildView(APIView):
-    """POST starts the build of a version again from its stored file."""
+    """POST starts the build of a version again from its stored file, optionally with new sample inputs."""
 
-    @extend_schema(request=None, responses={202: ModelVersionSerializer, 404: ErrorSerializer, 409: ErrorSerializer})
+    parser_classes = [MultiPartParser, JSONParser, FormParser]
+    # As for uploads: the CSRF check must not parse the body before the samples handler is installed.
+    authentication_classes = [BearerTokenAuthentication, HeaderCsrfSessionAuthentication]
+
+    @extend_schema(
+        request={"multipart/form-data": RebuildSerializer, "application/json": RebuildSerializer},
+        responses={202: ModelVersionSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        description="Build the version again. `sample_inputs` (an .npz file) and `sample_values` (text such as "
+        "`sr=16000`, or a JSON object) replace the version's sample inputs for the verify step; leave them out to "
+        "keep what the version has.",
+    )
     def post(self, request: Request, version_id: int) -> Response:
         version = services.get_version(user=request.user, version_id=version_id)
-        version = builds.request_rebuild(version=version)
+        handler = ObjectStoreUploadHandler(
+            get_object_store(),
+            services.sample_inputs_key(model_id=version.model_id, number=version.number, incoming=True),
+            max_bytes=MAX_SAMPLE_INPUTS_BYTES,
+            field_name=SAMPLE_INPUTS_FIELD,
+        )
+        request._request.upload_handlers = [handler]
+        try:
+            try:
+                data, files = request.data, request.FILES
+            except exceptions.UnsupportedMediaType:
+                raise UnsupportedMediaType(
+                    "Send the rebuild as multipart/form-data (sample_inputs file, sample_values field) or as JSON "
+                    '({"sample_values": {"sr": 16000}}), or with no body.',
+                    field=SAMPLE_INPUTS_FIELD,
+                ) from None
+            if not isinstance(data, Mapping):
+                raise InvalidInput(
+                    'Send the rebuild body as a JSON object such as {"sample_values": {"sr": 16000}}.',
+                    field=SAMPLE_VALUES_FIELD,
+                )
+            samples = files.get(SAMPLE_INPUTS_FIELD)
+            version = builds.request_rebuild(
+                version=version,
+                sample_inputs=samples.stored if samples is not None else None,
+                sample_values=data.get(SAMPLE_VALUES_FIELD) if SAMPLE_VALUES_FIELD in data else None,
+            )
+        except BaseException:
+            handler.discard()  # the incoming samples are never left behind
+            raise
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)

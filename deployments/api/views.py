@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.http import HttpResponse, QueryDict
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
@@ -16,6 +19,93 @@ from conch.api import ErrorSerializer
 from conch.errors import InvalidInput
 from deployments import observe, services
 from deployments.api.serializers import CreateDeploymentSerializer, DeploymentSerializer
+from tritonserving.client import BINARY_ONLY_DATATYPES, HEADER_LENGTH, JSON_DATATYPES
+
+# KServe v2 "Inference Request JSON Object", for the OpenAPI schema (Swagger's form, clients, fuzzers); the view
+# itself passes the body on, and the Triton adapter checks it.
+_TENSOR_PARAMETERS = {
+    "type": "object",
+    "additionalProperties": True,
+    "description": "E.g. binary_data_size (input bytes after the JSON header), binary_data (output as bytes).",
+}
+INFER_REQUEST_SCHEMA = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string", "description": "Returned in the response."},
+        "parameters": {"type": "object", "additionalProperties": True},
+        "inputs": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "shape", "datatype"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "datatype": {"type": "string", "enum": [*JSON_DATATYPES, *BINARY_ONLY_DATATYPES]},
+                    "parameters": _TENSOR_PARAMETERS,
+                    "data": {"type": "array", "items": {}, "description": "Row-major values, flat or nested."},
+                },
+            },
+        },
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}, "parameters": _TENSOR_PARAMETERS},
+            },
+        },
+    },
+    "example": {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}]},
+}
+
+INFER_DESCRIPTION = f"""KServe v2 / Open Inference Protocol request, sent to the deployment's Triton as is; Triton's \
+response comes back as Triton wrote it.
+
+JSON: `{{"inputs": [{{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}}]}}`. \
+Non-finite outputs are written as Triton writes them: `NaN`, `Infinity`, `-Infinity`.
+
+Binary tensor data (Triton's "Binary Tensor Data Extension"): the JSON header, then the raw little-endian bytes of \
+each input that declares `"parameters": {{"binary_data_size": <bytes>}}`, with the header \
+`{HEADER_LENGTH}: <length of the JSON header in bytes>`. Ask for binary outputs with \
+`"parameters": {{"binary_data": true}}` on an output (or `"binary_data_output": true` on the request); the \
+response then carries the same header. `tritonclient.http.InferenceServerClient.generate_request_body` builds such \
+bodies and `parse_response_body` reads the answers.
+
+Errors are `{{"detail", "field"}}`: a malformed request names the field (`inputs[0].shape`); a request Triton \
+rejects (wrong datatype or shape, unknown or missing input) comes back 400 with Triton's message and the tensor \
+in `field`."""
+
+
+class InferenceBodyParser(BaseParser):
+    """Reads the request body for the view, whatever its Content-Type: Triton, not DRF, interprets it.
+
+    The view takes the bytes from Django's `request.body`; DRF gets an empty form. DRF parses a body only when
+    something asks for `request.data` or `request.POST`, and here that is the CSRF check of session
+    authentication, which reads `request.POST` as a form (bytes there were a 500). Reading through Django's
+    `HttpRequest.body` keeps Django's size limit (DATA_UPLOAD_MAX_MEMORY_SIZE, 413) and caches the bytes.
+    """
+
+    media_type = "*/*"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> QueryDict:
+        parser_context["request"]._request.body  # noqa: B018 - reads and caches the body, under Django's limit
+        return QueryDict()
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone takes "²", which int() refuses
+        raise InvalidInput(
+            f"{HEADER_LENGTH} must be the length in bytes of the JSON header at the start of the body, got {raw!r}.",
+            field=HEADER_LENGTH,
+        )
+    return int(raw)
 
 
 class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
@@ -52,15 +142,38 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 409: ErrorSerializer, 503: ErrorSerializer},
-        description="KServe v2 / Open Inference Protocol JSON request, forwarded to Triton; Triton's response. "
-        'Example: {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}]}. '
-        "A request Triton rejects comes back 400 with Triton's message.",
+        request={"application/json": INFER_REQUEST_SCHEMA, "application/octet-stream": OpenApiTypes.BINARY},
+        parameters=[
+            OpenApiParameter(
+                HEADER_LENGTH,
+                int,
+                OpenApiParameter.HEADER,
+                description="Only with binary tensor data: the length in bytes of the JSON header.",
+            )
+        ],
+        responses={
+            (200, "application/json"): OpenApiResponse(OpenApiTypes.OBJECT, description="Triton's response."),
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description=f"Triton's response with binary outputs, and {HEADER_LENGTH}."
+            ),
+            400: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+            413: ErrorSerializer,
+            503: ErrorSerializer,
+        },
+        description=INFER_DESCRIPTION,
     )
-    @action(detail=True, methods=["post"], url_path="infer", parser_classes=[JSONParser])
-    def infer(self, request: Request, pk: str) -> Response:
-        return Response(services.infer(deployment=self.get_object(), request=request.data))
+    @action(detail=True, methods=["post"], url_path="infer", parser_classes=[InferenceBodyParser])
+    def infer(self, request: Request, pk: str) -> HttpResponse:
+        deployment = self.get_object()
+        answer = services.infer(
+            deployment=deployment, body=request._request.body, header_length=_header_length(request)
+        )
+        response = HttpResponse(answer.body, content_type=answer.content_type)
+        if answer.header_length is not None:
+            response[HEADER_LENGTH] = str(answer.header_length)
+        return response
 
     @extend_schema(
         parameters=[OpenApiParameter("window", int, description="Seconds to look back (10..86400).")],

@@ -166,9 +166,6 @@ class LocalRuntime(Runtime):
             api_key=triton_api_key(self.server_id(spec.deployment_id)),
             env=dict(spec.environment),
             bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
-            # The spec's configuration is complete (Conch generated it); Triton's auto-complete step would only
-            # cost an extra Python backend stub start per load (about 1.2 s here) and changes nothing.
-            auto_complete_config=False,
         )
         return LocalServerState(
             host=worker_host(),

@@ -10,12 +10,17 @@ from tritonclient.grpc import model_config_pb2
 
 from builds.inspection import ModelSignature, TensorSpec, inspect_onnx
 from builds.model_config import (
+    MAX_INSTANCE_COUNT,
+    MAX_MAX_BATCH_SIZE,
+    MAX_QUEUE_DELAY_MICROSECONDS,
     BuildOptions,
     apply_deployment_overrides,
     build_model_config,
     parse_build_options,
+    read_batch_axis,
     supports_batching,
     validate_build_options,
+    without_batching,
 )
 from conch.errors import InvalidInput
 from models_registry.naming import validate_model_name
@@ -54,8 +59,8 @@ def signature_of(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> ModelSi
     )
 
 
-def spec(name: str, datatype: str, dims: tuple[int, ...]) -> TensorSpec:
-    return TensorSpec(name=name, datatype=datatype, dims=dims, dim_names=(None,) * len(dims))
+def spec(name: str, datatype: str, dims: tuple[int, ...], names: tuple[str | None, ...] | None = None) -> TensorSpec:
+    return TensorSpec(name=name, datatype=datatype, dims=dims, dim_names=names or (None,) * len(dims))
 
 
 # --- the generated configs -----------------------------------------------------------------------------------
@@ -159,37 +164,60 @@ def test_build_model_config_for_the_text_embedder_keeps_the_sequence_axis_dynami
 
 
 @pytest.mark.parametrize(
-    ("model", "inputs", "outputs"),
+    ("model", "max_batch_size", "inputs", "outputs"),
     [
-        (
-            real_models.ocr_det,
-            [("x", "TYPE_FP32", [3, -1, -1], None)],
-            [("sigmoid_0.tmp_0", "TYPE_FP32", [1, -1, -1], None)],
-        ),
+        # axis 0 unnamed on both tensors: the batch axis
         (
             real_models.ocr_cls,
+            8,
             [("x", "TYPE_FP32", [3, -1, -1], None)],
             [("save_infer_model/scale_0.tmp_1", "TYPE_FP32", [2], None)],
         ),
+        # the exporter gave axis 0 of the input and of the output different symbols: not shown to be one batch axis
+        (
+            real_models.ocr_det,
+            0,
+            [("x", "TYPE_FP32", [-1, 3, -1, -1], None)],
+            [("sigmoid_0.tmp_0", "TYPE_FP32", [-1, 1, -1, -1], None)],
+        ),
         (
             real_models.ocr_rec,
-            [("x", "TYPE_FP32", [3, -1, -1], None)],
-            [("softmax_11.tmp_0", "TYPE_FP32", [-1, 6625], None)],
+            0,
+            [("x", "TYPE_FP32", [-1, 3, -1, -1], None)],
+            [("softmax_11.tmp_0", "TYPE_FP32", [-1, -1, 6625], None)],
         ),
-        (real_models.magika, [("bytes", "TYPE_INT32", [2048], None)], [("target_label", "TYPE_FP32", [214], None)]),
+        (
+            real_models.magika,
+            0,
+            [("bytes", "TYPE_INT32", [-1, 2048], None)],
+            [("target_label", "TYPE_FP32", [-1, 214], None)],
+        ),
     ],
 )
-def test_build_model_config_for_the_other_real_models(model, inputs, outputs):
-    # given a real batchable model
+def test_build_model_config_for_the_other_real_models(model, max_batch_size, inputs, outputs):
+    # given a real model with a dynamic axis 0
     signature = inspect_onnx(model())
 
     # when
     config = build_model_config(name="m", signature=signature, options=BuildOptions())
 
-    # then
-    assert config.max_batch_size == 8
+    # then it batches only when the axis names show axis 0 is one batch axis
+    assert config.max_batch_size == max_batch_size
+    assert config.HasField("dynamic_batching") == (max_batch_size > 0)
     assert io_summary(config.input) == inputs
     assert io_summary(config.output) == outputs
+
+
+def test_build_model_config_batches_a_model_with_differing_axis_names_when_asked():
+    # given magika, whose input and output name axis 0 'unk__214' and 'unk__215'
+    signature = inspect_onnx(real_models.magika())
+
+    # when max_batch_size is asked for explicitly (the verify step then proves batching safe)
+    config = build_model_config(name="m", signature=signature, options=BuildOptions(max_batch_size=8))
+
+    # then the model batches
+    assert config.max_batch_size == 8
+    assert io_summary(config.input) == [("bytes", "TYPE_INT32", [2048], None)]
 
 
 def test_build_model_config_applies_every_option(classifier_signature):
@@ -243,6 +271,83 @@ def test_supports_batching_needs_a_dynamic_axis_zero_everywhere(classifier_signa
     assert supports_batching(ddddocr_signature) is False
 
 
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "reasons"),
+    [
+        (
+            # a time-major RNN: [seq, batch, feat] in and out; axis 0 is the same symbol, but it is the sequence
+            [spec("x", "FP32", (-1, -1, 2), ("seq", "batch", None))],
+            [spec("y", "FP32", (-1, -1, 4), ("seq", "batch", None))],
+            (
+                "input 'x' names axis 1 'batch', so its batch axis is axis 1, not axis 0",
+                "output 'y' names axis 1 'batch', so its batch axis is axis 1, not axis 0",
+            ),
+        ),
+        (
+            # a 1-D waveform in, per-frame features out
+            [spec("audio", "FP32", (-1,), ("samples",))],
+            [spec("features", "FP32", (-1, 40), ("frames", None))],
+            (
+                "axis 0 is not one symbol on every tensor (input 'audio' axis 0 'samples', output 'features' axis 0 "
+                "'frames')",
+            ),
+        ),
+        (
+            # a detector: a batch of images in, a list of boxes out
+            [spec("images", "FP32", (-1, 3, 640, 640), ("batch", None, None, None))],
+            [spec("detections", "FP32", (-1, 6), ("num_boxes", None))],
+            (
+                "axis 0 is not one symbol on every tensor (input 'images' axis 0 'batch', output 'detections' axis 0 "
+                "'num_boxes')",
+            ),
+        ),
+        (
+            [spec("x", "FP32", (-1, 4), ("batch", None))],
+            [spec("y", "FP32", (-1, 2))],
+            ("axis 0 is not one symbol on every tensor (input 'x' axis 0 'batch', output 'y' axis 0 unnamed)",),
+        ),
+    ],
+    ids=["time-major-rnn", "waveform-to-frames", "detector", "named-and-unnamed"],
+)
+def test_a_dynamic_axis_0_that_is_not_one_batch_axis_builds_without_batching(inputs, outputs, reasons):
+    # given a model whose axis 0 is dynamic everywhere but is not shown to be one batch axis
+    signature = signature_of(inputs, outputs)
+
+    # when
+    reading = read_batch_axis(signature)
+    config = build_model_config(name="m", signature=signature, options=BuildOptions())
+
+    # then the reason names the tensors and the axis names, and the model is served without batching
+    assert (reading.blockers, reading.doubts) == ((), reasons)
+    assert reading.explain() == (
+        "Triton batches along axis 0 only, and axis 0 is not the same dynamic batch axis on every input and output: "
+        + "; ".join(reasons)
+        + "."
+    )
+    assert config.max_batch_size == 0
+    assert not config.HasField("dynamic_batching")
+    assert [list(t.dims) for t in [*config.input, *config.output]] == [list(t.dims) for t in [*inputs, *outputs]]
+
+
+def test_read_batch_axis_names_every_tensor_that_cannot_batch():
+    signature = signature_of(
+        [spec("input", "FP32", (-1, -1)), spec("state", "FP32", (2, -1, 128)), spec("sr", "INT64", ())],
+        [spec("output", "FP32", (-1, 1))],
+    )
+    reading = read_batch_axis(signature)
+    assert reading.blockers == (
+        "input 'state' has axis 0 fixed at 2, shape [2, -1, 128]",
+        "input 'sr' is a scalar (rank 0) with no batch axis",
+    )
+    assert reading.batchable is False
+
+
+def test_read_batch_axis_accepts_one_symbol_or_none_on_axis_0(classifier_signature):
+    assert read_batch_axis(classifier_signature).batchable
+    assert read_batch_axis(inspect_onnx(real_models.minilm())).batchable
+    assert read_batch_axis(signature_of([spec("x", "FP32", (-1, 3))], [spec("y", "FP32", (-1,))])).batchable
+
+
 # --- batching rules ------------------------------------------------------------------------------------------
 
 
@@ -256,7 +361,7 @@ def test_build_model_config_refuses_batching_a_model_with_a_fixed_axis_zero(dddd
     assert caught.value.field == "max_batch_size"
     assert caught.value.detail == (
         "max_batch_size 8 needs axis 0 of every input and output to be dynamic, because Triton uses axis 0 as the "
-        "batch axis, but 'input1' has axis 0 fixed at 1, shape [1, 1, 64, -1]. Leave max_batch_size empty or set "
+        "batch axis, but input 'input1' has axis 0 fixed at 1, shape [1, 1, 64, -1]. Leave max_batch_size empty or set "
         "it to 0: the model is then served without Triton batching, one request per run. To batch, export the "
         "model with a dynamic first axis (e.g. dynamic_axes={'input': {0: 'batch'}} in torch.onnx.export)."
     )
@@ -267,13 +372,15 @@ def test_build_model_config_accepts_max_batch_size_zero_for_a_fixed_batch_model(
     assert config.max_batch_size == 0
 
 
-def test_build_model_config_refuses_max_batch_size_zero_for_a_batchable_model(classifier_signature):
-    # given the classifier (dynamic axis 0) and max_batch_size 0
-    # when / then: Triton's C++ onnxruntime backend would re-enable batching and break the full-shape dims
-    with pytest.raises(InvalidInput) as caught:
-        build_model_config(name="clf", signature=classifier_signature, options=BuildOptions(max_batch_size=0))
-    assert caught.value.field == "max_batch_size"
-    assert "Use max_batch_size 1 to serve one request per run" in caught.value.detail
+def test_build_model_config_accepts_max_batch_size_zero_for_a_batchable_model(classifier_signature):
+    # given the classifier (dynamic axis 0) and max_batch_size 0: served as written, auto-complete is off
+    config = build_model_config(name="clf", signature=classifier_signature, options=BuildOptions(max_batch_size=0))
+
+    # then the full shapes are the dims and no batcher runs
+    assert config.max_batch_size == 0
+    assert io_summary(config.input) == [("x", "TYPE_FP32", [-1, 3, 224, 224], None)]
+    assert io_summary(config.output) == [("fetch_name_0", "TYPE_FP32", [-1, 4], None)]
+    assert not config.HasField("dynamic_batching")
 
 
 def test_build_model_config_refuses_a_queue_delay_for_a_model_that_cannot_batch(ddddocr_signature):
@@ -283,9 +390,9 @@ def test_build_model_config_refuses_a_queue_delay_for_a_model_that_cannot_batch(
         )
     assert caught.value.field == "max_queue_delay_microseconds"
     assert caught.value.detail == (
-        "max_queue_delay_microseconds only applies when Triton batches requests, but this model cannot batch "
-        "('input1' has axis 0 fixed at 1, shape [1, 1, 64, -1]), so a queue delay would have no effect. "
-        "Leave max_queue_delay_microseconds empty."
+        "max_queue_delay_microseconds only applies when Triton batches requests, but this model is built without "
+        "batching (input 'input1' has axis 0 fixed at 1, shape [1, 1, 64, -1]; output '387' has axis 0 fixed at 1, "
+        "shape [1, -1]), so a queue delay would have no effect. Leave max_queue_delay_microseconds empty."
     )
 
 
@@ -548,11 +655,33 @@ def test_apply_deployment_overrides_keeps_the_build_rules_for_a_fixed_batch_mode
     assert caught.value.field == field
 
 
-def test_apply_deployment_overrides_refuses_turning_batching_off(classifier_signature):
+def test_apply_deployment_overrides_may_turn_batching_off(classifier_signature):
     built = build_model_config(name="clf", signature=classifier_signature, options=BuildOptions())
-    with pytest.raises(InvalidInput) as caught:
-        apply_deployment_overrides(built, max_batch_size=0)
-    assert caught.value.field == "max_batch_size"
+    deployed = apply_deployment_overrides(built, max_batch_size=0)
+    assert deployed.max_batch_size == 0
+    assert io_summary(deployed.input) == [("x", "TYPE_FP32", [-1, 3, 224, 224], None)]
+    assert not deployed.HasField("dynamic_batching")
+
+
+def test_without_batching_gives_full_shapes_and_no_batcher():
+    # given a batching config with a [batch] tensor (dims [1], empty reshape)
+    built = build_model_config(
+        name="m",
+        signature=signature_of([spec("ids", "INT64", (-1,)), spec("x", "FP32", (-1, 3))], [spec("y", "FP32", (-1, 2))]),
+        options=BuildOptions(preferred_batch_size=(2, 4)),
+    )
+    assert io_summary(built.input)[0] == ("ids", "TYPE_INT64", [1], [])
+
+    # when
+    served = without_batching(built)
+
+    # then every tensor has its full shape, the batcher is gone, and the built config is unchanged
+    assert served.max_batch_size == 0
+    assert io_summary(served.input) == [("ids", "TYPE_INT64", [-1], None), ("x", "TYPE_FP32", [-1, 3], None)]
+    assert io_summary(served.output) == [("y", "TYPE_FP32", [-1, 2], None)]
+    assert not served.HasField("dynamic_batching")
+    assert built.max_batch_size == 8
+    assert without_batching(served) == served
 
 
 def test_apply_deployment_overrides_keeps_preferred_sizes_within_max_batch_size(classifier_signature):
@@ -571,23 +700,41 @@ def test_apply_deployment_overrides_keeps_preferred_sizes_within_max_batch_size(
     )
 
 
-def test_apply_deployment_overrides_turns_batching_on_for_a_full_shape_config():
-    # given a hand-written config without batching whose tensors all have a dynamic axis 0
+def test_apply_deployment_overrides_refuses_turning_batching_on_for_a_config_built_without_it():
+    # given a config built without batching whose tensors all have a dynamic axis 0 (batching was not proven)
     built = config_from_pbtxt(
         'name: "m" backend: "onnxruntime" '
         'input { name: "x" data_type: TYPE_FP32 dims: [-1, 3] } '
-        'input { name: "ids" data_type: TYPE_INT64 dims: [-1] } '
         'output { name: "y" data_type: TYPE_FP32 dims: [-1, 2] }'
     )
 
-    # when batching is asked for
-    deployed = apply_deployment_overrides(built, max_batch_size=4)
+    # when / then batching cannot be switched on at deployment time
+    with pytest.raises(InvalidInput) as caught:
+        apply_deployment_overrides(built, max_batch_size=4)
+    assert caught.value.field == "max_batch_size"
+    assert caught.value.detail.startswith(
+        "max_batch_size 4 cannot be used: this model version was built without batching"
+    )
 
-    # then axis 0 leaves dims and the dynamic batcher is on
-    assert deployed.max_batch_size == 4
-    assert io_summary(deployed.input) == [("x", "TYPE_FP32", [3], None), ("ids", "TYPE_INT64", [1], [])]
-    assert io_summary(deployed.output) == [("y", "TYPE_FP32", [2], None)]
-    assert deployed.dynamic_batching.max_queue_delay_microseconds == 100
+
+@pytest.mark.parametrize(
+    ("option", "value", "bound"),
+    [
+        ("instance_count", MAX_INSTANCE_COUNT + 1, f"between 1 and {MAX_INSTANCE_COUNT}"),
+        ("max_batch_size", MAX_MAX_BATCH_SIZE + 1, f"between 0 and {MAX_MAX_BATCH_SIZE}"),
+        (
+            "max_queue_delay_microseconds",
+            MAX_QUEUE_DELAY_MICROSECONDS + 1,
+            f"between 0 and {MAX_QUEUE_DELAY_MICROSECONDS}",
+        ),
+    ],
+)
+def test_apply_deployment_overrides_uses_the_build_bounds(classifier_signature, option, value, bound):
+    built = build_model_config(name="clf", signature=classifier_signature, options=BuildOptions())
+    with pytest.raises(InvalidInput) as caught:
+        apply_deployment_overrides(built, **{option: value})
+    assert caught.value.field == option
+    assert bound in caught.value.detail
 
 
 # --- serialisation -------------------------------------------------------------------------------------------

@@ -70,6 +70,15 @@ def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_c
     assert get_object_store().read_bytes(f"{prefix}/classifier/config.pbtxt").decode() == version["config_pbtxt"]
     verify_log = next(s["log"] for s in version["steps"] if s["name"] == "verify")
     assert any("output fetch_name_0: [1, 4]" in line for line in verify_log)
+    # batching was proven by running two different images alone and joined on axis 0, on one server
+    assert any(
+        "sample 2 input x float32 [1, 3, 224, 224] (generated: random floats in [0, 1))" in line for line in verify_log
+    )
+    assert any(
+        "batching proven: two different samples joined on axis 0 gave each sample its own outputs" in line
+        for line in verify_log
+    )
+    assert sum(" into verify server " in line for line in verify_log) == 1  # one load, on this process's server
 
 
 def test_rebuild_writes_a_new_prefix_and_redelivery_overwrites_only_its_own(

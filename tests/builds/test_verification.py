@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,9 +10,20 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from builds.inspection import inspect_onnx
+from builds.inspection import ModelSignature, TensorSpec, inspect_onnx
 from builds.model_config import BuildOptions, build_model_config
-from builds.verification import VerificationError, check_output_shapes, make_sample_inputs
+from builds.verification import (
+    UserSamples,
+    VerificationError,
+    check_output_shapes,
+    compare_joined_outputs,
+    describe_sample_arrays,
+    describe_sample_inputs,
+    join_samples,
+    make_sample_inputs,
+    parse_sample_values,
+    read_sample_arrays,
+)
 from conch.errors import InvalidInput
 from tests import real_models
 from tritonserving.config import ModelConfig, config_from_pbtxt
@@ -68,8 +80,9 @@ def test_make_sample_inputs_without_batching_uses_the_full_dims():
 
 
 def test_make_sample_inputs_fills_dynamic_axes_with_the_given_size():
-    samples = make_sample_inputs(config_for(real_models.ocr_det), dynamic_size=96)
-    assert samples["x"].shape == (1, 3, 96, 96)
+    # ocr_cls batches (a batch of one); ocr_det does not, so its dynamic axis 0 is sized too
+    assert make_sample_inputs(config_for(real_models.ocr_cls), dynamic_size=96)["x"].shape == (1, 3, 96, 96)
+    assert make_sample_inputs(config_for(real_models.ocr_det), dynamic_size=96)["x"].shape == (96, 3, 96, 96)
 
 
 def test_make_sample_inputs_for_bool_bytes_fp16_and_uint8():
@@ -107,10 +120,10 @@ def test_make_sample_inputs_rejects_a_dynamic_size_below_one():
     [
         (real_models.classifier, {"fetch_name_0": (1, 4)}),
         (real_models.minilm, {"last_hidden_state": (1, 64, 384)}),
-        (real_models.ocr_det, {"sigmoid_0.tmp_0": (1, 1, 64, 64)}),
+        (real_models.ocr_det, {"sigmoid_0.tmp_0": (64, 1, 64, 64)}),
         (real_models.ocr_cls, {"save_infer_model/scale_0.tmp_1": (1, 2)}),
-        (real_models.ocr_rec, {"softmax_11.tmp_0": (1, 8, 6625)}),
-        (real_models.magika, {"target_label": (1, 214)}),
+        (real_models.ocr_rec, {"softmax_11.tmp_0": (64, 8, 6625)}),
+        (real_models.magika, {"target_label": (64, 214)}),
     ],
 )
 def test_sample_inputs_run_through_each_real_model_and_pass_the_shape_check(model, expected):
@@ -191,3 +204,269 @@ def test_check_output_shapes_accepts_the_reshape_shape_of_a_batch_only_output():
     # then both the client shape [2, 1] and the model shape [2] pass
     check_output_shapes(config, {"score": (2, 1)}, batch_size=2)
     check_output_shapes(config, {"score": (2,)}, batch_size=2)
+
+
+# --- user samples ---------------------------------------------------------------------------------------------
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def silero_like() -> tuple[ModelConfig, ModelSignature]:
+    """silero-vad's interface: input [-1, -1], state [2, -1, 128], a scalar INT64 sr; built without batching."""
+    signature = ModelSignature(
+        inputs=(
+            TensorSpec("input", "FP32", (-1, -1), (None, None)),
+            TensorSpec("state", "FP32", (2, -1, 128), (None, None, None)),
+            TensorSpec("sr", "INT64", (), ()),
+        ),
+        outputs=(TensorSpec("output", "FP32", (-1, 1), (None, None)),),
+        ir_version=8,
+        opset=16,
+        opset_imports=(("", 16),),
+    )
+    return build_model_config(name="vad", signature=signature, options=BuildOptions()), signature
+
+
+def test_read_sample_arrays_reads_named_arrays():
+    arrays = read_sample_arrays(npz_bytes(input=np.zeros((1, 512), np.float32), sr=np.array(16000)))
+    assert sorted(arrays) == ["input", "sr"]
+    assert (arrays["input"].shape, arrays["input"].dtype) == ((1, 512), np.float32)
+    assert describe_sample_arrays(arrays) == {
+        "input": {"dtype": "float32", "shape": [1, 512]},
+        "sr": {"dtype": "int64", "shape": []},
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "The sample inputs file is empty."),
+        (b"not an archive at all", "The sample inputs file is not a numpy .npz archive"),
+        (lambda: np.save(buf := io.BytesIO(), np.zeros(3)) or buf.getvalue(), "holds a single .npy array"),
+        (lambda: npz_bytes(), "holds no arrays"),
+        (lambda: npz_bytes(x=np.array([{"a": 1}], dtype=object)), "object arrays and pickled data are not accepted"),
+    ],
+    ids=["empty", "not-npz", "npy", "no-arrays", "pickle"],
+)
+def test_read_sample_arrays_refuses_bad_files_naming_the_field(data, message):
+    with pytest.raises(InvalidInput) as caught:
+        read_sample_arrays(data() if callable(data) else data)
+    assert caught.value.field == "sample_inputs"
+    assert message in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("sr=16000", {"sr": 16000}),
+        (" sr = 16000 ;threshold=0.5\nlang=en", {"sr": 16000, "threshold": 0.5, "lang": "en"}),
+        ("ids=[[1, 2], [3, 4]], mask=true", {"ids": [[1, 2], [3, 4]], "mask": True}),
+        ('text="a, b"', {"text": "a, b"}),
+        ({"sr": 8000}, {"sr": 8000}),
+        ("", {}),
+        (None, {}),
+    ],
+)
+def test_parse_sample_values_reads_text_and_json(raw, expected):
+    assert parse_sample_values(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("16000", "sample_values entry '16000' is not of the form name=value"),
+        ("sr=1; sr=2", "sample_values gives input 'sr' more than once"),
+        ({"sr": {"a": 1}}, "sample_values gives input 'sr' the value {'a': 1}"),
+        ({"sr": []}, "sample_values gives input 'sr' the value []"),
+        (42, "sample_values must be text such as 'sr=16000' or a JSON object"),
+    ],
+)
+def test_parse_sample_values_refuses_malformed_entries(raw, message):
+    with pytest.raises(InvalidInput) as caught:
+        parse_sample_values(raw)
+    assert caught.value.field == "sample_values"
+    assert caught.value.detail.startswith(message)
+
+
+def test_make_sample_inputs_uses_user_arrays_and_values_for_silero_like_inputs():
+    # given silero-vad's interface and the samples a user sends: arrays for input and state, sr as a value
+    config, signature = silero_like()
+    samples = UserSamples(
+        arrays={"input": np.full((1, 512), 0.25, np.float64), "state": np.zeros((2, 1, 128), np.float32)},
+        values={"sr": 16000},
+    )
+
+    # when
+    inputs = make_sample_inputs(config, signature=signature, samples=samples)
+
+    # then they are used as given, converted to the model's types, and the scalar travels as dims [1]
+    assert [(name, a.dtype, a.shape) for name, a in inputs.items()] == [
+        ("input", np.float32, (1, 512)),
+        ("state", np.float32, (2, 1, 128)),
+        ("sr", np.int64, (1,)),
+    ]
+    assert inputs["sr"].tolist() == [16000]
+    assert np.all(inputs["input"] == 0.25)
+    assert describe_sample_inputs(inputs, samples) == [
+        "input float32 [1, 512] (sample_inputs)",
+        "state float32 [2, 1, 128] (sample_inputs)",
+        "sr int64 [1] (sample_values)",
+    ]
+
+
+def test_make_sample_inputs_without_samples_describes_what_it_generated():
+    config, signature = silero_like()
+    inputs = make_sample_inputs(config, signature=signature)
+    assert describe_sample_inputs(inputs) == [
+        "input float32 [64, 64] (generated: random floats in [0, 1))",
+        "state float32 [2, 64, 128] (generated: random floats in [0, 1))",
+        "sr int64 [1] (generated: all 1)",
+    ]
+
+
+def test_make_sample_inputs_fills_a_shaped_input_with_a_single_value():
+    config, signature = silero_like()
+    inputs = make_sample_inputs(config, signature=signature, samples=UserSamples(values={"state": 0}))
+    assert inputs["state"].shape == (2, 64, 128) and not inputs["state"].any()
+
+
+def test_make_sample_inputs_sizes_named_axes_like_the_user_array():
+    # given MiniLM (three inputs sharing the axis 'sequence') and only input_ids supplied, 12 tokens long
+    signature = inspect_onnx(real_models.minilm())
+    config = build_model_config(name="m", signature=signature, options=BuildOptions())
+    samples = UserSamples(arrays={"input_ids": np.arange(24, dtype=np.int32).reshape(2, 12)})
+
+    # when the first and the second sample are made
+    first = make_sample_inputs(config, signature=signature, samples=samples, item=0)
+    second = make_sample_inputs(config, signature=signature, samples=samples, item=1)
+
+    # then each takes one item of the user's batch, and the generated inputs follow its sequence length
+    assert first["input_ids"].tolist() == [list(range(12))]
+    assert second["input_ids"].tolist() == [list(range(12, 24))]
+    assert first["attention_mask"].shape == (1, 12) and first["attention_mask"].dtype == np.int64
+    assert np.all(first["attention_mask"] == 1) and np.all(second["attention_mask"] == 0)
+
+
+@pytest.mark.parametrize(
+    ("samples", "field", "message"),
+    [
+        (
+            UserSamples(arrays={"audio": np.zeros(3)}),
+            "sample_inputs",
+            "sample_inputs names 'audio', which the model does not take; its inputs are 'input', 'state', 'sr'.",
+        ),
+        (
+            UserSamples(arrays={"state": np.zeros((3, 1, 128), np.float32)}),
+            "sample_inputs",
+            "sample_inputs gives input 'state' shape [3, 1, 128] (a different size on a fixed axis), but the model "
+            "takes shape [2, any, 128]",
+        ),
+        (
+            UserSamples(values={"sr": 16000.5}),
+            "sample_values",
+            "sample_values gives input 'sr' float64 values, but the model takes INT64; give it whole numbers.",
+        ),
+        (
+            UserSamples(values={"sr": "16k"}),
+            "sample_values",
+            "sample_values gives input 'sr' the text '16k', but the model takes INT64; give it whole numbers.",
+        ),
+        (
+            UserSamples(arrays={"input": np.zeros(4, np.float32)}),
+            "sample_inputs",
+            "sample_inputs gives input 'input' shape [4] (1 axes), but the model takes shape [any, any]",
+        ),
+    ],
+    ids=["unknown-name", "fixed-axis", "float-for-int", "text-for-int", "rank"],
+)
+def test_make_sample_inputs_refuses_samples_that_do_not_fit_the_model(samples, field, message):
+    config, signature = silero_like()
+    with pytest.raises(InvalidInput) as caught:
+        make_sample_inputs(config, signature=signature, samples=samples)
+    assert caught.value.field == field
+    assert caught.value.detail.startswith(message)
+
+
+# --- the batching proof ---------------------------------------------------------------------------------------
+
+
+def test_the_classifier_gives_each_joined_sample_its_own_outputs():
+    # given two different samples of the classifier, alone and joined on axis 0
+    config = config_for(real_models.classifier)
+    first, second = make_sample_inputs(config), make_sample_inputs(config, item=1)
+    assert not np.array_equal(first["x"], second["x"])
+    session = onnxruntime.InferenceSession(str(real_models.classifier()), providers=["CPUExecutionProvider"])
+
+    def run(inputs):
+        return dict(zip(["fetch_name_0"], session.run(None, inputs), strict=True))
+
+    # when / then the joined run agrees with the runs alone
+    check = compare_joined_outputs(config, [run(first), run(second)], run(join_samples(first, second)))
+    assert check.problem == ""
+    assert check.max_difference < 1e-5
+
+
+def test_compare_joined_outputs_names_the_output_a_softmax_over_axis_0_mixes():
+    # given outputs of a softmax over axis 0: alone each row is 1.0, joined the rows share the mass
+    config = config_from_pbtxt(
+        'name: "m" max_batch_size: 8 input { name: "x" data_type: TYPE_FP32 dims: [3] } '
+        'output { name: "probs" data_type: TYPE_FP32 dims: [3] }'
+    )
+    first = {"probs": np.ones((1, 3), np.float32)}
+    joined = {"probs": np.array([[0.4, 0.5, 0.6], [0.6, 0.5, 0.4]], np.float32)}
+
+    # when
+    check = compare_joined_outputs(config, [first, {"probs": np.ones((1, 3), np.float32)}], joined)
+
+    # then
+    assert check.problem == (
+        "output 'probs' of sample 1 differs: at index [0, 0] it is 0.4 in the joined run but 1 alone "
+        "(largest difference 0.6, allowed 0.0001 + 1e-03 x |value|)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("alone", "joined", "problem"),
+    [
+        (
+            [{"y": np.zeros((1, 6))}, {"y": np.zeros((1, 6))}],
+            {"y": np.zeros((3, 6))},
+            "output 'y' has 3 rows on axis 0 for the joined samples, but the samples alone gave 1 + 1, so axis 0 of "
+            "this output is not the batch axis",
+        ),
+        (
+            [{"y": np.array([[1, 2]])}, {"y": np.array([[3, 4]])}],
+            {"y": np.array([[1, 2], [3, 5]])},
+            "output 'y' of sample 2 differs: at index [0, 1] it is 5 in the joined run but 4 alone",
+        ),
+        (
+            [{"y": np.zeros((1, 2))}, {"y": np.zeros((1, 3))}],
+            {"y": np.zeros((2, 2))},
+            "output 'y' of sample 2 has shape [1, 2] in the joined run but [1, 3] alone",
+        ),
+        ([{}, {}], {}, "output 'y' did not come back from every run"),
+    ],
+    ids=["rows", "exact-ints", "shape", "missing"],
+)
+def test_compare_joined_outputs_reports_each_kind_of_difference(alone, joined, problem):
+    config = config_from_pbtxt(
+        'name: "m" max_batch_size: 8 input { name: "x" data_type: TYPE_FP32 dims: [3] } '
+        'output { name: "y" data_type: TYPE_FP32 dims: [-1] }'
+    )
+    assert compare_joined_outputs(config, alone, joined).problem == problem
+
+
+def test_compare_joined_outputs_tolerates_reordered_float_sums_and_matching_nans():
+    config = config_from_pbtxt(
+        'name: "m" max_batch_size: 8 input { name: "x" data_type: TYPE_FP32 dims: [1] } '
+        'output { name: "y" data_type: TYPE_FP32 dims: [2] }'
+    )
+    alone = [{"y": np.array([[100.0, np.nan]], np.float32)}, {"y": np.array([[1.0, np.inf]], np.float32)}]
+    joined = {"y": np.array([[100.00001, np.nan], [1.000001, np.inf]], np.float32)}
+    check = compare_joined_outputs(config, alone, joined)
+    assert check.problem == ""
+    assert 0 < check.max_difference < 1e-4

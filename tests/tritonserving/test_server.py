@@ -223,6 +223,8 @@ def test_started_server_serves_a_model_and_is_found_by_id_prefix(start, server_i
     assert found[0].api_key == API_KEY
     assert is_alive(process.pid, process.create_time) is True
     assert find_servers(f"{server_id_prefix}zzz") == []
+    # configurations are served as written (verify and the local runtime both start servers here)
+    assert "--disable-auto-complete-config" in psutil.Process(process.pid).cmdline()
 
 
 def test_stop_server_ends_the_server_and_its_stubs_and_frees_its_ports(start, server_id_prefix):

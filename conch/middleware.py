@@ -1,0 +1,109 @@
+"""Middleware for the REST API under `/api/`: errors are JSON, control characters are refused at the door.
+
+DRF's exception handler (`conch.api.exception_handler`) only sees exceptions raised inside a DRF view. Django
+answers everything else itself with an HTML page: a URL that matches no route (404), an exception a view did
+not handle (500), a bad Host header (400). For `/api/` paths this middleware replaces such pages with the API's
+error body `{"detail", "field"}`, keeping the status code. Pages outside `/api/` (console, admin) keep HTML.
+
+It also answers 400 to an `/api/` request whose path or query string holds a control character (U+0000-U+001F,
+U+007F-U+009F), naming the query parameter: no API input uses one, and PostgreSQL refuses a NUL inside text, so
+such a value reaching a query was a 500.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from http import HTTPStatus
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+API_PREFIX = "/api/"
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Headers of the original error that still matter to a client (RFC 9110: 405 Allow, 401 WWW-Authenticate, 503
+# Retry-After); the rest describe the HTML body that is replaced.
+_KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After", "Vary")
+
+
+class ApiErrorMiddleware:
+    """Make every `/api/` error response a JSON `{"detail", "field"}` body; refuse control characters (400).
+
+    Place it right after SecurityMiddleware/WhiteNoise, so it wraps the middleware that may answer with an HTML
+    error (CommonMiddleware's Host check, CSRF) and security headers still apply to its answers.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path_info.startswith(API_PREFIX):
+            return self.get_response(request)
+        refusal = _refuse_control_characters(request)
+        if refusal is not None:
+            return refusal
+        response = self.get_response(request)
+        if response.status_code >= 400 and not _is_json(response):
+            return _as_json_error(request, response)
+        return response
+
+
+def _is_json(response: HttpResponse) -> bool:
+    content_type = response.get("Content-Type", "")
+    return content_type.split(";", 1)[0].strip().lower() in ("application/json", "application/problem+json")
+
+
+def _error(detail: str, *, field: str | None, status: int) -> JsonResponse:
+    return JsonResponse({"detail": detail, "field": field}, status=status)
+
+
+def _refuse_control_characters(request: HttpRequest) -> JsonResponse | None:
+    found = _CONTROL_CHARACTER.search(request.path)
+    if found:
+        return _error(
+            f"The URL path holds the control character U+{ord(found.group()):04X}; "
+            "percent-encode only printable text in the path.",
+            field=None,
+            status=HTTPStatus.BAD_REQUEST,
+        )
+    for name, values in request.GET.lists():
+        found = _CONTROL_CHARACTER.search(name)
+        if found:
+            return _error(
+                f"A query parameter name holds the control character U+{ord(found.group()):04X}; "
+                "send printable parameter names only.",
+                field=None,
+                status=HTTPStatus.BAD_REQUEST,
+            )
+        for value in values:
+            found = _CONTROL_CHARACTER.search(value)
+            if found:
+                return _error(
+                    f"The query parameter '{name}' holds the control character U+{ord(found.group()):04X}; "
+                    "send printable text only.",
+                    field=name,
+                    status=HTTPStatus.BAD_REQUEST,
+                )
+    return None
+
+
+def _as_json_error(request: HttpRequest, response: HttpResponse) -> JsonResponse:
+    status = response.status_code
+    if status == HTTPStatus.NOT_FOUND:
+        detail = f"No API endpoint at {request.path}; the endpoints are listed at /api/v1/docs/."
+    elif status >= 500:
+        # Django has logged the exception with its traceback ("django.request"); the client gets no internals.
+        detail = (
+            "Conch failed while handling this request (an internal error, logged on the server). "
+            "Retry later, and report it with the time of the request if it persists."
+        )
+    else:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = f"HTTP {status}"
+        detail = f"{phrase}: the request to {request.path} was refused."
+    answer = _error(detail, field=None, status=status)
+    for header in _KEPT_HEADERS:
+        if header in response:
+            answer[header] = response[header]
+    return answer
