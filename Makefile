@@ -31,6 +31,7 @@ test-fast: venv
 bench: venv
 	$(BIN)/python bench/serving.py
 	$(BIN)/python bench/upload.py
+	$(BIN)/python bench/time_to_serve.py
 
 lint: venv
 	$(BIN)/ruff check .

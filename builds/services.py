@@ -44,8 +44,9 @@ from models_registry import services as registry
 from models_registry.choices import VersionStatus
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
 from tritonserving import server as triton_server
+from tritonserving import smoke
 from tritonserving.config import config_to_pbtxt
-from tritonserving.smoke import ScratchServer
+from tritonserving.smoke import ScratchServer, VerifyServer
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
@@ -275,13 +276,38 @@ def _accept_samples(
     return samples
 
 
-def _scratch_server() -> ScratchServer:
+def _scratch_server() -> ScratchServer | VerifyServer:
+    """The server the verify step runs on: this process's warm one (CONCH_VERIFY_WARM_SERVER), else a throwaway."""
+    if settings.CONCH_VERIFY_WARM_SERVER:
+        return smoke.get_verify_server(_verify_server_settings())
     return ScratchServer(
         work_dir=Path(settings.CONCH_TRITON_DIR),
         server_id=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}{os.getpid()}-{uuid.uuid4().hex[:12]}",
         bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
         start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
     )
+
+
+def _verify_server_settings() -> smoke.VerifyServerSettings:
+    # The server appends "<owner pid>-<hex>": stop_verify_servers relies on that form.
+    return smoke.VerifyServerSettings(
+        work_dir=Path(settings.CONCH_TRITON_DIR),
+        server_id_prefix=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}",
+        bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
+        start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
+    )
+
+
+def warm_up_verify_server() -> None:
+    """Start this worker process's warm verify server in a background thread, so its first build finds it ready
+    (run on Celery's `worker_process_init`). Does nothing when CONCH_VERIFY_WARM_SERVER is off."""
+    if settings.CONCH_VERIFY_WARM_SERVER:
+        smoke.warm_up_verify_server(_verify_server_settings())
+
+
+def stop_warm_verify_server() -> None:
+    """Stop this process's warm verify server, if it has one (run on Celery's `worker_process_shutdown`)."""
+    smoke.stop_verify_server()
 
 
 def stop_verify_servers(*, only_abandoned: bool = True) -> int:

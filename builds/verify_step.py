@@ -10,6 +10,7 @@ differs. Samples come from the user (`UserSamples`, stored beside the source) or
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from builds.inspection import ModelSignature
@@ -30,7 +31,7 @@ from models_registry import services as registry
 from models_registry.storage import ObjectStore
 from tritonserving.client import TritonRequestError
 from tritonserving.config import ModelConfig, config_to_pbtxt
-from tritonserving.smoke import ScratchServer, run_smoke_inference
+from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
@@ -86,7 +87,7 @@ def verify_build(
     signature: ModelSignature,
     options: BuildOptions,
     say: _Say,
-    scratch: Callable[[], ScratchServer],
+    scratch: Callable[[], ScratchServer | VerifyServer],
 ) -> ModelConfig:
     """Run the verify step on the repository the build wrote under `prefix`; return the configuration it keeps.
 
@@ -99,7 +100,7 @@ def verify_build(
     and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
     """
     samples = load_samples(store, version.build_options or {})
-    run = _smoke_runner(store, prefix, config.name, say, scratch)
+    run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{version.build_attempt}")
     if config.max_batch_size > 0:
         first = make_sample_inputs(config, signature=signature, samples=samples, item=0)
         second = make_sample_inputs(config, signature=signature, samples=samples, item=1)
@@ -171,11 +172,22 @@ def _check_outputs(say: _Say, config: ModelConfig, outputs: Mapping[str, Any]) -
 
 
 def _smoke_runner(
-    store: ObjectStore, prefix: str, model_name: str, say: _Say, scratch: Callable[[], ScratchServer]
+    store: ObjectStore,
+    prefix: str,
+    model_name: str,
+    say: _Say,
+    scratch: Callable[[], ScratchServer | VerifyServer],
+    *,
+    label: str,
 ) -> _SmokeRun:
-    """A function that loads the repository under `prefix` in a scratch Triton and runs the given input sets."""
+    """A function that loads the repository under `prefix` in a scratch Triton and runs the given input sets.
+
+    A warm verify server gets the model directory copied from the store for each run (`_model_directory_stager`),
+    so a run after config.pbtxt was rewritten loads the rewritten one; a throwaway server reads the repository.
+    """
     repository = store.triton_repository_location(prefix)
     environment = store.triton_environment()
+    stage = _model_directory_stager(store, f"{prefix}/{model_name}")
 
     def run(input_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return run_smoke_inference(
@@ -185,6 +197,20 @@ def _smoke_runner(
             model_name=model_name,
             input_sets=input_sets,
             log=say,
+            stage=stage,
+            label=label,
         )
 
     return run
+
+
+def _model_directory_stager(store: ObjectStore, folder: str) -> Callable[[Path], None]:
+    """Return a function that copies every object under `folder` (`<prefix>/<model>`) of the store into a local
+    folder, keeping the relative paths: what the warm verify server loads is what the repository holds."""
+
+    def stage(target: Path) -> None:
+        root = folder.rstrip("/") + "/"
+        for key in store.list_keys(root):
+            store.download_to(key, target / key[len(root) :])
+
+    return stage

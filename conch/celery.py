@@ -5,6 +5,10 @@ reconcile, metrics, the sweeper of stuck builds and uploads). Periodic tasks go 
 expire after about one period, so they never pile up behind a long build, and a worker that was away
 does not run a backlog of stale copies. Every worker consumes both (`-Q celery,periodic`, which is also
 what a worker started without `-Q` consumes, since both queues are declared here).
+
+Each pool process of a (prefork) worker keeps a warm Triton for the build's verify step: started in the
+background when the process starts (`worker_process_init`), stopped when it ends (`worker_process_shutdown`).
+Other pools (solo, threads) start it with their first build.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
@@ -65,3 +70,19 @@ def _install_beat_schedule(sender: Celery, **_: object) -> None:
             expires=period_s,
             queue=PERIODIC_QUEUE,
         )
+
+
+@worker_process_init.connect
+def _warm_up_verify_server(**_: object) -> None:
+    """Each pool process starts its warm verify Triton in the background, ahead of its first build."""
+    from builds.services import warm_up_verify_server
+
+    warm_up_verify_server()
+
+
+@worker_process_shutdown.connect
+def _stop_verify_server(**_: object) -> None:
+    # Pool processes leave through os._exit, which skips atexit; this is their last word.
+    from builds.services import stop_warm_verify_server
+
+    stop_warm_verify_server()

@@ -211,6 +211,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         # Broadcast (pidbox) exchange files; kombu's default is ./control under the cwd.
         "control_folder": str(_broker_dir / "control"),
+        # Seconds a worker sleeps between looks into an empty queue folder (kombu's default, 1 s, adds up to
+        # 1 s before a queued build or deployment start is picked up). A look is one small folder listing.
+        "polling_interval": env("CONCH_FILESYSTEM_BROKER_POLL_SECONDS", 0.1, cast=float),
     }
 
 # Periods of the beat tasks, seconds.
@@ -273,6 +276,9 @@ CONCH_TRITON_PUBLIC_HOST = env("CONCH_TRITON_PUBLIC_HOST", "127.0.0.1")
 # Host Conch's own processes (web's infer proxy, the metrics scraper) use to reach local Tritons.
 CONCH_TRITON_INTERNAL_HOST = env("CONCH_TRITON_INTERNAL_HOST", "127.0.0.1")
 CONCH_TRITON_START_TIMEOUT_SECONDS = env("CONCH_TRITON_START_TIMEOUT_SECONDS", 120.0, cast=float)
+# Builds verify on a warm Triton each worker process keeps (one model load per build, no server start); off: a
+# throwaway Triton per build.
+CONCH_VERIFY_WARM_SERVER = env("CONCH_VERIFY_WARM_SERVER", True, cast=bool)
 # A start task writes a heartbeat every few seconds; one older than this (seconds) means the task died and
 # reconcile queues the start again (it adopts the server the dead task spawned).
 CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS = env("CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS", 60.0, cast=float)

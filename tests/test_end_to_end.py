@@ -158,6 +158,9 @@ def test_worker_killed_mid_build_is_recovered_by_the_sweeper(alice, settings, tm
         "CONCH_STORAGE_URL": settings.CONCH_STORAGE_URL,
         "CONCH_TRITON_DIR": str(settings.CONCH_TRITON_DIR),
         "CONCH_INSTANCE_ID": settings.CONCH_INSTANCE_ID,
+        # A throwaway verify Triton keeps the verify step running for seconds, long enough to be caught in it;
+        # the warm one finishes it in a fraction of a second.
+        "CONCH_VERIFY_WARM_SERVER": "false",
     }
     log = (tmp_path / "doomed-worker.log").open("wb")
     doomed = subprocess.Popen(
