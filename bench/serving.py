@@ -9,7 +9,8 @@ before the clock starts, so the clients spend their CPU on sockets only.
 Systems measured (only one is under load at any time; the others sit idle):
   (a) Conch local deployment, dynamic batching on: the repository is built with Conch's own code
       (`builds.inspection`, `builds.model_config`), served by `tritonserving.server` and loaded with
-      `tritonserving.client.TritonClient.load_model(name, config_json=...)` as the local runtime (`deployments/runtimes/local.py`) does.
+      `tritonserving.client.TritonClient.load_model(name, config_json=...)` as the local runtime
+      (`deployments/runtimes/local.py`) does.
   (b) the same repository and instance settings with the dynamic batcher removed from the loaded configuration:
       Triton's default scheduler hands each instance one request at a time.
   (c) the baseline: a threading HTTP/1.1 keep-alive server in Python that speaks the same binary protocol and runs

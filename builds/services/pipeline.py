@@ -1,0 +1,236 @@
+"""The build pipeline of one attempt: inspect -> configure -> write repository -> verify, with step rows, logs and
+a heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
+
+from builds.choices import STEP_ORDER, StepName, StepStatus
+from builds.model_config import build_model_config, parse_build_options
+from builds.models import BuildStep
+from builds.sandbox import inspect_onnx_in_sandbox
+from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
+from conch.errors import ConchError, InvalidInput, Unavailable
+from models_registry import services as registry
+from models_registry.storage import get_object_store
+from tritonserving.config import config_to_pbtxt
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
+from builds.services.submission import building_stale_before
+from builds.services.verify_servers import scratch_server
+
+log = logging.getLogger(__name__)
+
+
+class BuildSuperseded(Exception):
+    """The attempt being built was superseded (a rebuild, or the sweeper gave it to another worker)."""
+
+
+class BuildHeartbeat:
+    """Writes the heartbeat of a running build attempt every `interval_s` seconds from a daemon thread.
+
+    Use as a context manager around the build: long steps (a model download, a Triton start) keep
+    beating. The thread stops when the block ends or the attempt is superseded; it closes its own
+    database connection. A failed write is logged and retried at the next beat.
+    """
+
+    def __init__(self, *, version_id: int, attempt: int, interval_s: float) -> None:
+        self.version_id = version_id
+        self.attempt = attempt
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"conch-build-heartbeat-{version_id}", daemon=True)
+
+    def __enter__(self) -> BuildHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        # A beat stuck on the database must not hold the build's result back; the daemon thread ends with it.
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    if not registry.record_build_heartbeat(version_id=self.version_id, attempt=self.attempt):
+                        return
+                except DatabaseError as error:
+                    log.warning("build.heartbeat.failed", extra={"version_id": self.version_id, "error": str(error)})
+        finally:
+            connections.close_all()  # this thread's connections only
+
+
+class StepLog:
+    """Collects a step's log lines and saves them as they come, so a user can watch."""
+
+    def __init__(self, step: BuildStep) -> None:
+        self.step = step
+
+    def __call__(self, line: str) -> None:
+        stamp = timezone.now().strftime("%H:%M:%S")
+        self.step.log.append(f"{stamp} {line}")
+        BuildStep.objects.filter(pk=self.step.pk).update(log=self.step.log)
+
+
+def reset_steps(*, version: ModelVersion) -> list[BuildStep]:
+    """Create or reset the four step rows of a version to `pending` (no duplicates)."""
+    steps = []
+    with transaction.atomic():
+        for position, name in enumerate(STEP_ORDER):
+            step, _ = BuildStep.objects.update_or_create(
+                version=version,
+                name=name,
+                defaults={
+                    "position": position,
+                    "status": StepStatus.PENDING,
+                    "log": [],
+                    "started_at": None,
+                    "finished_at": None,
+                },
+            )
+            steps.append(step)
+    return steps
+
+
+@contextmanager
+def _step(version: ModelVersion, name: str) -> Iterator[StepLog]:
+    if not registry.record_build_heartbeat(version_id=version.pk, attempt=version.build_attempt):
+        raise BuildSuperseded()
+    step = BuildStep.objects.get(version=version, name=name)
+    step.status, step.started_at, step.log = StepStatus.RUNNING, timezone.now(), []
+    step.save(update_fields=["status", "started_at", "log"])
+    started = time.monotonic()
+    log_line = StepLog(step)
+    try:
+        yield log_line
+    except ConchError as exc:
+        log_line(f"FAILED: {exc.detail}")
+        finish_step(step, StepStatus.FAILED)
+        raise
+    except Exception as exc:
+        log_line(f"FAILED: internal error {type(exc).__name__}: {exc}")
+        finish_step(step, StepStatus.FAILED)
+        raise
+    log_line(f"done in {time.monotonic() - started:.2f} s")
+    finish_step(step, StepStatus.SUCCEEDED)
+
+
+def finish_step(step: BuildStep, status: str) -> None:
+    step.status, step.finished_at = status, timezone.now()
+    step.save(update_fields=["status", "finished_at", "log"])
+
+
+def skip_remaining_steps(version_id: int) -> None:
+    BuildStep.objects.filter(version_id=version_id, status=StepStatus.PENDING).update(status=StepStatus.SKIPPED)
+
+
+def run_build(*, version_id: int, attempt: int) -> str:
+    """Run build `attempt` of a version; returns the version's final status (or "skipped").
+
+    Permanent problems (a bad file, a meaningless option, a model that fails its smoke
+    inference) mark the version `failed` with a message naming the field or tensor.
+    `Unavailable` (object store or Triton unreachable) puts the version back to `queued` and
+    propagates so the task retries. "skipped": the attempt is stale, finished, being built by
+    a live worker, or was superseded while it ran. The repository goes under the attempt's own
+    prefix (`registry.repository_prefix`), recorded as the version's on success.
+    """
+    version = registry.claim_build(version_id=version_id, attempt=attempt, stale_before=building_stale_before())
+    if version is None:
+        return "skipped"
+    with BuildHeartbeat(version_id=version_id, attempt=attempt, interval_s=settings.CONCH_BUILD_HEARTBEAT_SECONDS):
+        return _run_claimed_build(version, attempt)
+
+
+def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
+    reset_steps(version=version)
+    store = get_object_store()
+    model_name = version.model.name
+    try:
+        with tempfile.TemporaryDirectory(prefix="conch-build-") as tmp:
+            local = Path(tmp) / "model.onnx"
+            with _step(version, StepName.INSPECT) as say:
+                say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
+                store.download_to(version.source_key, local)
+                signature = inspect_onnx_in_sandbox(local)
+                for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
+                    for t in tensors:
+                        say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}{axis_names_text(t.dim_names)}")
+                registry.record_build_artifacts(version_id=version.pk, signature=signature.to_dict())
+
+            with _step(version, StepName.CONFIGURE) as say:
+                options = parse_build_options(version.build_options)
+                config = build_model_config(name=model_name, signature=signature, options=options)
+                pbtxt = config_to_pbtxt(config)
+                registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+                for line in describe_batching_plan(signature, options, config):
+                    say(line)
+
+            prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
+            with _step(version, StepName.WRITE_REPOSITORY) as say:
+                model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
+                store.copy(version.source_key, model_key)
+                store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
+                say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key}")
+
+            with _step(version, StepName.VERIFY) as say:
+                verify_build(
+                    version=version,
+                    store=store,
+                    prefix=prefix,
+                    config=config,
+                    signature=signature,
+                    options=options,
+                    say=say,
+                    scratch=scratch_server,
+                )
+    except BuildSuperseded:
+        log.info("build.superseded", extra={"version_id": version.pk, "attempt": attempt})
+        return "skipped"
+    except Unavailable:
+        registry.release_build(version_id=version.pk, attempt=attempt)
+        raise
+    except InvalidInput as exc:
+        skip_remaining_steps(version.pk)
+        registry.record_build_result(
+            version_id=version.pk, attempt=attempt, succeeded=False, error=exc.detail, error_field=exc.field or ""
+        )
+        log.info("build.failed", extra={"version_id": version.pk, "error": exc.detail})
+        return "failed"
+    except Exception as exc:
+        skip_remaining_steps(version.pk)
+        registry.record_build_result(
+            version_id=version.pk,
+            attempt=attempt,
+            succeeded=False,
+            error=f"Internal error during the build ({type(exc).__name__}: {exc}). Retry with rebuild; "
+            "if it persists, report it.",
+        )
+        raise
+    registry.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True, repository_prefix=prefix)
+    log.info("build.succeeded", extra={"version_id": version.pk, "attempt": attempt, "prefix": prefix})
+    return "built"
+
+
+def fail_build_after_retries(*, version_id: int, attempt: int, detail: str) -> None:
+    """Mark a build failed once its transient errors outlived the task's retries."""
+    skip_remaining_steps(version_id)
+    registry.record_build_result(
+        version_id=version_id,
+        attempt=attempt,
+        succeeded=False,
+        error=f"{detail} The build gave up after retrying; start it again with rebuild.",
+    )

@@ -1,0 +1,134 @@
+"""Submitting builds: record an upload or a rebuild (with its sample inputs) and queue the build."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from builds.model_config import parse_build_options
+from builds.verification import describe_sample_arrays, parse_sample_values, read_sample_arrays
+from models_registry import services as registry
+from models_registry.storage import ObjectStore, StoredObject, get_object_store
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
+
+log = logging.getLogger(__name__)
+
+
+def queue_build(*, version_id: int, attempt: int) -> None:
+    """Queue build `attempt` of a version once the current transaction commits."""
+    # By task name: tasks import this module, so importing them here would close a cycle.
+    transaction.on_commit(lambda: current_app.signature("builds.build_version", args=(version_id, attempt)).delay())
+
+
+def submit_upload(
+    *,
+    version: ModelVersion,
+    stored: StoredObject,
+    filename: str,
+    options: Mapping[str, Any],
+    sample_inputs: StoredObject | None = None,
+    sample_values: Any = None,
+) -> ModelVersion:
+    """Record a finished upload with its build options and sample inputs, and queue its first build.
+
+    `options` are the raw form fields (max_batch_size, max_queue_delay_microseconds, preferred_batch_size,
+    instance_count). `sample_inputs` is an `.npz` the view streamed to the version's incoming samples key
+    (`registry.sample_inputs_key(incoming=True)`); `sample_values` the raw `sample_values` field ("sr=16000" or a
+    JSON object). Verify uses them instead of generated inputs. Raises InvalidInput naming the option at fault,
+    `sample_inputs`, `sample_values` or `file` (empty file); nothing is queued then, and the caller discards the
+    upload (`registry.discard_upload` also deletes the samples).
+    """
+    parsed = parse_build_options(options)
+    build_options = parsed.to_dict()
+    store = get_object_store()
+    samples = _accept_samples(store, version, {}, sample_inputs, sample_values, move=True)
+    if samples:
+        build_options["samples"] = samples
+    with transaction.atomic():
+        version = registry.complete_upload(
+            version=version, stored=stored, filename=filename, build_options=build_options
+        )
+        queue_build(version_id=version.pk, attempt=version.build_attempt)
+    return version
+
+
+def request_rebuild(
+    *, version: ModelVersion, sample_inputs: StoredObject | None = None, sample_values: Any = None
+) -> ModelVersion:
+    """Build a version again from its stored file (after a fix in Conch, a transient failure, or to add samples).
+
+    `sample_inputs` / `sample_values` as for `submit_upload`: each one given replaces what the version had (an
+    empty `sample_values` text removes the values); None keeps it. A build that stalled may be rebuilt:
+    `building` with no heartbeat for CONCH_BUILD_STALE_SECONDS (its worker stopped), or `queued` for
+    CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it. Raises InvalidInput (field `sample_inputs` or
+    `sample_values`) for bad samples, Conflict while the upload is unfinished or a build is queued or running
+    normally; the version's samples are unchanged then.
+    """
+    store = get_object_store()
+    build_options = dict(version.build_options or {})
+    previous = build_options.get("samples") or {}
+    samples = _accept_samples(store, version, previous, sample_inputs, sample_values, move=False)
+    build_options.pop("samples", None)
+    if samples:
+        build_options["samples"] = samples
+    with transaction.atomic():
+        version = registry.mark_rebuild(
+            version=version,
+            building_stale_before=building_stale_before(),
+            queued_stale_before=queued_stale_before(),
+            build_options=build_options,
+        )
+        if sample_inputs is not None:
+            store.copy(sample_inputs.key, samples["key"])
+        queue_build(version_id=version.pk, attempt=version.build_attempt)
+    if sample_inputs is not None:
+        store.delete(sample_inputs.key)
+    return version
+
+
+def building_stale_before() -> datetime:
+    return timezone.now() - timedelta(seconds=settings.CONCH_BUILD_STALE_SECONDS)
+
+
+def queued_stale_before() -> datetime:
+    return timezone.now() - timedelta(seconds=settings.CONCH_BUILD_QUEUED_STALE_SECONDS)
+
+
+def _accept_samples(
+    store: ObjectStore,
+    version: ModelVersion,
+    previous: Mapping[str, Any],
+    sample_inputs: StoredObject | None,
+    sample_values: Any,
+    *,
+    move: bool,
+) -> dict[str, Any]:
+    """Check uploaded samples and return their description for `build_options["samples"]` ({} when none).
+
+    Description: {"key": object key of the .npz, "inputs": {name: {"dtype", "shape"}}, "values": {name: value}}.
+    With `move` (an upload) the checked `.npz` goes from its incoming key to the version's samples key at once;
+    a rebuild copies it only once the rebuild is accepted (see `request_rebuild`).
+    """
+    samples = dict(previous)
+    if sample_values is not None:
+        values = parse_sample_values(sample_values)
+        samples.pop("values", None)
+        if values:
+            samples["values"] = values
+    if sample_inputs is not None:
+        arrays = read_sample_arrays(store.read_bytes(sample_inputs.key))
+        samples["key"] = registry.sample_inputs_key(model_id=version.model_id, number=version.number)
+        samples["inputs"] = describe_sample_arrays(arrays)
+        if move:
+            store.copy(sample_inputs.key, samples["key"])
+            store.delete(sample_inputs.key)
+    return samples
