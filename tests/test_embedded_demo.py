@@ -336,6 +336,23 @@ def test_a_failing_pipeline_prints_the_api_message_not_a_traceback(demo, request
     assert "Traceback" not in pipeline.stdout + pipeline.stderr
 
 
+def test_a_pipeline_failing_after_deploying_stops_its_deployment_so_the_next_run_works(demo, request_json, tmp_path):
+    # given a request the model refuses (an input name it does not have)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4}]}))
+    # when the pipeline runs with it
+    failed = _pipeline(demo, "demo", wrong)
+    # then it fails at the inference with the API's message naming the tensor, and stops its deployment
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "(field: x)" in failed.stderr and "stopping deployment" in failed.stderr
+    listing = _api(demo).get(f"{demo.found['CONCH_URL']}/api/v1/deployments/?limit=1000", timeout=30).json()
+    assert {d["status"] for d in listing["results"] if d["name"] == "filetype"} == {"stopped"}
+    # and the next run with the same name goes through
+    again = _pipeline(demo, "demo", request_json)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.splitlines()[-1].endswith("stopped")
+
+
 def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(demo, demo_env):
     var = Path(demo_env["CONCH_VAR_DIR"])
     instance = demo_env["CONCH_INSTANCE_ID"]

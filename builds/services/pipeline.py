@@ -163,6 +163,11 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
         with tempfile.TemporaryDirectory(prefix="conch-build-") as tmp:
             local = Path(tmp) / "model.onnx"
             with _step(version, StepName.INSPECT) as say:
+                if version.lost_attempts:
+                    say(
+                        f"attempt {attempt}: the worker running the previous attempt stopped mid-build (no heartbeat; "
+                        f"{version.lost_attempts} attempt(s) lost so far), so the build starts again"
+                    )
                 say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
                 store.download_to(version.source_key, local)
                 signature = inspect_onnx_in_sandbox(local)

@@ -33,6 +33,13 @@
     line.setAttribute("stroke", "#1f6fb2");
     line.setAttribute("stroke-width", "2");
     svg.appendChild(line);
+    // A dot per point: a single point (one interval with requests) draws no line.
+    for (const [x, y] of xy) {
+      const dot = document.createElementNS(svgNs, "circle");
+      dot.setAttribute("cx", x.toFixed(1)); dot.setAttribute("cy", y.toFixed(1)); dot.setAttribute("r", "3");
+      dot.setAttribute("fill", "#1f6fb2");
+      svg.appendChild(dot);
+    }
     const label = document.createElementNS(svgNs, "text");
     label.setAttribute("x", 4); label.setAttribute("y", 14); label.setAttribute("font-size", "12");
     label.textContent = `max ${vmax.toFixed(1)}`;

@@ -22,6 +22,7 @@ from models_registry.models import ModelVersion
 from models_registry.services import sample_inputs_key
 from models_registry.storage import get_object_store
 from tests import real_models
+from tests.flows import deploy_ready
 from tritonserving.client import TritonClient
 from tritonserving.config import config_from_pbtxt
 
@@ -97,16 +98,6 @@ def step_log(version: dict, name: str) -> list[str]:
     return next(step["log"] for step in version["steps"] if step["name"] == name)
 
 
-def deploy(caller, capture, version_id: int, name: str, **extra) -> dict:
-    body = {"name": name, "team": caller.team.slug, "model_version": version_id, "runtime": "local", **extra}
-    with capture(execute=True):
-        response = caller.client.post("/api/v1/deployments/", body, format="json")
-    assert response.status_code == 201, response.content
-    deployment = caller.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
-    assert deployment["status"] == "ready", deployment["error"]
-    return deployment
-
-
 def onnxruntime_outputs(data: bytes, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
     return session.run(None, inputs)
@@ -138,7 +129,7 @@ def test_a_time_major_model_is_served_without_batching_and_requests_never_mix(
     assert any("input x: FP32 [-1, -1, 2] axes [seq, batch, -]" in line for line in step_log(version, "inspect"))
 
     # when it is deployed and two clients send different sequences at the same moment, several times
-    deployment = deploy(alice, django_capture_on_commit_callbacks, version["id"], "rnn")
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version["id"], "rnn")
     rng = np.random.default_rng(0)
     barrier = threading.Barrier(2)
     for _ in range(5):
@@ -203,7 +194,7 @@ def test_max_batch_size_zero_stays_zero_when_served(alice, eager_tasks, django_c
     assert any("batching off: max_batch_size 0 was asked for" in line for line in step_log(version, "configure"))
 
     # when it is deployed
-    deployment = deploy(alice, django_capture_on_commit_callbacks, version["id"], "clf")
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version["id"], "clf")
 
     # then Triton serves it as written: auto-complete is off and max_batch_size reads back as 0
     server_id = LocalServerState.from_state(Deployment.objects.get(pk=deployment["id"]).runtime_state).server_id
@@ -259,7 +250,7 @@ def test_scalar_inputs_and_outputs_are_served_as_dims_one(alice, eager_tasks, dj
     ]
 
     # and served: the scalar travels as [1] both ways
-    deployment = deploy(alice, django_capture_on_commit_callbacks, version["id"], "gain")
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version["id"], "gain")
     body = {
         "inputs": [
             {"name": "gain", "shape": [1], "datatype": "FP32", "data": [2.0]},
@@ -338,7 +329,7 @@ def test_silero_vad_with_sample_inputs_is_built_and_served(alice, eager_tasks, d
     assert not get_object_store().exists(sample_inputs_key(model_id=version["model"], number=1, incoming=True))
 
     # and an inference through Conch succeeds
-    infer_silero(alice, deploy(alice, django_capture_on_commit_callbacks, version["id"], "vad"))
+    infer_silero(alice, deploy_ready(alice, django_capture_on_commit_callbacks, version["id"], "vad"))
 
 
 @pytest.mark.e2e
@@ -371,7 +362,7 @@ def test_silero_vad_without_samples_says_what_was_sent_and_a_rebuild_adds_sample
     version = alice.client.get(f"/api/v1/versions/{version['id']}/").json()
     assert version["status"] == "built", version["error"]
     assert version["build_options"]["samples"]["values"] == {"sr": 16000}
-    infer_silero(alice, deploy(alice, django_capture_on_commit_callbacks, version["id"], "vad"))
+    infer_silero(alice, deploy_ready(alice, django_capture_on_commit_callbacks, version["id"], "vad"))
 
 
 # --- sample inputs: what the API refuses -----------------------------------------------------------------------

@@ -85,6 +85,8 @@ def test_build_whose_worker_died_is_requeued_by_the_sweeper_and_ends_built(
     assert (version.build_attempt, version.lost_attempts) == (2, 1)
     assert version.repository_prefix.endswith("/repository/attempt-2")
     assert set(_steps(version).values()) == {StepStatus.SUCCEEDED}
+    inspect_log = BuildStep.objects.get(version=version, name=StepName.INSPECT).log
+    assert "attempt 2: the worker running the previous attempt stopped mid-build" in inspect_log[0]
     # and the dead worker's attempt, were it delivered again, is skipped
     assert run_build(version_id=version.pk, attempt=1) == "skipped"
 

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from tests import real_models
 from tests.deployments.conftest import write_built_version
+from tests.flows import deploy_ready
 
 pytestmark = pytest.mark.django_db
 
@@ -47,16 +48,6 @@ def _log_model(path: Path) -> Path:
     return path
 
 
-def _deploy(caller, version, capture) -> dict:
-    body = {"name": "web", "team": caller.team.slug, "model_version": version.pk, "runtime": "local"}
-    with capture(execute=True):
-        response = caller.client.post("/api/v1/deployments/", body, format="json")
-    assert response.status_code == 201, response.content
-    deployment = caller.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
-    assert deployment["status"] == "ready", deployment["error"]
-    return deployment
-
-
 def _onnxruntime(model: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)
 
@@ -74,7 +65,7 @@ def test_outputs_holding_inf_and_nan_come_back_as_triton_writes_them(
     # given a deployed model computing log(x + shift)
     model = _log_model(tmp_path / "log.onnx")
     version = write_built_version(alice.team, "logarithm", model)
-    deployment = _deploy(alice, version, django_capture_on_commit_callbacks)
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version.pk)
     url = f"/api/v1/deployments/{deployment['id']}/infer"
     x = np.array([[0.0, -1.0, 1.0, 2.0]], dtype=np.float32)
     shift = np.zeros((1, 1), dtype=np.float32)
@@ -116,7 +107,7 @@ def test_binary_tensor_data_built_by_tritonclient_equals_onnxruntime(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
     # given the demo classifier deployed, and two images
-    deployment = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, built_classifier.pk)
     url = f"/api/v1/deployments/{deployment['id']}/infer"
     x = np.random.default_rng(3).standard_normal((2, 3, 224, 224), dtype=np.float32)
     [expected] = _onnxruntime(real_models.classifier(), {"x": x})
@@ -165,7 +156,7 @@ def test_triton_errors_about_a_tensor_name_it_in_field(
 ):
     # given a deployed model with inputs x [batch, 4] and shift [batch, 1]
     version = write_built_version(alice.team, "logarithm", _log_model(tmp_path / "log.onnx"))
-    url = f"/api/v1/deployments/{_deploy(alice, version, django_capture_on_commit_callbacks)['id']}/infer"
+    url = f"/api/v1/deployments/{deploy_ready(alice, django_capture_on_commit_callbacks, version.pk)['id']}/infer"
     cases = [
         # (what is wrong, the inputs sent, the tensor named, words of Triton's message)
         ("wrong datatype", [_tensor("x", [1, 4], "INT32"), _tensor("shift", [1, 1])], "x", "data-type is 'INT32'"),

@@ -43,6 +43,7 @@ from django.core.management.base import BaseCommand, CommandError
 from kombu.exceptions import KombuError
 
 from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worker_liveness
+from conch.processes import beat_command, web_command, worker_command
 from deployments.services import stop_all_local_servers
 from tenancy.choices import Role
 from tenancy.services import authenticate_token, create_api_token, ensure_membership, ensure_team, ensure_user
@@ -467,40 +468,13 @@ class Command(BaseCommand):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         logs = Path(settings.VAR_DIR) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        node = f"demo@{socket.gethostname()}"
         commands = {
-            "web": [
-                str(bin_dir / "gunicorn"),
-                "-c",
-                str(Path(settings.BASE_DIR) / "gunicorn.conf.py"),
-                "--bind",
-                f"127.0.0.1:{port}",
-            ],
-            "worker": [
-                str(bin_dir / "celery"),
-                "-A",
-                "conch",
-                "worker",
-                "-Q",
-                "celery,periodic",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "2",
-                "-n",
-                f"demo@{socket.gethostname()}",
-            ],
-            "beat": [
-                str(bin_dir / "celery"),
-                "-A",
-                "conch",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(Path(settings.VAR_DIR) / "celerybeat-schedule"),
-            ],
+            "web": web_command(bin_dir, port),
+            "worker": worker_command(bin_dir, node),
+            "beat": beat_command(bin_dir, Path(settings.VAR_DIR) / "celerybeat-schedule"),
         }
-        self.supervisor = _Supervisor(env=env, say=self._say, worker_node=f"demo@{socket.gethostname()}")
+        self.supervisor = _Supervisor(env=env, say=self._say, worker_node=node)
         for name, argv in commands.items():
             self.supervisor.start(name, argv, logs / f"{name}.log")
 

@@ -1,0 +1,43 @@
+"""Command lines of Conch's own long-running processes (web, worker, beat), as the demo and the benchmarks run them.
+
+One definition, so every place that starts a worker consumes the same queues (`celery` and `periodic`, see
+`conch.celery`) with the same options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conch.celery import DEFAULT_QUEUE, PERIODIC_QUEUE
+
+__all__ = ["beat_command", "web_command", "worker_command"]
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def web_command(bin_dir: Path, port: int) -> list[str]:
+    """gunicorn with the project's gunicorn.conf.py, listening on 127.0.0.1:`port` only."""
+    return [str(bin_dir / "gunicorn"), "-c", str(BASE_DIR / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}"]
+
+
+def worker_command(bin_dir: Path, node: str, concurrency: int = 2) -> list[str]:
+    """A Celery worker named `node` (`name@host`) with `concurrency` prefork pool processes, on both queues."""
+    return [
+        str(bin_dir / "celery"),
+        "-A",
+        "conch",
+        "worker",
+        "-Q",
+        f"{DEFAULT_QUEUE},{PERIODIC_QUEUE}",
+        "--loglevel",
+        "INFO",
+        "--concurrency",
+        str(concurrency),
+        "-n",
+        node,
+    ]
+
+
+def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
+    """Celery beat keeping its schedule state in the file `schedule`."""
+    return [str(bin_dir / "celery"), "-A", "conch", "beat", "--loglevel", "INFO", "--schedule", str(schedule)]
