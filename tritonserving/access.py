@@ -31,6 +31,7 @@ __all__ = [
     "api_key_from_flags",
     "derive_api_key",
     "restricted_api_flags",
+    "restricted_api_flags_for",
     "validate_api_key",
 ]
 
@@ -89,11 +90,19 @@ def restricted_api_flags(api_key: str) -> list[str]:
     `--grpc-restricted-protocol=<categories>:x-conch-key=<key>` (Triton "Limit Endpoint Access").
     Raises `InvalidInput` for a key `validate_api_key` refuses.
     """
-    validate_api_key(api_key)
+    return restricted_api_flags_for(validate_api_key(api_key))
+
+
+def restricted_api_flags_for(key_expression: str) -> list[str]:
+    """Like `restricted_api_flags`, for a key given as an expression another program expands, unchecked.
+
+    E.g. `$(CONCH_TRITON_API_KEY)` in a Kubernetes container's args, which the kubelet replaces with the
+    container's environment variable of that name (Kubernetes "Define a Command and Arguments for a Container").
+    """
     categories = ",".join(RESTRICTED_CATEGORIES)
     return [
-        f"--http-restricted-api={categories}:{API_KEY_HEADER}={api_key}",
-        f"--grpc-restricted-protocol={categories}:{API_KEY_HEADER.lower()}={api_key}",
+        f"--http-restricted-api={categories}:{API_KEY_HEADER}={key_expression}",
+        f"--grpc-restricted-protocol={categories}:{API_KEY_HEADER.lower()}={key_expression}",
     ]
 
 

@@ -1,0 +1,1 @@
+"""The Kubernetes runtime: Triton pods built from pure manifests (`manifests`)."""
