@@ -284,6 +284,9 @@ CONCH_VERIFY_WARM_SERVER = env("CONCH_VERIFY_WARM_SERVER", True, cast=bool)
 CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS = env("CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS", 60.0, cast=float)
 # Ready this long (seconds) after a restart resets a deployment's restart count, and so its backoff.
 CONCH_RESTART_BACKOFF_RESET_SECONDS = env("CONCH_RESTART_BACKOFF_RESET_SECONDS", 600.0, cast=float)
+# Fernet keys (comma-separated, the first encrypts) for secrets kept at rest, e.g. a cluster's kubeconfig
+# (conch.crypto); without them a key is derived from DJANGO_SECRET_KEY.
+CONCH_FIELD_ENCRYPTION_KEYS = env("CONCH_FIELD_ENCRYPTION_KEYS", [], cast=list)
 # Name of this worker host; local Tritons belong to the host that started them (default: the host name).
 CONCH_WORKER_HOST = env("CONCH_WORKER_HOST", "")
 # Tags every Triton this Conch starts (`--id=<prefix>-...`), so a restarted Conch can

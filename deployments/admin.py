@@ -1,6 +1,10 @@
+from django import forms
 from django.contrib import admin
 
-from deployments.models import Deployment
+from conch.crypto import encrypt_text
+from conch.errors import InvalidInput
+from deployments.models import Cluster, Deployment
+from deployments.services.clusters import parse_kubeconfig
 
 
 @admin.register(Deployment)
@@ -8,3 +12,55 @@ class DeploymentAdmin(admin.ModelAdmin):
     list_display = ["name", "team", "model_version", "runtime", "status", "desired_state", "restart_count"]
     list_filter = ["status", "runtime", "team"]
     readonly_fields = ["runtime_state", "repository_prefix", "heartbeat_at"]
+
+
+class ClusterForm(forms.ModelForm):
+    """A cluster with a write-only kubeconfig: pasted here, checked, stored encrypted, never shown back."""
+
+    kubeconfig = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 8}),
+        required=False,
+        help_text="Paste a kubeconfig to set or replace the credentials (it is never shown again).",
+    )
+
+    class Meta:
+        model = Cluster
+        exclude = ["kubeconfig_encrypted"]
+
+    def clean(self):
+        cleaned = super().clean()
+        kubeconfig = cleaned.get("kubeconfig")
+        has_stored = bool(self.instance.pk and self.instance.kubeconfig_encrypted)
+        if cleaned.get("in_cluster") and kubeconfig:
+            raise forms.ValidationError("Give either a kubeconfig or in-cluster credentials, not both.")
+        if not cleaned.get("in_cluster") and not kubeconfig and not has_stored:
+            raise forms.ValidationError("Paste a kubeconfig, or tick in-cluster.")
+        if kubeconfig:
+            try:
+                parse_kubeconfig(kubeconfig, context=cleaned.get("context") or "")
+            except InvalidInput as error:
+                raise forms.ValidationError(error.detail) from None
+        return cleaned
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    """Clusters with their credentials write-only (also `manage.py register_cluster`)."""
+
+    form = ClusterForm
+    list_display = ["name", "namespace", "in_cluster", "triton_image", "updated_at"]
+    readonly_fields = ["credentials", "created_at", "updated_at"]
+
+    @admin.display(description="Stored credentials")
+    def credentials(self, cluster: Cluster) -> str:
+        if cluster.in_cluster:
+            return "the service account of the pod Conch runs in"
+        return "a kubeconfig, encrypted (never shown)" if cluster.kubeconfig_encrypted else "none"
+
+    def save_model(self, request, obj: Cluster, form: ClusterForm, change: bool) -> None:
+        kubeconfig = form.cleaned_data.get("kubeconfig")
+        if kubeconfig:
+            obj.kubeconfig_encrypted = encrypt_text(kubeconfig)
+        if obj.in_cluster:
+            obj.kubeconfig_encrypted = ""
+        super().save_model(request, obj, form, change)

@@ -8,6 +8,39 @@ from django.db.models import Q
 
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 
+#: Triton image of Kubernetes pods: the release of the local binary (Triton 2.51 = NGC 24.10), so what a build
+#: verified is what pods run.
+DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+
+class Cluster(models.Model):
+    """A Kubernetes cluster deployments may run on, registered by an admin.
+
+    `kubeconfig_encrypted` holds the kubeconfig (YAML) encrypted with `conch.crypto` and is never shown back;
+    `context` picks one of its contexts (empty: its current context). With `in_cluster`, Conch uses the service
+    account of the pod it runs in instead. Pods read the model repository through `s3_endpoint` (as the pods see
+    it; empty: Conch's own) with the credentials in Secret `s3_secret_name` (empty: Conch writes one per
+    deployment).
+    """
+
+    name = models.SlugField(max_length=63, unique=True)
+    namespace = models.CharField(max_length=63)
+    kubeconfig_encrypted = models.TextField(blank=True)
+    context = models.CharField(max_length=253, blank=True)
+    in_cluster = models.BooleanField(default=False)
+    triton_image = models.CharField(max_length=300, default=DEFAULT_TRITON_IMAGE)
+    image_pull_secrets = models.JSONField(default=list, blank=True)
+    s3_endpoint = models.CharField(max_length=300, blank=True)
+    s3_secret_name = models.CharField(max_length=253, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.namespace})"
+
 
 class Deployment(models.Model):
     """What to serve (a built model version), where (runtime) and how (instances, batching).

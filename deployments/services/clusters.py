@@ -1,0 +1,151 @@
+"""Kubernetes clusters deployments may run on: registration by an admin, credentials kept encrypted.
+
+A cluster is registered from a kubeconfig file (Kubernetes "Organizing Cluster Access Using kubeconfig Files")
+or as the cluster Conch itself runs in (its pod's service account). The kubeconfig is checked for the parts a
+client needs (a context naming a cluster with a server and a user), encrypted with `conch.crypto` and never shown
+back. Registering the same name again updates it (idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from django.db import transaction
+
+from conch.crypto import decrypt_text, encrypt_text
+from conch.errors import InvalidInput, NotFound
+from deployments.models import DEFAULT_TRITON_IMAGE, Cluster
+
+log = logging.getLogger(__name__)
+
+__all__ = ["cluster_kubeconfig", "get_cluster", "parse_kubeconfig", "register_cluster"]
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def parse_kubeconfig(text: str, *, context: str = "") -> dict[str, Any]:
+    """Check kubeconfig YAML `text` and return it as a dict; `context` must name one of its contexts.
+
+    Needs: a `contexts` entry (`context` or, when empty, `current-context`) whose cluster has a `server` and whose
+    user is listed under `users`. Raises InvalidInput (field `kubeconfig` or `context`) naming what is missing.
+    """
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InvalidInput(f"The kubeconfig is not valid YAML: {error}.", field="kubeconfig") from None
+    if not isinstance(config, dict) or config.get("kind", "Config") != "Config":
+        raise InvalidInput("The kubeconfig must be a YAML mapping of kind Config.", field="kubeconfig")
+
+    def named(section: str) -> dict[str, dict]:
+        entries = config.get(section) or []
+        if not isinstance(entries, list):
+            raise InvalidInput(f"The kubeconfig's {section} must be a list.", field="kubeconfig")
+        return {entry["name"]: entry.get(section[:-1]) or {} for entry in entries if isinstance(entry, dict)}
+
+    contexts, clusters, users = named("contexts"), named("clusters"), named("users")
+    wanted = context or config.get("current-context") or ""
+    if not wanted:
+        raise InvalidInput(
+            "The kubeconfig has no current-context; name one of its contexts with --context "
+            f"({', '.join(sorted(contexts)) or 'it has none'}).",
+            field="context",
+        )
+    if wanted not in contexts:
+        raise InvalidInput(
+            f"The kubeconfig has no context {wanted!r}; it has {', '.join(sorted(contexts)) or 'none'}.",
+            field="context",
+        )
+    chosen = contexts[wanted]
+    server = clusters.get(chosen.get("cluster", ""), {}).get("server")
+    if not server:
+        raise InvalidInput(
+            f"Context {wanted!r} names cluster {chosen.get('cluster')!r}, which the kubeconfig does not list with a "
+            "server URL.",
+            field="kubeconfig",
+        )
+    if chosen.get("user") not in users:
+        raise InvalidInput(
+            f"Context {wanted!r} names user {chosen.get('user')!r}, which the kubeconfig does not list.",
+            field="kubeconfig",
+        )
+    return config
+
+
+@transaction.atomic
+def register_cluster(
+    *,
+    name: str,
+    namespace: str,
+    kubeconfig: str | None = None,
+    context: str = "",
+    in_cluster: bool = False,
+    triton_image: str = DEFAULT_TRITON_IMAGE,
+    image_pull_secrets: Sequence[str] = (),
+    s3_endpoint: str = "",
+    s3_secret_name: str = "",
+) -> tuple[Cluster, bool]:
+    """Register cluster `name`, or update it when it exists; returns (cluster, created).
+
+    Exactly one of `kubeconfig` (YAML text) and `in_cluster` gives the credentials. `namespace` is where
+    deployments' objects go (a DNS label). Raises InvalidInput naming the field: `name`, `namespace`,
+    `kubeconfig`, `context`, `image_pull_secrets`, `s3_secret_name`.
+    """
+    if not _DNS_LABEL.fullmatch(name or "") or len(name) > 63:
+        raise InvalidInput("A cluster name is a DNS label: lowercase letters, digits and '-'.", field="name")
+    if not _DNS_LABEL.fullmatch(namespace or "") or len(namespace) > 63:
+        raise InvalidInput(
+            f"{namespace!r} is not a Kubernetes namespace name (a DNS label of at most 63 characters).",
+            field="namespace",
+        )
+    if bool(kubeconfig) == bool(in_cluster):
+        raise InvalidInput(
+            "Give either a kubeconfig or in_cluster (Conch's own service account), not both or neither.",
+            field="kubeconfig",
+        )
+    for field, values in (("image_pull_secrets", list(image_pull_secrets)), ("s3_secret_name", [s3_secret_name])):
+        for value in values:
+            if value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):
+                raise InvalidInput(f"{value!r} is not a Kubernetes Secret name.", field=field)
+    encrypted = ""
+    if kubeconfig:
+        parse_kubeconfig(kubeconfig, context=context)
+        encrypted = encrypt_text(kubeconfig)
+    cluster, created = Cluster.objects.update_or_create(
+        name=name,
+        defaults={
+            "namespace": namespace,
+            "kubeconfig_encrypted": encrypted,
+            "context": context,
+            "in_cluster": in_cluster,
+            "triton_image": triton_image,
+            "image_pull_secrets": list(image_pull_secrets),
+            "s3_endpoint": s3_endpoint,
+            "s3_secret_name": s3_secret_name,
+        },
+    )
+    log.info("cluster.registered", extra={"cluster": name, "new_cluster": created})
+    return cluster, created
+
+
+def get_cluster(*, name: str) -> Cluster:
+    """The registered cluster `name`. Raises NotFound (field `cluster`) listing the ones there are."""
+    cluster = Cluster.objects.filter(name=name).first()
+    if cluster is None:
+        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none is registered"
+        raise NotFound(f"There is no cluster {name!r} ({known}).", field="cluster")
+    return cluster
+
+
+def cluster_kubeconfig(cluster: Cluster) -> dict[str, Any] | None:
+    """The cluster's kubeconfig as a dict (decrypted), or None for an in-cluster registration.
+
+    Raises `conch.crypto.SecretUnreadable` when the stored kubeconfig cannot be decrypted.
+    """
+    if cluster.in_cluster:
+        return None
+    return parse_kubeconfig(decrypt_text(cluster.kubeconfig_encrypted), context=cluster.context)
