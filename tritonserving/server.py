@@ -485,6 +485,15 @@ def is_alive(pid: int, create_time: float) -> bool:
         return False
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, or held by a tracer): it exists but runs no code, so it cannot
+    answer a request however long one waits. False when there is no such process."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def process_exists(pid: int) -> bool:
     """Whether a process with this pid exists on this host (any process: the pid may have been reused)."""
     return psutil.pid_exists(pid)

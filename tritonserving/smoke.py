@@ -263,6 +263,9 @@ class VerifyServer:
         broken = self._broken
         if broken is not None and broken[0] is process:
             return broken[1]
+        if triton_server.is_stopped(process.pid):
+            # A stopped process cannot answer; waiting on its TCP backlog would only delay the replacement.
+            return f"it did not answer its liveness check within {HEALTH_TIMEOUT_S:g} s (the process is stopped)"
         if not _is_live(process):
             return f"it did not answer its liveness check within {HEALTH_TIMEOUT_S:g} s"
         return None
