@@ -82,6 +82,20 @@ class LocalServerState:
         known = cls.__dataclass_fields__
         return cls(**{key: value for key, value in (state or {}).items() if key in known})
 
+    @classmethod
+    def of_process(cls, process: triton_server.ServerProcess, *, log_path: Path | None) -> LocalServerState:
+        """The record of a server running on this worker host (`log_path` None: unknown)."""
+        return cls(
+            host=worker_host(),
+            server_id=process.server_id,
+            pid=process.pid,
+            create_time=process.create_time,
+            http_port=process.http_port,
+            grpc_port=process.grpc_port,
+            metrics_port=process.metrics_port,
+            log_path=str(log_path or ""),
+        )
+
     def to_state(self) -> RuntimeState:
         return asdict(self)
 
@@ -167,16 +181,7 @@ class LocalRuntime(Runtime):
             env=dict(spec.environment),
             bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
         )
-        return LocalServerState(
-            host=worker_host(),
-            server_id=process.server_id,
-            pid=process.pid,
-            create_time=process.create_time,
-            http_port=process.http_port,
-            grpc_port=process.grpc_port,
-            metrics_port=process.metrics_port,
-            log_path=str(log_path),
-        ).to_state()
+        return LocalServerState.of_process(process, log_path=log_path).to_state()
 
     def wait_until_ready(
         self,
@@ -252,16 +257,7 @@ class LocalRuntime(Runtime):
         owned = []
         for found in triton_server.find_servers(prefix):
             suffix = found.server_id[len(prefix) :]
-            state = LocalServerState(
-                host=worker_host(),
-                server_id=found.server_id,
-                pid=found.pid,
-                create_time=found.create_time,
-                http_port=found.http_port,
-                grpc_port=found.grpc_port,
-                metrics_port=found.metrics_port,
-                log_path=str(found.log_path or ""),
-            )
+            state = LocalServerState.of_process(found, log_path=found.log_path)
             owned.append(
                 OwnedWorkload(
                     key=found.server_id,
