@@ -25,6 +25,7 @@ __all__ = [
     "Phase",
     "Runtime",
     "RuntimeState",
+    "Server",
 ]
 
 #: A runtime's own record of a deployment's workload (JSON-serializable); `{}` before the first apply.
@@ -95,6 +96,22 @@ class OwnedWorkload:
     state: RuntimeState
 
 
+@dataclass(frozen=True)
+class Server:
+    """One Triton serving a deployment, as Conch's own processes reach it.
+
+    `name` names it for people (a pod name, or the local server id); `http_url` is its KServe v2 HTTP base URL
+    and `metrics_url` its Prometheus `/metrics` URL (both "" when it has none); `api_key` is the key of its
+    restricted endpoints (model load/unload, configuration, statistics: Triton "Limit Endpoint Access"), sent in
+    the `X-Conch-Key` header.
+    """
+
+    name: str
+    http_url: str
+    metrics_url: str
+    api_key: str
+
+
 class Runtime(abc.ABC):
     """One place deployments run. Implementations: `deployments.runtimes.local.LocalRuntime`.
 
@@ -152,6 +169,12 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def endpoints(self, state: RuntimeState) -> Endpoints:
         """Where clients reach the workload (empty strings before it has any)."""
+
+    @abc.abstractmethod
+    def servers(self, state: RuntimeState) -> list[Server]:
+        """The Tritons of the workload in `state` that are up and ready now (one for a local process, one per
+        ready pod on Kubernetes); [] when none is. Raises `conch.errors.Unavailable` when the runtime cannot
+        tell (its API does not answer)."""
 
     @abc.abstractmethod
     def internal_url(self, state: RuntimeState, port: str = "http", path: str = "") -> str:

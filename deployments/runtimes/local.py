@@ -29,6 +29,7 @@ from deployments.runtimes.base import (
     Phase,
     Runtime,
     RuntimeState,
+    Server,
 )
 from tritonserving import server as triton_server
 from tritonserving.access import derive_api_key
@@ -293,6 +294,24 @@ class LocalRuntime(Runtime):
             grpc=f"{host}:{server.grpc_port}",
             metrics=f"http://{host}:{server.metrics_port}/metrics",
         )
+
+    def servers(self, state: RuntimeState) -> list[Server]:
+        """The deployment's server when its process runs and its health endpoint says ready."""
+        server = LocalServerState.from_state(state)
+        if not self._alive(server):
+            return []
+        http_url = self.internal_url(state)
+        with TritonClient(http_url, timeout_s=5) as client:
+            if not client.is_ready():
+                return []
+        return [
+            Server(
+                name=server.server_id,
+                http_url=http_url,
+                metrics_url=self.internal_url(state, "metrics", "/metrics"),
+                api_key=triton_api_key(server.server_id),
+            )
+        ]
 
     def internal_url(self, state: RuntimeState, port: str = "http", path: str = "") -> str:
         server = LocalServerState.from_state(state)
