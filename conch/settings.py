@@ -276,6 +276,8 @@ CONCH_TRITON_PUBLIC_HOST = env("CONCH_TRITON_PUBLIC_HOST", "127.0.0.1")
 # Host Conch's own processes (web's infer proxy, the metrics scraper) use to reach local Tritons.
 CONCH_TRITON_INTERNAL_HOST = env("CONCH_TRITON_INTERNAL_HOST", "127.0.0.1")
 CONCH_TRITON_START_TIMEOUT_SECONDS = env("CONCH_TRITON_START_TIMEOUT_SECONDS", 120.0, cast=float)
+# Kubernetes runtime: the most replicas (or autoscaling max_replicas) one deployment may ask for.
+CONCH_KUBERNETES_MAX_REPLICAS = env("CONCH_KUBERNETES_MAX_REPLICAS", 64, cast=int)
 # Builds verify on a warm Triton each worker process keeps (one model load per build, no server start); off: a
 # throwaway Triton per build.
 CONCH_VERIFY_WARM_SERVER = env("CONCH_VERIFY_WARM_SERVER", True, cast=bool)

@@ -7,6 +7,8 @@ class DeploymentStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     STARTING = "starting", "Starting"
     READY = "ready", "Ready"
+    # Serving, but with fewer ready pods than desired (some are pending, crashing or unschedulable).
+    DEGRADED = "degraded", "Degraded"
     FAILED = "failed", "Failed"
     STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"

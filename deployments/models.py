@@ -9,7 +9,7 @@ from django.db.models import Q
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 
 #: Triton image of Kubernetes pods: the release of the local binary (Triton 2.51 = NGC 24.10), so what a build
-#: verified is what pods run.
+#: verified is what pods run (NVIDIA "Frameworks Support Matrix").
 DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 
 
@@ -57,6 +57,15 @@ class Deployment(models.Model):
         "models_registry.ModelVersion", on_delete=models.PROTECT, related_name="deployments"
     )
     runtime = models.CharField(max_length=16, choices=RuntimeName.choices, default=RuntimeName.LOCAL)
+    # Kubernetes runtime only: where and how many pods. `autoscaling` is {"min_replicas", "max_replicas",
+    # "target_queue_time_us"} or null (fixed `replicas`); `gpu` is {"count", "product"} or {"mig_profile"} or
+    # null (CPU only); `cpu` and `memory` are Kubernetes quantities requested per pod ("" = the defaults).
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, null=True, blank=True, related_name="deployments")
+    replicas = models.PositiveIntegerField(default=1)
+    autoscaling = models.JSONField(null=True, blank=True)
+    gpu = models.JSONField(null=True, blank=True)
+    cpu = models.CharField(max_length=32, blank=True)
+    memory = models.CharField(max_length=32, blank=True)
     instance_count = models.PositiveIntegerField(default=1)
     max_batch_size = models.PositiveIntegerField(null=True, blank=True)
     max_queue_delay_microseconds = models.PositiveIntegerField(null=True, blank=True)
@@ -67,6 +76,10 @@ class Deployment(models.Model):
     desired_state = models.CharField(max_length=16, choices=DesiredState.choices, default=DesiredState.RUNNING)
     status = models.CharField(max_length=16, choices=DeploymentStatus.choices, default=DeploymentStatus.PENDING)
     error = models.TextField(blank=True)
+    # One line on what the runtime sees and what to do, e.g. "waiting for a GPU: 0/2 nodes have 3 free
+    # nvidia.com/gpu"; replicas and pods as last observed (Kubernetes runtime).
+    status_message = models.TextField(blank=True)
+    observed = models.JSONField(default=dict, blank=True)
     last_failure = models.TextField(blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)
     restart_count = models.PositiveIntegerField(default=0)

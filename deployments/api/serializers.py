@@ -16,6 +16,32 @@ class CreateDeploymentSerializer(serializers.Serializer):
     instance_count = serializers.JSONField(required=False, default=None)
     max_batch_size = serializers.JSONField(required=False, default=None)
     max_queue_delay_microseconds = serializers.JSONField(required=False, default=None)
+    cluster = serializers.JSONField(
+        required=False, default=None, help_text="kubernetes: name of a registered cluster (GET /api/v1/clusters/)."
+    )
+    replicas = serializers.JSONField(required=False, default=None, help_text="kubernetes: number of pods.")
+    autoscaling = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text='kubernetes, instead of replicas: {"min_replicas", "max_replicas", "target_queue_time_us"} '
+        '(Triton queue time per request, microseconds) or {"min_replicas", "max_replicas", "target_cpu_percent"}.',
+    )
+    gpu = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text='kubernetes: GPUs per pod, {"product": "NVIDIA-A10", "count": 1} or {"mig_profile": "1g.10gb"}; '
+        "omit for CPU only.",
+    )
+    cpu = serializers.JSONField(required=False, default=None, help_text="kubernetes: CPU request per pod ('2').")
+    memory = serializers.JSONField(required=False, default=None, help_text="kubernetes: memory per pod ('8Gi').")
+
+
+class UpdateDeploymentSerializer(serializers.Serializer):
+    """PATCH body: any of these; other keys are refused."""
+
+    model_version = serializers.JSONField(required=False, help_text="Id of another built version of the model.")
+    replicas = serializers.JSONField(required=False, help_text="kubernetes: number of pods.")
+    autoscaling = serializers.JSONField(required=False, help_text="kubernetes: new autoscaling bounds.")
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
@@ -24,6 +50,13 @@ class DeploymentSerializer(serializers.ModelSerializer):
     model_version_number = serializers.IntegerField(source="model_version.number", read_only=True)
     endpoints = serializers.SerializerMethodField()
     log_tail = serializers.SerializerMethodField()
+    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    replicas = serializers.SerializerMethodField(
+        help_text="kubernetes: pods wanted and ready, as last observed ({desired, ready}); null for local."
+    )
+    pods = serializers.SerializerMethodField(
+        help_text="kubernetes: each pod's name, node, phase, ready, restarts and a message when it is not ready."
+    )
     effective = serializers.SerializerMethodField(
         help_text="What Triton was told: max_batch_size, instance_count, dynamic batching and its queue delay (µs) "
         "from the effective model configuration (the version's, with this deployment's overrides)."
@@ -39,12 +72,20 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "model_version",
             "model_version_number",
             "runtime",
+            "cluster",
+            "replicas",
+            "autoscaling",
+            "gpu",
+            "cpu",
+            "memory",
+            "pods",
             "instance_count",
             "max_batch_size",
             "max_queue_delay_microseconds",
             "effective",
             "desired_state",
             "status",
+            "status_message",
             "error",
             "last_failure",
             "restart_count",
@@ -65,6 +106,16 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "metrics": where.metrics,
             "infer": f"{where.http}/v2/models/{obj.model_name}/infer" if where.http else "",
         }
+
+    def get_replicas(self, obj: Deployment) -> dict | None:
+        if obj.runtime != "kubernetes":
+            return None
+        seen = (obj.observed or {}).get("replicas") or {}
+        wanted = obj.autoscaling["min_replicas"] if obj.autoscaling else obj.replicas
+        return {"desired": seen.get("desired", wanted), "ready": seen.get("ready", 0)}
+
+    def get_pods(self, obj: Deployment) -> list[dict]:
+        return list((obj.observed or {}).get("pods") or [])
 
     def get_effective(self, obj: Deployment) -> dict:
         return effective_settings(obj)

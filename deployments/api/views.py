@@ -18,7 +18,11 @@ from rest_framework.viewsets import GenericViewSet
 from conch.api import ErrorSerializer
 from conch.errors import InvalidInput
 from deployments import observe, services
-from deployments.api.serializers import CreateDeploymentSerializer, DeploymentSerializer
+from deployments.api.serializers import (
+    CreateDeploymentSerializer,
+    DeploymentSerializer,
+    UpdateDeploymentSerializer,
+)
 from tritonserving.client import BINARY_ONLY_DATATYPES, HEADER_LENGTH, JSON_DATATYPES
 
 # KServe v2 "Inference Request JSON Object", for the OpenAPI schema (Swagger's form, clients, fuzzers); the view
@@ -109,6 +113,7 @@ def _header_length(request: Request) -> int | None:
 
 
 class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     """Deployments of your teams. DELETE stops one (its Triton ends, its ports are freed)."""
 
     serializer_class = DeploymentSerializer
@@ -133,8 +138,39 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             instance_count=v["instance_count"],
             max_batch_size=v["max_batch_size"],
             max_queue_delay_microseconds=v["max_queue_delay_microseconds"],
+            cluster=v["cluster"],
+            replicas=v["replicas"],
+            autoscaling=v["autoscaling"],
+            gpu=v["gpu"],
+            cpu=v["cpu"],
+            memory=v["memory"],
         )
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=UpdateDeploymentSerializer,
+        responses={202: DeploymentSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        description="Change a running deployment: `replicas` or `autoscaling` bounds (kubernetes; applied to the "
+        "cluster), `model_version` (another built version of the same model, swapped in without a restart).",
+    )
+    def partial_update(self, request: Request, pk: str) -> Response:
+        deployment = self.get_object()
+        body = request.data if isinstance(request.data, dict) else None
+        if body is None:
+            raise InvalidInput("The body must be a JSON object.", field=None)
+        allowed = set(UpdateDeploymentSerializer().fields)
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise InvalidInput(
+                f"{', '.join(unknown)} cannot be changed; PATCH takes {', '.join(sorted(allowed))}.", field=unknown[0]
+            )
+        if not body:
+            raise InvalidInput(f"Nothing to change; PATCH takes {', '.join(sorted(allowed))}.", field=None)
+        if "replicas" in body or "autoscaling" in body:
+            deployment = services.rescale_deployment(
+                deployment=deployment, replicas=body.get("replicas"), autoscaling=body.get("autoscaling")
+            )
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: DeploymentSerializer})
     def destroy(self, request: Request, pk: str) -> Response:
@@ -194,3 +230,19 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         except ValueError:
             raise InvalidInput("window must be a whole number of seconds.", field="window") from None
         return Response(observe.summarize(deployment=self.get_object(), window_seconds=window))
+
+
+class ClusterViewSet(GenericViewSet):
+    """Kubernetes clusters deployments can run on (registered by an admin), with the GPUs their Nodes offer and
+    whether their Triton image matches the release builds are verified with. Credentials are never shown."""
+
+    lookup_field = "name"
+    lookup_value_regex = "[a-z0-9-]+"
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def list(self, request: Request) -> Response:
+        return Response([services.describe_cluster(cluster) for cluster in services.list_clusters()])
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer})
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(services.describe_cluster(services.get_cluster(name=name)))

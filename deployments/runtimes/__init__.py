@@ -6,8 +6,15 @@ from deployments.runtimes.base import Runtime
 
 
 def get_runtime(name: str) -> Runtime:
-    """The runtime called `name` ("local"). Raises KeyError for a runtime this installation does not have."""
-    from deployments.runtimes.local import LocalRuntime
+    """The runtime called `name` ("local" or "kubernetes"). Raises KeyError for a runtime this installation does
+    not have."""
+    if name == "local":
+        from deployments.runtimes.local import LocalRuntime
 
-    runtimes = {"local": LocalRuntime}
-    return runtimes[name]()
+        return LocalRuntime()
+    if name == "kubernetes":
+        from deployments.runtimes.kubernetes.directory import RegisteredClusters
+        from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
+
+        return KubernetesRuntime(RegisteredClusters())
+    raise KeyError(name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,14 @@ class Phase(enum.StrEnum):
 
     #: Nothing runs for it (never applied, deleted, or the process/pods are gone).
     ABSENT = "absent"
+    #: Waiting for resources: not placed yet (e.g. no node has the GPUs it asks for); the message says what.
+    PENDING = "pending"
     #: The server is coming up, or up while the model is not (yet) ready.
     STARTING = "starting"
     #: The server answers and the model is ready (`GET /v2/models/<name>/ready` is 200).
     READY = "ready"
+    #: Some servers serve, fewer than desired (others are pending, starting or crashing: the message says why).
+    DEGRADED = "degraded"
     #: It cannot serve and waiting will not help without a new apply (the message says why).
     FAILED = "failed"
     #: The runtime could not tell (a check timed out): look again later, change nothing.
@@ -62,6 +66,18 @@ class DeploymentSpec:
     config_json: str
     instance_count: int = 1
     environment: Mapping[str, str] = field(default_factory=dict)
+    #: Who and what, for names and labels: the team's slug and the deployment's name.
+    team: str = ""
+    name: str = ""
+    #: Kubernetes only: the registered cluster, pods (`replicas`, or `autoscaling` {"min_replicas",
+    #: "max_replicas", "target_queue_time_us" | "target_cpu_percent"}), GPUs per pod ({"count", "product"} or
+    #: {"mig_profile"}), CPU and memory requests per pod (Kubernetes quantities; "" = the runtime's defaults).
+    cluster: str = ""
+    replicas: int = 1
+    autoscaling: Mapping[str, Any] | None = None
+    gpu: Mapping[str, Any] | None = None
+    cpu: str = ""
+    memory: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,10 @@ class Observation:
     phase: Phase
     message: str = ""
     permanent: bool = False
+    #: Runtimes with several servers (Kubernetes pods): how many are wanted and ready, and each one's state as
+    #: `{"name", "node", "phase", "ready", "restarts", "message"}`; None/() when the runtime has one server.
+    replicas: tuple[int, int] | None = None
+    pods: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +141,14 @@ class Runtime(abc.ABC):
     """
 
     name: str
+    #: Whether `wait_until_ready` waits for the workload (local processes); False for runtimes whose progress
+    #: the periodic reconcile observes (`observe_many`) instead of a task waiting on it (Kubernetes).
+    waits_for_ready: bool = True
+
+    def observe_many(self, items: Sequence[tuple[DeploymentSpec, RuntimeState]]) -> dict[int, Observation]:
+        """`observe` for many deployments at once, by deployment id; runtimes that can batch their requests (one
+        list per cluster) override it."""
+        return {spec.deployment_id: self.observe(spec, state) for spec, state in items}
 
     @abc.abstractmethod
     def apply(self, spec: DeploymentSpec, state: RuntimeState) -> RuntimeState:

@@ -6,6 +6,7 @@ Starting and reconciling talk to the runtime only through its interface; no data
 runtime spawns, stops or waits on a server, or while the network is used.
 """
 
+from deployments.services.clusters import describe_cluster, get_cluster, list_clusters
 from deployments.services.inference import infer
 from deployments.services.lifecycle import (
     collect_repository_garbage,
@@ -26,6 +27,7 @@ from deployments.services.records import (
     internal_url,
     log_tail,
     request_stop,
+    rescale_deployment,
     visible_deployments,
 )
 
@@ -34,6 +36,9 @@ __all__ = [
     "LOG_TAIL_LINES",
     "collect_repository_garbage",
     "create_deployment",
+    "describe_cluster",
+    "get_cluster",
+    "list_clusters",
     "deployment_spec",
     "effective_settings",
     "endpoints",
@@ -44,6 +49,7 @@ __all__ = [
     "log_tail",
     "reconcile_deployments",
     "request_stop",
+    "rescale_deployment",
     "restart_backoff_seconds",
     "stop_all_local_servers",
     "stop_deployment",

@@ -17,12 +17,26 @@ import yaml
 from django.db import transaction
 
 from conch.crypto import decrypt_text, encrypt_text
-from conch.errors import InvalidInput, NotFound
+from conch.errors import ConchError, InvalidInput, NotFound
 from deployments.models import DEFAULT_TRITON_IMAGE, Cluster
+from deployments.runtimes.kubernetes.api import cluster_api
+from deployments.runtimes.kubernetes.directory import access_of
+from deployments.runtimes.kubernetes.nodes import GpuOffer, gpu_offers
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cluster_kubeconfig", "get_cluster", "parse_kubeconfig", "register_cluster"]
+__all__ = [
+    "VERIFIED_TRITON_RELEASE",
+    "cluster_gpu_offers",
+    "cluster_kubeconfig",
+    "describe_cluster",
+    "get_cluster",
+    "image_mismatch",
+    "list_clusters",
+    "parse_kubeconfig",
+    "register_cluster",
+    "triton_release_of_image",
+]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -149,3 +163,76 @@ def cluster_kubeconfig(cluster: Cluster) -> dict[str, Any] | None:
     if cluster.in_cluster:
         return None
     return parse_kubeconfig(decrypt_text(cluster.kubeconfig_encrypted), context=cluster.context)
+
+
+#: Triton release of the local binary that verifies every build (nvidia-pytriton 0.7.0 ships Triton 2.51, the
+#: release of NGC container 24.10).
+VERIFIED_TRITON_RELEASE = "2.51"
+_NGC_TAG = re.compile(r":(\d\d)\.(\d\d)(-py3.*)?$")
+
+
+def triton_release_of_image(image: str) -> str | None:
+    """Triton release ("2.51") of an NGC `tritonserver:<YY.MM>-py3` image, or None for another tag.
+
+    NVIDIA's release notes number them monthly: 24.10 is 2.51, one more per month (25.01 is 2.54).
+    """
+    match = _NGC_TAG.search(image)
+    if not match:
+        return None
+    months = (int(match.group(1)) - 24) * 12 + int(match.group(2)) - 10
+    return f"2.{51 + months}"
+
+
+def image_mismatch(image: str) -> str:
+    """A sentence when the cluster's Triton image is not the release builds are verified with, else ""."""
+    release = triton_release_of_image(image)
+    if release == VERIFIED_TRITON_RELEASE:
+        return ""
+    said = f"Triton {release}" if release else "an unknown Triton release"
+    return (
+        f"The cluster runs {image} ({said}) but builds are verified with Triton {VERIFIED_TRITON_RELEASE} "
+        "(nvcr.io/nvidia/tritonserver:24.10-py3): a model that passed verification may behave differently there."
+    )
+
+
+def cluster_gpu_offers(cluster: Cluster) -> list[GpuOffer]:
+    """What the cluster's schedulable, Ready Nodes offer in GPUs (one API request). Raises Unavailable when the
+    cluster does not answer."""
+    return gpu_offers(cluster_api(access_of(cluster)).nodes())
+
+
+def describe_cluster(cluster: Cluster) -> dict[str, Any]:
+    """A registered cluster as users see it (no credentials): name, namespace, image, the Triton release check,
+    and the GPUs its Nodes offer (`gpu_offers` null with `error` when the cluster does not answer)."""
+    summary: dict[str, Any] = {
+        "name": cluster.name,
+        "namespace": cluster.namespace,
+        "triton_image": cluster.triton_image,
+        "triton_release": triton_release_of_image(cluster.triton_image),
+        "verified_triton_release": VERIFIED_TRITON_RELEASE,
+        "image_mismatch": image_mismatch(cluster.triton_image),
+        "gpu_offers": None,
+        "error": "",
+    }
+    try:
+        offers = cluster_gpu_offers(cluster)
+    except ConchError as exc:
+        summary["error"] = exc.detail
+        return summary
+    summary["gpu_offers"] = [
+        {
+            "product": offer.product,
+            "resource": offer.resource,
+            "mig_profile": offer.mig_profile,
+            "most_on_one_node": offer.most_on_one_node,
+            "total": offer.total,
+            "nodes": offer.nodes,
+        }
+        for offer in offers
+    ]
+    return summary
+
+
+def list_clusters() -> list[Cluster]:
+    """Every registered cluster, by name."""
+    return list(Cluster.objects.order_by("name"))

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from builds import services as builds
 from builds.services import stop_verify_servers
-from conch.errors import ConchError
+from conch.errors import ConchError, Unavailable
 from deployments.choices import DeploymentStatus, DesiredState
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
@@ -39,12 +39,22 @@ def deployment_spec(deployment: Deployment) -> DeploymentSpec:
         config_json=config_to_json(config_from_pbtxt(deployment.config_pbtxt)),
         instance_count=deployment.instance_count,
         environment=store.triton_environment(),
+        team=deployment.team.slug,
+        name=deployment.name,
+        cluster=deployment.cluster.name if deployment.cluster_id else "",
+        replicas=deployment.replicas,
+        autoscaling=deployment.autoscaling,
+        gpu=deployment.gpu,
+        cpu=deployment.cpu,
+        memory=deployment.memory,
     )
 
 
 def _locked(deployment_id: int) -> Deployment:
     return (
-        Deployment.objects.select_for_update(of=("self",)).select_related("model_version__model").get(pk=deployment_id)
+        Deployment.objects.select_for_update(of=("self",))
+        .select_related("model_version__model", "team", "cluster")
+        .get(pk=deployment_id)
     )
 
 
@@ -69,6 +79,9 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
     Triton refused the model (reconcile then stops retrying).
     """
     now = timezone.now()
+    kind = Deployment.objects.filter(pk=deployment_id).values_list("runtime", flat=True).first()
+    if kind is not None and not get_runtime(kind).waits_for_ready:
+        return _start_observed(deployment_id)
     with transaction.atomic():
         deployment = _locked(deployment_id)
         runtime = get_runtime(deployment.runtime)
@@ -115,6 +128,48 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.save(update_fields=["status", "ready_at", "permanent_failure", "updated_at"])
     log.info("deployment.ready", extra={"deployment_id": deployment_id})
     return DeploymentStatus.READY
+
+
+def _start_observed(deployment_id: int) -> str:
+    """Start (or bring up to date) a deployment on a runtime that reconcile observes (Kubernetes): apply its spec
+    and return at once; reconcile moves the status as the runtime reports progress. Applying is idempotent, so
+    this also carries a changed spec (replicas, autoscaling) to the cluster.
+
+    A spec the cluster refuses (4xx) marks the deployment `failed` with the API server's message (permanent: an
+    apply again would be refused again); an unreachable cluster leaves it `starting` with the reason, and
+    reconcile queues the start again once its heartbeat is stale. Returns the status.
+    """
+    with transaction.atomic():
+        deployment = _locked(deployment_id)
+        runtime = get_runtime(deployment.runtime)
+        if deployment.desired_state != DesiredState.RUNNING:
+            return deployment.status
+        if deployment.status in (DeploymentStatus.PENDING, DeploymentStatus.FAILED):
+            deployment.status = DeploymentStatus.STARTING
+            deployment.status_message = "applying the Kubernetes objects"
+            deployment.error = ""
+        deployment.heartbeat_at = timezone.now()
+        deployment.save(update_fields=["status", "status_message", "heartbeat_at", "error", "updated_at"])
+        spec, previous_state = deployment_spec(deployment), deployment.runtime_state
+    try:
+        state = runtime.apply(spec, previous_state)
+    except Unavailable as exc:
+        Deployment.objects.filter(pk=deployment_id).update(status_message=exc.detail, updated_at=timezone.now())
+        log.warning("deployment.apply_unavailable", extra={"deployment_id": deployment_id, "error": exc.detail})
+        return DeploymentStatus.STARTING
+    except ConchError as exc:
+        _record_failure(deployment_id, f"The cluster refused the deployment: {exc.detail}", state=None, permanent=True)
+        return DeploymentStatus.FAILED
+    with transaction.atomic():
+        deployment = _locked(deployment_id)
+        if deployment.desired_state != DesiredState.RUNNING:
+            transaction.on_commit(lambda: runtime.delete(state))
+            return deployment.status
+        deployment.runtime_state = state
+        deployment.heartbeat_at = timezone.now()
+        deployment.save(update_fields=["runtime_state", "heartbeat_at", "updated_at"])
+    log.info("deployment.applied", extra={"deployment_id": deployment_id})
+    return deployment.status
 
 
 def _record_failure(
@@ -189,9 +244,14 @@ def reconcile_deployments() -> dict[str, int]:
     counts = {"failed": 0, "restarted": 0, "stopped": 0, "orphans_killed": 0}
     now = timezone.now()
     running_states: dict[str, list[dict]] = {}
+    observed: dict[str, list[Deployment]] = {}
     ids = list(Deployment.objects.exclude(status=DeploymentStatus.STOPPED).values_list("pk", flat=True))
     for deployment_id in ids:
-        deployment = Deployment.objects.select_related("model_version__model").filter(pk=deployment_id).first()
+        deployment = (
+            Deployment.objects.select_related("model_version__model", "team", "cluster")
+            .filter(pk=deployment_id)
+            .first()
+        )
         if deployment is None:
             continue
         runtime = get_runtime(deployment.runtime)
@@ -199,8 +259,14 @@ def reconcile_deployments() -> dict[str, int]:
             continue
         if deployment.desired_state == DesiredState.RUNNING:
             running_states.setdefault(deployment.runtime, []).append(deployment.runtime_state)
+        if not runtime.waits_for_ready and deployment.desired_state == DesiredState.RUNNING:
+            observed.setdefault(deployment.runtime, []).append(deployment)
+            continue
         action = _reconcile_one(deployment, runtime, now)
         if action:
+            counts[action] += 1
+    for name, deployments in observed.items():
+        for action in _reconcile_observed(get_runtime(name), deployments, now):
             counts[action] += 1
     for name in ENABLED_RUNTIMES:
         runtime, states = get_runtime(name), running_states.get(name, [])
@@ -263,6 +329,69 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
     if deployment.status == DeploymentStatus.FAILED:
         return "restarted" if _restart_if_due(deployment, now) else None
     return None
+
+
+#: Our status for each phase a runtime observed (UNKNOWN and ABSENT are handled apart).
+_STATUS_OF_PHASE = {
+    Phase.READY: DeploymentStatus.READY,
+    Phase.DEGRADED: DeploymentStatus.DEGRADED,
+    Phase.PENDING: DeploymentStatus.PENDING,
+    Phase.STARTING: DeploymentStatus.STARTING,
+    Phase.FAILED: DeploymentStatus.FAILED,
+}
+
+
+def _reconcile_observed(runtime: Runtime, deployments: list[Deployment], now: datetime) -> list[str]:
+    """Reconcile running deployments of a runtime that reconcile observes (Kubernetes), in one batch.
+
+    One `observe_many` call (a constant number of API requests per cluster); each deployment's status, message,
+    replicas and pods follow the observation, written only when they changed. A deployment never applied (or whose
+    objects are gone) gets its start queued again once its heartbeat is stale; a cluster that does not answer
+    changes nothing but the message. Returns the counts' keys of what it did.
+    """
+    actions = []
+    applied = [d for d in deployments if d.runtime_state.get("name")]
+    observations = runtime.observe_many([(deployment_spec(d), d.runtime_state) for d in applied]) if applied else {}
+    for deployment in deployments:
+        observation = observations.get(deployment.pk)
+        stale = not _heartbeat_is_fresh(deployment, now)
+        if observation is None or observation.phase == Phase.ABSENT:
+            if stale and (now - deployment.updated_at).total_seconds() > 15:
+                with transaction.atomic():
+                    queue_task("deployments.start_deployment", deployment.pk)
+                actions.append("restarted")
+            continue
+        if observation.phase == Phase.UNKNOWN:
+            if deployment.status_message != observation.message:
+                Deployment.objects.filter(pk=deployment.pk).update(status_message=observation.message)
+            continue
+        status = _STATUS_OF_PHASE[observation.phase]
+        seen = {
+            "replicas": {"desired": observation.replicas[0], "ready": observation.replicas[1]}
+            if observation.replicas
+            else None,
+            "pods": [dict(pod) for pod in observation.pods],
+        }
+        if (deployment.status, deployment.status_message, deployment.observed) == (status, observation.message, seen):
+            continue
+        changes = {"status": status, "status_message": observation.message, "observed": seen, "updated_at": now}
+        if status == DeploymentStatus.READY and deployment.status != DeploymentStatus.READY:
+            changes["ready_at"] = now
+            changes["error"] = ""
+        if status == DeploymentStatus.FAILED:
+            changes["error"] = observation.message
+            if deployment.status != DeploymentStatus.FAILED:
+                changes.update(last_failure=observation.message, failed_at=now)
+                actions.append("failed")
+        elif deployment.status == DeploymentStatus.FAILED:
+            changes["error"] = ""
+        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.RUNNING).update(**changes)
+        if deployment.status != status:
+            log.info(
+                "deployment.status",
+                extra={"deployment_id": deployment.pk, "status": str(status), "was": deployment.status},
+            )
+    return actions
 
 
 def _restart_if_due(deployment: Deployment, now: datetime) -> bool:

@@ -16,9 +16,12 @@ from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints
+from deployments.runtimes.kubernetes.runtime import pod_repository_location
+from deployments.services.placement import parse_placement, parse_scaling
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version
+from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
 
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 30
 #: Runtimes this installation can run deployments on.
-ENABLED_RUNTIMES = (RuntimeName.LOCAL,)
+ENABLED_RUNTIMES = (RuntimeName.LOCAL, RuntimeName.KUBERNETES)
 
 
 # --- queries ---------------------------------------------------------------------
@@ -94,8 +97,19 @@ def create_deployment(
     instance_count: Any = None,
     max_batch_size: Any = None,
     max_queue_delay_microseconds: Any = None,
+    cluster: Any = None,
+    replicas: Any = None,
+    autoscaling: Any = None,
+    gpu: Any = None,
+    cpu: Any = None,
+    memory: Any = None,
 ) -> Deployment:
     """Create a deployment of a built model version and queue its start.
+
+    For `runtime="kubernetes"`: `cluster` (a registered cluster's name), `replicas` or `autoscaling`
+    ({"min_replicas", "max_replicas", "target_queue_time_us" | "target_cpu_percent"}), `gpu` per pod
+    ({"count", "product"} or {"mig_profile"}; None for CPU only), `cpu`/`memory` requests per pod (Kubernetes
+    quantities); see `deployments.services.placement.parse_placement` for the rules and errors.
 
     `max_batch_size` and `max_queue_delay_microseconds` override the version's model
     configuration (Triton "Model Configuration": max_batch_size, dynamic_batching
@@ -111,6 +125,15 @@ def create_deployment(
     if runtime not in ENABLED_RUNTIMES:
         raise InvalidInput(
             f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime"
+        )
+    placement = parse_placement(
+        runtime=runtime, cluster=cluster, replicas=replicas, autoscaling=autoscaling, gpu=gpu, cpu=cpu, memory=memory
+    )
+    if runtime == RuntimeName.KUBERNETES:
+        # Pods read the repository from the object store themselves: it must be S3 (raises InvalidInput).
+        pod_repository_location(
+            get_object_store().triton_repository_location("check"),
+            placement.cluster.s3_endpoint,
         )
     try:
         version_id = int(model_version_id)
@@ -156,6 +179,12 @@ def create_deployment(
                 name=name,
                 model_version=version,
                 runtime=runtime,
+                cluster=placement.cluster,
+                replicas=placement.replicas,
+                autoscaling=placement.autoscaling,
+                gpu=placement.gpu,
+                cpu=placement.cpu,
+                memory=placement.memory,
                 instance_count=instance_count or 1,
                 max_batch_size=max_batch_size,
                 max_queue_delay_microseconds=delay,
@@ -191,3 +220,28 @@ def queue_task(name: str, *args: object) -> None:
 
 def _queue_start(deployment_id: int) -> None:
     queue_task("deployments.start_deployment", deployment_id)
+
+
+def rescale_deployment(*, deployment: Deployment, replicas: Any = None, autoscaling: Any = None) -> Deployment:
+    """Change a Kubernetes deployment's pod count: fixed `replicas` (0..max), or new `autoscaling` bounds (which
+    replace fixed replicas); the change is applied to the cluster by a queued start task (an idempotent apply).
+
+    Raises InvalidInput naming the field (`replicas`, `autoscaling.*`; a local deployment has neither), Conflict
+    when the deployment is stopping or stopped.
+    """
+    if deployment.runtime != RuntimeName.KUBERNETES:
+        field = "replicas" if replicas is not None else "autoscaling"
+        raise InvalidInput(
+            f"{field} applies to kubernetes deployments; a local deployment scales with instance_count.", field=field
+        )
+    count, scaling = parse_scaling(replicas=replicas, autoscaling=autoscaling)
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update(of=("self",)).get(pk=deployment.pk)
+        if deployment.desired_state != DesiredState.RUNNING:
+            raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}'; it cannot be scaled.", field=None)
+        deployment.replicas = count
+        deployment.autoscaling = scaling
+        deployment.save(update_fields=["replicas", "autoscaling", "updated_at"])
+        _queue_start(deployment.pk)
+    log.info("deployment.rescaled", extra={"deployment_id": deployment.pk, "replicas": count})
+    return deployment

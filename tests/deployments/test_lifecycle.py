@@ -270,7 +270,10 @@ def test_deploying_a_version_that_is_not_built_gets_409(alice, built_classifier)
     ("change", "field", "status"),
     [
         ({"name": "Web_1"}, "name", 400),
-        ({"runtime": "kubernetes"}, "runtime", 400),
+        ({"runtime": "kubernetes"}, "cluster", 400),
+        ({"runtime": "kubernetes", "cluster": "nowhere"}, "cluster", 400),
+        ({"replicas": 2}, "replicas", 400),
+        ({"gpu": {"count": 1}}, "gpu", 400),
         ({"runtime": "docker"}, "runtime", 400),
         ({"instance_count": 0}, "instance_count", 400),
         ({"max_batch_size": -1}, "max_batch_size", 400),

@@ -51,6 +51,7 @@ __all__ = [
     "labels",
     "object_name",
     "pdb_manifest",
+    "pod_monitor_manifest",
     "s3_secret_manifest",
     "service_manifest",
     "triton_args",
@@ -85,11 +86,13 @@ class GpuRequest:
 class Autoscaling:
     """HorizontalPodAutoscaler bounds and target: replicas between `min_replicas` and `max_replicas`, aiming at
     `target_queue_time_us` microseconds of average queue time per request on each pod (a Pods metric named
-    `metric_name` that the cluster's metrics adapter derives from Triton's `nv_inference_queue_duration_us`)."""
+    `metric_name` that the cluster's metrics adapter derives from Triton's `nv_inference_queue_duration_us`), or,
+    when `target_cpu_percent` is set instead, at that average CPU utilization (percent of the CPU request)."""
 
     min_replicas: int
     max_replicas: int
-    target_queue_time_us: int
+    target_queue_time_us: int | None = None
+    target_cpu_percent: int | None = None
     metric_name: str = "triton_queue_time_per_request_us"
 
 
@@ -226,10 +229,21 @@ def _check(spec: TritonPodSpec) -> None:
                 f"{scaling.max_replicas}.",
                 field="autoscaling.min_replicas",
             )
-        if scaling.target_queue_time_us < 1:
+        if (scaling.target_queue_time_us is None) == (scaling.target_cpu_percent is None):
+            raise InvalidInput(
+                "autoscaling needs one target: target_queue_time_us (Triton's queue time per request) or "
+                "target_cpu_percent.",
+                field="autoscaling.target_queue_time_us",
+            )
+        if scaling.target_queue_time_us is not None and scaling.target_queue_time_us < 1:
             raise InvalidInput(
                 "autoscaling.target_queue_time_us must be at least 1 microsecond.",
                 field="autoscaling.target_queue_time_us",
+            )
+        if scaling.target_cpu_percent is not None and not 1 <= scaling.target_cpu_percent <= 1000:
+            raise InvalidInput(
+                "autoscaling.target_cpu_percent must be between 1 and 1000 (percent of the CPU request).",
+                field="autoscaling.target_cpu_percent",
             )
 
 
@@ -384,15 +398,25 @@ def hpa_manifest(spec: TritonPodSpec, *, api_version: str = "autoscaling/v2") ->
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicas": scaling.min_replicas,
             "maxReplicas": scaling.max_replicas,
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": scaling.metric_name},
-                        "target": {"type": "AverageValue", "averageValue": str(scaling.target_queue_time_us)},
-                    },
-                }
-            ],
+            "metrics": [_hpa_metric(scaling)],
+        },
+    }
+
+
+def _hpa_metric(scaling: Autoscaling) -> dict[str, Any]:
+    if scaling.target_cpu_percent is not None:
+        return {
+            "type": "Resource",
+            "resource": {
+                "name": "cpu",
+                "target": {"type": "Utilization", "averageUtilization": scaling.target_cpu_percent},
+            },
+        }
+    return {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": scaling.metric_name},
+            "target": {"type": "AverageValue", "averageValue": str(scaling.target_queue_time_us)},
         },
     }
 
@@ -413,4 +437,18 @@ def pdb_manifest(spec: TritonPodSpec, *, api_version: str = "policy/v1") -> dict
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, object_name(spec)),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector(spec)}},
+    }
+
+
+def pod_monitor_manifest(spec: TritonPodSpec) -> dict[str, Any]:
+    """A `monitoring.coreos.com/v1` PodMonitor scraping the pods' `metrics` port every 15 s (Prometheus operator
+    API). Apply it only when the cluster serves that CRD (`api.ApiVersions.pod_monitor`)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(spec, object_name(spec)),
+        "spec": {
+            "selector": {"matchLabels": _selector(spec)},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
     }
