@@ -116,6 +116,7 @@ class MetricSample(models.Model):
     """Triton's cumulative counters for one model at one scrape (Triton "Metrics" doc: inference request metrics).
 
     Durations are microseconds, summed over requests; counts are totals since the model loaded.
+    `server` names the Triton scraped (a pod; "" for a local deployment's one server).
     `counters_since` is when that load finished (the deployment's `ready_at` at the scrape):
     two samples with different values come from different loads, so the later one counts
     from zero; null on samples whose load time is unknown.
@@ -126,6 +127,9 @@ class MetricSample(models.Model):
     counters_since = models.DateTimeField(null=True, blank=True)
     model_name = models.CharField(max_length=63)
     model_version = models.CharField(max_length=20, blank=True)
+    # Which Triton of the deployment was scraped: a pod's name on Kubernetes, "" for the one local server. Each
+    # server's counters are a series of their own; summaries add the series up.
+    server = models.CharField(max_length=253, blank=True)
     success_count = models.FloatField(default=0)
     failure_count = models.FloatField(default=0)
     inference_count = models.FloatField(default=0)

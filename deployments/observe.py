@@ -19,10 +19,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from conch.errors import ConchError, InvalidInput
+from conch.errors import ConchError, InvalidInput, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment, MetricSample
-from deployments.services import internal_url
+from deployments.services import serving_servers
 from tritonserving.client import TritonClient
 from tritonserving.metrics import COUNTERS, parse_triton_metrics
 
@@ -37,42 +37,54 @@ MAX_WINDOW_SECONDS = 86400
 # --- scraping (the only writer of samples) -----------------------------------------
 
 
-def _metrics_url(deployment: Deployment) -> str:
-    """Where Conch's own processes read a deployment's Prometheus metrics (the one place that knows)."""
-    return internal_url(deployment, "metrics", "/metrics")
-
-
 def scrape_deployment(*, deployment: Deployment) -> int:
-    """Fetch one ready deployment's /metrics and store a sample per model; returns how many.
+    """Fetch the /metrics of every ready Triton of a deployment (its local server, or each ready pod) and store
+    a sample per server and model; returns how many.
 
-    Each sample records `counters_since` = the deployment's `ready_at` (when the model
-    load that Triton's counters count from finished). When the deployment restarted or
-    left `ready` while the text was being fetched, the text could belong to either load,
-    so nothing is stored and 0 returned. Raises Unavailable when Triton's metrics port
-    does not answer or answers something that is not Prometheus text.
+    A local deployment's samples record `counters_since` = the deployment's `ready_at` (when the model load that
+    Triton's counters count from finished); when the deployment restarted or left `ready` while the text was
+    being fetched, the text could belong to either load, so nothing is stored and 0 returned. A pod's samples
+    carry the pod's name in `server` and no `counters_since`: a restarted pod's counters go down, which starts
+    its series again (`interval_increase`). A pod whose metrics port does not answer is logged and skipped.
+    Raises Unavailable when no server answers (or the runtime cannot list them).
     """
     counters_since = deployment.ready_at
-    text = TritonClient.fetch_metrics_text(_metrics_url(deployment), timeout_s=5)
-    now = timezone.now()
-    counters = parse_triton_metrics(text)
-    current = Deployment.objects.filter(pk=deployment.pk).values("status", "ready_at").first()
-    if current != {"status": DeploymentStatus.READY, "ready_at": counters_since}:
-        log.info("metrics.scrape.skipped", extra={"deployment_id": deployment.pk, "reason": "restarted"})
-        return 0
-    MetricSample.objects.bulk_create(
-        [
-            MetricSample(
-                deployment=deployment,
-                scraped_at=now,
-                counters_since=counters_since,
-                model_name=c.model_name,
-                model_version=c.model_version,
-                **{f: getattr(c, f) for f in FIELDS},
+    servers = serving_servers(deployment)
+    if not servers:
+        raise Unavailable(f"Deployment {deployment.pk} has no ready Triton to scrape.")
+    several = deployment.runtime != "local"
+    texts, failures = [], []
+    for server in servers:
+        try:
+            texts.append(
+                (server.name if several else "", TritonClient.fetch_metrics_text(server.metrics_url, timeout_s=5))
             )
-            for c in counters
-        ]
-    )
-    return len(counters)
+        except ConchError as exc:
+            failures.append(exc)
+            log.warning("metrics.scrape.failed", extra={"deployment_id": deployment.pk, "server": server.name})
+    if failures and not texts:
+        raise failures[0]
+    now = timezone.now()
+    if not several:
+        current = Deployment.objects.filter(pk=deployment.pk).values("status", "ready_at").first()
+        if current != {"status": DeploymentStatus.READY, "ready_at": counters_since}:
+            log.info("metrics.scrape.skipped", extra={"deployment_id": deployment.pk, "reason": "restarted"})
+            return 0
+    samples = [
+        MetricSample(
+            deployment=deployment,
+            scraped_at=now,
+            counters_since=None if several else counters_since,
+            server=server_name,
+            model_name=c.model_name,
+            model_version=c.model_version,
+            **{f: getattr(c, f) for f in FIELDS},
+        )
+        for server_name, text in texts
+        for c in parse_triton_metrics(text)
+    ]
+    MetricSample.objects.bulk_create(samples)
+    return len(samples)
 
 
 def scrape_deployment_or_log(*, deployment: Deployment) -> int:
@@ -86,7 +98,7 @@ def scrape_deployment_or_log(*, deployment: Deployment) -> int:
 
 def scrape_ready_deployments() -> int:
     """Scrape every ready deployment; a failing one is logged and skipped. Returns samples stored."""
-    ready = Deployment.objects.filter(status=DeploymentStatus.READY)
+    ready = Deployment.objects.filter(status__in=(DeploymentStatus.READY, DeploymentStatus.DEGRADED))
     return sum(scrape_deployment_or_log(deployment=deployment) for deployment in ready)
 
 
@@ -266,11 +278,11 @@ def _model_stats(key: tuple[str, str], intervals: list[Interval]) -> ModelWindow
     )
 
 
-_COLUMNS = ("model_name", "model_version", "scraped_at", "counters_since", *FIELDS)
+_COLUMNS = ("model_name", "model_version", "server", "scraped_at", "counters_since", *FIELDS)
 
 
 def _reading(row: tuple) -> Reading:
-    return Reading(at=row[2], counters_since=row[3], counters=dict(zip(FIELDS, row[4:], strict=True)))
+    return Reading(at=row[3], counters_since=row[4], counters=dict(zip(FIELDS, row[5:], strict=True)))
 
 
 def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
@@ -280,7 +292,9 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
     series_step_seconds; the step is CONCH_METRICS_SCRAPE_INTERVAL_SECONDS or a multiple).
     Returns {"window_seconds", "step_seconds", "start", "end" (ISO 8601), "models":
     [ModelWindowStats as dict], "series": [{"model_name", "model_version", "points":
-    [bucket_intervals point]}]}; each model's counts equal the sums over its points.
+    [bucket_intervals point]}], "servers": [{"server", "models": [ModelWindowStats as dict]}]}; each model's
+    counts equal the sums over its points and over its servers. `servers` breaks a deployment with several
+    Tritons (Kubernetes pods) down by pod; it is [] for a local deployment.
     Raises InvalidInput (field `window`) for a window outside 10..86400 s.
     """
     if not MIN_WINDOW_SECONDS <= window_seconds <= MAX_WINDOW_SECONDS:
@@ -292,25 +306,43 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
     end = timezone.now()
     start = end - timedelta(seconds=buckets * step)
     samples = deployment.metric_samples.all()
-    by_model: dict[tuple[str, str], list[Reading]] = {}
+    by_series: dict[tuple[str, str, str], list[Reading]] = {}
     rows = samples.filter(scraped_at__gt=start, scraped_at__lte=end).order_by(
-        "model_name", "model_version", "scraped_at", "pk"
+        "model_name", "model_version", "server", "scraped_at", "pk"
     )
     for row in rows.values_list(*_COLUMNS):
-        by_model.setdefault((row[0], row[1]), []).append(_reading(row))
-    models, series = [], []
-    for key, readings in sorted(by_model.items()):
+        by_series.setdefault((row[0], row[1], row[2]), []).append(_reading(row))
+    # Each server's counters are a chain of their own; a model's figures add up its servers' intervals.
+    by_model: dict[tuple[str, str], list[Interval]] = {}
+    by_server: dict[str, dict[tuple[str, str], list[Interval]]] = {}
+    for key, readings in sorted(by_series.items()):
         baseline = (
-            samples.filter(model_name=key[0], model_version=key[1], scraped_at__lte=start)
+            samples.filter(model_name=key[0], model_version=key[1], server=key[2], scraped_at__lte=start)
             .order_by("-scraped_at", "-pk")
             .values_list(*_COLUMNS)
             .first()
         )
         chain = ([_reading(baseline)] if baseline else []) + readings
         intervals = window_intervals(chain, start=start)
+        by_model.setdefault(key[:2], []).extend(intervals)
+        by_server.setdefault(key[2], {}).setdefault(key[:2], []).extend(intervals)
+    models, series = [], []
+    for key, intervals in sorted(by_model.items()):
+        intervals.sort(key=lambda interval: interval.end)
         models.append(asdict(_model_stats(key, intervals)))
         points = bucket_intervals(intervals, start=start, step_seconds=step, buckets=buckets)
         series.append({"model_name": key[0], "model_version": key[1], "points": points})
+    servers = [
+        {
+            "server": name,
+            "models": [
+                asdict(_model_stats(key, sorted(intervals, key=lambda interval: interval.end)))
+                for key, intervals in sorted(per_model.items())
+            ],
+        }
+        for name, per_model in sorted(by_server.items())
+        if name
+    ]
     return {
         "window_seconds": window_seconds,
         "step_seconds": step,
@@ -318,4 +350,5 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
         "end": end.isoformat(),
         "models": models,
         "series": series,
+        "servers": servers,
     }

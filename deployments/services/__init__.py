@@ -28,6 +28,7 @@ from deployments.services.records import (
     log_tail,
     request_stop,
     rescale_deployment,
+    serving_servers,
     visible_deployments,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "reconcile_deployments",
     "request_stop",
     "rescale_deployment",
+    "serving_servers",
     "restart_backoff_seconds",
     "stop_all_local_servers",
     "stop_deployment",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from conch.errors import Conflict
+from conch.errors import Conflict, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
 from deployments.services.records import internal_url
@@ -19,9 +19,13 @@ def infer(*, deployment: Deployment, body: bytes, header_length: int | None = No
     `body`: JSON, or (`header_length` set, Triton's `Inference-Header-Content-Length`) a JSON header followed by
     binary tensor data. Returns Triton's response as Triton wrote it (`InferenceResponse`). Raises Conflict when
     the deployment is not ready, InvalidInput naming the field or tensor at fault (Triton's own message when
-    Triton rejects the request), Unavailable when Triton cannot be reached.
+    Triton rejects the request), Unavailable when Triton cannot be reached. A deployment with several Tritons
+    (Kubernetes pods) has each request sent to the next ready one (round-robin).
     """
-    if deployment.status != DeploymentStatus.READY:
+    if deployment.status not in (DeploymentStatus.READY, DeploymentStatus.DEGRADED):
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
-    client = TritonClient(internal_url(deployment), timeout_s=60)
+    url = internal_url(deployment)
+    if not url:
+        raise Unavailable(f"Deployment {deployment.pk} has no ready Triton right now; retry in a few seconds.")
+    client = TritonClient(url, timeout_s=60)
     return client.infer_request_body(deployment.model_name, body, header_length=header_length)

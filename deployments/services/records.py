@@ -15,7 +15,7 @@ from conch.errors import Conflict, InvalidInput, NotFound
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
-from deployments.runtimes.base import Endpoints
+from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
 from deployments.services.placement import parse_placement, parse_scaling
 from models_registry.choices import VersionStatus
@@ -64,6 +64,12 @@ def endpoints(deployment: Deployment) -> Endpoints:
 def internal_url(deployment: Deployment, port: str = "http", path: str = "") -> str:
     """URL by which Conch's own processes reach the deployment's Triton `port` ("http", "metrics") + `path`."""
     return get_runtime(deployment.runtime).internal_url(deployment.runtime_state, port, path)
+
+
+def serving_servers(deployment: Deployment) -> list[Server]:
+    """The deployment's Tritons that are up and ready now (its local server, or one per ready pod), with the
+    URLs and key Conch's own processes use. Raises Unavailable when the runtime cannot tell."""
+    return get_runtime(deployment.runtime).servers(deployment.runtime_state)
 
 
 def effective_settings(deployment: Deployment) -> dict[str, Any]:
