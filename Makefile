@@ -8,7 +8,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test
 
-.PHONY: venv demo test test-fast bench lint clean
+.PHONY: venv demo test test-fast cluster bench lint clean
 
 venv: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ test: venv
 
 test-fast: venv
 	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+
+# A local Kubernetes test cluster in the foreground (README, "A local Kubernetes test cluster"); Ctrl-C stops it.
+cluster: venv
+	$(BIN)/python -m tests.kube.cluster
 
 bench: venv
 	$(BIN)/python bench/serving.py
