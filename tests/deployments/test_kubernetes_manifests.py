@@ -118,7 +118,7 @@ def test_probes_use_tritons_health_endpoints_with_a_generous_startup():
 def test_gpus_are_whole_requested_and_limited_alike_with_product_selector_and_toleration():
     pod = deployment_manifest(SPEC)["spec"]["template"]["spec"]
     resources = pod["containers"][0]["resources"]
-    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 1
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A10"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -126,7 +126,7 @@ def test_gpus_are_whole_requested_and_limited_alike_with_product_selector_and_to
 def test_a_mig_slice_is_its_own_resource():
     spec = dataclasses.replace(SPEC, gpu=GpuRequest(mig_profile="1g.10gb"))
     resources = deployment_manifest(spec)["spec"]["template"]["spec"]["containers"][0]["resources"]
-    assert resources["requests"]["nvidia.com/mig-1g.10gb"] == resources["limits"]["nvidia.com/mig-1g.10gb"] == 1
+    assert resources["requests"]["nvidia.com/mig-1g.10gb"] == resources["limits"]["nvidia.com/mig-1g.10gb"] == "1"
     assert "nvidia.com/gpu" not in resources["requests"]
 
 

@@ -165,6 +165,8 @@ class ClusterApi:
     ) -> Any:
         """One request to the API server; returns the decoded JSON body (the text with `raw`).
 
+        `body` is a dict for JSON content types, already-serialized text for others (server-side apply).
+
         409 (conflict), 429 and 5xx are retried after `RETRY_BACKOFF_S`; a connection failure is retried once.
         Raises Unavailable (unreachable, or still failing after the retries), NotFoundInCluster for 404,
         ClusterRefused with the server's message for another 4xx.
@@ -175,18 +177,23 @@ class ClusterApi:
             with self._lock:
                 self.calls += 1
             try:
-                response = self._client.call_api(
-                    path,
-                    method,
+                verb, url, headers, payload, _ = self._client.param_serialize(
+                    method=method,
+                    resource_path=path,
                     query_params=list(query),
                     header_params={"Accept": "application/json", "Content-Type": content_type},
                     body=body,
                     auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
-                data = response[0].data if isinstance(response, tuple) else response.data
+                response = self._client.call_api(
+                    verb, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT_S
+                )
+                data = response.read() or b""
                 text = data.decode() if isinstance(data, bytes) else str(data)
+                if not 200 <= response.status < 300:
+                    error = ApiException(status=response.status, reason=response.reason)
+                    error.body = text
+                    raise error
                 if raw:
                     return text
                 return json.loads(text) if text else {}
@@ -291,7 +298,7 @@ class ClusterApi:
             self.request(
                 "DELETE",
                 f"{self._collection(kind)}/{name}",
-                body=json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             )
         except NotFoundInCluster:
             return False

@@ -186,12 +186,14 @@ def triton_args(spec: TritonPodSpec) -> list[str]:
 def _resources(spec: TritonPodSpec) -> dict[str, Any]:
     requests: dict[str, Any] = {"cpu": spec.cpu, "memory": spec.memory}
     limits: dict[str, Any] = {"memory": spec.memory}
+    # Quantities are written as strings: server-side apply types them as such (a number is refused), and every
+    # Kubernetes client reads them back as strings.
     if spec.gpu is not None and spec.gpu.mig_profile:
-        requests[f"nvidia.com/mig-{spec.gpu.mig_profile}"] = 1
-        limits[f"nvidia.com/mig-{spec.gpu.mig_profile}"] = 1
+        requests[f"nvidia.com/mig-{spec.gpu.mig_profile}"] = "1"
+        limits[f"nvidia.com/mig-{spec.gpu.mig_profile}"] = "1"
     elif spec.gpu is not None and spec.gpu.count:
-        requests[GPU_RESOURCE] = spec.gpu.count
-        limits[GPU_RESOURCE] = spec.gpu.count
+        requests[GPU_RESOURCE] = str(spec.gpu.count)
+        limits[GPU_RESOURCE] = str(spec.gpu.count)
     return {"requests": requests, "limits": limits}
 
 

@@ -1,0 +1,322 @@
+"""The Kubernetes runtime on a real API server, scheduler and controller-manager, with pods run as real local
+Tritons by the test kubelet (tests/kube), reading their model repository from a real S3 protocol server.
+
+Everything goes through Conch's REST API and services; reconcile is called the way beat calls it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from kubernetes import client as k8s
+
+from conch.errors import Unavailable
+from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+from deployments.runtimes.kubernetes import api as kube_api
+from deployments.services import reconcile_deployments
+from deployments.services.clusters import register_cluster
+from tests import real_models
+from tests.deployments.conftest import write_built_version
+
+pytestmark = [pytest.mark.kube, pytest.mark.e2e]
+
+
+@pytest.fixture
+def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
+    """S3 storage on the test S3 server and cluster `local` registered from the test cluster's kubeconfig."""
+    endpoint, bucket = s3_bucket
+    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
+    settings.CONCH_S3_ENDPOINT_URL = endpoint
+    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
+    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
+    register_cluster(name="local", kubeconfig=kube_cluster.kubeconfig_path.read_text(), namespace="conch")
+    return kube_cluster
+
+
+def classifier_request() -> dict:
+    """One image for the test classifier (input `x`, FP32 [1, 3, 224, 224])."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+    return {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+
+
+def _create(caller, capture, version, **extra) -> dict:
+    body = {
+        "name": "web",
+        "team": caller.team.slug,
+        "model_version": version.pk,
+        "runtime": "kubernetes",
+        "cluster": "local",
+        "cpu": "250m",
+        "memory": "1Gi",
+        **extra,
+    }
+    with capture(execute=True):
+        response = caller.client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def _reconcile_until(caller, deployment_id: int, done, *, timeout_s: float = 120.0, capture=None) -> dict:
+    """Run reconcile ticks (as beat would, every second) until `done(deployment)`; return the deployment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if capture is not None:
+            with capture(execute=True):
+                reconcile_deployments()
+        else:
+            reconcile_deployments()
+        seen = caller.client.get(f"/api/v1/deployments/{deployment_id}/").json()
+        if done(seen):
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {seen['status']}: {seen['status_message']} {seen['pods']}")
+        time.sleep(1.0)
+
+
+def _pod_uids(kube_cluster, deployment_id: int) -> dict[str, str]:
+    core = k8s.CoreV1Api(kube_cluster.api_client())
+    pods = core.list_namespaced_pod("conch", label_selector=f"conch.io/deployment={deployment_id}").items
+    return {pod.metadata.name: pod.metadata.uid for pod in pods if pod.metadata.deletion_timestamp is None}
+
+
+def test_deploy_two_replicas_serve_scale_to_three_and_delete_leaves_nothing(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    # when a kubernetes deployment with 2 replicas is created
+    created = _create(alice, capture, version, replicas=2)
+    assert created["runtime"] == "kubernetes" and created["cluster"] == "local"
+    ready = _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture)
+    # then both pods run Triton and are ready, in words too
+    assert ready["replicas"] == {"desired": 2, "ready": 2}
+    assert ready["status_message"] == "ready 2/2"
+    assert len(ready["pods"]) == 2 and all(p["ready"] and p["node"] for p in ready["pods"])
+    # and inferences through Conch are answered by the pods
+    request = classifier_request()
+    for _ in range(4):
+        answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", request, format="json")
+        assert answer.status_code == 200, answer.content
+    # scaling to 3 adds a pod and keeps the two
+    before = _pod_uids(k8s_env, created["id"])
+    with capture(execute=True):
+        patched = alice.client.patch(f"/api/v1/deployments/{created['id']}/", {"replicas": 3}, format="json")
+    assert patched.status_code == 202, patched.content
+    scaled = _reconcile_until(
+        alice,
+        created["id"],
+        lambda d: d["replicas"] == {"desired": 3, "ready": 3} and d["status"] == "ready",
+        capture=capture,
+    )
+    assert len(scaled["pods"]) == 3
+    assert set(before.items()) <= set(_pod_uids(k8s_env, created["id"]).items())
+    # when it is deleted, nothing with its labels is left in the namespace
+    with capture(execute=True):
+        assert alice.client.delete(f"/api/v1/deployments/{created['id']}/").status_code == 202
+    state = Deployment.objects.get(pk=created["id"]).runtime_state
+    runtime = get_runtime("kubernetes")
+    deadline = time.monotonic() + 60
+    while (left := runtime.leftovers(state)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == {}
+    assert Deployment.objects.get(pk=created["id"]).status == "stopped"
+
+
+def test_more_gpus_than_a_node_has_is_refused_and_unschedulable_is_worded(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    body = {"name": "big", "team": "acme", "model_version": version.pk, "runtime": "kubernetes", "cluster": "local"}
+    # a request no node could ever hold is refused at once, naming the field
+    for gpu, field in (
+        ({"product": "NVIDIA-A10", "count": 3}, "gpu.count"),
+        ({"product": "NVIDIA-H100", "count": 1}, "gpu.product"),
+        ({"count": 0.5}, "gpu.count"),
+        ({"mig_profile": "3g.40gb"}, "gpu.mig_profile"),
+    ):
+        response = alice.client.post("/api/v1/deployments/", {**body, "gpu": gpu}, format="json")
+        assert response.status_code == 400, response.content
+        assert response.json()["field"] == field
+    bad = alice.client.post(
+        "/api/v1/deployments/",
+        {**body, "autoscaling": {"min_replicas": 3, "max_replicas": 2, "target_queue_time_us": 5}},
+        format="json",
+    )
+    assert bad.status_code == 400 and bad.json()["field"] == "autoscaling.min_replicas"
+    # 2 pods of 2 A10 each fit on no node together with a third: the third waits, in words
+    created = _create(alice, capture, version, name="gpus", replicas=2, gpu={"product": "NVIDIA-A10", "count": 2})
+    seen = _reconcile_until(
+        alice, created["id"], lambda d: any("waiting for a GPU" in p["message"] for p in d["pods"]), capture=capture
+    )
+    assert seen["status"] in ("degraded", "pending")
+    assert "0/1 nodes have 2 free nvidia.com/gpu (NVIDIA-A10)" in seen["status_message"]
+    assert "Insufficient nvidia.com/gpu" in seen["status_message"]
+
+
+def test_a_triton_that_exits_at_once_is_failed_with_its_termination_message(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, s3_client
+):
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    # a repository Triton refuses at start (config names a missing backend): --load-model fails, Triton exits
+    from models_registry.storage import get_object_store
+
+    store = get_object_store()
+    store.put_bytes(f"{version.repository_prefix}/classifier/config.pbtxt", b'name: "classifier"\nbackend: "nope"\n')
+    created = _create(alice, capture, version, name="crash", replicas=1)
+    seen = _reconcile_until(alice, created["id"], lambda d: d["status"] == "failed", capture=capture, timeout_s=90)
+    assert "Triton keeps exiting" in seen["status_message"] or "exit code" in seen["status_message"]
+    assert seen["pods"][0]["restarts"] >= 1
+    assert any("nope" in line for line in seen["log_tail"]), seen["log_tail"]
+
+
+def test_api_server_down_and_back_recovers_without_duplicates(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    created = _create(alice, capture, version, name="steady", replicas=1)
+    _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture)
+    k8s_env.stop_apiserver()
+    try:
+        with capture(execute=True):
+            counts = reconcile_deployments()
+        seen = alice.client.get(f"/api/v1/deployments/{created['id']}/").json()
+        # unknown is not failure: the status stays, the message says why
+        assert seen["status"] == "ready"
+        assert "cannot be reached" in seen["status_message"] or "answered" in seen["status_message"]
+        assert counts["failed"] == 0
+    finally:
+        k8s_env.start_apiserver()
+    seen = _reconcile_until(alice, created["id"], lambda d: d["status_message"] == "ready 1/1", capture=capture)
+    assert seen["status"] == "ready"
+    apps = k8s.AppsV1Api(k8s_env.api_client())
+    found = apps.list_namespaced_deployment("conch", label_selector=f"conch.io/deployment={created['id']}").items
+    assert len(found) == 1
+
+
+@pytest.fixture
+def conflicting_proxy(k8s_env):
+    """An HTTP proxy in front of the test API server that answers the first PATCH of a Deployment with a real
+    409 Conflict Status (as an API server does when an object changed under a writer), then forwards everything."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import urllib3
+
+    config = json.loads(open(k8s_env.kubeconfig_path).read())
+    upstream = config["clusters"][0]["cluster"]["server"]
+    token = config["users"][0]["user"]["token"]
+    ca = config["clusters"][0]["cluster"].get("certificate-authority")
+    pool = urllib3.PoolManager(ca_certs=ca) if ca else urllib3.PoolManager(cert_reqs="CERT_NONE")
+    seen = {"conflicts": 0, "patches": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _forward(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "PATCH" and "/deployments/" in self.path:
+                seen["patches"] += 1
+                if not seen["conflicts"]:
+                    seen["conflicts"] += 1
+                    status = {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "message": "Operation cannot be fulfilled: the object has been modified",
+                        "reason": "Conflict",
+                        "code": 409,
+                    }
+                    data = json.dumps(status).encode()
+                    self.send_response(409)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+            answer = pool.request(self.command, upstream + self.path, body=body or None, headers=headers)
+            self.send_response(answer.status)
+            self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
+            self.send_header("Content-Length", str(len(answer.data)))
+            self.end_headers()
+            self.wfile.write(answer.data)
+
+        do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _forward  # noqa: N815 - http.server's names
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "proxy", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "admin"}}],
+        "current-context": "proxy",
+    }
+    register_cluster(name="flaky", namespace="conch", kubeconfig=json.dumps(kubeconfig))
+    yield seen
+    server.shutdown()
+
+
+def test_apply_retries_a_conflict_and_takes_over_a_field_changed_by_another_manager(alice, k8s_env, conflicting_proxy):
+    from deployments.services import create_deployment, deployment_spec
+
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    deployment = create_deployment(
+        user=alice.user,
+        team_slug="acme",
+        name="conflict",
+        model_version_id=version.pk,
+        runtime="kubernetes",
+        cluster="flaky",
+        replicas=1,
+        cpu="100m",
+        memory="512Mi",
+    )
+    runtime = get_runtime("kubernetes")
+    spec = deployment_spec(deployment)
+    # when the first apply of the Deployment meets a 409, it is retried and succeeds
+    state = runtime.apply(spec, {})
+    assert conflicting_proxy["conflicts"] == 1 and conflicting_proxy["patches"] >= 2
+    apps = k8s.AppsV1Api(k8s_env.api_client())
+    assert apps.read_namespaced_deployment(state["name"], "conch").spec.replicas == 1
+    # someone else (another field manager) changes a field Conch owns; applying again takes it back, idempotently
+    apps.patch_namespaced_deployment(
+        state["name"], "conch", {"spec": {"replicas": 5}}, _content_type="application/strategic-merge-patch+json"
+    )
+    assert runtime.apply(spec, state) == state
+    assert apps.read_namespaced_deployment(state["name"], "conch").spec.replicas == 1
+    runtime.delete(state)
+
+
+def test_a_4xx_from_the_api_server_fails_with_its_message(alice, k8s_env):
+    from conch.errors import InvalidInput
+
+    api = kube_api.cluster_api(get_runtime("kubernetes").directory.get("local"))
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "Not_A_Valid_Name", "namespace": "conch"},
+        "stringData": {"a": "b"},
+    }
+    with pytest.raises(InvalidInput) as refused:
+        api.apply(manifest)
+    assert "Not_A_Valid_Name" in refused.value.detail
+
+
+def test_unreachable_cluster_is_unavailable_not_a_crash(alice, k8s_env):
+    runtime = get_runtime("kubernetes")
+    k8s_env.stop_apiserver()
+    try:
+        with pytest.raises(Unavailable):
+            runtime.servers({"cluster": "local", "namespace": "conch", "name": "x", "deployment_id": 1})
+    finally:
+        k8s_env.start_apiserver()
