@@ -292,7 +292,8 @@ class Cluster:
     `start()` returns once the API server is ready, the Nodes exist and the kubelet watches; `stop()` stops all in
     order (kubelet and its containers, scheduler, controller-manager, apiserver, etcd). `fake_containers=True`
     makes the kubelet mark pods Running and Ready without starting anything. `backoff_base_s` is the kubelet's
-    first crash-loop delay (10 s on a real kubelet); `probe_scale` multiplies every probe period.
+    first crash-loop delay (10 s on a real kubelet); `probe_scale` multiplies every probe period. `nodes` replaces
+    the default Nodes (e.g. bigger CPU nodes for a benchmark with hundreds of pods).
     """
 
     def __init__(
@@ -303,6 +304,7 @@ class Cluster:
         backoff_base_s: float | None = None,
         probe_scale: float | None = None,
         bin_dir: Path | None = None,
+        nodes: tuple[FakeNode, ...] = NODES,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.namespace = NAMESPACE
@@ -311,6 +313,7 @@ class Cluster:
         self.backoff_base_s = backoff_base_s
         self.probe_scale = probe_scale
         self.bin_dir = bin_dir
+        self.nodes = nodes
         self.token = ""
         self.apiserver_port = 0
         self.kubelet: Any = None
@@ -386,6 +389,9 @@ class Cluster:
                     "--port=0",
                     "--secure-port=0",
                     f"--controllers={CONTROLLERS}",
+                    # Client-side rate limits of a test cluster: hundreds of Deployments at once in benchmarks.
+                    "--kube-api-qps=200",
+                    "--kube-api-burst=400",
                     "--profiling=false",
                 ],
                 state_dir=state,
@@ -398,6 +404,8 @@ class Cluster:
                     "--leader-elect=false",
                     "--port=0",
                     "--secure-port=0",
+                    "--kube-api-qps=200",
+                    "--kube-api-burst=400",
                     "--profiling=false",
                 ],
                 state_dir=state,
@@ -429,8 +437,12 @@ class Cluster:
                 component.stop()
 
     def stop_apiserver(self) -> None:
-        """Stop kube-apiserver (clients then get connection refused) and wait for its exit."""
-        self._components["kube-apiserver"].stop()
+        """Stop kube-apiserver (clients then get connection refused) and wait for its exit.
+
+        SIGTERM, then SIGKILL after 3 s: once it stopped listening, 1.20's graceful shutdown lingers longer than
+        the 15 s a full stop allows, and what tests need is the server gone.
+        """
+        self._components["kube-apiserver"].stop(timeout_s=3.0)
 
     def start_apiserver(self) -> None:
         """(Re)start kube-apiserver on the same port and wait until `/readyz` answers ok."""
@@ -489,7 +501,7 @@ class Cluster:
         with self.api_client() as api_client:
             core = client.CoreV1Api(api_client)
             core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-            for node in NODES:
+            for node in self.nodes:
                 labels = {
                     "kubernetes.io/hostname": node.name,
                     "kubernetes.io/os": "linux",
@@ -547,7 +559,7 @@ class Cluster:
 
         self.kubelet = Kubelet(
             api_client_factory=self.api_client,
-            node_names=[node.name for node in NODES],
+            node_names=[node.name for node in self.nodes],
             state_dir=self.state_dir / "kubelet",
             certificate=(self.state_dir / "certs" / "kubelet.crt", self.state_dir / "certs" / "kubelet.key"),
             fake_containers=self.fake_containers,
@@ -559,7 +571,7 @@ class Cluster:
 
         with self.api_client() as api_client:
             core = client.CoreV1Api(api_client)
-            for node in NODES:
+            for node in self.nodes:
                 core.patch_node_status(
                     node.name,
                     {"status": self.node_status(node, self.kubelet.port)},

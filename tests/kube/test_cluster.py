@@ -316,7 +316,7 @@ def test_deleting_a_deployment_leaves_no_pods_and_no_triton(kube_cluster, triton
         health(pod["status"]["podIP"])
 
 
-def test_api_server_down_and_back_keeps_pods_and_resumes_the_watch(kube_cluster):
+def test_api_server_down_and_back_the_kubelet_resumes_its_watch(kube_cluster):
     name = f"restart-{uuid.uuid4().hex[:6]}"
     kube_cluster.stop_apiserver()
     try:
@@ -341,3 +341,34 @@ def _exists(core: client.CoreV1Api, name: str) -> bool:
     except ApiException as exc:
         assert exc.status == 404
         return False
+
+
+def test_container_failing_its_liveness_probe_is_killed_and_restarted(kube_cluster, tmp_path):
+    name = f"unlive-{uuid.uuid4().hex[:6]}"
+    pod = minimal_pod(name, args=[f"--model-repository={tmp_path}", "--model-control-mode=explicit"])
+    container = pod["spec"]["containers"][0]
+    container["ports"] = [{"name": "http", "containerPort": 8000}]
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/v2/health/no-such-endpoint", "port": "http"},
+        "periodSeconds": 1,
+        "failureThreshold": 3,
+    }
+    with kube_cluster.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        create(api_client, pod)
+        try:
+            status = wait_for(
+                lambda: next(
+                    (s for s in pod_json(core, name)["status"].get("containerStatuses", []) if s["restartCount"] >= 1),
+                    None,
+                ),
+                timeout_s=60,
+                what="a restart",
+            )
+        finally:
+            core.delete_namespaced_pod(name, "conch")
+            wait_for(lambda: not _exists(core, name), timeout_s=30, what="the pod to go")
+
+    # Triton exits on the kubelet's SIGTERM: the run ended, it did not crash on its own.
+    assert "terminated" in status["lastState"]
+    assert status["lastState"]["terminated"]["finishedAt"]
