@@ -28,15 +28,18 @@ from deployments.services.records import (
     request_stop,
     visible_deployments,
 )
+from deployments.services.repository import deployment_repository_prefix, ensure_deployment_repository
 
 __all__ = [
     "ENABLED_RUNTIMES",
     "LOG_TAIL_LINES",
     "collect_repository_garbage",
     "create_deployment",
+    "deployment_repository_prefix",
     "deployment_spec",
     "effective_settings",
     "endpoints",
+    "ensure_deployment_repository",
     "ensure_deployment_started",
     "get_deployment",
     "infer",

@@ -22,21 +22,28 @@ from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import DeploymentSpec, Phase, Runtime
 from deployments.services.records import ENABLED_RUNTIMES, log_tail, queue_task
+from deployments.services.repository import (
+    collect_deployment_repositories,
+    delete_deployment_repository,
+    deployment_repository_prefix,
+    ensure_deployment_repository,
+    served_config,
+)
 from models_registry.storage import get_object_store
-from tritonserving.config import config_from_pbtxt, config_to_json
+from tritonserving.config import config_to_json
 
 log = logging.getLogger(__name__)
 
 
 def deployment_spec(deployment: Deployment) -> DeploymentSpec:
-    """What the deployment's runtime should run: its pinned repository and effective configuration."""
+    """What the deployment's runtime should run: its own repository (`ensure_deployment_repository` fills it from
+    the build it pins) and its effective configuration, serving exactly its current version."""
     store = get_object_store()
-    prefix = deployment.repository_prefix or deployment.model_version.repository_prefix
     return DeploymentSpec(
         deployment_id=deployment.pk,
         model_name=deployment.model_name,
-        repository=store.triton_repository_location(prefix),
-        config_json=config_to_json(config_from_pbtxt(deployment.config_pbtxt)),
+        repository=store.triton_repository_location(deployment_repository_prefix(deployment.pk)),
+        config_json=config_to_json(served_config(deployment)),
         instance_count=deployment.instance_count,
         environment=store.triton_environment(),
     )
@@ -84,6 +91,13 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.save(update_fields=["status", "heartbeat_at", "error", "updated_at"])
         spec = deployment_spec(deployment)
         previous_state = deployment.runtime_state
+    try:
+        ensure_deployment_repository(deployment=deployment)
+    except ConchError as exc:
+        _record_failure(
+            deployment_id, f"The deployment's model repository could not be written: {exc.detail}", state=None
+        )
+        return DeploymentStatus.FAILED
     try:
         state = runtime.apply(spec, previous_state)
     except ConchError as exc:
@@ -148,7 +162,8 @@ def _record_failure(
 
 
 def stop_deployment(*, deployment_id: int) -> None:
-    """Delete a deployment's workload on its runtime (its ports are freed) and mark it `stopped`."""
+    """Delete a deployment's workload on its runtime (its ports are freed) and its own repository, and mark it
+    `stopped`."""
     with transaction.atomic():
         deployment = _locked(deployment_id)
         deployment.desired_state = DesiredState.STOPPED
@@ -159,6 +174,11 @@ def stop_deployment(*, deployment_id: int) -> None:
     if not runtime.manages_here(state):
         return  # the worker host that owns it stops it on its next reconcile
     runtime.delete(state)
+    try:
+        delete_deployment_repository(deployment_id=deployment_id)
+    except ConchError:
+        # Nothing reads it any more; collect_repository_garbage deletes it later.
+        log.warning("deployment.repository.not_deleted", extra={"deployment_id": deployment_id})
     with transaction.atomic():
         deployment = _locked(deployment_id)
         deployment.status = DeploymentStatus.STOPPED
@@ -283,13 +303,14 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
 
 def collect_repository_garbage() -> int:
     """Delete repository prefixes of old build attempts that no deployment pins (see
-    `builds.services.collect_repository_garbage`); returns how many prefixes were deleted."""
+    `builds.services.collect_repository_garbage`), and the own repositories of stopped deployments; returns how
+    many prefixes were deleted."""
     pinned = set(
         Deployment.objects.exclude(status=DeploymentStatus.STOPPED)
         .exclude(repository_prefix="")
         .values_list("repository_prefix", flat=True)
     )
-    return builds.collect_repository_garbage(keep=pinned)
+    return builds.collect_repository_garbage(keep=pinned) + collect_deployment_repositories()
 
 
 def stop_all_local_servers() -> int:
