@@ -12,21 +12,24 @@ Triton does, from the "Model Management" doc ("Model Control Mode EXPLICIT") and
   updates it in place), and versions the policy no longer names are unloaded once the load has succeeded, their
   in-flight requests finishing first.
 - A request that names no version goes to the highest version that is ready (core `ModelLifeCycle::GetModel`).
+- With `--strict-readiness` (every server Conch starts), the server is not ready while a version unloads (core
+  `ModelLifeCycle::LiveModelStates`: a live version that is not READY), about 2 s for a Python-backend model here.
 
 No Django; the caller passes the client, the configuration and the inputs.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from conch.errors import InvalidInput
-from tritonserving.client import TritonClient, TritonRequestError
+from tritonserving.client import TritonClient, TritonRequestError, TritonUnavailable
 from tritonserving.config import ModelConfig, config_to_json, serving_versions
 
-__all__ = ["load_versions", "warm_up_version"]
+__all__ = ["load_versions", "wait_until_ready_again", "warm_up_version"]
 
 
 def load_versions(client: TritonClient, config: ModelConfig, versions: Iterable[int]) -> None:
@@ -54,3 +57,15 @@ def warm_up_version(client: TritonClient, name: str, version: int, inputs: Mappi
         raise InvalidInput(
             f"version {version} failed its warm-up inference: {exc.detail} (sent: {sent})", field="model_version"
         ) from exc
+
+
+def wait_until_ready_again(client: TritonClient, *, timeout_s: float, poll_interval_s: float = 0.1) -> None:
+    """Wait until the server answers `GET /v2/health/ready` with 200 again (after a load that unloads a version).
+
+    Raises `TritonUnavailable` when it is not ready within `timeout_s` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not client.is_ready():
+        if time.monotonic() >= deadline:
+            raise TritonUnavailable(f"Triton at {client.http_url} was not ready again within {timeout_s:g} s")
+        time.sleep(poll_interval_s)
