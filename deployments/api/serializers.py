@@ -18,6 +18,17 @@ class CreateDeploymentSerializer(serializers.Serializer):
     max_queue_delay_microseconds = serializers.JSONField(required=False, default=None)
 
 
+class UpdateDeploymentSerializer(serializers.Serializer):
+    """A partial update of a deployment: send only the fields to change; any other field is refused (400)."""
+
+    model_version = serializers.JSONField(
+        required=False,
+        help_text="Id of another built version of the deployment's model: every server loads it, warms it up and "
+        "unloads the old one, without a restart. Progress shows in update_status; a failure in update_error, and "
+        "the deployment keeps serving the old version.",
+    )
+
+
 class DeploymentSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug", read_only=True)
     model = serializers.CharField(source="model_version.model.name", read_only=True)
@@ -48,6 +59,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "error",
             "last_failure",
             "restart_count",
+            "target_model_version",
+            "update_status",
+            "update_error",
             "endpoints",
             "config_pbtxt",
             "repository_prefix",

@@ -18,7 +18,7 @@ from rest_framework.viewsets import GenericViewSet
 from conch.api import ErrorSerializer
 from conch.errors import InvalidInput
 from deployments import observe, services
-from deployments.api.serializers import CreateDeploymentSerializer, DeploymentSerializer
+from deployments.api.serializers import CreateDeploymentSerializer, DeploymentSerializer, UpdateDeploymentSerializer
 from tritonserving.client import BINARY_ONLY_DATATYPES, HEADER_LENGTH, JSON_DATATYPES
 
 # KServe v2 "Inference Request JSON Object", for the OpenAPI schema (Swagger's form, clients, fuzzers); the view
@@ -109,7 +109,8 @@ def _header_length(request: Request) -> int | None:
 
 
 class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
-    """Deployments of your teams. DELETE stops one (its Triton ends, its ports are freed)."""
+    """Deployments of your teams. PATCH changes one while it serves; DELETE stops one (its Triton ends, its ports
+    are freed)."""
 
     serializer_class = DeploymentSerializer
 
@@ -135,6 +136,23 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             max_queue_delay_microseconds=v["max_queue_delay_microseconds"],
         )
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=UpdateDeploymentSerializer,
+        responses={202: DeploymentSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        description="Change a running deployment. `model_version`: move to another built version of the same model "
+        "without restarting a server (update_status goes queued -> updating -> succeeded or failed). Fields that "
+        "cannot be changed are refused with 400 naming them.",
+    )
+    def partial_update(self, request: Request, pk: str) -> Response:
+        deployment = self.get_object()
+        if not hasattr(request.data, "keys"):
+            raise InvalidInput("The body must be a JSON object of the fields to change.", field="request")
+        form = UpdateDeploymentSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        changes = {name: request.data[name] for name in request.data.keys()}
+        deployment = services.update_deployment(user=request.user, deployment=deployment, changes=changes)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: DeploymentSerializer})
     def destroy(self, request: Request, pk: str) -> Response:

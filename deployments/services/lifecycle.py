@@ -29,6 +29,11 @@ from deployments.services.repository import (
     ensure_deployment_repository,
     served_config,
 )
+from deployments.services.updates import (
+    UPDATES_IN_PROGRESS,
+    ensure_servers_serve_current_version,
+    update_is_stale,
+)
 from models_registry.storage import get_object_store
 from tritonserving.config import config_to_json
 
@@ -201,7 +206,9 @@ def reconcile_deployments() -> dict[str, int]:
     - `starting` with a stale heartbeat (the start task died): queue a start, which adopts the running server;
     - `pending` for a while (the start was never queued or got lost): queue a start;
     - `ready`: observe; a workload that is gone or whose model is not ready marks it `failed` with the
-      runtime's message; ready for `CONCH_RESTART_BACKOFF_RESET_SECONDS` resets the restart count;
+      runtime's message; ready for `CONCH_RESTART_BACKOFF_RESET_SECONDS` resets the restart count; a ready
+      server serving another version than the current one is told to load it, and a version update whose
+      task died is queued again;
     - `failed` (not permanent): queue a restart after the backoff (`restart_backoff_seconds`).
     Deployments whose workload belongs to another worker host are left to that host. Then workloads of this
     installation that no running deployment owns (orphans) are deleted. Returns counts of what it did.
@@ -264,6 +271,7 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
             stable = (now - (deployment.ready_at or now)).total_seconds()
             if deployment.restart_count and stable >= settings.CONCH_RESTART_BACKOFF_RESET_SECONDS:
                 Deployment.objects.filter(pk=pk, status=DeploymentStatus.READY).update(restart_count=0)
+            _keep_servers_on_current_version(deployment)
             return None
         if observation.phase == Phase.UNKNOWN:
             return None
@@ -283,6 +291,20 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
     if deployment.status == DeploymentStatus.FAILED:
         return "restarted" if _restart_if_due(deployment, now) else None
     return None
+
+
+def _keep_servers_on_current_version(deployment: Deployment) -> None:
+    """Queue again an update whose task died; otherwise have every ready server serve the current version."""
+    if deployment.update_status in UPDATES_IN_PROGRESS:
+        if update_is_stale(deployment):
+            log.warning("deployment.update.stalled", extra={"deployment_id": deployment.pk})
+            with transaction.atomic():
+                queue_task("deployments.update_model_version", deployment.pk)
+        return
+    try:
+        ensure_servers_serve_current_version(deployment)
+    except ConchError as exc:
+        log.warning("deployment.server_version.unknown", extra={"deployment_id": deployment.pk, "detail": exc.detail})
 
 
 def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
