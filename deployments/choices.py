@@ -22,3 +22,13 @@ class RuntimeName(models.TextChoices):
 class DesiredState(models.TextChoices):
     RUNNING = "running", "Running"
     STOPPED = "stopped", "Stopped"
+
+
+class UpdateStatus(models.TextChoices):
+    """Where a deployment's last hot version update stands ("" when it never had one)."""
+
+    NONE = "", "None"
+    QUEUED = "queued", "Queued"
+    UPDATING = "updating", "Updating"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"

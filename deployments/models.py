@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
+from deployments.choices import DeploymentStatus, DesiredState, RuntimeName, UpdateStatus
 
 #: Triton image of Kubernetes pods: the release of the local binary (Triton 2.51 = NGC 24.10), so what a build
 #: verified is what pods run (NVIDIA "Frameworks Support Matrix").
@@ -46,8 +46,8 @@ class Deployment(models.Model):
     """What to serve (a built model version), where (runtime) and how (instances, batching).
 
     `config_pbtxt` is the effective model configuration: the version's, with this
-    deployment's overrides; it is sent with Triton's repository load request, so the
-    stored repository itself is never changed. `runtime_state` is what the deployment's
+    deployment's overrides; it is sent with Triton's repository load request and written
+    (serving exactly the current version) into the deployment's own repository. `runtime_state` is what the deployment's
     runtime remembers of its workload (a local process's pid and ports, Kubernetes names).
     """
 
@@ -89,6 +89,15 @@ class Deployment(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # The runtime's own record of the workload (see deployments.runtimes); opaque to everything else.
     runtime_state = models.JSONField(default=dict, blank=True)
+    # A hot version update (deployments.services.updates): the version asked for, where it stands, and why it
+    # failed (the server and Triton's message); the deployment keeps serving `model_version` until it succeeds.
+    target_model_version = models.ForeignKey(
+        "models_registry.ModelVersion", on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    update_status = models.CharField(max_length=16, choices=UpdateStatus.choices, blank=True, default=UpdateStatus.NONE)
+    update_error = models.TextField(blank=True)
+    # Written while an update task works on the deployment; a stale one means the task died.
+    update_heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -23,6 +23,12 @@ def stop_deployment(deployment_id: int) -> None:
     services.stop_deployment(deployment_id=deployment_id)
 
 
+@shared_task(name="deployments.update_model_version", **_COMMON)
+def update_model_version(deployment_id: int) -> str:
+    """Move the deployment's servers to its target model version without restarting them."""
+    return services.ensure_model_version_updated(deployment_id=deployment_id)
+
+
 @shared_task(name="deployments.reconcile_deployments", **_COMMON)
 def reconcile_deployments() -> dict[str, int]:
     """Periodic: compare deployments with their processes, restart failed ones, kill orphans."""

@@ -340,6 +340,17 @@ class TritonClient:
         except InferenceServerException as exc:
             raise self._translate(exc, "") from None
 
+    def ready_versions(self, name: str) -> set[int]:
+        """The versions of model `name` that are ready on the server now (from the repository index; a version
+        that is loading or unloading is not). A restricted endpoint: needs the server's `api_key`. Raises
+        `TritonAccessDenied`, `TritonRequestError`, `TritonUnavailable`.
+        """
+        return {
+            int(entry["version"])
+            for entry in self.repository_index()
+            if entry.get("name") == name and entry.get("state") == "READY" and str(entry.get("version", "")).isdigit()
+        }
+
     def infer_json(self, name: str, request: Mapping[str, Any]) -> dict[str, Any]:
         """Run one KServe v2 JSON inference request body on model `name`; return Triton's response body.
 
@@ -378,12 +389,16 @@ class TritonClient:
         name: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str] | None = None,
+        *,
+        version: int | None = None,
     ) -> dict[str, np.ndarray]:
         """Run model `name` on numpy tensors sent as binary data; return the outputs by name.
 
         The Triton datatype follows each array's dtype (float32 -> FP32, int64 -> INT64, bool -> BOOL, object /
-        bytes / str -> BYTES). `outputs` picks outputs by name (None: all the model's outputs). Returned arrays are
-        read-only views of the response body (BYTES come back as object arrays of `bytes`).
+        bytes / str -> BYTES). `outputs` picks outputs by name (None: all the model's outputs). `version` sends
+        the request to that version (`/v2/models/<name>/versions/<version>/infer`); None lets Triton pick (the
+        highest ready version, KServe v2 "Inference"). Returned arrays are read-only views of the response body
+        (BYTES come back as object arrays of `bytes`).
         Raises `InvalidInput` (unsupported dtype), `TritonRequestError`, `TritonModelNotFound`, `TritonUnavailable`.
         """
         infer_inputs = []
@@ -406,7 +421,13 @@ class TritonClient:
         try:
             result = self._call(
                 f"running model '{name}'",
-                lambda client: client.infer(name, infer_inputs, outputs=requested or None, headers=self._headers),
+                lambda client: client.infer(
+                    name,
+                    infer_inputs,
+                    model_version="" if version is None else str(version),
+                    outputs=requested or None,
+                    headers=self._headers,
+                ),
             )
         except InferenceServerException as exc:
             raise self._translate(exc, name, list(inputs)) from None

@@ -9,6 +9,7 @@ no network, no Django.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf import json_format, text_format
@@ -17,7 +18,14 @@ from tritonclient.grpc import model_config_pb2
 
 from conch.errors import InvalidInput
 
-__all__ = ["ModelConfig", "config_from_pbtxt", "config_to_json", "config_to_pbtxt"]
+__all__ = [
+    "ModelConfig",
+    "config_from_pbtxt",
+    "config_to_json",
+    "config_to_pbtxt",
+    "same_apart_from_versions",
+    "serving_versions",
+]
 
 #: The protobuf message class of a Triton model configuration (`inference.ModelConfig`).
 ModelConfig = model_config_pb2.ModelConfig
@@ -60,6 +68,33 @@ def config_to_json(config: ModelConfig) -> str:
     data = json_format.MessageToDict(config, preserving_proto_field_name=True)
     _int64_strings_to_numbers(config.DESCRIPTOR, data)
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def serving_versions(config: ModelConfig, versions: Iterable[int]) -> ModelConfig:
+    """Return a copy of `config` whose version policy serves exactly `versions` (Triton "Model Configuration" ->
+    "Version Policy": `specific { versions: [...] }`); the versions are sorted, duplicates dropped.
+
+    Raises ValueError for an empty list or a version below 1 (Triton version directories are positive numbers).
+    """
+    wanted = sorted(set(versions))
+    if not wanted or wanted[0] < 1:
+        raise ValueError(f"versions must be one or more numbers >= 1, got {wanted}")
+    result = ModelConfig()
+    result.CopyFrom(config)
+    result.version_policy.Clear()
+    result.version_policy.specific.versions.extend(wanted)
+    return result
+
+
+def same_apart_from_versions(first: ModelConfig, second: ModelConfig) -> bool:
+    """Whether two configurations differ at most in their version policy, so one of them can serve the model
+    files of both (e.g. a deployment's configuration of its old and of its new version)."""
+    left, right = ModelConfig(), ModelConfig()
+    left.CopyFrom(first)
+    right.CopyFrom(second)
+    left.ClearField("version_policy")
+    right.ClearField("version_policy")
+    return left == right
 
 
 _INT64_FIELD_TYPES = frozenset(

@@ -22,6 +22,7 @@ from builds.services.pipeline import (
     run_build,
 )
 from builds.services.recovery import collect_repository_garbage, sweep_stalled_versions
+from builds.services.samples import make_version_sample
 from builds.services.submission import queue_build, request_rebuild, submit_upload
 from builds.services.verify_servers import (
     SERVER_ID_INFIX_VERIFY,
@@ -37,6 +38,7 @@ __all__ = [
     "StepLog",
     "collect_repository_garbage",
     "fail_build_after_retries",
+    "make_version_sample",
     "queue_build",
     "request_rebuild",
     "reset_steps",

@@ -37,11 +37,18 @@ class CreateDeploymentSerializer(serializers.Serializer):
 
 
 class UpdateDeploymentSerializer(serializers.Serializer):
-    """PATCH body: any of these; other keys are refused."""
+    """A partial update of a deployment: send only the fields to change; any other field is refused (400)."""
 
-    model_version = serializers.JSONField(required=False, help_text="Id of another built version of the model.")
-    replicas = serializers.JSONField(required=False, help_text="kubernetes: number of pods.")
-    autoscaling = serializers.JSONField(required=False, help_text="kubernetes: new autoscaling bounds.")
+    model_version = serializers.JSONField(
+        required=False,
+        help_text="Id of another built version of the deployment's model: every server loads it, warms it up and "
+        "unloads the old one, without a restart. Progress shows in update_status; a failure in update_error, and "
+        "the deployment keeps serving the old version.",
+    )
+    replicas = serializers.JSONField(required=False, help_text="kubernetes: the number of pods.")
+    autoscaling = serializers.JSONField(
+        required=False, help_text="kubernetes: new autoscaling bounds (replaces fixed replicas)."
+    )
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
@@ -89,6 +96,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "error",
             "last_failure",
             "restart_count",
+            "target_model_version",
+            "update_status",
+            "update_error",
             "endpoints",
             "config_pbtxt",
             "repository_prefix",

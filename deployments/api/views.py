@@ -113,8 +113,10 @@ def _header_length(request: Request) -> int | None:
 
 
 class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
+    """Deployments of your teams. PATCH changes one while it serves; DELETE stops one (its Triton ends, its ports
+    are freed)."""
+
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
-    """Deployments of your teams. DELETE stops one (its Triton ends, its ports are freed)."""
 
     serializer_class = DeploymentSerializer
 
@@ -150,26 +152,19 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     @extend_schema(
         request=UpdateDeploymentSerializer,
         responses={202: DeploymentSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
-        description="Change a running deployment: `replicas` or `autoscaling` bounds (kubernetes; applied to the "
-        "cluster), `model_version` (another built version of the same model, swapped in without a restart).",
+        description="Change a running deployment. `model_version`: move to another built version of the same model "
+        "without restarting a server (update_status goes queued -> updating -> succeeded or failed). `replicas` or "
+        "`autoscaling` (kubernetes): a new pod count or autoscaling bounds, applied to the cluster. Fields that "
+        "cannot be changed are refused with 400 naming them.",
     )
     def partial_update(self, request: Request, pk: str) -> Response:
         deployment = self.get_object()
-        body = request.data if isinstance(request.data, dict) else None
-        if body is None:
-            raise InvalidInput("The body must be a JSON object.", field=None)
-        allowed = set(UpdateDeploymentSerializer().fields)
-        unknown = sorted(set(body) - allowed)
-        if unknown:
-            raise InvalidInput(
-                f"{', '.join(unknown)} cannot be changed; PATCH takes {', '.join(sorted(allowed))}.", field=unknown[0]
-            )
-        if not body:
-            raise InvalidInput(f"Nothing to change; PATCH takes {', '.join(sorted(allowed))}.", field=None)
-        if "replicas" in body or "autoscaling" in body:
-            deployment = services.rescale_deployment(
-                deployment=deployment, replicas=body.get("replicas"), autoscaling=body.get("autoscaling")
-            )
+        if not hasattr(request.data, "keys"):
+            raise InvalidInput("The body must be a JSON object of the fields to change.", field="request")
+        form = UpdateDeploymentSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        changes = {name: request.data[name] for name in request.data.keys()}
+        deployment = services.update_deployment(user=request.user, deployment=deployment, changes=changes)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: DeploymentSerializer})

@@ -1,4 +1,4 @@
-"""Deployment lifecycle: create, start, reconcile, stop, infer; runtime-agnostic.
+"""Deployment lifecycle: create, start, update, reconcile, stop, infer; runtime-agnostic.
 
 A deployment says what to serve (a built model version, pinned to the repository prefix its build wrote), how
 (instances, batching: the effective model configuration) and where (a runtime, see `deployments.runtimes`).
@@ -31,6 +31,13 @@ from deployments.services.records import (
     serving_servers,
     visible_deployments,
 )
+from deployments.services.repository import deployment_repository_prefix, ensure_deployment_repository
+from deployments.services.updates import (
+    ensure_model_version_updated,
+    ensure_servers_serve_current_version,
+    update_deployment,
+    update_model_version,
+)
 
 __all__ = [
     "ENABLED_RUNTIMES",
@@ -40,10 +47,14 @@ __all__ = [
     "describe_cluster",
     "get_cluster",
     "list_clusters",
+    "deployment_repository_prefix",
     "deployment_spec",
     "effective_settings",
     "endpoints",
+    "ensure_deployment_repository",
     "ensure_deployment_started",
+    "ensure_model_version_updated",
+    "ensure_servers_serve_current_version",
     "get_deployment",
     "infer",
     "internal_url",
@@ -55,5 +66,7 @@ __all__ = [
     "restart_backoff_seconds",
     "stop_all_local_servers",
     "stop_deployment",
+    "update_deployment",
+    "update_model_version",
     "visible_deployments",
 ]

@@ -22,21 +22,33 @@ from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import DeploymentSpec, Phase, Runtime
 from deployments.services.records import ENABLED_RUNTIMES, log_tail, queue_task
+from deployments.services.repository import (
+    collect_deployment_repositories,
+    delete_deployment_repository,
+    deployment_repository_prefix,
+    ensure_deployment_repository,
+    served_config,
+)
+from deployments.services.updates import (
+    UPDATES_IN_PROGRESS,
+    ensure_servers_serve_current_version,
+    update_is_stale,
+)
 from models_registry.storage import get_object_store
-from tritonserving.config import config_from_pbtxt, config_to_json
+from tritonserving.config import config_to_json
 
 log = logging.getLogger(__name__)
 
 
 def deployment_spec(deployment: Deployment) -> DeploymentSpec:
-    """What the deployment's runtime should run: its pinned repository and effective configuration."""
+    """What the deployment's runtime should run: its own repository (`ensure_deployment_repository` fills it from
+    the build it pins) and its effective configuration, serving exactly its current version."""
     store = get_object_store()
-    prefix = deployment.repository_prefix or deployment.model_version.repository_prefix
     return DeploymentSpec(
         deployment_id=deployment.pk,
         model_name=deployment.model_name,
-        repository=store.triton_repository_location(prefix),
-        config_json=config_to_json(config_from_pbtxt(deployment.config_pbtxt)),
+        repository=store.triton_repository_location(deployment_repository_prefix(deployment.pk)),
+        config_json=config_to_json(served_config(deployment)),
         instance_count=deployment.instance_count,
         environment=store.triton_environment(),
         team=deployment.team.slug,
@@ -98,6 +110,13 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         spec = deployment_spec(deployment)
         previous_state = deployment.runtime_state
     try:
+        ensure_deployment_repository(deployment=deployment)
+    except ConchError as exc:
+        _record_failure(
+            deployment_id, f"The deployment's model repository could not be written: {exc.detail}", state=None
+        )
+        return DeploymentStatus.FAILED
+    try:
         state = runtime.apply(spec, previous_state)
     except ConchError as exc:
         _record_failure(deployment_id, f"Triton could not be started: {exc.detail}", state=None)
@@ -152,6 +171,7 @@ def _start_observed(deployment_id: int) -> str:
         deployment.save(update_fields=["status", "status_message", "heartbeat_at", "error", "updated_at"])
         spec, previous_state = deployment_spec(deployment), deployment.runtime_state
     try:
+        ensure_deployment_repository(deployment=deployment)
         state = runtime.apply(spec, previous_state)
     except Unavailable as exc:
         Deployment.objects.filter(pk=deployment_id).update(status_message=exc.detail, updated_at=timezone.now())
@@ -203,7 +223,8 @@ def _record_failure(
 
 
 def stop_deployment(*, deployment_id: int) -> None:
-    """Delete a deployment's workload on its runtime (its ports are freed) and mark it `stopped`."""
+    """Delete a deployment's workload on its runtime (its ports are freed) and its own repository, and mark it
+    `stopped`."""
     with transaction.atomic():
         deployment = _locked(deployment_id)
         deployment.desired_state = DesiredState.STOPPED
@@ -214,6 +235,11 @@ def stop_deployment(*, deployment_id: int) -> None:
     if not runtime.manages_here(state):
         return  # the worker host that owns it stops it on its next reconcile
     runtime.delete(state)
+    try:
+        delete_deployment_repository(deployment_id=deployment_id)
+    except ConchError:
+        # Nothing reads it any more; collect_repository_garbage deletes it later.
+        log.warning("deployment.repository.not_deleted", extra={"deployment_id": deployment_id})
     with transaction.atomic():
         deployment = _locked(deployment_id)
         deployment.status = DeploymentStatus.STOPPED
@@ -236,7 +262,9 @@ def reconcile_deployments() -> dict[str, int]:
     - `starting` with a stale heartbeat (the start task died): queue a start, which adopts the running server;
     - `pending` for a while (the start was never queued or got lost): queue a start;
     - `ready`: observe; a workload that is gone or whose model is not ready marks it `failed` with the
-      runtime's message; ready for `CONCH_RESTART_BACKOFF_RESET_SECONDS` resets the restart count;
+      runtime's message; ready for `CONCH_RESTART_BACKOFF_RESET_SECONDS` resets the restart count; a ready
+      server serving another version than the current one is told to load it, and a version update whose
+      task died is queued again;
     - `failed` (not permanent): queue a restart after the backoff (`restart_backoff_seconds`).
     Deployments whose workload belongs to another worker host are left to that host. Then workloads of this
     installation that no running deployment owns (orphans) are deleted. Returns counts of what it did.
@@ -310,6 +338,7 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
             stable = (now - (deployment.ready_at or now)).total_seconds()
             if deployment.restart_count and stable >= settings.CONCH_RESTART_BACKOFF_RESET_SECONDS:
                 Deployment.objects.filter(pk=pk, status=DeploymentStatus.READY).update(restart_count=0)
+            _keep_servers_on_current_version(deployment)
             return None
         if observation.phase == Phase.UNKNOWN:
             return None
@@ -372,6 +401,13 @@ def _reconcile_observed(runtime: Runtime, deployments: list[Deployment], now: da
             else None,
             "pods": [dict(pod) for pod in observation.pods],
         }
+        # A pod that became ready may have read the repository's configuration while a version update ran: have
+        # the new ones serve the current version (an API request only when the ready pods changed).
+        was_ready = {pod["name"] for pod in (deployment.observed or {}).get("pods") or [] if pod.get("ready")}
+        now_ready = {pod["name"] for pod in seen["pods"] if pod["ready"]}
+        serving = status in (DeploymentStatus.READY, DeploymentStatus.DEGRADED)
+        if serving and (now_ready - was_ready or deployment.update_status in UPDATES_IN_PROGRESS):
+            _keep_servers_on_current_version(deployment)
         if (deployment.status, deployment.status_message, deployment.observed) == (status, observation.message, seen):
             continue
         changes = {"status": status, "status_message": observation.message, "observed": seen, "updated_at": now}
@@ -394,6 +430,20 @@ def _reconcile_observed(runtime: Runtime, deployments: list[Deployment], now: da
     return actions
 
 
+def _keep_servers_on_current_version(deployment: Deployment) -> None:
+    """Queue again an update whose task died; otherwise have every ready server serve the current version."""
+    if deployment.update_status in UPDATES_IN_PROGRESS:
+        if update_is_stale(deployment):
+            log.warning("deployment.update.stalled", extra={"deployment_id": deployment.pk})
+            with transaction.atomic():
+                queue_task("deployments.update_model_version", deployment.pk)
+        return
+    try:
+        ensure_servers_serve_current_version(deployment)
+    except ConchError as exc:
+        log.warning("deployment.server_version.unknown", extra={"deployment_id": deployment.pk, "detail": exc.detail})
+
+
 def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
     """Queue a restart of a failed deployment once its backoff has passed, unless the failure is permanent."""
     if deployment.permanent_failure:
@@ -412,13 +462,14 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
 
 def collect_repository_garbage() -> int:
     """Delete repository prefixes of old build attempts that no deployment pins (see
-    `builds.services.collect_repository_garbage`); returns how many prefixes were deleted."""
+    `builds.services.collect_repository_garbage`), and the own repositories of stopped deployments; returns how
+    many prefixes were deleted."""
     pinned = set(
         Deployment.objects.exclude(status=DeploymentStatus.STOPPED)
         .exclude(repository_prefix="")
         .values_list("repository_prefix", flat=True)
     )
-    return builds.collect_repository_garbage(keep=pinned)
+    return builds.collect_repository_garbage(keep=pinned) + collect_deployment_repositories()
 
 
 def stop_all_local_servers() -> int:

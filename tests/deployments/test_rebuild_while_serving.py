@@ -82,11 +82,14 @@ def test_rebuilding_a_deployed_version_fails_no_inference_and_a_restart_serves_t
         time.sleep(0.1)
     with django_capture_on_commit_callbacks(execute=True):
         services.reconcile_deployments()
-    # then it serves again, from the repository it pinned
+    # then it serves again, from its own repository, which holds the files of the build it pinned
     row.refresh_from_db()
     assert row.status == "ready", row.error
     new = LocalServerState.from_state(row.runtime_state)
     [running] = triton_server.find_servers(new.server_id)
-    assert running.repository.endswith(pinned)
+    own = services.deployment_repository_prefix(row.pk)
+    assert running.repository.endswith(own)
+    model_file = f"classifier/{version.number}/model.onnx"
+    assert store.read_bytes(f"{own}/{model_file}") == store.read_bytes(f"{pinned}/{model_file}")
     assert client.infer_numpy("classifier", {"x": x})["fetch_name_0"].shape == (1, 4)
     services.stop_deployment(deployment_id=row.pk)

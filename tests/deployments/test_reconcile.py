@@ -46,6 +46,7 @@ def test_a_start_task_killed_after_spawning_triton_is_adopted_and_ends_ready(
 ):
     # given a deployment whose start task spawned Triton, recorded it, then died (stale heartbeat)
     row = _create(alice, built_classifier, django_capture_on_commit_callbacks, execute=False)
+    services.ensure_deployment_repository(deployment=row)
     state = get_runtime("local").apply(services.deployment_spec(row), {})
     stale = timezone.now() - timedelta(seconds=600)
     Deployment.objects.filter(pk=row.pk).update(status="starting", runtime_state=state, heartbeat_at=stale)

@@ -1,0 +1,127 @@
+"""A deployment's own model repository: the Triton repository its servers read, whatever the runtime.
+
+Layout (Triton "Model Repository"): `deployments/<id>/repository/<model>/config.pbtxt` and `<model>/<N>/...`, the
+files of version N copied (server-side on S3) from the immutable build repository the deployment pins. Its
+`config.pbtxt` is the deployment's effective configuration serving exactly the current version (`version_policy
+{ specific { versions: [N] } }`), so a Triton that starts later (a new pod, a restarted server) loads the current
+version by itself. A hot update (`deployments.services.updates`) adds the next version's files beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from conch.errors import NotFound
+from deployments.choices import DeploymentStatus
+from deployments.models import Deployment
+from models_registry.storage import ObjectStore, get_object_store
+from tritonserving.config import ModelConfig, config_from_pbtxt, config_to_pbtxt, serving_versions
+
+log = logging.getLogger(__name__)
+
+#: Object-store folder under which every deployment's repository lives.
+DEPLOYMENTS_ROOT = "deployments"
+_DEPLOYMENT_FOLDER = re.compile(rf"^{DEPLOYMENTS_ROOT}/([0-9]+)/")
+
+
+def deployment_repository_prefix(deployment_id: int) -> str:
+    """Object-store prefix of deployment `deployment_id`'s own Triton repository."""
+    return f"{DEPLOYMENTS_ROOT}/{deployment_id}/repository"
+
+
+def served_config(deployment: Deployment) -> ModelConfig:
+    """The deployment's effective configuration, serving exactly its current version."""
+    return serving_versions(config_from_pbtxt(deployment.config_pbtxt), [deployment.model_version.number])
+
+
+def copy_version_files(
+    store: ObjectStore, *, build_prefix: str, model_name: str, number: int, deployment_id: int
+) -> int:
+    """Copy version `number`'s files (`<model>/<number>/...`) of the build repository at `build_prefix` into the
+    deployment's repository; returns how many were copied. Files already there are kept: both sides are written
+    once per key (builds are immutable), so a copy interrupted half-way is finished by the next call.
+
+    Raises NotFound when the build has no files for that version, Unavailable.
+    """
+    source = f"{build_prefix}/{model_name}/{number}/"
+    target = f"{deployment_repository_prefix(deployment_id)}/{model_name}/{number}/"
+    keys = store.list_keys(source)
+    if not keys:
+        raise NotFound(f"The build repository {build_prefix!r} holds no files of version {number}.")
+    copied = 0
+    for key in keys:
+        destination = target + key[len(source) :]
+        if store.exists(destination):
+            continue
+        store.copy(key, destination)
+        copied += 1
+    return copied
+
+
+def write_repository_config(store: ObjectStore, *, deployment_id: int, config: ModelConfig) -> None:
+    """Write `config` as the `config.pbtxt` of the deployment's repository (model `config.name`)."""
+    key = f"{deployment_repository_prefix(deployment_id)}/{config.name}/config.pbtxt"
+    store.put_bytes(key, config_to_pbtxt(config).encode())
+
+
+def remove_other_versions(store: ObjectStore, *, deployment_id: int, model_name: str, keep: set[int]) -> int:
+    """Delete the version folders of the deployment's repository other than `keep`; returns how many went.
+
+    Only for versions no server loads any more (Triton "Modifying the Model Repository": a version's files may
+    change only while it is not loading or unloading).
+    """
+    model_prefix = f"{deployment_repository_prefix(deployment_id)}/{model_name}/"
+    present = {key[len(model_prefix) :].split("/", 1)[0] for key in store.list_keys(model_prefix)}
+    removed = 0
+    for folder in sorted(present):
+        if folder.isdigit() and int(folder) not in keep:
+            store.delete_prefix(f"{model_prefix}{folder}/")
+            removed += 1
+    return removed
+
+
+def ensure_deployment_repository(*, deployment: Deployment) -> None:
+    """Fill the deployment's repository with its current version and its `config.pbtxt`; idempotent.
+
+    Reads the files of the build the deployment pins (`repository_prefix`). Raises NotFound, Unavailable.
+    """
+    store = get_object_store()
+    version = deployment.model_version
+    copy_version_files(
+        store,
+        build_prefix=deployment.repository_prefix or version.repository_prefix,
+        model_name=deployment.model_name,
+        number=version.number,
+        deployment_id=deployment.pk,
+    )
+    write_repository_config(store, deployment_id=deployment.pk, config=served_config(deployment))
+
+
+def has_deployment_repository(deployment: Deployment) -> bool:
+    """Whether the deployment's repository holds its `config.pbtxt` (deployments started before deployments had
+    their own repository serve straight from their build's)."""
+    key = f"{deployment_repository_prefix(deployment.pk)}/{deployment.model_name}/config.pbtxt"
+    return get_object_store().exists(key)
+
+
+def delete_deployment_repository(*, deployment_id: int) -> int:
+    """Delete the deployment's repository; returns how many objects went. Raises Unavailable."""
+    return get_object_store().delete_prefix(f"{DEPLOYMENTS_ROOT}/{deployment_id}/")
+
+
+def collect_deployment_repositories() -> int:
+    """Delete the repositories of stopped (or deleted) deployments; returns how many repositories went."""
+    store = get_object_store()
+    found = {
+        int(match.group(1))
+        for key in store.list_keys(DEPLOYMENTS_ROOT + "/")
+        if (match := _DEPLOYMENT_FOLDER.match(key))
+    }
+    active = set(
+        Deployment.objects.filter(pk__in=found).exclude(status=DeploymentStatus.STOPPED).values_list("pk", flat=True)
+    )
+    for deployment_id in sorted(found - active):
+        delete_deployment_repository(deployment_id=deployment_id)
+        log.info("deployment.repository.collected", extra={"deployment_id": deployment_id})
+    return len(found - active)
