@@ -6,20 +6,25 @@ Everything goes through Conch's REST API and services; reconcile is called the w
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pytest
 from kubernetes import client as k8s
 
+from builds.model_config import BuildOptions
 from conch.errors import Unavailable
 from deployments.models import Deployment
+from deployments.observe import scrape_deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.kubernetes import api as kube_api
 from deployments.services import reconcile_deployments
 from deployments.services.clusters import register_cluster
 from tests import real_models
 from tests.deployments.conftest import write_built_version
+from tests.tiny_models import add_constant
+from tritonserving.client import TritonClient
 
 pytestmark = [pytest.mark.kube, pytest.mark.e2e]
 
@@ -36,10 +41,7 @@ def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
     return kube_cluster
 
 
-def classifier_request() -> dict:
-    """One image for the test classifier (input `x`, FP32 [1, 3, 224, 224])."""
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
-    return {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+ADDER_REQUEST = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.5, 0.5, 0.5, 0.5]}]}
 
 
 def _create(caller, capture, version, **extra) -> dict:
@@ -82,24 +84,36 @@ def _pod_uids(kube_cluster, deployment_id: int) -> dict[str, str]:
     return {pod.metadata.name: pod.metadata.uid for pod in pods if pod.metadata.deletion_timestamp is None}
 
 
-def test_deploy_two_replicas_serve_scale_to_three_and_delete_leaves_nothing(
-    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+def test_two_replicas_serve_scale_to_three_hot_update_under_load_and_delete_leaves_nothing(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, tmp_path
 ):
     capture = django_capture_on_commit_callbacks
-    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    v1, v2 = (
+        write_built_version(
+            alice.team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions(max_batch_size=4)
+        )
+        for n in (1, 2)
+    )
     # when a kubernetes deployment with 2 replicas is created
-    created = _create(alice, capture, version, replicas=2)
+    created = _create(alice, capture, v1, replicas=2)
     assert created["runtime"] == "kubernetes" and created["cluster"] == "local"
     ready = _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture)
     # then both pods run Triton and are ready, in words too
     assert ready["replicas"] == {"desired": 2, "ready": 2}
     assert ready["status_message"] == "ready 2/2"
     assert len(ready["pods"]) == 2 and all(p["ready"] and p["node"] for p in ready["pods"])
-    # and inferences through Conch are answered by the pods
-    request = classifier_request()
+    # and inferences through Conch are answered by the pods, in turn
     for _ in range(4):
-        answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", request, format="json")
+        answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", ADDER_REQUEST, format="json")
         assert answer.status_code == 200, answer.content
+        assert answer.json()["outputs"][0]["data"] == [1.5, 1.5, 1.5, 1.5]
+    # and each pod's metrics are scraped, summed per deployment and broken down by pod
+    row = Deployment.objects.get(pk=created["id"])
+    assert scrape_deployment(deployment=row) >= 2
+    time.sleep(1.1)
+    assert scrape_deployment(deployment=row) >= 2
+    summary = alice.client.get(f"/api/v1/deployments/{created['id']}/metrics/?window=60").json()
+    assert {server["server"] for server in summary["servers"]} == {pod["name"] for pod in ready["pods"]}
     # scaling to 3 adds a pod and keeps the two
     before = _pod_uids(k8s_env, created["id"])
     with capture(execute=True):
@@ -113,13 +127,47 @@ def test_deploy_two_replicas_serve_scale_to_three_and_delete_leaves_nothing(
     )
     assert len(scaled["pods"]) == 3
     assert set(before.items()) <= set(_pod_uids(k8s_env, created["id"]).items())
+    # when version 2 is swapped in while a client sends inferences to every pod in turn
+    row.refresh_from_db()
+    uids, processes = _pod_uids(k8s_env, created["id"]), sorted(k8s_env.kubelet.running_processes())
+    runtime = get_runtime("kubernetes")
+    answers: list[object] = []
+    stop = threading.Event()
+
+    def keep_inferring() -> None:
+        x = np.full((1, 4), 0.5, dtype=np.float32)
+        while not stop.is_set():
+            try:
+                with TritonClient(runtime.internal_url(row.runtime_state), timeout_s=30) as client:
+                    answers.append(float(client.infer_numpy("adder", {"x": x})["y"][0, 0]))
+            except Exception as exc:  # noqa: BLE001 - any failure is what the test counts
+                answers.append(f"{type(exc).__name__}: {exc}")
+
+    sender = threading.Thread(target=keep_inferring, daemon=True)
+    sender.start()
+    time.sleep(0.5)
+    with capture(execute=True):
+        updated = alice.client.patch(f"/api/v1/deployments/{created['id']}/", {"model_version": v2.pk}, format="json")
+    time.sleep(0.5)
+    stop.set()
+    sender.join(timeout=60)
+    # then no request failed, every pod serves version 2, and no pod restarted
+    assert updated.status_code == 202, updated.content
+    failures = [a for a in answers if not isinstance(a, float)]
+    assert failures == [] and len(answers) > 10
+    assert answers[0] == 1.5 and answers[-1] == 2.5
+    shown = alice.client.get(f"/api/v1/deployments/{created['id']}/").json()
+    assert (shown["update_status"], shown["model_version"]) == ("succeeded", v2.pk), shown["update_error"]
+    assert _pod_uids(k8s_env, created["id"]) == uids
+    assert sorted(k8s_env.kubelet.running_processes()) == processes
+    for server in runtime.servers(row.runtime_state):
+        with TritonClient(server.http_url, timeout_s=10, api_key=server.api_key) as admin:
+            assert admin.ready_versions("adder") == {2}
     # when it is deleted, nothing with its labels is left in the namespace
     with capture(execute=True):
         assert alice.client.delete(f"/api/v1/deployments/{created['id']}/").status_code == 202
-    state = Deployment.objects.get(pk=created["id"]).runtime_state
-    runtime = get_runtime("kubernetes")
     deadline = time.monotonic() + 60
-    while (left := runtime.leftovers(state)) and time.monotonic() < deadline:
+    while (left := runtime.leftovers(row.runtime_state)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == {}
     assert Deployment.objects.get(pk=created["id"]).status == "stopped"
@@ -158,20 +206,19 @@ def test_more_gpus_than_a_node_has_is_refused_and_unschedulable_is_worded(
 
 
 def test_a_triton_that_exits_at_once_is_failed_with_its_termination_message(
-    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, s3_client
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
 ):
     capture = django_capture_on_commit_callbacks
     version = write_built_version(alice.team, "classifier", real_models.classifier())
-    # a repository Triton refuses at start (config names a missing backend): --load-model fails, Triton exits
+    # a model file Triton cannot read: --load-model fails and Triton exits at once, again after every restart
     from models_registry.storage import get_object_store
 
-    store = get_object_store()
-    store.put_bytes(f"{version.repository_prefix}/classifier/config.pbtxt", b'name: "classifier"\nbackend: "nope"\n')
+    get_object_store().put_bytes(f"{version.repository_prefix}/classifier/{version.number}/model.onnx", b"not onnx")
     created = _create(alice, capture, version, name="crash", replicas=1)
     seen = _reconcile_until(alice, created["id"], lambda d: d["status"] == "failed", capture=capture, timeout_s=90)
     assert "Triton keeps exiting" in seen["status_message"] or "exit code" in seen["status_message"]
     assert seen["pods"][0]["restarts"] >= 1
-    assert any("nope" in line for line in seen["log_tail"]), seen["log_tail"]
+    assert any("classifier" in line for line in seen["log_tail"]), seen["log_tail"]
 
 
 def test_api_server_down_and_back_recovers_without_duplicates(
