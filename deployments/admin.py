@@ -4,12 +4,12 @@ from django.contrib import admin
 from conch.crypto import encrypt_text
 from conch.errors import InvalidInput
 from deployments.models import Cluster, Deployment
-from deployments.services.clusters import parse_kubeconfig
+from deployments.services.clusters import describe_cluster, image_mismatch, parse_kubeconfig
 
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
-    list_display = ["name", "team", "model_version", "runtime", "status", "desired_state", "restart_count"]
+    list_display = ["name", "team", "model_version", "runtime", "cluster", "status", "desired_state", "restart_count"]
     list_filter = ["status", "runtime", "team"]
     readonly_fields = ["runtime_state", "repository_prefix", "heartbeat_at"]
 
@@ -49,13 +49,33 @@ class ClusterAdmin(admin.ModelAdmin):
 
     form = ClusterForm
     list_display = ["name", "namespace", "in_cluster", "triton_image", "updated_at"]
-    readonly_fields = ["credentials", "created_at", "updated_at"]
+    readonly_fields = ["credentials", "offers", "triton_release", "created_at", "updated_at"]
 
     @admin.display(description="Stored credentials")
     def credentials(self, cluster: Cluster) -> str:
         if cluster.in_cluster:
             return "the service account of the pod Conch runs in"
         return "a kubeconfig, encrypted (never shown)" if cluster.kubeconfig_encrypted else "none"
+
+    @admin.display(description="GPUs offered (from the cluster's Nodes)")
+    def offers(self, cluster: Cluster) -> str:
+        if not cluster.pk:
+            return "-"
+        seen = describe_cluster(cluster)
+        if seen["gpu_offers"] is None:
+            return f"cannot ask the cluster: {seen['error']}"
+        return (
+            "; ".join(
+                f"{o['product'] or 'unlabelled'}: {o['resource']}, up to {o['most_on_one_node']} on a node "
+                f"({o['total']} on {o['nodes']} nodes)"
+                for o in seen["gpu_offers"]
+            )
+            or "no GPUs on any schedulable node"
+        )
+
+    @admin.display(description="Triton release")
+    def triton_release(self, cluster: Cluster) -> str:
+        return image_mismatch(cluster.triton_image) or "the release builds are verified with"
 
     def save_model(self, request, obj: Cluster, form: ClusterForm, change: bool) -> None:
         kubeconfig = form.cleaned_data.get("kubeconfig")

@@ -165,3 +165,14 @@ def test_secrets_encrypted_with_a_retired_key_still_open_and_a_foreign_key_is_re
     settings.CONCH_FIELD_ENCRYPTION_KEYS = [new]
     with pytest.raises(SecretUnreadable, match="register the secret again"):
         decrypt_text(token)
+
+
+def test_triton_release_of_ngc_images_and_the_mismatch_sentence():
+    from deployments.services.clusters import image_mismatch, triton_release_of_image
+
+    assert triton_release_of_image("nvcr.io/nvidia/tritonserver:24.10-py3") == "2.51"
+    assert triton_release_of_image("nvcr.io/nvidia/tritonserver:25.01-py3") == "2.54"
+    assert triton_release_of_image("nvcr.io/nvidia/tritonserver:23.10-py3") == "2.39"
+    assert triton_release_of_image("example.com/triton:latest") is None
+    assert image_mismatch("nvcr.io/nvidia/tritonserver:24.10-py3") == ""
+    assert "Triton 2.54" in image_mismatch("nvcr.io/nvidia/tritonserver:25.01-py3")

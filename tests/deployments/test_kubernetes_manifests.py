@@ -23,6 +23,7 @@ from deployments.runtimes.kubernetes.manifests import (
     labels,
     object_name,
     pdb_manifest,
+    pod_monitor_manifest,
     s3_secret_manifest,
     service_manifest,
 )
@@ -65,8 +66,9 @@ def _all_manifests(spec: TritonPodSpec) -> list[dict]:
         dataclasses.replace(SPEC, gpu=GpuRequest(mig_profile="1g.10gb", product="NVIDIA-A100-SXM4-40GB")),
         dataclasses.replace(SPEC, gpu=None, replicas=1),
         dataclasses.replace(SPEC, autoscaling=Autoscaling(min_replicas=2, max_replicas=6, target_queue_time_us=2000)),
+        dataclasses.replace(SPEC, autoscaling=Autoscaling(min_replicas=1, max_replicas=3, target_cpu_percent=70)),
     ],
-    ids=["gpu", "mig", "cpu", "autoscaling"],
+    ids=["gpu", "mig", "cpu", "autoscaling", "autoscaling-cpu"],
 )
 def test_every_manifest_is_valid_in_strict_mode_for_every_kubernetes_minor(spec, version):
     for manifest in _all_manifests(spec):
@@ -232,3 +234,23 @@ def test_values_no_cluster_could_run_are_refused_naming_the_field(change, field)
     with pytest.raises(InvalidInput) as caught:
         deployment_manifest(dataclasses.replace(SPEC, **change))
     assert caught.value.field == field
+
+
+def test_cpu_autoscaling_targets_utilization_and_needs_exactly_one_target():
+    spec = dataclasses.replace(SPEC, autoscaling=Autoscaling(min_replicas=1, max_replicas=3, target_cpu_percent=70))
+    metric = hpa_manifest(spec)["spec"]["metrics"][0]
+    assert metric == {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+    }
+    both = Autoscaling(min_replicas=1, max_replicas=3, target_cpu_percent=70, target_queue_time_us=10)
+    with pytest.raises(InvalidInput):
+        hpa_manifest(dataclasses.replace(SPEC, autoscaling=both))
+
+
+def test_pod_monitor_scrapes_the_metrics_port_of_the_deployments_pods():
+    monitor = pod_monitor_manifest(SPEC)
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["selector"]["matchLabels"] == deployment_manifest(SPEC)["spec"]["selector"]["matchLabels"]
+    assert monitor["metadata"]["labels"] == labels(SPEC)

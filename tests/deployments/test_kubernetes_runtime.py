@@ -250,6 +250,7 @@ def test_api_server_down_and_back_recovers_without_duplicates(
 def conflicting_proxy(k8s_env):
     """An HTTP proxy in front of the test API server that answers the first PATCH of a Deployment with a real
     409 Conflict Status (as an API server does when an object changed under a writer), then forwards everything."""
+    import base64
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -259,8 +260,8 @@ def conflicting_proxy(k8s_env):
     config = json.loads(open(k8s_env.kubeconfig_path).read())
     upstream = config["clusters"][0]["cluster"]["server"]
     token = config["users"][0]["user"]["token"]
-    ca = config["clusters"][0]["cluster"].get("certificate-authority")
-    pool = urllib3.PoolManager(ca_certs=ca) if ca else urllib3.PoolManager(cert_reqs="CERT_NONE")
+    ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+    pool = urllib3.PoolManager(ca_cert_data=ca)
     seen = {"conflicts": 0, "patches": 0}
 
     class Handler(BaseHTTPRequestHandler):
@@ -367,3 +368,59 @@ def test_unreachable_cluster_is_unavailable_not_a_crash(alice, k8s_env):
             runtime.servers({"cluster": "local", "namespace": "conch", "name": "x", "deployment_id": 1})
     finally:
         k8s_env.start_apiserver()
+
+
+def _listed(client, api_version: str, kind: str, selector: str) -> list[dict]:
+    """Objects of a kind the typed client no longer has (v2beta2, v1beta1), through the dynamic client."""
+    from kubernetes.dynamic import DynamicClient
+
+    resource = DynamicClient(client).resources.get(api_version=api_version, kind=kind)
+    return resource.get(namespace="conch", label_selector=selector).to_dict()["items"]
+
+
+def test_autoscaling_applies_the_servers_hpa_and_pdb_versions_and_fixed_replicas_remove_them(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    scaling = {"min_replicas": 2, "max_replicas": 4, "target_queue_time_us": 2000}
+    created = _create(alice, capture, version, name="auto", autoscaling=scaling)
+    assert created["autoscaling"] == scaling
+    selector = f"conch.io/deployment={created['id']}"
+    client = k8s_env.api_client()
+    # the 1.20 test server offers autoscaling/v2beta2 and policy/v1beta1: discovery picks those
+    hpas = _listed(client, "autoscaling/v2beta2", "HorizontalPodAutoscaler", selector)
+    assert [(h["spec"]["minReplicas"], h["spec"]["maxReplicas"]) for h in hpas] == [(2, 4)]
+    assert hpas[0]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "triton_queue_time_per_request_us"
+    assert len(_listed(client, "policy/v1beta1", "PodDisruptionBudget", selector)) == 1
+    # bad bounds in a PATCH name the field; fixed replicas replace autoscaling and remove the HPA and the PDB
+    bad = alice.client.patch(
+        f"/api/v1/deployments/{created['id']}/",
+        {"autoscaling": {"min_replicas": 0, "max_replicas": 2, "target_queue_time_us": 5}},
+        format="json",
+    )
+    assert bad.status_code == 400 and bad.json()["field"] == "autoscaling.min_replicas"
+    with capture(execute=True):
+        patched = alice.client.patch(f"/api/v1/deployments/{created['id']}/", {"replicas": 1}, format="json")
+    assert patched.status_code == 202, patched.content
+    assert patched.json()["autoscaling"] is None
+    assert _listed(client, "autoscaling/v2beta2", "HorizontalPodAutoscaler", selector) == []
+    assert _listed(client, "policy/v1beta1", "PodDisruptionBudget", selector) == []
+    apps = k8s.AppsV1Api(client)
+    assert apps.list_namespaced_deployment("conch", label_selector=selector).items[0].spec.replicas == 1
+    with capture(execute=True):
+        alice.client.delete(f"/api/v1/deployments/{created['id']}/")
+
+
+def test_clusters_api_shows_gpu_offers_and_the_triton_release_check(alice, k8s_env):
+    listed = alice.client.get("/api/v1/clusters/")
+    assert listed.status_code == 200
+    (local,) = [c for c in listed.json() if c["name"] == "local"]
+    assert local["namespace"] == "conch"
+    assert local["triton_release"] == local["verified_triton_release"] == "2.51"
+    assert local["image_mismatch"] == ""
+    offers = {(o["product"], o["resource"]): o for o in local["gpu_offers"]}
+    assert offers[("NVIDIA-A10", "nvidia.com/gpu")]["most_on_one_node"] == 2
+    assert offers[("NVIDIA-A100-SXM4-40GB", "nvidia.com/mig-1g.10gb")]["mig_profile"] == "1g.10gb"
+    assert "kubeconfig" not in str(listed.json())
+    assert alice.client.get("/api/v1/clusters/nowhere/").status_code == 404

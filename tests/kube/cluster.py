@@ -19,6 +19,7 @@ stops everything on Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import datetime
 import ipaddress
@@ -465,7 +466,14 @@ class Cluster:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": "conch-test", "cluster": {"server": self.server_url, "certificate-authority": str(ca_path)}}
+                {
+                    "name": "conch-test",
+                    # The CA inline (not a path): the kubeconfig works wherever it is copied or registered from.
+                    "cluster": {
+                        "server": self.server_url,
+                        "certificate-authority-data": base64.b64encode(ca_path.read_bytes()).decode(),
+                    },
+                }
             ],
             "users": [{"name": "admin", "user": {"token": self.token}}],
             "contexts": [
