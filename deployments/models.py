@@ -20,7 +20,7 @@ class Cluster(models.Model):
     `context` picks one of its contexts (empty: its current context). With `in_cluster`, Conch uses the service
     account of the pod it runs in instead. Pods read the model repository through `s3_endpoint` (as the pods see
     it; empty: Conch's own) with the credentials in Secret `s3_secret_name` (empty: Conch writes one per
-    deployment).
+    deployment), or as service account `pod_service_account` with no credentials from Conch.
     """
 
     name = models.SlugField(max_length=63, unique=True)
@@ -32,6 +32,9 @@ class Cluster(models.Model):
     image_pull_secrets = models.JSONField(default=list, blank=True)
     s3_endpoint = models.CharField(max_length=300, blank=True)
     s3_secret_name = models.CharField(max_length=253, blank=True)
+    # Or: the service account pods run as, whose identity the object store trusts (e.g. IAM roles for service
+    # accounts); pods then get no credentials from Conch.
+    pod_service_account = models.CharField(max_length=253, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

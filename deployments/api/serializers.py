@@ -56,7 +56,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_version.model.name", read_only=True)
     model_version_number = serializers.IntegerField(source="model_version.number", read_only=True)
     endpoints = serializers.SerializerMethodField()
-    log_tail = serializers.SerializerMethodField()
+    log_tail = serializers.SerializerMethodField(
+        help_text="Triton's last log lines (for kubernetes, of the pod in most trouble, read through the cluster's "
+        "API: only on a single deployment's GET, not in lists)."
+    )
     cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
     replicas = serializers.SerializerMethodField(
         help_text="kubernetes: pods wanted and ready, as last observed ({desired, ready}); null for local."
@@ -131,4 +134,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return effective_settings(obj)
 
     def get_log_tail(self, obj: Deployment) -> list[str]:
+        view = self.context.get("view")
+        if obj.runtime != "local" and getattr(view, "action", None) == "list":
+            return []  # two API requests per deployment: only for one deployment at a time
         return log_tail(obj)

@@ -102,12 +102,14 @@ def register_cluster(
     image_pull_secrets: Sequence[str] = (),
     s3_endpoint: str = "",
     s3_secret_name: str = "",
+    pod_service_account: str = "",
 ) -> tuple[Cluster, bool]:
     """Register cluster `name`, or update it when it exists; returns (cluster, created).
 
     Exactly one of `kubeconfig` (YAML text) and `in_cluster` gives the credentials. `namespace` is where
     deployments' objects go (a DNS label). Raises InvalidInput naming the field: `name`, `namespace`,
-    `kubeconfig`, `context`, `image_pull_secrets`, `s3_secret_name`.
+    `kubeconfig`, `context`, `image_pull_secrets`, `s3_secret_name`, `pod_service_account` (pods read the
+    store with that service account's identity and get no credentials from Conch).
     """
     if not _DNS_LABEL.fullmatch(name or "") or len(name) > 63:
         raise InvalidInput("A cluster name is a DNS label: lowercase letters, digits and '-'.", field="name")
@@ -121,10 +123,14 @@ def register_cluster(
             "Give either a kubeconfig or in_cluster (Conch's own service account), not both or neither.",
             field="kubeconfig",
         )
-    for field, values in (("image_pull_secrets", list(image_pull_secrets)), ("s3_secret_name", [s3_secret_name])):
+    for field, values in (
+        ("image_pull_secrets", list(image_pull_secrets)),
+        ("s3_secret_name", [s3_secret_name]),
+        ("pod_service_account", [pod_service_account]),
+    ):
         for value in values:
             if value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):
-                raise InvalidInput(f"{value!r} is not a Kubernetes Secret name.", field=field)
+                raise InvalidInput(f"{value!r} is not a Kubernetes object name.", field=field)
     encrypted = ""
     if kubeconfig:
         parse_kubeconfig(kubeconfig, context=context)
@@ -140,6 +146,7 @@ def register_cluster(
             "image_pull_secrets": list(image_pull_secrets),
             "s3_endpoint": s3_endpoint,
             "s3_secret_name": s3_secret_name,
+            "pod_service_account": pod_service_account,
         },
     )
     log.info("cluster.registered", extra={"cluster": name, "new_cluster": created})

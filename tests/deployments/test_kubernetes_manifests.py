@@ -254,3 +254,17 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_deployments_pods():
     assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
     assert monitor["spec"]["selector"]["matchLabels"] == deployment_manifest(SPEC)["spec"]["selector"]["matchLabels"]
     assert monitor["metadata"]["labels"] == labels(SPEC)
+
+
+@pytest.mark.parametrize("version", [VERSIONS[0], VERSIONS[-1]])
+def test_pods_may_read_the_store_as_a_service_account_without_credentials(version):
+    spec = dataclasses.replace(
+        SPEC, s3_secret_name="", service_account="triton-reader", environment={"AWS_DEFAULT_REGION": "eu-west-1"}
+    )
+    manifest = deployment_manifest(spec)
+    kubernetes_validate.validate(manifest, version, strict=True)
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "triton-reader"
+    container = pod["containers"][0]
+    assert "envFrom" not in container
+    assert {"name": "AWS_DEFAULT_REGION", "value": "eu-west-1"} in container["env"]

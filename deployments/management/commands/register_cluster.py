@@ -27,6 +27,11 @@ class Command(BaseCommand):
         parser.add_argument("--image-pull-secret", action="append", default=[], help="Image pull Secret (repeatable).")
         parser.add_argument("--s3-endpoint", default="", help="Object-store URL as pods reach it.")
         parser.add_argument("--s3-secret", default="", help="Existing Secret with the pods' S3 credentials.")
+        parser.add_argument(
+            "--service-account",
+            default="",
+            help="Service account the pods run as, whose identity the object store trusts (no S3 Secret then).",
+        )
 
     def handle(self, *args, **options):
         kubeconfig = None
@@ -46,6 +51,7 @@ class Command(BaseCommand):
                 image_pull_secrets=options["image_pull_secret"],
                 s3_endpoint=options["s3_endpoint"],
                 s3_secret_name=options["s3_secret"],
+                pod_service_account=options["service_account"],
             )
         except ConchError as error:
             raise CommandError(f"{error.detail} ({error.field})" if error.field else error.detail) from None

@@ -76,6 +76,7 @@ class ClusterAccess:
     image_pull_secrets: tuple[str, ...] = ()
     s3_endpoint: str = ""
     s3_secret_name: str = ""
+    pod_service_account: str = ""
     fingerprint: str = field(default="", compare=False)
 
 

@@ -33,6 +33,7 @@ def access_of(cluster: Cluster) -> ClusterAccess:
         image_pull_secrets=tuple(cluster.image_pull_secrets or ()),
         s3_endpoint=cluster.s3_endpoint,
         s3_secret_name=cluster.s3_secret_name,
+        pod_service_account=cluster.pod_service_account,
         fingerprint=fingerprint,
     )
 

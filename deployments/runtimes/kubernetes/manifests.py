@@ -101,7 +101,8 @@ class TritonPodSpec:
     """Plain data from which every manifest of one Kubernetes deployment is built.
 
     `repository` is the `s3://…` model repository the pods read (Triton "Cloud Storage"); `s3_secret_name` the
-    Secret holding `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_DEFAULT_REGION` for it. `cpu` and
+    Secret holding `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_DEFAULT_REGION` for it ("" when the pods'
+    `service_account` carries an identity the store trusts instead). `cpu` and
     `memory` are Kubernetes quantities ("2", "500m", "8Gi"); `shm_size` the size limit of `/dev/shm`.
     """
 
@@ -121,6 +122,9 @@ class TritonPodSpec:
     image_pull_secrets: tuple[str, ...] = ()
     autoscaling: Autoscaling | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    #: The pods' service account ("" = the namespace's default) and literal environment variables.
+    service_account: str = ""
+    environment: Mapping[str, str] = field(default_factory=dict)
 
 
 def dns_label(text: str, *, max_length: int = _MAX_NAME) -> str:
@@ -276,8 +280,9 @@ def deployment_manifest(spec: TritonPodSpec) -> dict[str, Any]:
                         "name": API_KEY_ENV,
                         "valueFrom": {"secretKeyRef": {"name": f"{name}-api-key", "key": API_KEY_SECRET_KEY}},
                     },
+                    *({"name": key, "value": value} for key, value in sorted(spec.environment.items())),
                 ],
-                "envFrom": [{"secretRef": {"name": spec.s3_secret_name}}],
+                **({"envFrom": [{"secretRef": {"name": spec.s3_secret_name}}]} if spec.s3_secret_name else {}),
                 "ports": [
                     {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
                     {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -313,6 +318,8 @@ def deployment_manifest(spec: TritonPodSpec) -> dict[str, Any]:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
         if spec.gpu.product:
             pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: spec.gpu.product}
+    if spec.service_account:
+        pod_spec["serviceAccountName"] = spec.service_account
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": secret} for secret in spec.image_pull_secrets]
     manifest: dict[str, Any] = {

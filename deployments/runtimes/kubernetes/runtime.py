@@ -163,8 +163,18 @@ class KubernetesRuntime(Runtime):
             autoscaling=scaling,
             extra_labels={INSTALLATION_LABEL: self.installation()},
         )
-        secret = access.s3_secret_name or f"{manifests.object_name(base)}-s3"
-        return manifests.TritonPodSpec(**{**base.__dict__, "s3_secret_name": secret})
+        if access.s3_secret_name or not access.pod_service_account:
+            secret = access.s3_secret_name or f"{manifests.object_name(base)}-s3"
+            return manifests.TritonPodSpec(**{**base.__dict__, "s3_secret_name": secret})
+        # The service account's identity reads the store: no credentials, only the region.
+        region = dict(spec.environment).get("AWS_DEFAULT_REGION", "us-east-1")
+        return manifests.TritonPodSpec(
+            **{
+                **base.__dict__,
+                "service_account": access.pod_service_account,
+                "environment": {"AWS_DEFAULT_REGION": region},
+            }
+        )
 
     # --- Runtime -----------------------------------------------------------------------------------------------
 
@@ -189,7 +199,7 @@ class KubernetesRuntime(Runtime):
         }
         versions = api.versions()
         wanted = [manifests.api_key_secret_manifest(pod, self.api_key(new_state))]
-        if not access.s3_secret_name:
+        if not access.s3_secret_name and not access.pod_service_account:
             environment = dict(spec.environment)
             wanted.append(
                 manifests.s3_secret_manifest(
