@@ -87,6 +87,11 @@ class TritonUnavailable(Unavailable):
     """Triton could not be reached, did not answer in time, or said it is unavailable (retry later)."""
 
 
+class TritonUnreachable(TritonUnavailable):
+    """No connection to Triton could be opened (refused, no route, connect timeout): nothing was sent, so the
+    request may safely go to another server."""
+
+
 class TritonRequestError(InvalidInput):
     """Triton rejected a request or the model failed on it.
 
@@ -467,12 +472,18 @@ class TritonClient:
     def _post(
         self, path: str, body: bytes, headers: Mapping[str, str], *, action: str
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """POST `body` to `path` on a fresh connection; return (status, headers, body). Raises `TritonUnavailable`.
+        """POST `body` to `path` on a fresh connection; return (status, headers, body). Raises `TritonUnreachable`
+        when no connection opens (nothing sent), `TritonUnavailable` when it fails after that.
 
         tritonclient has no call that sends a request body as is, so this one speaks HTTP/1.1 itself.
         """
         connection_class = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
         connection = connection_class(self._address, timeout=self.timeout_s)
+        try:
+            connection.connect()
+        except OSError as exc:
+            connection.close()
+            raise TritonUnreachable(f"Triton at {self.http_url} cannot be reached while {action}: {exc}") from None
         try:
             connection.request("POST", path, body=body, headers=dict(headers))
             response = connection.getresponse()

@@ -150,6 +150,11 @@ class Runtime(abc.ABC):
         list per cluster) override it."""
         return {spec.deployment_id: self.observe(spec, state) for spec, state in items}
 
+    def forget_server(self, state: RuntimeState, server_url: str) -> None:
+        """A server of `state` at `server_url` did not answer: drop what is cached about it (runtimes that route
+        among several servers list them again). A no-op by default."""
+        return None
+
     @abc.abstractmethod
     def apply(self, spec: DeploymentSpec, state: RuntimeState) -> RuntimeState:
         """Create (or adopt) the workload that serves `spec` and return the state to store; returns at once.

@@ -7,10 +7,13 @@ import logging
 from conch.errors import Conflict, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
-from deployments.services.records import internal_url
-from tritonserving.client import InferenceResponse, TritonClient
+from deployments.runtimes import get_runtime
+from tritonserving.client import InferenceResponse, TritonClient, TritonUnreachable
 
 log = logging.getLogger(__name__)
+
+#: How many servers one request may be tried on when the first cannot be reached.
+MAX_SERVERS_TRIED = 3
 
 
 def infer(*, deployment: Deployment, body: bytes, header_length: int | None = None) -> InferenceResponse:
@@ -20,12 +23,25 @@ def infer(*, deployment: Deployment, body: bytes, header_length: int | None = No
     binary tensor data. Returns Triton's response as Triton wrote it (`InferenceResponse`). Raises Conflict when
     the deployment is not ready, InvalidInput naming the field or tensor at fault (Triton's own message when
     Triton rejects the request), Unavailable when Triton cannot be reached. A deployment with several Tritons
-    (Kubernetes pods) has each request sent to the next ready one (round-robin).
+    (Kubernetes pods) has each request sent to the next ready one (round-robin); a server that cannot be reached
+    (nothing was sent) is left out and the request goes to the next one, up to `MAX_SERVERS_TRIED` servers.
     """
     if deployment.status not in (DeploymentStatus.READY, DeploymentStatus.DEGRADED):
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
-    url = internal_url(deployment)
-    if not url:
-        raise Unavailable(f"Deployment {deployment.pk} has no ready Triton right now; retry in a few seconds.")
-    client = TritonClient(url, timeout_s=60)
-    return client.infer_request_body(deployment.model_name, body, header_length=header_length)
+    runtime = get_runtime(deployment.runtime)
+    tried: set[str] = set()
+    while True:
+        url = runtime.internal_url(deployment.runtime_state)
+        if url in tried:
+            url = runtime.internal_url(deployment.runtime_state)  # the next one in turn
+        if not url:
+            raise Unavailable(f"Deployment {deployment.pk} has no ready Triton right now; retry in a few seconds.")
+        try:
+            with TritonClient(url, timeout_s=60) as client:
+                return client.infer_request_body(deployment.model_name, body, header_length=header_length)
+        except TritonUnreachable:
+            # Nothing reached that server (a pod that just went away): the request may go to another one.
+            runtime.forget_server(deployment.runtime_state, url)
+            if url in tried or len(tried) >= MAX_SERVERS_TRIED:
+                raise
+            tried.add(url)

@@ -167,8 +167,11 @@ def _start_observed(deployment_id: int) -> str:
             deployment.status = DeploymentStatus.STARTING
             deployment.status_message = "applying the Kubernetes objects"
             deployment.error = ""
+            deployment.permanent_failure = False
         deployment.heartbeat_at = timezone.now()
-        deployment.save(update_fields=["status", "status_message", "heartbeat_at", "error", "updated_at"])
+        deployment.save(
+            update_fields=["status", "status_message", "heartbeat_at", "error", "permanent_failure", "updated_at"]
+        )
         spec, previous_state = deployment_spec(deployment), deployment.runtime_state
     try:
         ensure_deployment_repository(deployment=deployment)
@@ -385,6 +388,8 @@ def _reconcile_observed(runtime: Runtime, deployments: list[Deployment], now: da
         observation = observations.get(deployment.pk)
         stale = not _heartbeat_is_fresh(deployment, now)
         if observation is None or observation.phase == Phase.ABSENT:
+            if deployment.permanent_failure:
+                continue  # the cluster refused the spec: only a changed spec (PATCH) applies it again
             if stale and (now - deployment.updated_at).total_seconds() > 15:
                 with transaction.atomic():
                     queue_task("deployments.start_deployment", deployment.pk)

@@ -38,7 +38,11 @@ def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
     settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
     settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
     register_cluster(name="local", kubeconfig=kube_cluster.kubeconfig_path.read_text(), namespace="conch")
-    return kube_cluster
+    yield kube_cluster
+    # Nothing a test started outlives it: every workload of this installation goes (the cluster is shared).
+    runtime = get_runtime("kubernetes")
+    for workload in runtime.list_owned():
+        runtime.delete(workload.state)
 
 
 ADDER_REQUEST = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.5, 0.5, 0.5, 0.5]}]}
@@ -107,6 +111,17 @@ def test_two_replicas_serve_scale_to_three_hot_update_under_load_and_delete_leav
         answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", ADDER_REQUEST, format="json")
         assert answer.status_code == 200, answer.content
         assert answer.json()["outputs"][0]["data"] == [1.5, 1.5, 1.5, 1.5]
+    # a pod listed at an address where nothing answers (a stale endpoint) costs no request: it goes to the other
+    core = k8s.CoreV1Api(k8s_env.api_client())
+    stale = core.list_namespaced_pod("conch", label_selector=f"conch.io/deployment={created['id']}").items[0]
+    real_ip = stale.status.pod_ip
+    core.patch_namespaced_pod_status(stale.metadata.name, "conch", {"status": {"podIP": "127.0.0.250"}})
+    time.sleep(2.1)  # past the routing cache
+    for _ in range(4):
+        answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", ADDER_REQUEST, format="json")
+        assert answer.status_code == 200, answer.content
+    core.patch_namespaced_pod_status(stale.metadata.name, "conch", {"status": {"podIP": real_ip}})
+    time.sleep(2.1)
     # and each pod's metrics are scraped, summed per deployment and broken down by pod
     row = Deployment.objects.get(pk=created["id"])
     assert scrape_deployment(deployment=row) >= 2

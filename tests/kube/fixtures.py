@@ -13,13 +13,15 @@ fixture fail with the reason when `CI` is set and are skipped otherwise.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
 
 from tests.kube.cluster import REPO_ROOT, Cluster, ClusterError, ensure_binaries
 
-STATE_DIR = REPO_ROOT / "var" / "test" / "kube-cluster"
+# One folder per test process: two sessions on one machine (or one checkout) run clusters of their own.
+STATE_DIR = REPO_ROOT / "var" / "test" / f"kube-cluster-{os.getpid()}"
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +39,4 @@ def kube_cluster() -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(STATE_DIR, ignore_errors=True)

@@ -32,6 +32,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import ssl
 import subprocess
 import threading
@@ -529,6 +530,7 @@ class Kubelet:
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
         self._next_address = 0
+        self._block = 10 + secrets.randbelow(240)
         self._stopping = threading.Event()
         self._watch: Any = None
         self._threads: list[threading.Thread] = []
@@ -634,10 +636,19 @@ class Kubelet:
             self._workers.pop(uid, None)
 
     def _allocate_address(self) -> str:
-        # 127.10.0.1, 127.10.0.2, ... 127.10.0.254, 127.10.1.1, ...: never 127.0.0.1, never reused in one run.
-        index = self._next_address
-        self._next_address += 1
-        return f"127.10.{index // 254}.{index % 254 + 1}"
+        # 127.B.0.1, 127.B.0.2, ... 127.B.0.254, 127.B.1.1, ... in a block B picked at random per kubelet, so two
+        # test clusters on one machine do not hand out the same address; never 127.0.0.1, never reused in one run,
+        # and an address where something already listens on Triton's HTTP port is skipped.
+        while True:
+            index = self._next_address
+            self._next_address += 1
+            address = f"127.{self._block}.{index // 254 % 256}.{index % 254 + 1}"
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((address, 8000))
+                except OSError:
+                    continue
+            return address
 
     # -- API calls -------------------------------------------------------------------------------------------
 
