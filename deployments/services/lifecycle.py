@@ -301,10 +301,17 @@ def reconcile_deployments() -> dict[str, int]:
             counts[action] += 1
     for name in ENABLED_RUNTIMES:
         runtime, states = get_runtime(name), running_states.get(name, [])
+        running_ids = {d.pk for d in observed.get(name, [])}
         for workload in runtime.list_owned():
             if any(runtime.same_workload(state, workload) for state in states):
                 continue
-            runtime.delete(workload.state)
+            if not runtime.waits_for_ready and workload.deployment_id in running_ids:
+                continue  # applied a moment ago, its state not saved yet: it is not an orphan
+            try:
+                runtime.delete(workload.state)
+            except ConchError as exc:
+                log.warning("deployment.orphan_not_deleted", extra={"workload": workload.key, "error": exc.detail})
+                continue
             counts["orphans_killed"] += 1
             log.warning("deployment.orphan_killed", extra={"workload": workload.key})
     counts["orphans_killed"] += stop_verify_servers(only_abandoned=True)

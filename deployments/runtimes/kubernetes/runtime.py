@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from conch.errors import ConchError, InvalidInput
+from conch.errors import ConchError, InvalidInput, NotFound
 from deployments.runtimes.base import (
     DeploymentSpec,
     Endpoints,
@@ -39,6 +40,8 @@ from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.api import ClusterAccess, ClusterApi, cluster_api
 from deployments.runtimes.kubernetes.status import describe_workload
 from tritonserving.access import derive_api_key
+
+log = logging.getLogger(__name__)
 
 __all__ = ["INSTALLATION_LABEL", "ClusterDirectory", "KubernetesRuntime", "pod_repository_location"]
 
@@ -274,7 +277,11 @@ class KubernetesRuntime(Runtime):
         A no-op for a state that names no cluster. Raises Unavailable when the cluster does not answer."""
         if not state.get("cluster") or state.get("deployment_id") is None:
             return
-        api = self._api(state["cluster"])
+        try:
+            api = self._api(state["cluster"])
+        except NotFound:
+            log.warning("kubernetes.cluster_gone", extra={"cluster": state["cluster"]})
+            return  # the cluster was unregistered: nothing Conch can reach is left to delete
         selector = self._deployment_selector(state["deployment_id"])
         for kind in OWNED_KINDS:
             if kind == "Service":  # Services have no delete-collection before Kubernetes 1.31
