@@ -328,6 +328,7 @@ class Command(BaseCommand):
         if runtime not in RUNTIMES:
             raise CommandError(f"CONCH_DEMO_RUNTIME must be one of {', '.join(RUNTIMES)}; got {runtime!r}.")
         self.runtime = runtime
+        self.kubeconfig = kubeconfig
         self.model_name = KUBE_MODEL_NAME if runtime == "kubernetes" else MODEL_NAME
         self.supervisor: _Supervisor | None = None
         # What Ctrl-C must stop on the cluster: the API session, Conch's URL and the demo deployment's id.
@@ -633,7 +634,7 @@ class Command(BaseCommand):
         except (CommandError, requests.RequestException) as exc:
             self._say(
                 f"could not stop deployment {deployment_id} ({exc}); its pods may still run: "
-                f"`kubectl --kubeconfig var/cluster/kubeconfig -n {CLUSTER_NAMESPACE} get pods`"
+                f"`kubectl --kubeconfig {self.kubeconfig} -n {CLUSTER_NAMESPACE} get pods`"
             )
             return
         self._say(f"deployment {deployment_id} stopped; its pods are deleted")
