@@ -19,6 +19,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-nodeps.tx
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt -c constraints.txt
 	touch $@
 
+# CONCH_DEMO_RUNTIME=kubernetes deploys on the cluster `make cluster` runs (README) instead of a local Triton.
 demo: venv
 	$(BIN)/python manage.py run_demo
 

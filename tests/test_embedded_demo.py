@@ -49,10 +49,10 @@ LIVENESS = {
 class Demo:
     """A running `manage.py run_demo`: its output lines as they come, and its child processes."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], *arguments: str) -> None:
         self.env = env
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "run_demo", "--port", "0", "--timeout", "300"],
+            [sys.executable, "manage.py", "run_demo", "--port", "0", "--timeout", "300", *arguments],
             cwd=settings.BASE_DIR,
             env=env,
             stdout=subprocess.PIPE,

