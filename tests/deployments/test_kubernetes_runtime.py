@@ -439,3 +439,108 @@ def test_clusters_api_shows_gpu_offers_and_the_triton_release_check(alice, k8s_e
     assert offers[("NVIDIA-A100-SXM4-40GB", "nvidia.com/mig-1g.10gb")]["mig_profile"] == "1g.10gb"
     assert "kubeconfig" not in str(listed.json())
     assert alice.client.get("/api/v1/clusters/nowhere/").status_code == 404
+
+
+def test_a_version_one_pod_cannot_load_rolls_every_pod_back(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    from models_registry.storage import get_object_store
+
+    capture = django_capture_on_commit_callbacks
+    v1, v2 = (
+        write_built_version(
+            alice.team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions(max_batch_size=4)
+        )
+        for n in (1, 2)
+    )
+    get_object_store().put_bytes(f"{v2.repository_prefix}/adder/2/model.onnx", b"not onnx")
+    created = _create(alice, capture, v1, name="rollback", replicas=2)
+    _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture)
+    uids = _pod_uids(k8s_env, created["id"])
+    with capture(execute=True):
+        response = alice.client.patch(f"/api/v1/deployments/{created['id']}/", {"model_version": v2.pk}, format="json")
+    assert response.status_code == 202, response.content
+    shown = alice.client.get(f"/api/v1/deployments/{created['id']}/").json()
+    # the update failed naming the pod and Triton's message; every pod serves version 1 alone, none restarted
+    assert (shown["update_status"], shown["model_version"]) == ("failed", v1.pk)
+    assert any(shown["update_error"].startswith(f"Server {name} could not serve version 2") for name in uids)
+    row = Deployment.objects.get(pk=created["id"])
+    servers = get_runtime("kubernetes").servers(row.runtime_state)
+    assert len(servers) == 2
+    for server in servers:
+        with TritonClient(server.http_url, timeout_s=10, api_key=server.api_key) as admin:
+            assert admin.ready_versions("adder") == {1}
+    assert _pod_uids(k8s_env, created["id"]) == uids
+    answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", ADDER_REQUEST, format="json")
+    assert answer.json()["outputs"][0]["data"] == [1.5, 1.5, 1.5, 1.5]
+
+
+def test_an_image_the_nodes_cannot_pull_is_failed_in_words(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    register_cluster(
+        name="typo",
+        namespace="conch",
+        kubeconfig=k8s_env.kubeconfig_path.read_text(),
+        triton_image="nvcr.io/nvidia/tritonserverr:24.10-py3",
+    )
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    created = _create(alice, capture, version, name="pull", cluster="typo")
+    seen = _reconcile_until(alice, created["id"], lambda d: d["status"] == "failed", capture=capture, timeout_s=60)
+    assert "cannot pull image nvcr.io/nvidia/tritonserverr:24.10-py3" in seen["status_message"]
+    assert "image pull secrets" in seen["status_message"]
+
+
+def test_a_pod_monitor_is_applied_once_its_crd_exists_and_deleted_with_the_deployment(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    extensions = k8s.ApiextensionsV1Api(k8s_env.api_client())
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"plural": "podmonitors", "singular": "podmonitor", "kind": "PodMonitor"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+    extensions.create_custom_resource_definition(crd)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            conditions = extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
+            if any(c.type == "Established" and c.status == "True" for c in conditions):
+                break
+            time.sleep(0.2)
+        for client in kube_api._clients.values():
+            client._versions = None  # what the discovery cache would see within its TTL
+        version = write_built_version(alice.team, "classifier", real_models.classifier())
+        created = _create(alice, capture, version, name="monitored")
+        objects = k8s.CustomObjectsApi(k8s_env.api_client())
+        selector = f"conch.io/deployment={created['id']}"
+        found = objects.list_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", "conch", "podmonitors", label_selector=selector
+        )["items"]
+        assert [m["spec"]["podMetricsEndpoints"][0]["port"] for m in found] == ["metrics"]
+        with capture(execute=True):
+            alice.client.delete(f"/api/v1/deployments/{created['id']}/")
+        state = Deployment.objects.get(pk=created["id"]).runtime_state
+        deadline = time.monotonic() + 60
+        while (left := get_runtime("kubernetes").leftovers(state)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert left == {}
+    finally:
+        extensions.delete_custom_resource_definition(crd["metadata"]["name"])
+        for client in kube_api._clients.values():
+            client._versions = None
