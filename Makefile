@@ -37,6 +37,7 @@ bench: venv
 	$(BIN)/python bench/serving.py
 	$(BIN)/python bench/upload.py
 	$(BIN)/python bench/time_to_serve.py
+	$(BIN)/python bench/reconcile.py
 
 lint: venv
 	$(BIN)/ruff check .
