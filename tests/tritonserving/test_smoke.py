@@ -216,6 +216,10 @@ def test_a_killed_warm_server_is_replaced_by_the_next_verification(warm, tmp_pat
     _verify(warm, repository)
     killed = warm.process
     os.kill(killed.pid, signal.SIGKILL)
+    # SIGKILL is delivered asynchronously: under load the process can take a moment to be gone
+    deadline = time.monotonic() + 10
+    while is_alive(killed.pid, killed.create_time) and time.monotonic() < deadline:
+        time.sleep(0.05)
     lines: list[str] = []
 
     # when the next verification runs
