@@ -1,7 +1,8 @@
 """Benchmark: one reconcile tick over many Kubernetes deployments, timed, with the API requests it makes counted.
 
 Set-up (not timed): the local test cluster (tests/kube/cluster.py: etcd, kube-apiserver, controller-manager and
-scheduler built from Debian's source package, the fake GPU nodes) with its test kubelet in fake-container mode
+scheduler built from Debian's source package, the fake GPU nodes, and extra CPU nodes so every pod has room: a
+node takes 110 pods) with its test kubelet in fake-container mode
 (pods are marked Ready without starting Triton), an S3 protocol server (moto) for the model repositories, and
 Conch's services in this process on the embedded SQLite database in a scratch CONCH_VAR_DIR. A cluster `local` is
 registered, one tiny model version is stored as built, and --baseline deployments (default 20), then up to --count
@@ -116,13 +117,15 @@ def main() -> int:
 
     from moto.server import ThreadedMotoServer
 
-    from tests.kube.cluster import Cluster, ensure_binaries, free_port
+    from tests.kube.cluster import NODES, Cluster, FakeNode, ensure_binaries, free_port
 
     scratch = Path(tempfile.mkdtemp(prefix="conch-bench-reconcile-"))
     s3_port = free_port()
     s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
     s3.start()
-    cluster = Cluster(scratch / "cluster", bin_dir=ensure_binaries(), fake_containers=True)
+    # The test cluster's nodes, plus CPU nodes with room for every pod (a node takes 110 pods by default).
+    room = [FakeNode(f"cpu-{index}", {}, None, pods=110) for index in range(2, 2 + arguments.count // 100 + 1)]
+    cluster = Cluster(scratch / "cluster", bin_dir=ensure_binaries(), fake_containers=True, nodes=(*NODES, *room))
     started = time.monotonic()
     cluster.start()
     print(f"# cluster ready in {time.monotonic() - started:.1f} s (fake containers); scratch {scratch}", flush=True)
@@ -156,7 +159,7 @@ def main() -> int:
             began = time.monotonic()
             created += _create(target - len(created), start_index=len(created), version=version, user=user)
             applied = time.monotonic() - began
-            ticks = _ticks_until_ready(created, timeout_s=600)
+            ticks = _ticks_until_ready(created, timeout_s=300)
             seconds, calls = _timed_ticks(arguments.ticks)
             results.append((target, seconds, calls))
             print(

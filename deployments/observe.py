@@ -50,6 +50,8 @@ def scrape_deployment(*, deployment: Deployment) -> int:
     """
     counters_since = deployment.ready_at
     servers = serving_servers(deployment)
+    if not servers and deployment.runtime != "local":
+        return 0  # no pod ready now (scaled to 0, or all restarting): nothing to scrape, nothing wrong with Conch
     if not servers:
         raise Unavailable(f"Deployment {deployment.pk} has no ready Triton to scrape.")
     several = deployment.runtime != "local"

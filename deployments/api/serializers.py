@@ -123,9 +123,12 @@ class DeploymentSerializer(serializers.ModelSerializer):
     def get_replicas(self, obj: Deployment) -> dict | None:
         if obj.runtime != "kubernetes":
             return None
+        if obj.desired_state != "running":
+            return {"desired": 0, "ready": 0}
         seen = (obj.observed or {}).get("replicas") or {}
-        wanted = obj.autoscaling["min_replicas"] if obj.autoscaling else obj.replicas
-        return {"desired": seen.get("desired", wanted), "ready": seen.get("ready", 0)}
+        # Fixed replicas: what was asked (a PATCH shows at once); autoscaling: what the autoscaler chose.
+        wanted = seen.get("desired", obj.autoscaling["min_replicas"]) if obj.autoscaling else obj.replicas
+        return {"desired": wanted, "ready": seen.get("ready", 0)}
 
     def get_pods(self, obj: Deployment) -> list[dict]:
         return list((obj.observed or {}).get("pods") or [])

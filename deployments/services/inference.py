@@ -34,6 +34,11 @@ def infer(*, deployment: Deployment, body: bytes, header_length: int | None = No
         url = runtime.internal_url(deployment.runtime_state)
         if url in tried:
             url = runtime.internal_url(deployment.runtime_state)  # the next one in turn
+        if not url and deployment.runtime == "kubernetes" and not deployment.autoscaling and deployment.replicas == 0:
+            raise Conflict(
+                f"Deployment {deployment.pk} is scaled to 0 replicas; PATCH replicas to 1 or more to serve.",
+                field="replicas",
+            )
         if not url:
             raise Unavailable(f"Deployment {deployment.pk} has no ready Triton right now; retry in a few seconds.")
         try:

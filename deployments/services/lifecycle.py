@@ -175,6 +175,16 @@ def _start_observed(deployment_id: int) -> str:
         spec, previous_state = deployment_spec(deployment), deployment.runtime_state
     try:
         ensure_deployment_repository(deployment=deployment)
+    except ConchError as exc:
+        _record_failure(
+            deployment_id,
+            f"The deployment's model repository could not be written: {exc.detail} Rebuild the version (POST "
+            "…/versions/{id}/rebuild) and deploy it again.",
+            state=None,
+            permanent=not isinstance(exc, Unavailable),
+        )
+        return DeploymentStatus.FAILED
+    try:
         state = runtime.apply(spec, previous_state)
     except Unavailable as exc:
         Deployment.objects.filter(pk=deployment_id).update(status_message=exc.detail, updated_at=timezone.now())
@@ -215,11 +225,20 @@ def _record_failure(
         text = message + ("\nLast lines of Triton's log:\n" + "\n".join(tail) if tail else "")
         deployment.status = DeploymentStatus.FAILED
         deployment.error = text
+        deployment.status_message = message.splitlines()[0] if message else "failed"
         deployment.last_failure = text
         deployment.failed_at = timezone.now()
         deployment.permanent_failure = permanent
         deployment.save(
-            update_fields=["status", "error", "last_failure", "failed_at", "permanent_failure", "updated_at"]
+            update_fields=[
+                "status",
+                "error",
+                "status_message",
+                "last_failure",
+                "failed_at",
+                "permanent_failure",
+                "updated_at",
+            ]
         )
     log.warning("deployment.failed", extra={"deployment_id": deployment_id, "permanent": permanent})
     return True
@@ -246,7 +265,10 @@ def stop_deployment(*, deployment_id: int) -> None:
     with transaction.atomic():
         deployment = _locked(deployment_id)
         deployment.status = DeploymentStatus.STOPPED
-        deployment.save(update_fields=["status", "updated_at"])
+        # What was last observed (pods, replicas, their words) no longer holds.
+        deployment.status_message = "stopped"
+        deployment.observed = {}
+        deployment.save(update_fields=["status", "status_message", "observed", "updated_at"])
     log.info("deployment.stopped", extra={"deployment_id": deployment_id})
 
 

@@ -247,7 +247,15 @@ def rescale_deployment(*, deployment: Deployment, replicas: Any = None, autoscal
             raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}'; it cannot be scaled.", field=None)
         deployment.replicas = count
         deployment.autoscaling = scaling
-        deployment.save(update_fields=["replicas", "autoscaling", "updated_at"])
+        if scaling:
+            deployment.status_message = (
+                f"autoscaling between {scaling['min_replicas']} and {scaling['max_replicas']} pods"
+            )
+        elif count == 0:
+            deployment.status_message = "scaling to 0 replicas: nothing will serve until replicas is raised again"
+        else:
+            deployment.status_message = f"scaling to {count} replica{'s' if count != 1 else ''}"
+        deployment.save(update_fields=["replicas", "autoscaling", "status_message", "updated_at"])
         _queue_start(deployment.pk)
     log.info("deployment.rescaled", extra={"deployment_id": deployment.pk, "replicas": count})
     return deployment

@@ -101,7 +101,9 @@ def test_two_replicas_serve_scale_to_three_hot_update_under_load_and_delete_leav
     # when a kubernetes deployment with 2 replicas is created
     created = _create(alice, capture, v1, replicas=2)
     assert created["runtime"] == "kubernetes" and created["cluster"] == "local"
-    ready = _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture)
+    ready = _reconcile_until(
+        alice, created["id"], lambda d: d["replicas"] == {"desired": 2, "ready": 2}, capture=capture
+    )
     # then both pods run Triton and are ready, in words too
     assert ready["replicas"] == {"desired": 2, "ready": 2}
     assert ready["status_message"] == "ready 2/2"
@@ -185,7 +187,9 @@ def test_two_replicas_serve_scale_to_three_hot_update_under_load_and_delete_leav
     while (left := runtime.leftovers(row.runtime_state)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == {}
-    assert Deployment.objects.get(pk=created["id"]).status == "stopped"
+    stopped = alice.client.get(f"/api/v1/deployments/{created['id']}/").json()
+    assert (stopped["status"], stopped["status_message"], stopped["pods"]) == ("stopped", "stopped", [])
+    assert stopped["replicas"] == {"desired": 0, "ready": 0}
 
 
 def test_more_gpus_than_a_node_has_is_refused_and_unschedulable_is_worded(
@@ -455,7 +459,7 @@ def test_a_version_one_pod_cannot_load_rolls_every_pod_back(
     )
     get_object_store().put_bytes(f"{v2.repository_prefix}/adder/2/model.onnx", b"not onnx")
     created = _create(alice, capture, v1, name="rollback", replicas=2)
-    _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture)
+    _reconcile_until(alice, created["id"], lambda d: d["replicas"] == {"desired": 2, "ready": 2}, capture=capture)
     uids = _pod_uids(k8s_env, created["id"])
     with capture(execute=True):
         response = alice.client.patch(f"/api/v1/deployments/{created['id']}/", {"model_version": v2.pk}, format="json")

@@ -131,9 +131,18 @@ def test_progress_deadline_exceeded_is_failed():
     assert "no progress before its deadline" in seen.message
 
 
-def test_rollout_not_observed_yet_is_not_ready():
+def test_rollout_not_observed_yet_serves_and_says_so():
     seen = describe_workload(deployment(desired=1, ready=1, generation=3, observed=2), [pod("p1", ready=True)])
-    assert seen.phase != Phase.READY
+    assert seen.phase == Phase.READY
+    assert seen.message == "ready 1/1; rolling out a change"
+
+
+def test_a_scale_up_with_pods_still_starting_is_ready_not_degraded():
+    running = {"name": "tritonserver", "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}}
+    seen = describe_workload(deployment(desired=2, ready=1), [pod("p1", ready=True), pod("p2", container=running)])
+    assert seen.phase == Phase.READY
+    assert seen.message == "ready 1/2; 1 more starting"
+    assert seen.replicas == (2, 1)
 
 
 def test_absent_deployment_and_terminating_pods():

@@ -147,8 +147,9 @@ def describe_workload(
 ) -> Observation:
     """Our phase and one-line message for a Kubernetes deployment (see the module docstring).
 
-    Phases: ABSENT (no Deployment object), READY (every desired pod ready and the rollout current), DEGRADED (some
-    ready, fewer than desired), PENDING (none ready, some waiting for room or a GPU), FAILED (none ready and pods
+    Phases: ABSENT (no Deployment object), READY (every desired pod ready and the rollout current, or some ready
+    while the others are only starting: a scale-up), DEGRADED (some ready, others crashing, unschedulable or
+    unable to pull their image), PENDING (none ready, some waiting for room or a GPU), FAILED (none ready and pods
     crash, cannot pull their image, or the rollout passed its progress deadline), STARTING (otherwise).
     """
     if deployment is None:
@@ -186,8 +187,12 @@ def describe_workload(
     if ready >= desired and current and not troubled:
         return Observation(Phase.READY, f"ready {ready}/{desired}", replicas=counts, pods=pods_view)
     if ready > 0:
-        what = problem or ("rolling out a change" if not current else "waiting for more pods")
-        return Observation(Phase.DEGRADED, f"ready {ready}/{desired}; {what}", replicas=counts, pods=pods_view)
+        if not any(by_state.get(state) for state in ("crashing", "image", "config", "unschedulable")):
+            # Pods on their way up (a scale-up or a rollout) while others serve: nothing is wrong.
+            coming = len(troubled) or desired - ready
+            what = "rolling out a change" if not current and not troubled else f"{coming} more starting"
+            return Observation(Phase.READY, f"ready {ready}/{desired}; {what}", replicas=counts, pods=pods_view)
+        return Observation(Phase.DEGRADED, f"ready {ready}/{desired}; {problem}", replicas=counts, pods=pods_view)
     if stalled:
         return Observation(
             Phase.FAILED,
