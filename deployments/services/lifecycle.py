@@ -109,26 +109,16 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.save(update_fields=["status", "heartbeat_at", "error", "updated_at"])
         spec = deployment_spec(deployment)
         previous_state = deployment.runtime_state
-    try:
-        ensure_deployment_repository(deployment=deployment)
-    except ConchError as exc:
-        _record_failure(
-            deployment_id, f"The deployment's model repository could not be written: {exc.detail}", state=None
-        )
+    if not _fill_repository(deployment):
         return DeploymentStatus.FAILED
     try:
         state = runtime.apply(spec, previous_state)
     except ConchError as exc:
         _record_failure(deployment_id, f"Triton could not be started: {exc.detail}", state=None)
         return DeploymentStatus.FAILED
-    with transaction.atomic():
-        deployment = _locked(deployment_id)
-        if deployment.desired_state != DesiredState.RUNNING:
-            transaction.on_commit(lambda: runtime.delete(state))
-            return deployment.status
-        deployment.runtime_state = state
-        deployment.heartbeat_at = timezone.now()
-        deployment.save(update_fields=["runtime_state", "heartbeat_at", "updated_at"])
+    unwanted = _save_state(deployment_id, runtime, state)
+    if unwanted is not None:
+        return unwanted
     log.info("deployment.starting", extra={"deployment_id": deployment_id})
     observation = runtime.wait_until_ready(
         spec, state, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS, heartbeat=_touch(deployment_id)
@@ -147,6 +137,38 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.save(update_fields=["status", "ready_at", "permanent_failure", "updated_at"])
     log.info("deployment.ready", extra={"deployment_id": deployment_id})
     return DeploymentStatus.READY
+
+
+def _fill_repository(deployment: Deployment) -> bool:
+    """Fill the deployment's own repository from its pinned build (`ensure_deployment_repository`); when that
+    fails, mark the deployment `failed` saying what to do (permanent unless the store was only unreachable) and
+    return False."""
+    try:
+        ensure_deployment_repository(deployment=deployment)
+    except ConchError as exc:
+        _record_failure(
+            deployment.pk,
+            f"The deployment's model repository could not be written: {exc.detail} If the build's files are gone, "
+            "rebuild the version (POST /api/v1/versions/{id}/rebuild/) and deploy it again.",
+            state=None,
+            permanent=not isinstance(exc, Unavailable),
+        )
+        return False
+    return True
+
+
+def _save_state(deployment_id: int, runtime: Runtime, state: dict) -> str | None:
+    """Record the runtime's state of a workload just applied; when the deployment is no longer wanted, delete that
+    workload (after the commit) and return its status instead (None when recorded)."""
+    with transaction.atomic():
+        deployment = _locked(deployment_id)
+        if deployment.desired_state != DesiredState.RUNNING:
+            transaction.on_commit(lambda: runtime.delete(state))
+            return deployment.status
+        deployment.runtime_state = state
+        deployment.heartbeat_at = timezone.now()
+        deployment.save(update_fields=["runtime_state", "heartbeat_at", "updated_at"])
+    return None
 
 
 def _start_observed(deployment_id: int) -> str:
@@ -173,16 +195,7 @@ def _start_observed(deployment_id: int) -> str:
             update_fields=["status", "status_message", "heartbeat_at", "error", "permanent_failure", "updated_at"]
         )
         spec, previous_state = deployment_spec(deployment), deployment.runtime_state
-    try:
-        ensure_deployment_repository(deployment=deployment)
-    except ConchError as exc:
-        _record_failure(
-            deployment_id,
-            f"The deployment's model repository could not be written: {exc.detail} Rebuild the version (POST "
-            "…/versions/{id}/rebuild) and deploy it again.",
-            state=None,
-            permanent=not isinstance(exc, Unavailable),
-        )
+    if not _fill_repository(deployment):
         return DeploymentStatus.FAILED
     try:
         state = runtime.apply(spec, previous_state)
@@ -193,16 +206,11 @@ def _start_observed(deployment_id: int) -> str:
     except ConchError as exc:
         _record_failure(deployment_id, f"The cluster refused the deployment: {exc.detail}", state=None, permanent=True)
         return DeploymentStatus.FAILED
-    with transaction.atomic():
-        deployment = _locked(deployment_id)
-        if deployment.desired_state != DesiredState.RUNNING:
-            transaction.on_commit(lambda: runtime.delete(state))
-            return deployment.status
-        deployment.runtime_state = state
-        deployment.heartbeat_at = timezone.now()
-        deployment.save(update_fields=["runtime_state", "heartbeat_at", "updated_at"])
+    unwanted = _save_state(deployment_id, runtime, state)
+    if unwanted is not None:
+        return unwanted
     log.info("deployment.applied", extra={"deployment_id": deployment_id})
-    return deployment.status
+    return Deployment.objects.filter(pk=deployment_id).values_list("status", flat=True).first() or ""
 
 
 def _record_failure(
