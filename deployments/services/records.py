@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import current_app
 from django.contrib.auth.models import AbstractBaseUser
@@ -24,6 +24,9 @@ from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.services import get_team_for_user, teams_for_user
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +144,8 @@ def create_deployment(
             get_object_store().triton_repository_location("check"),
             placement.cluster.s3_endpoint,
         )
-    try:
-        version_id = int(model_version_id)
-    except (TypeError, ValueError):
-        raise InvalidInput("model_version must be the id of a model version.", field="model_version") from None
-    try:
-        version = get_version(user=user, version_id=version_id)
-    except NotFound as exc:
-        raise NotFound(exc.detail, field="model_version") from None
+    version = version_for_deployment(user=user, model_version_id=model_version_id)
+    version_id = version.pk
     if version.model.team_id != team.pk:
         raise InvalidInput(
             f"Model version {version_id} belongs to team '{version.model.team.slug}', not '{team.slug}'.",
@@ -217,6 +214,23 @@ def request_stop(*, deployment: Deployment) -> Deployment:
         pk = deployment.pk
         queue_task("deployments.stop_deployment", pk)
     return deployment
+
+
+def version_for_deployment(*, user: AbstractBaseUser, model_version_id: Any) -> ModelVersion:
+    """The model version `model_version_id` names (an id, as JSON or text), when the caller may see it.
+
+    Raises InvalidInput (not an id) or NotFound (no such version in the caller's teams), field `model_version`.
+    """
+    if isinstance(model_version_id, bool):
+        model_version_id = None
+    try:
+        version_id = int(model_version_id)
+    except (TypeError, ValueError):
+        raise InvalidInput("model_version must be the id of a model version.", field="model_version") from None
+    try:
+        return get_version(user=user, version_id=version_id)
+    except NotFound as exc:
+        raise NotFound(exc.detail, field="model_version") from None
 
 
 def queue_task(name: str, *args: object) -> None:

@@ -47,12 +47,12 @@ from django.utils import timezone
 
 from builds import services as builds
 from builds.model_config import apply_deployment_overrides
-from conch.errors import ConchError, Conflict, InvalidInput, NotFound
+from conch.errors import ConchError, Conflict, InvalidInput
 from deployments.choices import DeploymentStatus, DesiredState, UpdateStatus
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Server
-from deployments.services.records import queue_task, rescale_deployment
+from deployments.services.records import queue_task, rescale_deployment, version_for_deployment
 from deployments.services.repository import (
     copy_version_files,
     has_deployment_repository,
@@ -61,7 +61,6 @@ from deployments.services.repository import (
     write_repository_config,
 )
 from models_registry.choices import VersionStatus
-from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tritonserving.client import TritonClient
 from tritonserving.config import (
@@ -120,14 +119,7 @@ def update_model_version(*, user: AbstractBaseUser, deployment: Deployment, mode
     deployment's overrides do not fit; NotFound for a version the caller cannot see; Conflict for a version that
     is not built, a deployment that is not ready, or one whose update is still running.
     """
-    try:
-        version_id = int(model_version_id)
-    except (TypeError, ValueError):
-        raise InvalidInput("model_version must be the id of a model version.", field="model_version") from None
-    try:
-        version = get_version(user=user, version_id=version_id)
-    except NotFound as exc:
-        raise NotFound(exc.detail, field="model_version") from None
+    version = version_for_deployment(user=user, model_version_id=model_version_id)
     with transaction.atomic():
         deployment = (
             Deployment.objects.select_for_update(of=("self",))
@@ -137,13 +129,13 @@ def update_model_version(*, user: AbstractBaseUser, deployment: Deployment, mode
         current = deployment.model_version
         if version.model_id != current.model_id:
             raise InvalidInput(
-                f"Model version {version_id} is a version of model '{version.model.name}'; deployment "
+                f"Model version {version.pk} is a version of model '{version.model.name}'; deployment "
                 f"'{deployment.name}' serves model '{current.model.name}' and can only move to one of its versions.",
                 field="model_version",
             )
         if version.status != VersionStatus.BUILT:
             raise Conflict(
-                f"Model version {version_id} is '{version.status}'; only a built version can be served.",
+                f"Model version {version.pk} is '{version.status}'; only a built version can be served.",
                 field="model_version",
             )
         if deployment.update_status in UPDATES_IN_PROGRESS:
