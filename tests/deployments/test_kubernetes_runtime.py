@@ -548,3 +548,19 @@ def test_a_pod_monitor_is_applied_once_its_crd_exists_and_deleted_with_the_deplo
         extensions.delete_custom_resource_definition(crd["metadata"]["name"])
         for client in kube_api._clients.values():
             client._versions = None
+
+
+def test_a_namespace_that_does_not_exist_fails_saying_so(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    register_cluster(name="elsewhere", namespace="no-such-namespace", kubeconfig=k8s_env.kubeconfig_path.read_text())
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    created = _create(alice, capture, version, name="lost", cluster="elsewhere")
+    seen = alice.client.get(f"/api/v1/deployments/{created['id']}/").json()
+    assert seen["status"] == "failed"
+    assert "namespace 'no-such-namespace'" in seen["error"] and "Create the namespace" in seen["error"]
+    # the refusal is permanent: reconcile does not apply it again and again
+    with capture(execute=True):
+        reconcile_deployments()
+    assert alice.client.get(f"/api/v1/deployments/{created['id']}/").json()["status"] == "failed"

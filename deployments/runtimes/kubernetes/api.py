@@ -265,17 +265,26 @@ class ClusterApi:
         """Server-side apply `manifest` (its `kind`, `metadata.name`, namespace) and return the object as stored.
 
         Idempotent. Raises ClusterRefused with the server's message when it rejects the object (e.g. a quantity
-        it cannot parse), Unavailable as `request` does.
+        it cannot parse, a namespace that does not exist, a role that may not create it), Unavailable as `request`
+        does.
         """
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         namespace = manifest["metadata"].get("namespace") or self.namespace
-        return self.request(
-            "PATCH",
-            f"{self._collection(kind, namespace)}/{name}",
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-            body=json.dumps(manifest),
-            content_type="application/apply-patch+yaml",
-        )
+        try:
+            return self.request(
+                "PATCH",
+                f"{self._collection(kind, namespace)}/{name}",
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                body=json.dumps(manifest),
+                content_type="application/apply-patch+yaml",
+            )
+        except NotFoundInCluster as exc:
+            # Applying creates the object: a 404 means its namespace (or the kind's API) is missing.
+            raise ClusterRefused(
+                f"Cluster {self.access.name!r} cannot create {kind} {name} in namespace {namespace!r}: {exc.detail}. "
+                "Create the namespace, or register the cluster again with one that exists.",
+                field="cluster",
+            ) from None
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         """Object `name` of `kind` in the namespace, or None when there is none."""
