@@ -372,6 +372,7 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
     assert len(list((var / "storage").rglob("config.pbtxt"))) >= built_versions
     assert (var / "demo-token").stat().st_mode & 0o777 == 0o600
     assert (var / "demo-admin-password").stat().st_mode & 0o777 == 0o600
+    assert (var / "conch.sqlite3").stat().st_mode & 0o777 == 0o600  # password and token hashes
 
     # when the demo runs again in the same folder
     again = Demo(demo_env)

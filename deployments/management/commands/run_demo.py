@@ -357,6 +357,10 @@ class Command(BaseCommand):
 
     def _run(self, *, port: int, no_wait: bool, timeout: float, kubeconfig: Path) -> None:
         call_command("migrate", interactive=False, verbosity=0)
+        database = settings.DATABASES["default"]
+        if database["ENGINE"].endswith("sqlite3") and Path(database["NAME"]).is_file():
+            # The embedded database holds password and token hashes: readable by its owner only, like demo-token.
+            os.chmod(database["NAME"], 0o600)
         call_command("collectstatic", interactive=False, verbosity=0)
         if self.runtime == "kubernetes":
             self._ensure_cluster(kubeconfig)
