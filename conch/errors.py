@@ -26,6 +26,18 @@ class InvalidInput(ConchError):
     status_code = 400
 
 
+class Unauthenticated(ConchError):
+    """The credentials sent are no longer good (an expired or revoked token) (HTTP 401)."""
+
+    status_code = 401
+
+
+class Forbidden(ConchError):
+    """The caller is known but lacks the role or token scope an action needs; `detail` names it (HTTP 403)."""
+
+    status_code = 403
+
+
 class NotFound(ConchError):
     """The object does not exist, or is not visible to the caller's teams (HTTP 404)."""
 

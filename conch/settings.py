@@ -167,7 +167,7 @@ REST_FRAMEWORK = {
         "tenancy.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenancy.authentication.IsAuthenticatedWithReadScope"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "conch.api.exception_handler",
     # JSON only: an API answer, error or not, is never an HTML page (Swagger UI at /api/v1/docs/ is the browser view).
@@ -276,6 +276,9 @@ CONCH_TRITON_PUBLIC_HOST = env("CONCH_TRITON_PUBLIC_HOST", "127.0.0.1")
 # Host Conch's own processes (web's infer proxy, the metrics scraper) use to reach local Tritons.
 CONCH_TRITON_INTERNAL_HOST = env("CONCH_TRITON_INTERNAL_HOST", "127.0.0.1")
 CONCH_TRITON_START_TIMEOUT_SECONDS = env("CONCH_TRITON_START_TIMEOUT_SECONDS", 120.0, cast=float)
+# API tokens: how long a new one lives unless asked otherwise, and the longest a user may ask for (days).
+CONCH_TOKEN_MAX_DAYS = env("CONCH_TOKEN_MAX_DAYS", 365, cast=int)
+CONCH_TOKEN_DEFAULT_DAYS = env("CONCH_TOKEN_DEFAULT_DAYS", 90, cast=int)
 # Kubernetes runtime: the most replicas (or autoscaling max_replicas) one deployment may ask for.
 CONCH_KUBERNETES_MAX_REPLICAS = env("CONCH_KUBERNETES_MAX_REPLICAS", 64, cast=int)
 # Builds verify on a warm Triton each worker process keeps (one model load per build, no server start); off: a

@@ -23,7 +23,8 @@ from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
 from models_registry.storage import StoredObject, get_object_store
-from tenancy.services import get_team_for_user, teams_for_user
+from tenancy.choices import Role, Scope
+from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 
 log = logging.getLogger(__name__)
 
@@ -57,41 +58,48 @@ def repository_prefix(*, model_id: int, number: int, attempt: int = 1) -> str:
     return f"{repositories_root(model_id=model_id, number=number)}/attempt-{attempt}"
 
 
-def visible_models(*, user: AbstractBaseUser) -> QuerySet[RegisteredModel]:
-    """Models of the caller's teams."""
-    return RegisteredModel.objects.filter(team__in=teams_for_user(user=user)).select_related("team")
+def visible_models(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[RegisteredModel]:
+    """Models of the caller's teams (of the token's team, for a request made with a team-bound token)."""
+    return RegisteredModel.objects.filter(team__in=teams_for_user(user=user, token=token)).select_related("team")
 
 
-def visible_versions(*, user: AbstractBaseUser) -> QuerySet[ModelVersion]:
+def visible_versions(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[ModelVersion]:
     """Versions of models of the caller's teams."""
-    return ModelVersion.objects.filter(model__team__in=teams_for_user(user=user)).select_related("model__team")
+    teams = teams_for_user(user=user, token=token)
+    return ModelVersion.objects.filter(model__team__in=teams).select_related("model__team")
 
 
-def get_model(*, user: AbstractBaseUser, model_id: int) -> RegisteredModel:
+def get_model(*, user: AbstractBaseUser, model_id: int, token: TokenGrant | None = None) -> RegisteredModel:
     """Return a model the caller may see. Raises NotFound."""
-    model = visible_models(user=user).filter(pk=model_id).first()
+    model = visible_models(user=user, token=token).filter(pk=model_id).first()
     if model is None:
         raise NotFound(f"Model {model_id} does not exist or is not in one of your teams.")
     return model
 
 
-def get_version(*, user: AbstractBaseUser, version_id: int) -> ModelVersion:
+def get_version(*, user: AbstractBaseUser, version_id: int, token: TokenGrant | None = None) -> ModelVersion:
     """Return a version the caller may see. Raises NotFound."""
-    version = visible_versions(user=user).filter(pk=version_id).first()
+    version = visible_versions(user=user, token=token).filter(pk=version_id).first()
     if version is None:
         raise NotFound(f"Model version {version_id} does not exist or is not in one of your teams.")
     return version
 
 
-def create_model(*, user: AbstractBaseUser, team_slug: str, name: str) -> RegisteredModel:
-    """Register a model name in a team.
+def create_model(
+    *, user: AbstractBaseUser, team_slug: str, name: str, token: TokenGrant | None = None
+) -> RegisteredModel:
+    """Register a model name in a team (the developer role and, with a token, the `models:write` scope).
 
     The name is also the Triton model name and part of Kubernetes object names, so it must be
     a lowercase RFC 1123 DNS label of at most 63 characters. Raises InvalidInput (field
-    `name`), NotFound (field `team`), Conflict (field `name`) for a duplicate in the team.
+    `name`), NotFound (field `team`), Forbidden (role or scope), Conflict (field `name`) for a
+    duplicate in the team.
     """
     validate_model_name(name)
-    team = get_team_for_user(user=user, slug=team_slug)
+    team = get_team_for_user(user=user, slug=team_slug, token=token)
+    require_role(
+        user=user, team=team, role=Role.DEVELOPER, action="Registering a model", token=token, scope=Scope.MODELS_WRITE
+    )
     try:
         with transaction.atomic():
             return RegisteredModel.objects.create(team=team, name=name, created_by=user)
@@ -99,12 +107,21 @@ def create_model(*, user: AbstractBaseUser, team_slug: str, name: str) -> Regist
         raise Conflict(f"Team '{team.slug}' already has a model named '{name}'.", field="name") from None
 
 
-def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser | None) -> ModelVersion:
-    """Allocate the next version number of `model` (1, 2, 3…) and its source key.
+def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: TokenGrant | None = None) -> ModelVersion:
+    """Allocate the next version number of `model` (1, 2, 3…) and its source key, for an upload by `user`.
 
-    Race-free: the model row is locked while the number is chosen, and a unique
-    constraint on (model, number) backs it up. The row starts as `uploading`.
+    Uploading needs the developer role in the model's team and, with a token, the `models:write` scope
+    (Forbidden otherwise), checked before any byte is stored. Race-free: the model row is locked while the
+    number is chosen, and a unique constraint on (model, number) backs it up. The row starts as `uploading`.
     """
+    require_role(
+        user=user,
+        team=model.team,
+        role=Role.DEVELOPER,
+        action="Uploading a model version",
+        token=token,
+        scope=Scope.MODELS_WRITE,
+    )
     with transaction.atomic():
         RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
         number = (model.versions.aggregate(top=Max("number"))["top"] or 0) + 1

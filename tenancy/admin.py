@@ -16,5 +16,6 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "is_revoked"]
+    list_display = ["prefix", "user", "team", "name", "expires_at", "last_used_at", "is_revoked"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
+    list_filter = ["team", "is_revoked"]

@@ -1,21 +1,71 @@
-"""Team, membership and token rules. Other apps scope every query through these functions."""
+"""Team, membership, role and token rules. Other apps scope every query and check every write through these.
+
+Who may do what: a member's role in a team (`Role`: viewer < developer < admin; staff users are platform
+admins, admin in every team) and, for a request made with an API token, the token (`TokenGrant`: its team,
+scopes and deployment names). Services of every app take the caller as `user=` plus `token=` (None for a
+console session or a management command) and call `teams_for_user` to scope reads and `require_role` before
+each write.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from conch.errors import Conflict, InvalidInput, NotFound
-from tenancy.choices import Role
+from conch.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
+from tenancy.choices import Role, Scope
 from tenancy.models import ApiToken, Membership, Team
 
 TOKEN_PREFIX = "conch_"
+#: Characters of the secret after TOKEN_PREFIX kept as the token's visible prefix.
+PREFIX_CHARS = 6
+#: Longest deployment name a token may be limited to (a deployment name is a DNS label).
+MAX_NAME_LENGTH = 63
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """What the API token of a request allows (DRF's `request.auth`; None for a console session).
+
+    `team_id` None: a token made before tokens were bound to teams, acting in all of its user's teams.
+    `deployments` empty: any deployment of the team.
+    """
+
+    id: int
+    prefix: str
+    team_id: int | None
+    scopes: frozenset[str]
+    deployments: tuple[str, ...]
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, token: ApiToken) -> TokenGrant:
+        return cls(
+            id=token.pk,
+            prefix=token.prefix,
+            team_id=token.team_id,
+            scopes=frozenset(token.scopes),
+            deployments=tuple(token.deployments),
+            expires_at=token.expires_at,
+        )
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A token just created: its row and its secret, which is shown this once and never stored."""
+
+    token: ApiToken
+    secret: str
 
 
 def _hash_token(raw: str) -> str:
@@ -35,49 +85,237 @@ def ensure_team(*, slug: str, name: str = "") -> Team:
     return team
 
 
-def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.MEMBER) -> Membership:
+def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.DEVELOPER) -> Membership:
     """Make `user` a member of `team` with `role` (idempotent; updates the role)."""
     membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
     return membership
 
 
-def create_api_token(*, user: AbstractBaseUser, name: str = "") -> str:
-    """Create a bearer token for `user` and return its secret; only its sha256 is stored."""
-    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(user=user, name=name, prefix=raw[: len(TOKEN_PREFIX) + 6], key_hash=_hash_token(raw))
-    return raw
+def is_platform_admin(user: AbstractBaseUser) -> bool:
+    """Staff users (and superusers) administer every team."""
+    return bool(getattr(user, "is_staff", False) or getattr(user, "is_superuser", False))
 
 
-def authenticate_token(*, raw: str) -> AbstractBaseUser | None:
-    """Return the active user a token secret belongs to, or None for an unknown/revoked one."""
-    token = ApiToken.objects.select_related("user").filter(key_hash=_hash_token(raw), is_revoked=False).first()
-    if token is None or not token.user.is_active:
-        return None
-    now = timezone.now()
-    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+def role_in_team(*, user: AbstractBaseUser, team: Team) -> Role | None:
+    """The user's role in `team` (admin for a platform admin), or None for a non-member."""
+    if is_platform_admin(user):
+        return Role.ADMIN
+    role = Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+    return Role(role) if role else None
 
 
-def teams_for_user(*, user: AbstractBaseUser) -> QuerySet[Team]:
-    """The teams `user` belongs to (all teams for a superuser)."""
-    if getattr(user, "is_superuser", False):
-        return Team.objects.all()
-    return Team.objects.filter(memberships__user=user)
+def teams_for_user(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Team]:
+    """The teams `user` may see (all teams for a platform admin); only the token's team with a bound token."""
+    teams = Team.objects.all() if is_platform_admin(user) else Team.objects.filter(memberships__user=user)
+    if token is not None and token.team_id is not None:
+        teams = teams.filter(pk=token.team_id)
+    return teams
 
 
-def get_team_for_user(*, user: AbstractBaseUser, slug: str, field: str = "team") -> Team:
-    """Return the team `slug` if `user` may act in it.
+def get_team_for_user(
+    *, user: AbstractBaseUser, slug: str, field: str = "team", token: TokenGrant | None = None
+) -> Team:
+    """Return the team `slug` if `user` (and `token`) may act in it.
 
     Raises InvalidInput (field `team`) when the slug is empty, NotFound when the team does
     not exist or the user is not a member (the two look the same, so team names don't leak).
     """
     if not slug:
         raise InvalidInput("Give the slug of one of your teams.", field=field)
-    team = teams_for_user(user=user).filter(slug=slug).first()
+    team = teams_for_user(user=user, token=token).filter(slug=slug).first()
     if team is None:
         raise NotFound(f"Team '{slug}' does not exist or you are not a member of it.", field=field)
     return team
+
+
+def require_role(
+    *,
+    user: AbstractBaseUser,
+    team: Team,
+    role: Role,
+    action: str,
+    token: TokenGrant | None = None,
+    scope: Scope | None = None,
+    deployment_name: str | None = None,
+) -> None:
+    """Check that the caller may do `action` in `team`; every write of every app calls this first.
+
+    `action` starts the error sentences ("Creating a deployment"). With a token: the token must be of `team`
+    (else NotFound, as for any object of another team), carry `scope`, and, when it is limited to named
+    deployments, name `deployment_name`. Then the user's role in `team` must be `role` or stronger. Raises
+    Forbidden (403) naming the scope or the role needed and the one the caller has; NotFound for a non-member.
+    """
+    if token is not None:
+        if token.team_id is not None and token.team_id != team.pk:
+            raise NotFound(f"Team '{team.slug}' does not exist or you are not a member of it.", field="team")
+        if scope is not None:
+            require_scope(token=token, scope=scope, action=action)
+        if deployment_name is not None and token.deployments and deployment_name not in token.deployments:
+            raise Forbidden(
+                f"{action} on deployment '{deployment_name}' is outside token {token.prefix}…, which is limited "
+                f"to deployments {', '.join(token.deployments)}.",
+            )
+    current = role_in_team(user=user, team=team)
+    if current is None:
+        raise NotFound(f"Team '{team.slug}' does not exist or you are not a member of it.", field="team")
+    if current.rank < role.rank:
+        raise Forbidden(f"{action} needs the {role.value} role in team '{team.slug}'; you are a {current.value}.")
+
+
+def require_scope(*, token: TokenGrant | None, scope: Scope, action: str) -> None:
+    """Check that a token request carries `scope` (a session, `token` None, has every scope). Raises Forbidden."""
+    if token is not None and scope not in token.scopes:
+        held = ", ".join(sorted(token.scopes)) or "none"
+        raise Forbidden(
+            f"{action} needs a token with the '{scope}' scope; token {token.prefix}… has {held}. "
+            f"Create a token with that scope."
+        )
+
+
+# --- API tokens -------------------------------------------------------------------
+
+
+def _parse_scopes(scopes: Iterable[str] | None) -> list[str]:
+    if scopes is None:
+        return list(Scope.values)
+    if isinstance(scopes, str) or not isinstance(scopes, Iterable):
+        raise InvalidInput(f"scopes must be a list of {', '.join(Scope.values)}.", field="scopes")
+    chosen = []
+    for scope in scopes:
+        if scope not in Scope.values:
+            raise InvalidInput(f"Unknown scope {scope!r}; choose from {', '.join(Scope.values)}.", field="scopes")
+        if scope not in chosen:
+            chosen.append(scope)
+    if not chosen:
+        raise InvalidInput(f"Give at least one scope of {', '.join(Scope.values)}.", field="scopes")
+    return chosen
+
+
+def _parse_deployments(deployments: Iterable[str] | None) -> list[str]:
+    if deployments is None:
+        return []
+    if isinstance(deployments, str) or not isinstance(deployments, Iterable):
+        raise InvalidInput("deployments must be a list of deployment names.", field="deployments")
+    names = []
+    for name in deployments:
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+            raise InvalidInput(
+                f"deployments must name deployments (1 to {MAX_NAME_LENGTH} characters each).", field="deployments"
+            )
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _expiry(expires_in_days: object) -> datetime:
+    most = settings.CONCH_TOKEN_MAX_DAYS
+    if expires_in_days is None:
+        return timezone.now() + timedelta(days=min(settings.CONCH_TOKEN_DEFAULT_DAYS, most))
+    if isinstance(expires_in_days, bool) or not isinstance(expires_in_days, int) or not 1 <= expires_in_days <= most:
+        raise InvalidInput(
+            f"expires_in_days must be a whole number of days from 1 to {most} (CONCH_TOKEN_MAX_DAYS).",
+            field="expires_in_days",
+        )
+    return timezone.now() + timedelta(days=expires_in_days)
+
+
+def create_api_token(
+    *,
+    user: AbstractBaseUser,
+    team: Team | None,
+    name: str = "",
+    scopes: Iterable[str] | None = None,
+    deployments: Iterable[str] | None = None,
+    expires_in_days: int | None = None,
+    token: TokenGrant | None = None,
+) -> IssuedToken:
+    """Create a bearer token of `user` in `team` and return it with its secret; only its sha256 is stored.
+
+    `scopes` None: every scope. `deployments`: names the token is limited to (None or empty: any). Expires
+    after `expires_in_days` (default CONCH_TOKEN_DEFAULT_DAYS, at most CONCH_TOKEN_MAX_DAYS). `token`: the
+    token the request creating this one was made with; the new one then stays inside it (same team, no
+    scope it lacks, no later expiry, no other deployments). Raises InvalidInput naming the field, NotFound
+    for a team the user is not in, Forbidden for more than the creating token has.
+    """
+    if team is None:
+        raise InvalidInput("Give the team the token acts in.", field="team")
+    if role_in_team(user=user, team=team) is None:
+        raise NotFound(f"Team '{team.slug}' does not exist or you are not a member of it.", field="team")
+    chosen_scopes = _parse_scopes(scopes)
+    names = _parse_deployments(deployments)
+    expires_at = _expiry(expires_in_days)
+    if token is not None:
+        if token.team_id is not None and token.team_id != team.pk:
+            raise NotFound(f"Team '{team.slug}' does not exist or you are not a member of it.", field="team")
+        for scope in chosen_scopes:
+            require_scope(token=token, scope=scope, action="Creating a token with it")
+        if token.deployments and not (names and set(names) <= set(token.deployments)):
+            raise Forbidden(
+                f"Token {token.prefix}… is limited to deployments {', '.join(token.deployments)}; a token it "
+                "creates must be limited to some of them.",
+                field="deployments",
+            )
+        expires_at = min(expires_at, token.expires_at)
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken.objects.create(
+        user=user,
+        team=team,
+        name=name[:100],
+        prefix=raw[: len(TOKEN_PREFIX) + PREFIX_CHARS],
+        key_hash=_hash_token(raw),
+        scopes=chosen_scopes,
+        deployments=names,
+        expires_at=expires_at,
+    )
+    return IssuedToken(token=row, secret=raw)
+
+
+def authenticate_token(*, raw: str) -> tuple[AbstractBaseUser, TokenGrant]:
+    """Return the active user a token secret belongs to, and what the token allows.
+
+    Raises Unauthenticated for an unknown token (or one of an inactive user), a revoked one, or an expired
+    one, saying which and that a new one is needed.
+    """
+    token = ApiToken.objects.select_related("user").filter(key_hash=_hash_token(raw)).first()
+    if token is None or not token.user.is_active:
+        raise Unauthenticated("Unknown or revoked token; create one with manage.py create_token.")
+    if token.is_revoked:
+        raise Unauthenticated(f"token {token.prefix}… was revoked; create a new one")
+    now = timezone.now()
+    if token.expires_at <= now:
+        raise Unauthenticated(f"token {token.prefix}… expired on {token.expires_at:%Y-%m-%d}; create a new one")
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user, TokenGrant.of(token)
+
+
+def visible_tokens(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[ApiToken]:
+    """Tokens the caller may list and revoke: their own, and every token of the teams they administer.
+
+    Revoked tokens are left out. With a team-bound `token`, only tokens of its team.
+    """
+    tokens = ApiToken.objects.filter(is_revoked=False).select_related("team", "user")
+    if not is_platform_admin(user):
+        administered = Membership.objects.filter(user=user, role=Role.ADMIN).values("team_id")
+        tokens = tokens.filter(Q(user=user) | Q(team_id__in=administered))
+    if token is not None and token.team_id is not None:
+        tokens = tokens.filter(team_id=token.team_id)
+    return tokens
+
+
+def revoke_api_token(*, user: AbstractBaseUser, token_id: int, token: TokenGrant | None = None) -> ApiToken:
+    """Revoke a token the caller may manage (`visible_tokens`); it answers 401 from then on. Raises NotFound."""
+    row = visible_tokens(user=user, token=token).filter(pk=token_id).first()
+    if row is None:
+        raise NotFound(f"Token {token_id} does not exist or is not one you may manage.")
+    ApiToken.objects.filter(pk=row.pk).update(is_revoked=True)
+    row.is_revoked = True
+    return row
+
+
+def revoke_named_tokens(*, user: AbstractBaseUser, name: str) -> int:
+    """Revoke every token of `user` called `name` (a tool replacing its token); returns how many."""
+    return ApiToken.objects.filter(user=user, name=name, is_revoked=False).update(is_revoked=True)
 
 
 @transaction.atomic

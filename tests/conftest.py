@@ -49,13 +49,15 @@ class Caller:
     client: APIClient
 
 
-def make_caller(username: str, team_slug: str) -> Caller:
+def make_caller(username: str, team_slug: str, *, role: str = "developer", scopes: list[str] | None = None) -> Caller:
+    """A user with `role` in team `team_slug` and a client sending a token of that team (every scope unless
+    `scopes` says which)."""
     from tenancy.services import create_api_token
 
     user = UserFactory(username=username)
     team = TeamFactory(slug=team_slug)
-    MembershipFactory(user=user, team=team)
-    token = create_api_token(user=user, name="tests")
+    MembershipFactory(user=user, team=team, role=role)
+    token = create_api_token(user=user, team=team, name="tests", scopes=scopes).secret
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return Caller(user=user, team=team, token=token, client=client)
@@ -63,11 +65,11 @@ def make_caller(username: str, team_slug: str) -> Caller:
 
 @pytest.fixture
 def alice(db) -> Caller:
-    """A member of team `acme` with an API client authenticated by bearer token."""
+    """A developer in team `acme` with an API client authenticated by bearer token."""
     return make_caller("alice", "acme")
 
 
 @pytest.fixture
 def bob(db) -> Caller:
-    """A member of another team, `globex`."""
+    """A developer in another team, `globex`."""
     return make_caller("bob", "globex")

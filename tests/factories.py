@@ -33,4 +33,4 @@ class MembershipFactory(factory.django.DjangoModelFactory):
 
     team = factory.SubFactory(TeamFactory)
     user = factory.SubFactory(UserFactory)
-    role = Role.MEMBER
+    role = Role.DEVELOPER

@@ -46,8 +46,9 @@ class ModelVersionListUploadView(APIView):
 
     @extend_schema(responses={200: ModelVersionSerializer(many=True)})
     def get(self, request: Request, model_id: int) -> Response:
-        model = services.get_model(user=request.user, model_id=model_id)
-        versions = services.visible_versions(user=request.user).filter(model=model).prefetch_related("build_steps")
+        model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
+        versions = services.visible_versions(user=request.user, token=request.auth).filter(model=model)
+        versions = versions.prefetch_related("build_steps")
         return Response(ModelVersionSerializer(versions, many=True).data)
 
     @extend_schema(
@@ -55,6 +56,7 @@ class ModelVersionListUploadView(APIView):
         responses={
             201: ModelVersionSerializer,
             400: ErrorSerializer,
+            403: ErrorSerializer,
             404: ErrorSerializer,
             413: ErrorSerializer,
             415: ErrorSerializer,
@@ -65,12 +67,12 @@ class ModelVersionListUploadView(APIView):
         "object store; the build is queued. Poll GET /versions/{id}/.",
     )
     def post(self, request: Request, model_id: int) -> Response:
-        model = services.get_model(user=request.user, model_id=model_id)
+        model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
         max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
         # The body may carry the model, an .npz of sample inputs and the small form fields.
         slack = MULTIPART_SLACK_BYTES + MAX_SAMPLE_INPUTS_BYTES
         check_content_length(request._request, max_bytes, slack_bytes=slack)
-        version = services.reserve_version(model=model, user=request.user)
+        version = services.reserve_version(model=model, user=request.user, token=request.auth)
         store = get_object_store()
         handler = ObjectStoreUploadHandler(
             store,
@@ -129,7 +131,8 @@ class ModelVersionViewSet(RetrieveModelMixin, ListModelMixin, GenericViewSet):
     serializer_class = ModelVersionSerializer
 
     def get_queryset(self):
-        return services.visible_versions(user=self.request.user).prefetch_related("build_steps").order_by("id")
+        versions = services.visible_versions(user=self.request.user, token=self.request.auth)
+        return versions.prefetch_related("build_steps").order_by("id")
 
 
 class RebuildView(APIView):
@@ -141,13 +144,19 @@ class RebuildView(APIView):
 
     @extend_schema(
         request={"multipart/form-data": RebuildSerializer, "application/json": RebuildSerializer},
-        responses={202: ModelVersionSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        responses={
+            202: ModelVersionSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
         description="Build the version again. `sample_inputs` (an .npz file) and `sample_values` (text such as "
         "`sr=16000`, or a JSON object) replace the version's sample inputs for the verify step; leave them out to "
         "keep what the version has.",
     )
     def post(self, request: Request, version_id: int) -> Response:
-        version = services.get_version(user=request.user, version_id=version_id)
+        version = services.get_version(user=request.user, version_id=version_id, token=request.auth)
         handler = ObjectStoreUploadHandler(
             get_object_store(),
             services.sample_inputs_key(model_id=version.model_id, number=version.number, incoming=True),
@@ -171,6 +180,8 @@ class RebuildView(APIView):
                 )
             samples = files.get(SAMPLE_INPUTS_FIELD)
             version = builds.request_rebuild(
+                user=request.user,
+                token=request.auth,
                 version=version,
                 sample_inputs=samples.stored if samples is not None else None,
                 sample_values=data.get(SAMPLE_VALUES_FIELD) if SAMPLE_VALUES_FIELD in data else None,

@@ -16,8 +16,12 @@ from builds.model_config import parse_build_options
 from builds.verification import describe_sample_arrays, parse_sample_values, read_sample_arrays
 from models_registry import services as registry
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
+from tenancy.choices import Role, Scope
+from tenancy.services import TokenGrant, require_role
 
 if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
     from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -62,9 +66,17 @@ def submit_upload(
 
 
 def request_rebuild(
-    *, version: ModelVersion, sample_inputs: StoredObject | None = None, sample_values: Any = None
+    *,
+    user: AbstractBaseUser,
+    version: ModelVersion,
+    sample_inputs: StoredObject | None = None,
+    sample_values: Any = None,
+    token: TokenGrant | None = None,
 ) -> ModelVersion:
     """Build a version again from its stored file (after a fix in Conch, a transient failure, or to add samples).
+
+    `user` needs the developer role in the version's team and, with a `token`, the `models:write` scope
+    (Forbidden otherwise; nothing changes then).
 
     `sample_inputs` / `sample_values` as for `submit_upload`: each one given replaces what the version had (an
     empty `sample_values` text removes the values); None keeps it. A build that stalled may be rebuilt:
@@ -73,6 +85,14 @@ def request_rebuild(
     `sample_values`) for bad samples, Conflict while the upload is unfinished or a build is queued or running
     normally; the version's samples are unchanged then.
     """
+    require_role(
+        user=user,
+        team=version.model.team,
+        role=Role.DEVELOPER,
+        action="Rebuilding a model version",
+        token=token,
+        scope=Scope.MODELS_WRITE,
+    )
     store = get_object_store()
     build_options = dict(version.build_options or {})
     previous = build_options.get("samples") or {}

@@ -121,11 +121,17 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     serializer_class = DeploymentSerializer
 
     def get_queryset(self):
-        return services.visible_deployments(user=self.request.user).order_by("id")
+        return services.visible_deployments(user=self.request.user, token=self.request.auth).order_by("id")
 
     @extend_schema(
         request=CreateDeploymentSerializer,
-        responses={201: DeploymentSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        responses={
+            201: DeploymentSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
     )
     def create(self, request: Request) -> Response:
         form = CreateDeploymentSerializer(data=request.data)
@@ -133,6 +139,7 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         v = form.validated_data
         deployment = services.create_deployment(
             user=request.user,
+            token=request.auth,
             team_slug=v["team"],
             name=v["name"],
             model_version_id=v["model_version"],
@@ -151,7 +158,13 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
 
     @extend_schema(
         request=UpdateDeploymentSerializer,
-        responses={202: DeploymentSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        responses={
+            202: DeploymentSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
         description="Change a running deployment. `model_version`: move to another built version of the same model "
         "without restarting a server (update_status goes queued -> updating -> succeeded or failed). `replicas` or "
         "`autoscaling` (kubernetes): a new pod count or autoscaling bounds, applied to the cluster. Fields that "
@@ -164,12 +177,14 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         form = UpdateDeploymentSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         changes = {name: request.data[name] for name in request.data.keys()}
-        deployment = services.update_deployment(user=request.user, deployment=deployment, changes=changes)
+        deployment = services.update_deployment(
+            user=request.user, deployment=deployment, changes=changes, token=request.auth
+        )
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={202: DeploymentSerializer})
+    @extend_schema(request=None, responses={202: DeploymentSerializer, 403: ErrorSerializer})
     def destroy(self, request: Request, pk: str) -> Response:
-        deployment = services.request_stop(deployment=self.get_object())
+        deployment = services.request_stop(user=request.user, deployment=self.get_object(), token=request.auth)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
@@ -188,6 +203,7 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
                 OpenApiTypes.BINARY, description=f"Triton's response with binary outputs, and {HEADER_LENGTH}."
             ),
             400: ErrorSerializer,
+            403: ErrorSerializer,
             404: ErrorSerializer,
             409: ErrorSerializer,
             413: ErrorSerializer,
@@ -199,7 +215,11 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     def infer(self, request: Request, pk: str) -> HttpResponse:
         deployment = self.get_object()
         answer = services.infer(
-            deployment=deployment, body=request._request.body, header_length=_header_length(request)
+            user=request.user,
+            deployment=deployment,
+            body=request._request.body,
+            header_length=_header_length(request),
+            token=request.auth,
         )
         response = HttpResponse(answer.body, content_type=answer.content_type)
         if answer.header_length is not None:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from conch.errors import Conflict, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
+from deployments.services.records import require_deployment_access
+from tenancy.choices import Scope
+from tenancy.services import TokenGrant
 from tritonserving.client import InferenceResponse, TritonClient, TritonUnreachable
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +23,14 @@ log = logging.getLogger(__name__)
 MAX_SERVERS_TRIED = 3
 
 
-def infer(*, deployment: Deployment, body: bytes, header_length: int | None = None) -> InferenceResponse:
+def infer(
+    *,
+    user: AbstractBaseUser,
+    deployment: Deployment,
+    body: bytes,
+    header_length: int | None = None,
+    token: TokenGrant | None = None,
+) -> InferenceResponse:
     """Forward a KServe v2 / Open Inference Protocol request body to the deployment's Triton, unchanged.
 
     `body`: JSON, or (`header_length` set, Triton's `Inference-Header-Content-Length`) a JSON header followed by
@@ -25,7 +39,12 @@ def infer(*, deployment: Deployment, body: bytes, header_length: int | None = No
     Triton rejects the request), Unavailable when Triton cannot be reached. A deployment with several Tritons
     (Kubernetes pods) has each request sent to the next ready one (round-robin); a server that cannot be reached
     (nothing was sent) is left out and the request goes to the next one, up to `MAX_SERVERS_TRIED` servers.
+    Needs the developer role in the deployment's team and, with a token, the `infer` scope and (for a token
+    limited to named deployments) the deployment's name: Forbidden otherwise.
     """
+    require_deployment_access(
+        user=user, deployment=deployment, action="Sending an inference request", token=token, scope=Scope.INFER
+    )
     if deployment.status not in (DeploymentStatus.READY, DeploymentStatus.DEGRADED):
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
     runtime = get_runtime(deployment.runtime)

@@ -22,7 +22,8 @@ from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
-from tenancy.services import get_team_for_user, teams_for_user
+from tenancy.choices import Role, Scope
+from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
 
 if TYPE_CHECKING:
@@ -39,17 +40,40 @@ ENABLED_RUNTIMES = (RuntimeName.LOCAL, RuntimeName.KUBERNETES)
 # --- queries ---------------------------------------------------------------------
 
 
-def visible_deployments(*, user: AbstractBaseUser) -> QuerySet[Deployment]:
-    """Deployments of the caller's teams."""
-    return Deployment.objects.filter(team__in=teams_for_user(user=user)).select_related("team", "model_version__model")
+def visible_deployments(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Deployment]:
+    """Deployments of the caller's teams (of the token's team, for a request made with a team-bound token)."""
+    teams = teams_for_user(user=user, token=token)
+    return Deployment.objects.filter(team__in=teams).select_related("team", "model_version__model")
 
 
-def get_deployment(*, user: AbstractBaseUser, deployment_id: int) -> Deployment:
+def get_deployment(*, user: AbstractBaseUser, deployment_id: int, token: TokenGrant | None = None) -> Deployment:
     """Return a deployment the caller may see. Raises NotFound."""
-    deployment = visible_deployments(user=user).filter(pk=deployment_id).first()
+    deployment = visible_deployments(user=user, token=token).filter(pk=deployment_id).first()
     if deployment is None:
         raise NotFound(f"Deployment {deployment_id} does not exist or is not in one of your teams.")
     return deployment
+
+
+def require_deployment_access(
+    *,
+    user: AbstractBaseUser,
+    deployment: Deployment,
+    action: str,
+    token: TokenGrant | None = None,
+    scope: Scope = Scope.DEPLOYMENTS_WRITE,
+) -> None:
+    """Check that the caller may do `action` to `deployment`: the developer role in its team and, with a token,
+    `scope` and (for a token limited to named deployments) the deployment's name. Raises Forbidden or NotFound.
+    """
+    require_role(
+        user=user,
+        team=deployment.team,
+        role=Role.DEVELOPER,
+        action=action,
+        token=token,
+        scope=scope,
+        deployment_name=deployment.name,
+    )
 
 
 def log_tail(deployment: Deployment, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -99,6 +123,7 @@ def effective_settings(deployment: Deployment) -> dict[str, Any]:
 def create_deployment(
     *,
     user: AbstractBaseUser,
+    token: TokenGrant | None = None,
     team_slug: str,
     name: str,
     model_version_id: Any,
@@ -125,10 +150,21 @@ def create_deployment(
     max_queue_delay_microseconds); `instance_count` sets the instance group count
     (concurrent model execution). Raises InvalidInput naming the field, NotFound for a
     team or version the caller cannot see, Conflict for a version that is not built or
-    a name already used by an active deployment of the team.
+    a name already used by an active deployment of the team. Needs the developer role in the team and, with a
+    `token`, the `deployments:write` scope and (for a token limited to named deployments) `name` among them:
+    Forbidden otherwise.
     """
     validate_model_name(name)
-    team = get_team_for_user(user=user, slug=team_slug)
+    team = get_team_for_user(user=user, slug=team_slug, token=token)
+    require_role(
+        user=user,
+        team=team,
+        role=Role.DEVELOPER,
+        action="Creating a deployment",
+        token=token,
+        scope=Scope.DEPLOYMENTS_WRITE,
+        deployment_name=name,
+    )
     if runtime not in RuntimeName.values:
         raise InvalidInput(f"runtime must be one of {', '.join(RuntimeName.values)}.", field="runtime")
     if runtime not in ENABLED_RUNTIMES:
@@ -144,7 +180,7 @@ def create_deployment(
             get_object_store().triton_repository_location("check"),
             placement.cluster.s3_endpoint,
         )
-    version = version_for_deployment(user=user, model_version_id=model_version_id)
+    version = version_for_deployment(user=user, model_version_id=model_version_id, token=token)
     version_id = version.pk
     if version.model.team_id != team.pk:
         raise InvalidInput(
@@ -202,8 +238,12 @@ def create_deployment(
     return deployment
 
 
-def request_stop(*, deployment: Deployment) -> Deployment:
-    """Ask for a deployment to stop; a task ends its Triton and frees its ports."""
+def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: TokenGrant | None = None) -> Deployment:
+    """Ask for a deployment to stop; a task ends its Triton and frees its ports.
+
+    Needs the developer role in its team (and, with a token, `deployments:write`): Forbidden otherwise.
+    """
+    require_deployment_access(user=user, deployment=deployment, action="Stopping a deployment", token=token)
     with transaction.atomic():
         deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if deployment.status == DeploymentStatus.STOPPED:
@@ -216,7 +256,9 @@ def request_stop(*, deployment: Deployment) -> Deployment:
     return deployment
 
 
-def version_for_deployment(*, user: AbstractBaseUser, model_version_id: Any) -> ModelVersion:
+def version_for_deployment(
+    *, user: AbstractBaseUser, model_version_id: Any, token: TokenGrant | None = None
+) -> ModelVersion:
     """The model version `model_version_id` names (an id, as JSON or text), when the caller may see it.
 
     Raises InvalidInput (not an id) or NotFound (no such version in the caller's teams), field `model_version`.
@@ -228,7 +270,7 @@ def version_for_deployment(*, user: AbstractBaseUser, model_version_id: Any) -> 
     except (TypeError, ValueError):
         raise InvalidInput("model_version must be the id of a model version.", field="model_version") from None
     try:
-        return get_version(user=user, version_id=version_id)
+        return get_version(user=user, version_id=version_id, token=token)
     except NotFound as exc:
         raise NotFound(exc.detail, field="model_version") from None
 
@@ -242,13 +284,22 @@ def _queue_start(deployment_id: int) -> None:
     queue_task("deployments.start_deployment", deployment_id)
 
 
-def rescale_deployment(*, deployment: Deployment, replicas: Any = None, autoscaling: Any = None) -> Deployment:
+def rescale_deployment(
+    *,
+    user: AbstractBaseUser,
+    deployment: Deployment,
+    replicas: Any = None,
+    autoscaling: Any = None,
+    token: TokenGrant | None = None,
+) -> Deployment:
     """Change a Kubernetes deployment's pod count: fixed `replicas` (0..max), or new `autoscaling` bounds (which
     replace fixed replicas); the change is applied to the cluster by a queued start task (an idempotent apply).
 
-    Raises InvalidInput naming the field (`replicas`, `autoscaling.*`; a local deployment has neither), Conflict
-    when the deployment is stopping or stopped.
+    Raises Forbidden without the developer role (or, with a token, `deployments:write`), InvalidInput naming
+    the field (`replicas`, `autoscaling.*`; a local deployment has neither), Conflict when the deployment is
+    stopping or stopped.
     """
+    require_deployment_access(user=user, deployment=deployment, action="Scaling a deployment", token=token)
     if deployment.runtime != RuntimeName.KUBERNETES:
         field = "replicas" if replicas is not None else "autoscaling"
         raise InvalidInput(

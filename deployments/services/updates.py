@@ -52,7 +52,12 @@ from deployments.choices import DeploymentStatus, DesiredState, UpdateStatus
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Server
-from deployments.services.records import queue_task, rescale_deployment, version_for_deployment
+from deployments.services.records import (
+    queue_task,
+    require_deployment_access,
+    rescale_deployment,
+    version_for_deployment,
+)
 from deployments.services.repository import (
     copy_version_files,
     has_deployment_repository,
@@ -62,6 +67,7 @@ from deployments.services.repository import (
 )
 from models_registry.choices import VersionStatus
 from models_registry.storage import get_object_store
+from tenancy.services import TokenGrant
 from tritonserving.client import TritonClient
 from tritonserving.config import (
     ModelConfig,
@@ -87,12 +93,16 @@ UPDATABLE_FIELDS = ("model_version", "replicas", "autoscaling")
 SERVING = (DeploymentStatus.READY, DeploymentStatus.DEGRADED)
 
 
-def update_deployment(*, user: AbstractBaseUser, deployment: Deployment, changes: Mapping[str, Any]) -> Deployment:
+def update_deployment(
+    *, user: AbstractBaseUser, deployment: Deployment, changes: Mapping[str, Any], token: TokenGrant | None = None
+) -> Deployment:
     """Apply a partial update of a deployment (`changes`: field name -> new value); returns the deployment.
 
-    Raises InvalidInput naming the first field that cannot be changed, or `request` when nothing is asked;
-    otherwise what the field's service raises (`update_model_version`).
+    Raises Forbidden without the developer role (or, with a token, `deployments:write`), InvalidInput naming
+    the first field that cannot be changed, or `request` when nothing is asked; otherwise what the field's
+    service raises (`rescale_deployment`, `update_model_version`).
     """
+    require_deployment_access(user=user, deployment=deployment, action="Changing a deployment", token=token)
     unknown = [name for name in changes if name not in UPDATABLE_FIELDS]
     if unknown:
         raise InvalidInput(
@@ -103,23 +113,33 @@ def update_deployment(*, user: AbstractBaseUser, deployment: Deployment, changes
         raise InvalidInput(f"Send at least one of {', '.join(UPDATABLE_FIELDS)} to change.", field="request")
     if "replicas" in changes or "autoscaling" in changes:
         deployment = rescale_deployment(
-            deployment=deployment, replicas=changes.get("replicas"), autoscaling=changes.get("autoscaling")
+            user=user,
+            deployment=deployment,
+            replicas=changes.get("replicas"),
+            autoscaling=changes.get("autoscaling"),
+            token=token,
         )
     if "model_version" in changes:
-        deployment = update_model_version(user=user, deployment=deployment, model_version_id=changes["model_version"])
+        deployment = update_model_version(
+            user=user, deployment=deployment, model_version_id=changes["model_version"], token=token
+        )
     return deployment
 
 
-def update_model_version(*, user: AbstractBaseUser, deployment: Deployment, model_version_id: Any) -> Deployment:
+def update_model_version(
+    *, user: AbstractBaseUser, deployment: Deployment, model_version_id: Any, token: TokenGrant | None = None
+) -> Deployment:
     """Ask for `deployment` to serve another built version of its model, without a restart; returns it.
 
     The update runs in a task (see the module docstring); its progress shows in `update_status` and, when it
     fails, `update_error`. Asking for the version the deployment serves changes nothing. Raises, naming field
     `model_version`: InvalidInput for a value that is no id, a version of another model, or one the
     deployment's overrides do not fit; NotFound for a version the caller cannot see; Conflict for a version that
-    is not built, a deployment that is not ready, or one whose update is still running.
+    is not built, a deployment that is not ready, or one whose update is still running. Forbidden without the
+    developer role (or, with a token, `deployments:write`).
     """
-    version = version_for_deployment(user=user, model_version_id=model_version_id)
+    require_deployment_access(user=user, deployment=deployment, action="Changing a deployment", token=token)
+    version = version_for_deployment(user=user, model_version_id=model_version_id, token=token)
     with transaction.atomic():
         deployment = (
             Deployment.objects.select_for_update(of=("self",))

@@ -20,16 +20,25 @@ class RegisteredModelViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet)
     serializer_class = RegisteredModelSerializer
 
     def get_queryset(self):
-        return services.visible_models(user=self.request.user).order_by("id")
+        return services.visible_models(user=self.request.user, token=self.request.auth).order_by("id")
 
     @extend_schema(
         request=CreateModelSerializer,
-        responses={201: RegisteredModelSerializer, 400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        responses={
+            201: RegisteredModelSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
     )
     def create(self, request: Request) -> Response:
         form = CreateModelSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         model = services.create_model(
-            user=request.user, team_slug=form.validated_data["team"], name=form.validated_data["name"]
+            user=request.user,
+            team_slug=form.validated_data["team"],
+            name=form.validated_data["name"],
+            token=request.auth,
         )
         return Response(RegisteredModelSerializer(model).data, status=status.HTTP_201_CREATED)

@@ -1,9 +1,70 @@
+from django.conf import settings
 from rest_framework import serializers
 
-from tenancy.models import Team
+from tenancy.choices import Scope
+from tenancy.models import ApiToken, Team
 
 
 class TeamSerializer(serializers.ModelSerializer):
     class Meta:
         model = Team
         fields = ["id", "slug", "name", "created_at"]
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    """A token as lists show it: never its secret nor its hash."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices))
+    deployments = serializers.ListField(child=serializers.CharField())
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "user",
+            "team",
+            "scopes",
+            "deployments",
+            "expires_at",
+            "created_at",
+            "last_used_at",
+        ]
+
+
+class CreatedApiTokenSerializer(ApiTokenSerializer):
+    """A token just created, with its secret: the one time it is shown."""
+
+    token = serializers.CharField(help_text="The secret: send it as 'Authorization: Bearer <token>'. Shown once.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+
+class CreateApiTokenSerializer(serializers.Serializer):
+    team = serializers.SlugField(max_length=63, help_text="Slug of the team the token acts in.")
+    name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=Scope.choices),
+        required=False,
+        allow_empty=False,
+        help_text="What the token may do; default: every scope.",
+    )
+    deployments = serializers.ListField(
+        child=serializers.CharField(max_length=63),
+        required=False,
+        help_text="Limit deployment writes and inference to these deployment names; default: any.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The bound is a setting, read when a request (or the schema) is made, not at import.
+        self.fields["expires_in_days"] = serializers.IntegerField(
+            min_value=1,
+            max_value=settings.CONCH_TOKEN_MAX_DAYS,
+            required=False,
+            help_text="Days until it expires (default CONCH_TOKEN_DEFAULT_DAYS, at most CONCH_TOKEN_MAX_DAYS).",
+        )

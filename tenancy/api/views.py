@@ -1,10 +1,20 @@
-"""Teams the caller belongs to."""
+"""Teams the caller belongs to, and the caller's API tokens."""
 
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
-from tenancy.api.serializers import TeamSerializer
-from tenancy.services import teams_for_user
+from conch.api import ErrorSerializer
+from tenancy.api.serializers import (
+    ApiTokenSerializer,
+    CreateApiTokenSerializer,
+    CreatedApiTokenSerializer,
+    TeamSerializer,
+)
+from tenancy.services import create_api_token, get_team_for_user, revoke_api_token, teams_for_user, visible_tokens
 
 
 class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
@@ -12,4 +22,40 @@ class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     lookup_field = "slug"
 
     def get_queryset(self):
-        return teams_for_user(user=self.request.user).order_by("slug")
+        return teams_for_user(user=self.request.user, token=self.request.auth).order_by("slug")
+
+
+class ApiTokenViewSet(ListModelMixin, GenericViewSet):
+    """Your API tokens, and all tokens of the teams you administer. POST creates one (its secret is in that
+    answer only); DELETE revokes one."""
+
+    serializer_class = ApiTokenSerializer
+    lookup_value_regex = "[0-9]+"
+
+    def get_queryset(self):
+        return visible_tokens(user=self.request.user, token=self.request.auth).order_by("-created_at", "-id")
+
+    @extend_schema(
+        request=CreateApiTokenSerializer,
+        responses={201: CreatedApiTokenSerializer, 400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
+    )
+    def create(self, request: Request) -> Response:
+        form = CreateApiTokenSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        v = form.validated_data
+        issued = create_api_token(
+            user=request.user,
+            team=get_team_for_user(user=request.user, slug=v["team"], token=request.auth),
+            name=v["name"],
+            scopes=v.get("scopes"),
+            deployments=v.get("deployments"),
+            expires_in_days=v.get("expires_in_days"),
+            token=request.auth,
+        )
+        body = {**ApiTokenSerializer(issued.token).data, "token": issued.secret}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None, 404: ErrorSerializer})
+    def destroy(self, request: Request, pk: str) -> Response:
+        revoke_api_token(user=request.user, token_id=int(pk), token=request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)

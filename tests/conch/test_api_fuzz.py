@@ -101,16 +101,22 @@ def test_schemathesis_gets_no_server_error_from_any_operation(live_server, trans
     )
 
     # when schemathesis runs every operation of the schema; stopping deployments last, so the ready one serves
-    # the fuzzed inference requests (it also learns ids from responses, so it would stop that one too)
+    # the fuzzed inference requests (it also learns ids from responses, so it would stop that one too), and
+    # revoking tokens after that (it would revoke its own)
     stop = "DELETE /api/v1/deployments/{id}/"
-    outputs = [_schemathesis(live_server.url, caller.token, config, tmp_path, "--exclude-name", stop)]
+    revoke = "DELETE /api/v1/tokens/{id}/"
+    outputs = [
+        _schemathesis(live_server.url, caller.token, config, tmp_path, "--exclude-name", stop, "--exclude-name", revoke)
+    ]
     outputs.append(_schemathesis(live_server.url, caller.token, config, tmp_path, "--include-name", stop))
+    outputs.append(_schemathesis(live_server.url, caller.token, config, tmp_path, "--include-name", revoke))
 
     # then nothing answered 5xx (the output names any request that did, with a curl line to replay it)
     for returncode, output in outputs:
         print(output)  # shown with -s, and by pytest when the test fails
         assert returncode == 0, output[-12000:]
-    assert "18 selected / 19 total" in outputs[0][1] and "1 selected / 19 total" in outputs[1][1]
+    assert "20 selected / 22 total" in outputs[0][1]
+    assert "1 selected / 22 total" in outputs[1][1] and "1 selected / 22 total" in outputs[2][1]
 
 
 def _schemathesis(url: str, token: str, config: Path, workdir: Path, *selection: str) -> tuple[int, str]:

@@ -9,15 +9,15 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from tenancy.models import ApiToken
-from tests.factories import UserFactory
+from tenancy.models import ApiToken, Membership
+from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
 
 def test_create_token_prints_the_token_last_and_stores_only_its_hash():
-    # given
-    UserFactory(username="carol")
+    # given a user in one team (the token is bound to it)
+    MembershipFactory(user=UserFactory(username="carol"), team=TeamFactory(slug="acme"))
     out = io.StringIO()
     # when
     call_command("create_token", "carol", stdout=out)
@@ -64,8 +64,15 @@ def test_teams_list_shows_only_the_callers_teams(alice, bob):
     assert [t["slug"] for t in response.json()["results"]] == ["acme"]
 
 
-def test_create_team_command_adds_members(alice):
+def test_create_team_command_adds_members_with_their_roles(alice, bob):
+    # when
     out = io.StringIO()
-    call_command("create_team", "initech", "--member", "alice", stdout=out)
-    response = alice.client.get("/api/v1/teams/")
+    call_command("create_team", "initech", "--member", "alice", "--viewer", "bob", stdout=out)
+    # then alice (in a console session: every team of hers) sees both teams; her token stays bound to acme
+    session = APIClient()
+    session.force_authenticate(alice.user)
+    response = session.get("/api/v1/teams/")
     assert sorted(t["slug"] for t in response.json()["results"]) == ["acme", "initech"]
+    assert [t["slug"] for t in alice.client.get("/api/v1/teams/").json()["results"]] == ["acme"]
+    roles = dict(Membership.objects.filter(team__slug="initech").values_list("user__username", "role"))
+    assert roles == {"alice": "developer", "bob": "viewer"}

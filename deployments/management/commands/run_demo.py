@@ -58,7 +58,14 @@ from conch.processes import beat_command, web_command, worker_command
 from deployments.services import stop_all_local_servers
 from deployments.services.clusters import cluster_gpu_offers, register_cluster
 from tenancy.choices import Role
-from tenancy.services import authenticate_token, create_api_token, ensure_membership, ensure_team, ensure_user
+from tenancy.services import (
+    authenticate_token,
+    create_api_token,
+    ensure_membership,
+    ensure_team,
+    ensure_user,
+    revoke_named_tokens,
+)
 
 MODEL_NAME = "orientation"
 TEAM = "demo"
@@ -73,6 +80,8 @@ S3_BUCKET = "conch-demo"
 # moto's server takes any credentials; these only have to be the same in Conch and in the pods' Secret.
 S3_CREDENTIALS = {"CONCH_S3_ACCESS_KEY_ID": "conch-demo", "CONCH_S3_SECRET_ACCESS_KEY": "conch-demo-secret"}
 ADMIN = "admin"
+#: The name of the one API token the demo keeps (VAR_DIR/demo-token); a new one revokes the ones before it.
+DEMO_TOKEN_NAME = "demo"
 # A process that stayed up this long and then failed restarts without delay; quicker failures back off.
 STABLE_SECONDS = 60.0
 MAX_BACKOFF_SECONDS = 30.0
@@ -367,7 +376,7 @@ class Command(BaseCommand):
         admin, password = self._ensure_admin()
         team = ensure_team(slug=TEAM, name="Demo team")
         ensure_membership(team=team, user=admin, role=Role.ADMIN)
-        token = self._ensure_token(admin)
+        token = self._ensure_token(admin, team)
 
         chosen = _free_port(port)
         if port and chosen != port:
@@ -447,15 +456,20 @@ class Command(BaseCommand):
         _write_secret(path, password)
         return admin, password
 
-    def _ensure_token(self, admin) -> str:
-        """The demo's API token: the one kept in VAR_DIR/demo-token while it still works, else a new one."""
+    def _ensure_token(self, admin, team) -> str:
+        """The demo's API token in team `demo`: the one kept in VAR_DIR/demo-token while it still works, else a
+        new one (expiring after CONCH_TOKEN_DEFAULT_DAYS); the demo's earlier tokens are revoked, not piled up."""
         path = Path(settings.VAR_DIR) / "demo-token"
         kept = _read_secret(path)
         if kept:
-            user = authenticate_token(raw=kept)
-            if user is not None and user.pk == admin.pk:
+            try:
+                user, grant = authenticate_token(raw=kept)
+            except ConchError:
+                user, grant = None, None
+            if user is not None and user.pk == admin.pk and grant.team_id == team.pk:
                 return kept
-        token = create_api_token(user=admin, name="demo")
+        revoke_named_tokens(user=admin, name=DEMO_TOKEN_NAME)
+        token = create_api_token(user=admin, team=team, name=DEMO_TOKEN_NAME).secret
         _write_secret(path, token)
         return token
 

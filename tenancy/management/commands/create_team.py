@@ -1,4 +1,5 @@
-"""`manage.py create_team <slug> [--member USER ...]`: create a team (or add members to it)."""
+"""`manage.py create_team <slug> [--member USER ...] [--viewer USER ...] [--admin USER ...]`: create a team (or add
+members to it, or change their roles)."""
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -14,13 +15,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--name", default="")
-        parser.add_argument("--member", action="append", default=[], help="Username to add (repeatable).")
+        parser.add_argument("--member", action="append", default=[], help="Username to add as developer (repeatable).")
+        parser.add_argument("--viewer", action="append", default=[], help="Username to add as viewer (read only).")
         parser.add_argument("--admin", action="append", default=[], help="Username to add as team admin.")
 
-    def handle(self, *args, slug: str, name: str, member: list[str], admin: list[str], **options):
+    def handle(self, *args, slug: str, name: str, member: list[str], viewer: list[str], admin: list[str], **options):
         team, created = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug})
         users = get_user_model().objects
-        for username, role in [(u, Role.MEMBER) for u in member] + [(u, Role.ADMIN) for u in admin]:
+        roles = [(u, Role.DEVELOPER) for u in member] + [(u, Role.VIEWER) for u in viewer]
+        for username, role in roles + [(u, Role.ADMIN) for u in admin]:
             user = users.filter(username=username).first()
             if user is None:
                 raise CommandError(f"No user '{username}'.")
