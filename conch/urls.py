@@ -3,9 +3,11 @@
 from django.contrib import admin
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from deployments.api import gateway as gateway_views
 
 api_v1 = [
     path("", include("tenancy.api.urls")),
@@ -27,6 +29,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("api/v1/", include(api_v1)),
+    # The inference gateway: each deployment speaks the KServe v2 REST API at its own base path.
+    re_path(r"^serve/(?P<team>[-a-z0-9]+)/(?P<deployment>[-a-z0-9]+)/(?P<path>.*)$", gateway_views.serve, name="serve"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("deployments/", include("deployments.urls")),

@@ -87,6 +87,11 @@ class TritonUnavailable(Unavailable):
     """Triton could not be reached, did not answer in time, or said it is unavailable (retry later)."""
 
 
+#: Headers a gateway passes between clients and Triton (lower case): the body's type, encoding and, with
+#: binary tensor data, the JSON header's length (Triton "Binary Tensor Data Extension").
+RELAYED_HEADERS = frozenset({"content-type", "content-encoding", "accept-encoding", "inference-header-content-length"})
+
+
 class TritonUnreachable(TritonUnavailable):
     """No connection to Triton could be opened (refused, no route, connect timeout): nothing was sent, so the
     request may safely go to another server."""
@@ -491,6 +496,38 @@ class TritonClient:
         except (OSError, http.client.HTTPException) as exc:
             kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
             raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
+        finally:
+            connection.close()
+
+    def relay(
+        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Send one request to Triton as a client wrote it and return Triton's answer as is: (status, the
+        response headers that describe the body, body). For a gateway: `path` is Triton's (`/v2/models/m/infer`),
+        `headers` the client's Content-Type, Content-Encoding, Accept-Encoding and `Inference-Header-Content-
+        Length` (others are dropped); the restricted-API key is added when this client has one. Raises
+        `TritonUnreachable` when no connection opens (nothing sent), `TritonUnavailable` when it fails after.
+        """
+        sent = {name: value for name, value in (headers or {}).items() if name.lower() in RELAYED_HEADERS}
+        sent.update(self._headers or {})
+        connection_class = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
+        connection = connection_class(self._address, timeout=self.timeout_s)
+        try:
+            connection.connect()
+        except OSError as exc:
+            connection.close()
+            raise TritonUnreachable(f"Triton at {self.http_url} cannot be reached: {exc}") from None
+        try:
+            connection.request(method, path, body=body or None, headers=sent)
+            response = connection.getresponse()
+            answer = response.read()
+            kept = {name: value for name, value in response.headers.items() if name.lower() in RELAYED_HEADERS}
+            return response.status, kept, answer
+        except (OSError, http.client.HTTPException) as exc:
+            kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
+            raise TritonUnavailable(
+                f"Triton at {self.http_url} {kind} while answering {method} {path}: {exc}"
+            ) from None
         finally:
             connection.close()
 

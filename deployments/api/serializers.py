@@ -113,11 +113,15 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_endpoints(self, obj: Deployment) -> dict:
         where = endpoints(obj)
+        base = f"/serve/{obj.team.slug}/{obj.name}"
+        request = self.context.get("request")
         return {
             "http": where.http,
             "grpc": where.grpc,
             "metrics": where.metrics,
             "infer": f"{where.http}/v2/models/{obj.model_name}/infer" if where.http else "",
+            # Through Conch, with a token (KServe v2 REST; tritonclient takes it without the scheme).
+            "gateway": request.build_absolute_uri(base) if request is not None else base,
         }
 
     def get_replicas(self, obj: Deployment) -> dict | None:

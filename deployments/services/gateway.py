@@ -1,0 +1,155 @@
+"""The inference gateway: each deployment at `/serve/<team>/<deployment>/` speaking the KServe v2 / Open Inference
+Protocol REST API that Triton's and KServe's clients use, behind Conch's tokens.
+
+What a client may call there (KServe "Open Inference Protocol", REST; Triton "HTTP/REST and GRPC Protocol"):
+- `GET v2/health/live`, `GET v2/health/ready`: answered by Conch, `{"live": true}` / `{"ready": true|false}`
+  (200 when ready, 503 when not), the shape both clients read;
+- `GET v2`: the server's metadata, from Triton;
+- `GET v2/models/<model>[/versions/<v>]`, `…/ready`, `…/config` (read only) and `POST …/infer`: passed to a
+  ready Triton of the deployment (a local server, or the next ready pod) with the client's body and the headers
+  that describe it (`Inference-Header-Content-Length` for binary tensor data, Content-Encoding and
+  Accept-Encoding for gzip/deflate), and Triton's answer passed back as is.
+Any other path, or another model than the deployment's, is 404. Every call needs the `infer` scope in the
+deployment's team (and its name, for a token limited to named deployments) and the developer role. Errors come
+back as `GatewayError`s, which the view writes as `{"error": "…"}` (the form those clients read).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conch.errors import ConchError, NotFound, Unavailable
+from deployments.choices import DeploymentStatus
+from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+from deployments.services.records import require_deployment_access, serving_servers, visible_deployments
+from tenancy.choices import Scope
+from tenancy.services import TokenGrant
+from tritonserving.client import TritonClient, TritonUnreachable
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+__all__ = ["GatewayAnswer", "MAX_SERVERS_TRIED", "find_served_deployment", "serve"]
+
+#: How many servers one request may be tried on when the first cannot be reached (nothing was sent).
+MAX_SERVERS_TRIED = 3
+#: Seconds one relayed request may take.
+RELAY_TIMEOUT_S = 60.0
+_MODEL_PATH = re.compile(r"models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?(?:/(?P<what>ready|config|infer))?")
+_SERVING = (DeploymentStatus.READY, DeploymentStatus.DEGRADED)
+
+
+@dataclass(frozen=True)
+class GatewayAnswer:
+    """What the gateway sends back: HTTP `status`, `headers` (those describing the body) and the `body` bytes."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def find_served_deployment(
+    *, user: AbstractBaseUser, token: TokenGrant | None, team_slug: str, name: str
+) -> Deployment:
+    """The running deployment `name` of team `team_slug` that the caller can see. Raises NotFound."""
+    deployment = (
+        visible_deployments(user=user, token=token)
+        .filter(team__slug=team_slug, name=name)
+        .exclude(status=DeploymentStatus.STOPPED)
+        .first()
+    )
+    if deployment is None:
+        raise NotFound(f"There is no running deployment '{name}' in team '{team_slug}' that this token can use.")
+    return deployment
+
+
+def serve(
+    *,
+    user: AbstractBaseUser,
+    token: TokenGrant | None,
+    deployment: Deployment,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> GatewayAnswer:
+    """Answer one gateway request for `deployment`: `path` is what follows `/serve/<team>/<deployment>/`
+    (e.g. `v2/models/m/infer`). Raises NotFound (a path or model the gateway does not serve), Forbidden (scope,
+    role), Unavailable (no ready Triton), ConchError subclasses with their HTTP statuses."""
+    require_deployment_access(
+        user=user, deployment=deployment, action="Using the inference gateway", token=token, scope=Scope.INFER
+    )
+    path = path.strip("/")
+    if path == "v2/health/live" and method in ("GET", "HEAD"):
+        return _json(200, b'{"live":true}')
+    if path == "v2/health/ready" and method in ("GET", "HEAD"):
+        ready = deployment.status in _SERVING
+        return _json(200 if ready else 503, b'{"ready":true}' if ready else b'{"ready":false}')
+    if path == "v2" and method == "GET":
+        return _relay(deployment, method, "/v2", body, headers)
+    match = _MODEL_PATH.fullmatch(path.removeprefix("v2/")) if path.startswith("v2/") else None
+    if match is None:
+        raise NotFound(f"The gateway does not serve '{path}'; see the KServe v2 REST API (v2/models/<model>/infer).")
+    if match["model"] != deployment.model_name:
+        raise NotFound(
+            f"Model '{match['model']}' is not served here; deployment '{deployment.name}' serves "
+            f"'{deployment.model_name}'."
+        )
+    what = match["what"]
+    allowed = "POST" if what == "infer" else "GET"
+    if method != allowed and not (method == "HEAD" and allowed == "GET"):
+        raise GatewayMethodNotAllowed(f"{path} takes {allowed}, not {method}.")
+    if deployment.status not in _SERVING:
+        raise Unavailable(
+            f"Deployment '{deployment.name}' is {deployment.status}, not serving; retry when it is ready."
+        )
+    return _relay(deployment, method, f"/{path}", body, headers, restricted=what == "config")
+
+
+class GatewayMethodNotAllowed(ConchError):
+    """The path exists with another HTTP method (405)."""
+
+    status_code = 405
+
+
+def _json(status: int, body: bytes) -> GatewayAnswer:
+    return GatewayAnswer(status=status, headers={"Content-Type": "application/json"}, body=body)
+
+
+def _relay(
+    deployment: Deployment,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str] | None,
+    *,
+    restricted: bool = False,
+) -> GatewayAnswer:
+    """Send the request to a ready Triton of the deployment, trying the next one when a server cannot be reached.
+
+    `restricted` paths (model configuration) go with the server's key, to a server listed now."""
+    if restricted:
+        servers = serving_servers(deployment)
+        if not servers:
+            raise Unavailable(f"Deployment '{deployment.name}' has no ready Triton right now; retry in a few seconds.")
+        with TritonClient(servers[0].http_url, timeout_s=RELAY_TIMEOUT_S, api_key=servers[0].api_key) as client:
+            return GatewayAnswer(*client.relay(method, path, body, headers))
+    runtime = get_runtime(deployment.runtime)
+    tried: set[str] = set()
+    while True:
+        url = runtime.internal_url(deployment.runtime_state)
+        if url in tried:
+            url = runtime.internal_url(deployment.runtime_state)
+        if not url:
+            raise Unavailable(f"Deployment '{deployment.name}' has no ready Triton right now; retry in a few seconds.")
+        try:
+            with TritonClient(url, timeout_s=RELAY_TIMEOUT_S) as client:
+                return GatewayAnswer(*client.relay(method, path, body, headers))
+        except TritonUnreachable:
+            runtime.forget_server(deployment.runtime_state, url)
+            if url in tried or len(tried) >= MAX_SERVERS_TRIED:
+                raise
+            tried.add(url)
