@@ -18,10 +18,12 @@ from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
 from deployments.services.placement import parse_placement, parse_scaling
+from deployments.services.quotas import gpu_request, instance_request
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
+from tenancy.quotas import reserve_quota
 from tenancy.services import get_team_for_user, teams_for_user
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
 
@@ -125,7 +127,8 @@ def create_deployment(
     max_queue_delay_microseconds); `instance_count` sets the instance group count
     (concurrent model execution). Raises InvalidInput naming the field, NotFound for a
     team or version the caller cannot see, Conflict for a version that is not built or
-    a name already used by an active deployment of the team.
+    a name already used by an active deployment of the team, QuotaExceeded naming `deployments`, `instances`
+    or `gpu` when the team's quota has no room for it (see `deployments.services.quotas` for what counts).
     """
     validate_model_name(name)
     team = get_team_for_user(user=user, slug=team_slug)
@@ -175,8 +178,16 @@ def create_deployment(
         max_batch_size=max_batch_size,
         max_queue_delay_microseconds=delay,
     )
+    requested = {"deployments": 1}
+    if runtime == RuntimeName.LOCAL:
+        requested["instances"] = instance_request(config)
+    else:
+        requested["gpu"] = gpu_request(
+            replicas=placement.replicas, autoscaling=placement.autoscaling, gpu=placement.gpu
+        )
     try:
         with transaction.atomic():
+            reserve_quota(team=team, requested=requested, what="this deployment")
             deployment = Deployment.objects.create(
                 team=team,
                 name=name,
@@ -247,7 +258,8 @@ def rescale_deployment(*, deployment: Deployment, replicas: Any = None, autoscal
     replace fixed replicas); the change is applied to the cluster by a queued start task (an idempotent apply).
 
     Raises InvalidInput naming the field (`replicas`, `autoscaling.*`; a local deployment has neither), Conflict
-    when the deployment is stopping or stopped.
+    when the deployment is stopping or stopped, QuotaExceeded (field `gpu`) when more GPUs than the team's quota
+    leaves would be needed (scaling down is always allowed).
     """
     if deployment.runtime != RuntimeName.KUBERNETES:
         field = "replicas" if replicas is not None else "autoscaling"
@@ -256,9 +268,17 @@ def rescale_deployment(*, deployment: Deployment, replicas: Any = None, autoscal
         )
     count, scaling = parse_scaling(replicas=replicas, autoscaling=autoscaling)
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update(of=("self",)).get(pk=deployment.pk)
+        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("team").get(pk=deployment.pk)
         if deployment.desired_state != DesiredState.RUNNING:
             raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}'; it cannot be scaled.", field=None)
+        reserve_quota(
+            team=deployment.team,
+            requested={"gpu": gpu_request(replicas=count, autoscaling=scaling, gpu=deployment.gpu)},
+            released={
+                "gpu": gpu_request(replicas=deployment.replicas, autoscaling=deployment.autoscaling, gpu=deployment.gpu)
+            },
+            what="this scaling",
+        )
         deployment.replicas = count
         deployment.autoscaling = scaling
         if scaling:

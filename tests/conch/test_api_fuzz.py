@@ -110,7 +110,7 @@ def test_schemathesis_gets_no_server_error_from_any_operation(live_server, trans
     for returncode, output in outputs:
         print(output)  # shown with -s, and by pytest when the test fails
         assert returncode == 0, output[-12000:]
-    assert "18 selected / 19 total" in outputs[0][1] and "1 selected / 19 total" in outputs[1][1]
+    assert "20 selected / 21 total" in outputs[0][1] and "1 selected / 21 total" in outputs[1][1]
 
 
 def _schemathesis(url: str, token: str, config: Path, workdir: Path, *selection: str) -> tuple[int, str]:
