@@ -43,6 +43,8 @@ def _setup_django(var_dir: Path, s3_endpoint: str) -> None:
     os.environ["CONCH_S3_SECRET_ACCESS_KEY"] = "bench-secret"
     os.environ["CONCH_S3_REGION"] = "us-east-1"
     os.environ["CONCH_INSTANCE_ID"] = "conchbench"
+    # 200 deployments in one team: far past the default deployment quota.
+    os.environ["CONCH_QUOTA_DEPLOYMENTS"] = "1000"
     import django
 
     django.setup()

@@ -50,6 +50,14 @@ class Conflict(ConchError):
     status_code = 409
 
 
+class QuotaExceeded(Conflict):
+    """A team's quota would be exceeded (HTTP 409); `quota` is {"limit", "used", "requested"} of the resource."""
+
+    def __init__(self, detail: str, *, field: str, limit: int, used: int, requested: int) -> None:
+        super().__init__(detail, field=field)
+        self.quota = {"limit": limit, "used": used, "requested": requested}
+
+
 class PayloadTooLarge(ConchError):
     """An upload is larger than the configured limit (HTTP 413)."""
 

@@ -259,6 +259,15 @@ CONCH_S3_SECRET_ACCESS_KEY = env("CONCH_S3_SECRET_ACCESS_KEY", "")
 DATA_UPLOAD_MAX_MEMORY_SIZE = env("CONCH_MAX_REQUEST_BODY_BYTES", 64 * 1024**2, cast=int)
 CONCH_MAX_UPLOAD_BYTES = env("CONCH_MAX_UPLOAD_BYTES", 4 * 1024**3, cast=int)
 
+# --- Default team quotas (a team without a limit set in the admin, the API or `manage.py set_quota`) ----------
+# GPUs: nvidia.com/gpu over a team's Kubernetes deployments (replicas x GPUs per pod, autoscaling at its maximum),
+# and as many slices of each MIG profile. Instances: model instances of local deployments, summed.
+CONCH_QUOTA_GPUS = env("CONCH_QUOTA_GPUS", 8, cast=int)
+CONCH_QUOTA_INSTANCES = env("CONCH_QUOTA_INSTANCES", 16, cast=int)
+CONCH_QUOTA_STORAGE_BYTES = env("CONCH_QUOTA_STORAGE_BYTES", 50 * 1024**3, cast=int)
+CONCH_QUOTA_MODELS = env("CONCH_QUOTA_MODELS", 20, cast=int)
+CONCH_QUOTA_DEPLOYMENTS = env("CONCH_QUOTA_DEPLOYMENTS", 10, cast=int)
+
 # --- Builds: limits of the child process that parses an uploaded model (builds.sandbox) ---
 # CPU time (seconds, all threads) the parsing may use, and the child's address space (bytes, ~0.5 GB of it taken
 # by Python, onnx and onnxruntime). A file past either fails its build with a message saying so.

@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class DeploymentsConfig(AppConfig):
     name = "deployments"
     verbose_name = "Deployments"
+
+    def ready(self) -> None:
+        from deployments.services.quotas import register_quota_counters
+
+        register_quota_counters()

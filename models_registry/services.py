@@ -15,7 +15,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q, QuerySet
+from django.db.models import Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
@@ -24,6 +24,7 @@ from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
 from models_registry.storage import StoredObject, get_object_store
 from tenancy.choices import Role, Scope
+from tenancy.quotas import register_usage_counter, reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,8 @@ def create_model(
 
     The name is also the Triton model name and part of Kubernetes object names, so it must be
     a lowercase RFC 1123 DNS label of at most 63 characters. Raises InvalidInput (field
-    `name`), NotFound (field `team`), Forbidden (role or scope), Conflict (field `name`) for a
-    duplicate in the team.
+    `name`), NotFound (field `team`), Forbidden (role or scope), Conflict (field `name`) for a duplicate in the
+    team, QuotaExceeded (field `models`) when the team has as many models as its quota allows.
     """
     validate_model_name(name)
     team = get_team_for_user(user=user, slug=team_slug, token=token)
@@ -102,6 +103,7 @@ def create_model(
     )
     try:
         with transaction.atomic():
+            reserve_quota(team=team, requested={"models": 1}, what="this model")
             return RegisteredModel.objects.create(team=team, name=name, created_by=user)
     except IntegrityError:
         raise Conflict(f"Team '{team.slug}' already has a model named '{name}'.", field="name") from None
@@ -203,18 +205,21 @@ def complete_upload(
     same transaction (`builds.services.submit_upload`). Raises InvalidInput naming `file` for an empty file;
     the caller then discards the upload (`discard_upload`), as it does for any failure while the body is
     received. Raises Conflict (field `file`) when the sweeper already gave the upload up (no bytes arrived for
-    longer than CONCH_UPLOAD_STALE_SECONDS).
+    longer than CONCH_UPLOAD_STALE_SECONDS), QuotaExceeded (field `storage_bytes`) when the file does not fit in
+    the team's storage quota.
     """
     if stored.size_bytes == 0:
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
     with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().filter(pk=version.pk).first()
+        locked = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team")
+        version = locked.filter(pk=version.pk).first()
         if version is None or version.status != VersionStatus.UPLOADING:
             raise Conflict(
                 "This upload was given up because no bytes arrived for too long (CONCH_UPLOAD_STALE_SECONDS); "
                 "upload the file again.",
                 field="file",
             )
+        reserve_quota(team=version.model.team, requested={"storage_bytes": stored.size_bytes}, what="this upload")
         version.source_filename = filename[:255]
         version.source_size_bytes = stored.size_bytes
         version.source_sha256 = stored.sha256_hex
@@ -420,3 +425,27 @@ def requeue_unclaimed_build(*, version_id: int, queued_before: datetime) -> Mode
 def versions_with_builds() -> QuerySet[ModelVersion]:
     """Versions that were ever queued for a build (so may have repositories in the object store)."""
     return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status=VersionStatus.UPLOADING).order_by("pk")
+
+
+# --- quotas ------------------------------------------------------------------------
+
+
+def count_team_models(team: Any) -> dict[str, int]:
+    """The `models` quota's usage: the team's registered models."""
+    return {"models": RegisteredModel.objects.filter(team=team).count()}
+
+
+def count_team_storage(team: Any) -> dict[str, int]:
+    """The `storage_bytes` quota's usage: bytes of the team's uploaded model files (every stored version).
+
+    Build outputs (each build attempt's repository: a copy of the file and its config.pbtxt) are not counted:
+    their sizes are not recorded.
+    """
+    total = ModelVersion.objects.filter(model__team=team).aggregate(total=Sum("source_size_bytes"))["total"]
+    return {"bytes of storage": total or 0}
+
+
+def register_quota_counters() -> None:
+    """Tell tenancy how this app's quotas are counted (from AppConfig.ready)."""
+    register_usage_counter("models", count_team_models)
+    register_usage_counter("storage_bytes", count_team_storage)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from tenancy.models import ApiToken, Membership, Team
+from tenancy.models import ApiToken, Membership, Team, TeamQuota
 
 
 class MembershipInline(admin.TabularInline):
@@ -8,10 +8,19 @@ class MembershipInline(admin.TabularInline):
     extra = 0
 
 
+class TeamQuotaInline(admin.StackedInline):
+    model = TeamQuota
+    extra = 0
+    max_num = 1
+    can_delete = True
+    verbose_name = "quota (empty limits use the CONCH_QUOTA_* defaults)"
+    fields = ["gpus", "instances", "storage_bytes", "registered_models", "deployments"]
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "created_at"]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, TeamQuotaInline]
 
 
 @admin.register(ApiToken)

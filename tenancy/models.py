@@ -55,3 +55,24 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class TeamQuota(models.Model):
+    """Limits a staff member set for one team; a null limit means the default in settings (CONCH_QUOTA_*).
+
+    Usage is not stored: `tenancy.quotas` counts it from the tables that own each resource, under a lock on the
+    team's row (see that module).
+    """
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
+    # nvidia.com/gpu per team, and the same number of slices of each MIG profile (nvidia.com/mig-<profile>).
+    gpus = models.PositiveIntegerField(null=True, blank=True)
+    # Model instances of local-runtime deployments (each one a copy of the model in a tritonserver's memory).
+    instances = models.PositiveIntegerField(null=True, blank=True)
+    storage_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    registered_models = models.PositiveIntegerField(null=True, blank=True)
+    deployments = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"quota of {self.team}"

@@ -58,13 +58,15 @@ class ModelVersionListUploadView(APIView):
             400: ErrorSerializer,
             403: ErrorSerializer,
             404: ErrorSerializer,
+            409: ErrorSerializer,
             413: ErrorSerializer,
             415: ErrorSerializer,
         },
         description="Upload a model file (multipart field `file`) as the model's next version, with optional "
         "build options and sample inputs for the verify step (`sample_inputs`: an .npz of named arrays in the "
         "shapes the model takes; `sample_values`: per-input values such as `sr=16000`). The bytes stream to the "
-        "object store; the build is queued. Poll GET /versions/{id}/.",
+        "object store; the build is queued. Poll GET /versions/{id}/. 409 when the file does not fit in the team's "
+        "storage quota (the body then has `quota`: limit, used, requested).",
     )
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)

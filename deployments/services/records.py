@@ -18,11 +18,13 @@ from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
 from deployments.services.placement import parse_placement, parse_scaling
+from deployments.services.quotas import gpu_request, instance_request
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
 from tenancy.choices import Role, Scope
+from tenancy.quotas import reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
 
@@ -150,9 +152,10 @@ def create_deployment(
     max_queue_delay_microseconds); `instance_count` sets the instance group count
     (concurrent model execution). Raises InvalidInput naming the field, NotFound for a
     team or version the caller cannot see, Conflict for a version that is not built or
-    a name already used by an active deployment of the team. Needs the developer role in the team and, with a
-    `token`, the `deployments:write` scope and (for a token limited to named deployments) `name` among them:
-    Forbidden otherwise.
+    a name already used by an active deployment of the team, QuotaExceeded naming `deployments`, `instances`
+    or `gpu` when the team's quota has no room for it (see `deployments.services.quotas` for what counts).
+    Needs the developer role in the team and, with a `token`, the `deployments:write` scope and (for a token
+    limited to named deployments) `name` among them: Forbidden otherwise.
     """
     validate_model_name(name)
     team = get_team_for_user(user=user, slug=team_slug, token=token)
@@ -211,8 +214,16 @@ def create_deployment(
         max_batch_size=max_batch_size,
         max_queue_delay_microseconds=delay,
     )
+    requested = {"deployments": 1}
+    if runtime == RuntimeName.LOCAL:
+        requested["instances"] = instance_request(config)
+    else:
+        requested["gpu"] = gpu_request(
+            replicas=placement.replicas, autoscaling=placement.autoscaling, gpu=placement.gpu
+        )
     try:
         with transaction.atomic():
+            reserve_quota(team=team, requested=requested, what="this deployment")
             deployment = Deployment.objects.create(
                 team=team,
                 name=name,
@@ -297,7 +308,8 @@ def rescale_deployment(
 
     Raises Forbidden without the developer role (or, with a token, `deployments:write`), InvalidInput naming
     the field (`replicas`, `autoscaling.*`; a local deployment has neither), Conflict when the deployment is
-    stopping or stopped.
+    stopping or stopped, QuotaExceeded (field `gpu`) when more GPUs than the team's quota leaves would be
+    needed (scaling down is always allowed).
     """
     require_deployment_access(user=user, deployment=deployment, action="Scaling a deployment", token=token)
     if deployment.runtime != RuntimeName.KUBERNETES:
@@ -307,9 +319,17 @@ def rescale_deployment(
         )
     count, scaling = parse_scaling(replicas=replicas, autoscaling=autoscaling)
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update(of=("self",)).get(pk=deployment.pk)
+        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("team").get(pk=deployment.pk)
         if deployment.desired_state != DesiredState.RUNNING:
             raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}'; it cannot be scaled.", field=None)
+        reserve_quota(
+            team=deployment.team,
+            requested={"gpu": gpu_request(replicas=count, autoscaling=scaling, gpu=deployment.gpu)},
+            released={
+                "gpu": gpu_request(replicas=deployment.replicas, autoscaling=deployment.autoscaling, gpu=deployment.gpu)
+            },
+            what="this scaling",
+        )
         deployment.replicas = count
         deployment.autoscaling = scaling
         if scaling:

@@ -48,10 +48,11 @@ from django.utils import timezone
 from builds import services as builds
 from builds.model_config import apply_deployment_overrides
 from conch.errors import ConchError, Conflict, InvalidInput
-from deployments.choices import DeploymentStatus, DesiredState, UpdateStatus
+from deployments.choices import DeploymentStatus, DesiredState, RuntimeName, UpdateStatus
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Server
+from deployments.services.quotas import instance_request
 from deployments.services.records import (
     queue_task,
     require_deployment_access,
@@ -67,6 +68,7 @@ from deployments.services.repository import (
 )
 from models_registry.choices import VersionStatus
 from models_registry.storage import get_object_store
+from tenancy.quotas import reserve_quota
 from tenancy.services import TokenGrant
 from tritonserving.client import TritonClient
 from tritonserving.config import (
@@ -135,8 +137,9 @@ def update_model_version(
     fails, `update_error`. Asking for the version the deployment serves changes nothing. Raises, naming field
     `model_version`: InvalidInput for a value that is no id, a version of another model, or one the
     deployment's overrides do not fit; NotFound for a version the caller cannot see; Conflict for a version that
-    is not built, a deployment that is not ready, or one whose update is still running. Forbidden without the
-    developer role (or, with a token, `deployments:write`).
+    is not built, a deployment that is not ready, or one whose update is still running; QuotaExceeded (field
+    `instances`) when a local deployment would run more model instances than its team's quota leaves. Forbidden
+    without the developer role (or, with a token, `deployments:write`).
     """
     require_deployment_access(user=user, deployment=deployment, action="Changing a deployment", token=token)
     version = version_for_deployment(user=user, model_version_id=model_version_id, token=token)
@@ -173,7 +176,14 @@ def update_model_version(
                 "versions without a restart.",
                 field="model_version",
             )
-        effective_config(deployment, version)  # refuses, now, a version the overrides do not fit
+        config = effective_config(deployment, version)  # refuses, now, a version the overrides do not fit
+        if deployment.runtime == RuntimeName.LOCAL:
+            reserve_quota(
+                team=deployment.team,
+                requested={"instances": instance_request(config)},
+                released={"instances": instance_request(config_from_pbtxt(deployment.config_pbtxt))},
+                what="this version",
+            )
         if not has_deployment_repository(deployment):
             raise Conflict(
                 f"Deployment '{deployment.name}' was started before deployments had their own model repository; "
