@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -330,3 +331,34 @@ def ensure_user(*, username: str, password: str | None = None, is_superuser: boo
         user.set_password(password)
     user.save()
     return user
+
+
+def change_team_quota(
+    *, user: AbstractBaseUser, slug: str, limits: Mapping[str, Any], token: TokenGrant | None = None
+) -> list:
+    """Set some of team `slug`'s limits as a platform admin (`tenancy.quotas.set_quota`); returns its usage.
+
+    Only staff may: Forbidden otherwise. Through an API token, the token must be of that team (NotFound
+    otherwise, as for any object of another team), carry both write scopes and not be limited to named
+    deployments (a quota is team-wide): Forbidden naming what is missing. NotFound (field `slug`) for an unknown
+    team; InvalidInput naming the field for a bad limit.
+    """
+    from tenancy.quotas import set_quota
+
+    action = "Setting a team's quota"
+    if not is_platform_admin(user):
+        raise Forbidden(f"{action} needs a platform admin (a staff user); team admins can read it at …/usage.")
+    team = Team.objects.filter(slug=slug).first()
+    if team is None:
+        raise NotFound(f"Team '{slug}' does not exist.", field="slug")
+    if token is not None:
+        if token.team_id is not None and token.team_id != team.pk:
+            raise NotFound(f"Team '{slug}' does not exist or this token is not of it.", field="slug")
+        for scope in (Scope.MODELS_WRITE, Scope.DEPLOYMENTS_WRITE):
+            require_scope(token=token, scope=scope, action=action)
+        if token.deployments:
+            raise Forbidden(
+                f"{action} is team-wide; token {token.prefix}… is limited to deployments "
+                f"{', '.join(token.deployments)}. Use a token of the whole team, or the admin."
+            )
+    return set_quota(team=team, limits=limits)

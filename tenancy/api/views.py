@@ -6,7 +6,6 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
-from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
@@ -20,8 +19,15 @@ from tenancy.api.serializers import (
     TeamSerializer,
     TeamUsageSerializer,
 )
-from tenancy.quotas import get_team_for_staff, set_quota, team_usage
-from tenancy.services import create_api_token, get_team_for_user, revoke_api_token, teams_for_user, visible_tokens
+from tenancy.quotas import team_usage
+from tenancy.services import (
+    change_team_quota,
+    create_api_token,
+    get_team_for_user,
+    revoke_api_token,
+    teams_for_user,
+    visible_tokens,
+)
 
 
 class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
@@ -45,12 +51,12 @@ class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         responses={200: TeamUsageSerializer, 400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
         description="Set some of the team's limits (null: back to the default). Staff only.",
     )
-    @action(detail=True, methods=["patch"], permission_classes=[IsAdminUser])
+    @action(detail=True, methods=["patch"])
     def quota(self, request: Request, slug: str) -> Response:
-        team = get_team_for_staff(slug=slug)
         serializer = QuotaUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        return Response(_usage_body(team, set_quota(team=team, limits=serializer.validated_data)))
+        lines = change_team_quota(user=request.user, slug=slug, limits=serializer.validated_data, token=request.auth)
+        return Response({"team": slug, "quotas": [asdict(line) for line in lines]})
 
 
 def _usage_body(team, lines) -> dict:

@@ -153,3 +153,29 @@ def test_storage_quota_refuses_an_upload_that_does_not_fit_and_discards_it(alice
     assert _usage(alice)[("storage_bytes", "bytes of storage")]["used"] == 100
     # and a file that fits is still taken
     assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"3" * 50)}).status_code == 201
+
+
+def test_quota_changes_through_a_token_stay_in_its_team_and_need_both_write_scopes(alice, bob):
+    # a staff user's tokens: one of bob's team with every scope, one read-only, one limited to a deployment
+    from tenancy.services import create_api_token, ensure_membership
+
+    staff = UserFactory(username="root-ish", is_staff=True)
+    ensure_membership(team=bob.team, user=staff)
+    full = create_api_token(user=staff, team=bob.team, name="full").secret
+    read_only = create_api_token(user=staff, team=bob.team, name="ro", scopes=["read"]).secret
+    narrow = create_api_token(user=staff, team=bob.team, name="narrow", deployments=["web"]).secret
+
+    def patch(secret: str, slug: str):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        return client.patch(f"/api/v1/teams/{slug}/quota", {"gpu": 99}, format="json")
+
+    # another team's quota cannot be touched through a token of bob's team
+    assert patch(full, alice.team.slug).status_code == 404
+    refused = patch(read_only, bob.team.slug)
+    assert refused.status_code == 403 and "'models:write' scope" in refused.json()["detail"]
+    assert patch(narrow, bob.team.slug).status_code == 403
+    assert not TeamQuota.objects.exists()
+    # a token of the team with every scope may
+    assert patch(full, bob.team.slug).status_code == 200
+    assert quota_limits(team=bob.team)["gpu"] == (99, False)
