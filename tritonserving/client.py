@@ -722,6 +722,13 @@ def _check_request_header(request: Any, *, binary_part: bool) -> tuple[list[_Che
     return inputs, outputs, request_id
 
 
+def check_inference_request(body: bytes, header_length: int | None) -> list[str]:
+    """Check a KServe v2 inference request body (JSON, or a JSON header and binary tensor data) as Conch does
+    before sending it to Triton, which answers 500 to a malformed one; returns the input names. Raises
+    `InvalidInput` naming the field (`inputs[0].shape`, `Inference-Header-Content-Length`, ...)."""
+    return _check_request_body(body, header_length)
+
+
 def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
     """Check an inference request body before it goes to Triton; return the names of the inputs it sends.
 

@@ -20,14 +20,14 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conch.errors import ConchError, NotFound, Unavailable
+from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.services.records import require_deployment_access, serving_servers, visible_deployments
 from tenancy.choices import Scope
 from tenancy.services import TokenGrant
-from tritonserving.client import TritonClient, TritonUnreachable
+from tritonserving.client import TritonClient, TritonUnreachable, check_inference_request
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -106,6 +106,8 @@ def serve(
         raise Unavailable(
             f"Deployment '{deployment.name}' is {deployment.status}, not serving; retry when it is ready."
         )
+    if what == "infer":
+        _check_infer_body(body, headers or {})
     return _relay(deployment, method, f"/{path}", body, headers, restricted=what == "config")
 
 
@@ -113,6 +115,21 @@ class GatewayMethodNotAllowed(ConchError):
     """The path exists with another HTTP method (405)."""
 
     status_code = 405
+
+
+def _check_infer_body(body: bytes, headers: dict[str, str]) -> None:
+    """Refuse (400 naming the field) an uncompressed inference body Triton would answer with a 500: malformed
+    JSON, a binary part that does not add up. A compressed body is left to Triton, which decompresses it."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    if lowered.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        return
+    raw = lowered.get("inference-header-content-length")
+    if raw is not None and not (raw.strip().isascii() and raw.strip().isdigit()):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length must be the length in bytes of the JSON header, got {raw!r}.",
+            field="Inference-Header-Content-Length",
+        )
+    check_inference_request(body, int(raw) if raw is not None else None)
 
 
 def _json(status: int, body: bytes) -> GatewayAnswer:

@@ -116,6 +116,16 @@ def test_errors_come_back_in_the_form_clients_read(served):
         timeout=10,
     )
     assert bad.status_code == 400 and "error" in bad.json()  # Triton's own message, passed back
+    # a body Triton would answer with a 500 is refused first, as a client error naming what is wrong
+    garbled = requests.post(f"{base}/v2/models/adder/infer", headers=headers, data=b'{"inputs": [', timeout=10)
+    assert garbled.status_code == 400 and "error" in garbled.json()
+    short = requests.post(
+        f"{base}/v2/models/adder/infer",
+        headers={**headers, "Inference-Header-Content-Length": "999"},
+        data=b'{"inputs": []}',
+        timeout=10,
+    )
+    assert short.status_code == 400 and "Inference-Header-Content-Length" in short.json()["error"]
     client, _ = _client(base, caller.token)
     assert client.is_server_ready() is False  # no token: tritonclient reads the 401 as not ready
     with pytest.raises(InferenceServerException, match="Bearer"):
