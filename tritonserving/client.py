@@ -477,11 +477,17 @@ class TritonClient:
     def _post(
         self, path: str, body: bytes, headers: Mapping[str, str], *, action: str
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """POST `body` to `path` on a fresh connection; return (status, headers, body). Raises `TritonUnreachable`
-        when no connection opens (nothing sent), `TritonUnavailable` when it fails after that.
+        """POST `body` to `path` on a fresh connection; return (status, headers, body) (see `_exchange`).
 
         tritonclient has no call that sends a request body as is, so this one speaks HTTP/1.1 itself.
         """
+        return self._exchange("POST", path, body, dict(headers), action=action)
+
+    def _exchange(
+        self, method: str, path: str, body: bytes, headers: dict[str, str], *, action: str
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """One request on a fresh connection; return (status, headers, body). Raises `TritonUnreachable` when no
+        connection opens (nothing was sent), `TritonUnavailable` when it fails after that."""
         connection_class = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
         connection = connection_class(self._address, timeout=self.timeout_s)
         try:
@@ -490,7 +496,7 @@ class TritonClient:
             connection.close()
             raise TritonUnreachable(f"Triton at {self.http_url} cannot be reached while {action}: {exc}") from None
         try:
-            connection.request("POST", path, body=body, headers=dict(headers))
+            connection.request(method, path, body=body or None, headers=headers)
             response = connection.getresponse()
             return response.status, response.headers, response.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -510,26 +516,9 @@ class TritonClient:
         """
         sent = {name: value for name, value in (headers or {}).items() if name.lower() in RELAYED_HEADERS}
         sent.update(self._headers or {})
-        connection_class = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
-        connection = connection_class(self._address, timeout=self.timeout_s)
-        try:
-            connection.connect()
-        except OSError as exc:
-            connection.close()
-            raise TritonUnreachable(f"Triton at {self.http_url} cannot be reached: {exc}") from None
-        try:
-            connection.request(method, path, body=body or None, headers=sent)
-            response = connection.getresponse()
-            answer = response.read()
-            kept = {name: value for name, value in response.headers.items() if name.lower() in RELAYED_HEADERS}
-            return response.status, kept, answer
-        except (OSError, http.client.HTTPException) as exc:
-            kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
-            raise TritonUnavailable(
-                f"Triton at {self.http_url} {kind} while answering {method} {path}: {exc}"
-            ) from None
-        finally:
-            connection.close()
+        status, answer_headers, answer = self._exchange(method, path, body, sent, action=f"answering {method} {path}")
+        kept = {name: value for name, value in answer_headers.items() if name.lower() in RELAYED_HEADERS}
+        return status, kept, answer
 
     @staticmethod
     def fetch_metrics_text(metrics_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:

@@ -23,19 +23,17 @@ from typing import TYPE_CHECKING
 from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
-from deployments.runtimes import get_runtime
+from deployments.services.inference import send_to_a_server
 from deployments.services.records import require_deployment_access, serving_servers, visible_deployments
 from tenancy.choices import Scope
 from tenancy.services import TokenGrant
-from tritonserving.client import TritonClient, TritonUnreachable, check_inference_request
+from tritonserving.client import TritonClient, check_inference_request
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
-__all__ = ["GatewayAnswer", "MAX_SERVERS_TRIED", "find_served_deployment", "serve"]
+__all__ = ["GatewayAnswer", "find_served_deployment", "serve"]
 
-#: How many servers one request may be tried on when the first cannot be reached (nothing was sent).
-MAX_SERVERS_TRIED = 3
 #: Seconds one relayed request may take.
 RELAY_TIMEOUT_S = 60.0
 _MODEL_PATH = re.compile(r"models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?(?:/(?P<what>ready|config|infer))?")
@@ -145,7 +143,8 @@ def _relay(
     *,
     restricted: bool = False,
 ) -> GatewayAnswer:
-    """Send the request to a ready Triton of the deployment, trying the next one when a server cannot be reached.
+    """Send the request to a ready Triton of the deployment (`send_to_a_server`: in turn, skipping one that
+    cannot be reached).
 
     `restricted` paths (model configuration) go with the server's key, to a server listed now."""
     if restricted:
@@ -154,19 +153,9 @@ def _relay(
             raise Unavailable(f"Deployment '{deployment.name}' has no ready Triton right now; retry in a few seconds.")
         with TritonClient(servers[0].http_url, timeout_s=RELAY_TIMEOUT_S, api_key=servers[0].api_key) as client:
             return GatewayAnswer(*client.relay(method, path, body, headers))
-    runtime = get_runtime(deployment.runtime)
-    tried: set[str] = set()
-    while True:
-        url = runtime.internal_url(deployment.runtime_state)
-        if url in tried:
-            url = runtime.internal_url(deployment.runtime_state)
-        if not url:
-            raise Unavailable(f"Deployment '{deployment.name}' has no ready Triton right now; retry in a few seconds.")
-        try:
-            with TritonClient(url, timeout_s=RELAY_TIMEOUT_S) as client:
-                return GatewayAnswer(*client.relay(method, path, body, headers))
-        except TritonUnreachable:
-            runtime.forget_server(deployment.runtime_state, url)
-            if url in tried or len(tried) >= MAX_SERVERS_TRIED:
-                raise
-            tried.add(url)
+
+    def send(url: str) -> GatewayAnswer:
+        with TritonClient(url, timeout_s=RELAY_TIMEOUT_S) as client:
+            return GatewayAnswer(*client.relay(method, path, body, headers))
+
+    return send_to_a_server(deployment, send)

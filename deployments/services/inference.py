@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from conch.errors import Conflict, Unavailable
 from deployments.choices import DeploymentStatus
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How many servers one request may be tried on when the first cannot be reached.
 MAX_SERVERS_TRIED = 3
@@ -47,6 +50,22 @@ def infer(
     )
     if deployment.status not in (DeploymentStatus.READY, DeploymentStatus.DEGRADED):
         raise Conflict(f"Deployment {deployment.pk} is '{deployment.status}', not ready.", field=None)
+
+    def send(url: str) -> InferenceResponse:
+        with TritonClient(url, timeout_s=60) as client:
+            return client.infer_request_body(deployment.model_name, body, header_length=header_length)
+
+    return send_to_a_server(deployment, send)
+
+
+def send_to_a_server(deployment: Deployment, send: Callable[[str], T]) -> T:
+    """Call `send(url)` with the HTTP URL of a ready Triton of `deployment` and return what it returns.
+
+    With several Tritons (Kubernetes pods) they are taken in turn (round-robin). When `send` raises
+    `TritonUnreachable` (no connection opened: nothing was sent), that server is left out and the next one is
+    tried, up to `MAX_SERVERS_TRIED`. Raises Conflict (field `replicas`) for a deployment scaled to 0,
+    Unavailable when no Triton is ready, and whatever `send` raises otherwise.
+    """
     runtime = get_runtime(deployment.runtime)
     tried: set[str] = set()
     while True:
@@ -61,8 +80,7 @@ def infer(
         if not url:
             raise Unavailable(f"Deployment {deployment.pk} has no ready Triton right now; retry in a few seconds.")
         try:
-            with TritonClient(url, timeout_s=60) as client:
-                return client.infer_request_body(deployment.model_name, body, header_length=header_length)
+            return send(url)
         except TritonUnreachable:
             # Nothing reached that server (a pod that just went away): the request may go to another one.
             runtime.forget_server(deployment.runtime_state, url)
