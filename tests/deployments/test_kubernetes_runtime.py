@@ -564,3 +564,19 @@ def test_a_namespace_that_does_not_exist_fails_saying_so(
     with capture(execute=True):
         reconcile_deployments()
     assert alice.client.get(f"/api/v1/deployments/{created['id']}/").json()["status"] == "failed"
+
+
+def test_cpu_autoscaling_applies_an_hpa_on_cpu_utilization(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    scaling = {"min_replicas": 1, "max_replicas": 3, "target_cpu_percent": 70}
+    created = _create(alice, capture, version, name="cpu-auto", autoscaling=scaling)
+    shown = alice.client.get(f"/api/v1/deployments/{created['id']}/").json()
+    assert shown["status"] != "failed", shown["error"]
+    hpas = _listed(
+        k8s_env.api_client(), "autoscaling/v2beta2", "HorizontalPodAutoscaler", f"conch.io/deployment={created['id']}"
+    )
+    assert [h["spec"]["metrics"][0]["resource"]["name"] for h in hpas] == ["cpu"]
+    assert hpas[0]["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70

@@ -142,13 +142,8 @@ class KubernetesRuntime(Runtime):
                 product=spec.gpu.get("product") or None,
                 mig_profile=spec.gpu.get("mig_profile") or None,
             )
-        scaling = None
-        if spec.autoscaling:
-            scaling = manifests.Autoscaling(
-                min_replicas=int(spec.autoscaling["min_replicas"]),
-                max_replicas=int(spec.autoscaling["max_replicas"]),
-                target_queue_time_us=int(spec.autoscaling["target_queue_time_us"]),
-            )
+        # The stored bounds are `Autoscaling`'s own fields (`placement.parse_scaling` wrote them).
+        scaling = manifests.Autoscaling(**spec.autoscaling) if spec.autoscaling else None
         base = manifests.TritonPodSpec(
             deployment_id=spec.deployment_id,
             team=spec.team or "team",
