@@ -343,14 +343,12 @@ def change_team_quota(
     deployments (a quota is team-wide): Forbidden naming what is missing. NotFound (field `slug`) for an unknown
     team; InvalidInput naming the field for a bad limit.
     """
-    from tenancy.quotas import set_quota
+    from tenancy.quotas import get_team_for_staff, set_quota
 
     action = "Setting a team's quota"
     if not is_platform_admin(user):
         raise Forbidden(f"{action} needs a platform admin (a staff user); team admins can read it at …/usage.")
-    team = Team.objects.filter(slug=slug).first()
-    if team is None:
-        raise NotFound(f"Team '{slug}' does not exist.", field="slug")
+    team = get_team_for_staff(slug=slug)
     if token is not None:
         if token.team_id is not None and token.team_id != team.pk:
             raise NotFound(f"Team '{slug}' does not exist or this token is not of it.", field="slug")

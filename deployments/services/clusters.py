@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from django.db import transaction
 
-from conch.crypto import decrypt_text, encrypt_text
+from conch.crypto import encrypt_text
 from conch.errors import ConchError, InvalidInput, NotFound
 from deployments.models import DEFAULT_TRITON_IMAGE, Cluster
 from deployments.runtimes.kubernetes.api import cluster_api
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "VERIFIED_TRITON_RELEASE",
     "cluster_gpu_offers",
-    "cluster_kubeconfig",
     "describe_cluster",
     "get_cluster",
     "image_mismatch",
@@ -160,16 +159,6 @@ def get_cluster(*, name: str) -> Cluster:
         known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none is registered"
         raise NotFound(f"There is no cluster {name!r} ({known}).", field="cluster")
     return cluster
-
-
-def cluster_kubeconfig(cluster: Cluster) -> dict[str, Any] | None:
-    """The cluster's kubeconfig as a dict (decrypted), or None for an in-cluster registration.
-
-    Raises `conch.crypto.SecretUnreadable` when the stored kubeconfig cannot be decrypted.
-    """
-    if cluster.in_cluster:
-        return None
-    return parse_kubeconfig(decrypt_text(cluster.kubeconfig_encrypted), context=cluster.context)
 
 
 #: Triton release of the local binary that verifies every build (nvidia-pytriton 0.7.0 ships Triton 2.51, the

@@ -156,13 +156,12 @@ def parse_placement(
     gpu: Any = None,
     cpu: Any = None,
     memory: Any = None,
-    check_capacity: bool = True,
 ) -> Placement:
     """Parse and check the Kubernetes placement of a deployment (see the module docstring).
 
     For the local runtime every field must be absent (InvalidInput naming the first one given). For kubernetes,
-    `cluster` must name a registered cluster; with `check_capacity` the GPU request is checked against what the
-    cluster's schedulable Nodes offer (one API request; Unavailable when the cluster does not answer).
+    `cluster` must name a registered cluster, and a GPU request is checked against what the cluster's
+    schedulable Nodes offer (one API request; Unavailable when the cluster does not answer).
     """
     given = {
         "cluster": cluster,
@@ -212,7 +211,7 @@ def parse_placement(
     )
     manifests.deployment_manifest(trial)
     manifests.hpa_manifest(trial)
-    if check_capacity and request is not None:
+    if request is not None:
         try:
             offers = cluster_gpu_offers(found)
         except NotFound:

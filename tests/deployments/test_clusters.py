@@ -11,7 +11,8 @@ from django.db import connection
 from conch.crypto import SecretUnreadable, decrypt_text, encrypt_text
 from conch.errors import InvalidInput, NotFound
 from deployments.models import Cluster
-from deployments.services.clusters import cluster_kubeconfig, get_cluster, parse_kubeconfig, register_cluster
+from deployments.runtimes.kubernetes.directory import access_of
+from deployments.services.clusters import get_cluster, parse_kubeconfig, register_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -65,7 +66,7 @@ def test_register_cluster_is_idempotent_and_keeps_the_kubeconfig_encrypted(tmp_p
         cursor.execute("SELECT kubeconfig_encrypted FROM deployments_cluster")
         [(stored,)] = cursor.fetchall()
     assert TOKEN not in stored and "6443" not in stored
-    assert cluster_kubeconfig(cluster)["users"][0]["user"]["token"] == TOKEN
+    assert access_of(cluster).kubeconfig["users"][0]["user"]["token"] == TOKEN
 
 
 def test_the_admin_never_shows_the_kubeconfig(tmp_path, admin_client):
@@ -92,7 +93,7 @@ def test_the_admin_registers_a_cluster_from_a_pasted_kubeconfig(admin_client):
     assert response.status_code == 302, response.content.decode()[:2000]
     cluster = get_cluster(name="pasted")
     assert TOKEN not in cluster.kubeconfig_encrypted
-    assert cluster_kubeconfig(cluster)["current-context"] == "lab"
+    assert access_of(cluster).kubeconfig["current-context"] == "lab"
 
 
 @pytest.mark.parametrize(
@@ -143,7 +144,7 @@ def test_the_command_reports_a_bad_kubeconfig_without_a_traceback(tmp_path):
 def test_an_in_cluster_registration_keeps_no_kubeconfig():
     cluster, created = register_cluster(name="self", namespace="conch", in_cluster=True)
     assert created and cluster.kubeconfig_encrypted == ""
-    assert cluster_kubeconfig(cluster) is None
+    assert access_of(cluster).kubeconfig is None
 
 
 def test_an_unknown_cluster_is_not_found_naming_the_field_and_the_known_ones():

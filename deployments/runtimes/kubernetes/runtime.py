@@ -13,6 +13,7 @@ deterministic; every object carries `conch.io/deployment` and `conch.io/installa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -163,15 +164,11 @@ class KubernetesRuntime(Runtime):
         )
         if access.s3_secret_name or not access.pod_service_account:
             secret = access.s3_secret_name or f"{manifests.object_name(base)}-s3"
-            return manifests.TritonPodSpec(**{**base.__dict__, "s3_secret_name": secret})
+            return dataclasses.replace(base, s3_secret_name=secret)
         # The service account's identity reads the store: no credentials, only the region.
         region = dict(spec.environment).get("AWS_DEFAULT_REGION", "us-east-1")
-        return manifests.TritonPodSpec(
-            **{
-                **base.__dict__,
-                "service_account": access.pod_service_account,
-                "environment": {"AWS_DEFAULT_REGION": region},
-            }
+        return dataclasses.replace(
+            base, service_account=access.pod_service_account, environment={"AWS_DEFAULT_REGION": region}
         )
 
     # --- Runtime -----------------------------------------------------------------------------------------------
