@@ -11,6 +11,7 @@ from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.services import repository_prefix, source_key
 from models_registry.storage import get_object_store
 from tests import real_models
+from tests.tiny_models import add_constant
 from tritonserving.config import config_to_pbtxt
 
 
@@ -40,6 +41,17 @@ def write_built_version(team, name: str, model_file, options: BuildOptions | Non
         config_pbtxt=config_to_pbtxt(config),
         repository_prefix=prefix,
     )
+
+
+def write_adder_versions(team, folder) -> list[ModelVersion]:
+    """Built versions 1 (y = x + 1) and 2 (y = x + 2) of model `adder` (x, y FP32 [batch, 4], batches up to 4),
+    their ONNX files written under `folder`: two versions whose answers tell them apart."""
+    return [
+        write_built_version(
+            team, "adder", add_constant(folder / f"v{n}.onnx", float(n)), BuildOptions(max_batch_size=4)
+        )
+        for n in (1, 2)
+    ]
 
 
 @pytest.fixture

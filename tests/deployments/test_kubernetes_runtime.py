@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from kubernetes import client as k8s
 
-from builds.model_config import BuildOptions
 from conch.errors import Unavailable
 from deployments.models import Deployment
 from deployments.observe import scrape_deployment
@@ -22,8 +21,7 @@ from deployments.runtimes.kubernetes import api as kube_api
 from deployments.services import reconcile_deployments
 from deployments.services.clusters import register_cluster
 from tests import real_models
-from tests.deployments.conftest import write_built_version
-from tests.tiny_models import add_constant
+from tests.deployments.conftest import write_adder_versions, write_built_version
 from tritonserving.client import TritonClient
 
 pytestmark = [pytest.mark.kube, pytest.mark.e2e]
@@ -92,12 +90,7 @@ def test_two_replicas_serve_scale_to_three_hot_update_under_load_and_delete_leav
     alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, tmp_path
 ):
     capture = django_capture_on_commit_callbacks
-    v1, v2 = (
-        write_built_version(
-            alice.team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions(max_batch_size=4)
-        )
-        for n in (1, 2)
-    )
+    v1, v2 = write_adder_versions(alice.team, tmp_path)
     # when a kubernetes deployment with 2 replicas is created
     created = _create(alice, capture, v1, replicas=2)
     assert created["runtime"] == "kubernetes" and created["cluster"] == "local"
@@ -451,12 +444,7 @@ def test_a_version_one_pod_cannot_load_rolls_every_pod_back(
     from models_registry.storage import get_object_store
 
     capture = django_capture_on_commit_callbacks
-    v1, v2 = (
-        write_built_version(
-            alice.team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions(max_batch_size=4)
-        )
-        for n in (1, 2)
-    )
+    v1, v2 = write_adder_versions(alice.team, tmp_path)
     get_object_store().put_bytes(f"{v2.repository_prefix}/adder/2/model.onnx", b"not onnx")
     created = _create(alice, capture, v1, name="rollback", replicas=2)
     _reconcile_until(alice, created["id"], lambda d: d["replicas"] == {"desired": 2, "ready": 2}, capture=capture)

@@ -15,14 +15,13 @@ import time
 import numpy as np
 import pytest
 
-from builds.model_config import BuildOptions
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from models_registry.choices import VersionStatus
 from models_registry.storage import get_object_store
 from tests import real_models
-from tests.deployments.conftest import write_built_version
+from tests.deployments.conftest import write_adder_versions, write_built_version
 from tests.flows import deploy_ready
 from tests.tiny_models import add_constant
 from tritonserving import server as triton_server
@@ -38,12 +37,7 @@ X = np.zeros((1, 4), np.float32)
 @pytest.fixture
 def adder_versions(alice, tmp_path):
     """Built versions 1 (y = x + 1) and 2 (y = x + 2) of model `adder`."""
-    return [
-        write_built_version(
-            alice.team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions(max_batch_size=4)
-        )
-        for n in (1, 2)
-    ]
+    return write_adder_versions(alice.team, tmp_path)
 
 
 def _patch(caller, deployment_id: int, body: dict, capture):
