@@ -278,6 +278,24 @@ if CONCH_INSPECT_CPU_SECONDS < 1 or CONCH_INSPECT_MEMORY_BYTES < 256 * 1024**2:
         "CONCH_INSPECT_CPU_SECONDS must be at least 1 and CONCH_INSPECT_MEMORY_BYTES at least 268435456 (256 MiB)."
     )
 
+# --- Inference gateway (deployments.api.gateway, its own ASGI process: `python -m conch.gateway`) -----------
+# Where the gateway listens, and the base URL clients use for it (`endpoints.gateway` of a deployment).
+CONCH_GATEWAY_BIND = env("CONCH_GATEWAY_BIND", "127.0.0.1:8001")
+CONCH_GATEWAY_URL = env("CONCH_GATEWAY_URL", f"http://{CONCH_GATEWAY_BIND}").rstrip("/")
+# Seconds a resolved (token, deployment) route is reused: a revoked token or a stopped deployment stops being
+# served at most this long after the change.
+CONCH_GATEWAY_ROUTE_CACHE_SECONDS = env("CONCH_GATEWAY_ROUTE_CACHE_SECONDS", 1.0, cast=float)
+# Requests per minute one token may send through the gateway (a token's own `requests_per_minute` overrides it).
+CONCH_GATEWAY_REQUESTS_PER_MINUTE = env("CONCH_GATEWAY_REQUESTS_PER_MINUTE", 60000, cast=int)
+# Redis for the per-token rate limit shared by every gateway process ("" = the broker's, when it is Redis).
+CONCH_GATEWAY_REDIS_URL = env("CONCH_GATEWAY_REDIS_URL", "")
+# Seconds between writes of counted usage to the database.
+CONCH_GATEWAY_USAGE_FLUSH_SECONDS = env("CONCH_GATEWAY_USAGE_FLUSH_SECONDS", 2.0, cast=float)
+# Largest inference request body in bytes; larger ones are refused with 413 before they are read.
+CONCH_GATEWAY_MAX_BODY_BYTES = env("CONCH_GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, cast=int)
+# Connections kept open to each Triton by one gateway process.
+CONCH_GATEWAY_MAX_CONNECTIONS = env("CONCH_GATEWAY_MAX_CONNECTIONS", 64, cast=int)
+
 # --- Triton (local runtime) -----------------------------------------------------
 CONCH_TRITON_DIR = Path(env("CONCH_TRITON_DIR", str(VAR_DIR / "triton"))).resolve()
 CONCH_TRITON_BIND_ADDRESS = env("CONCH_TRITON_BIND_ADDRESS", "127.0.0.1")

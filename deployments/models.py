@@ -155,3 +155,31 @@ class MetricSample(models.Model):
     class Meta:
         ordering = ["deployment_id", "scraped_at"]
         indexes = [models.Index(fields=["deployment", "scraped_at"], name="metricsample_dep_time")]
+
+
+class GatewayUsage(models.Model):
+    """Inference gateway use by one token on one deployment on one day (UTC), as the gateway counted it.
+
+    `inferences`: batch items of infer requests (the first dimension of the first input of a batching model; 1
+    per request otherwise); `errors`: answers with a status >= 400; `bytes_in` / `bytes_out`: request and answer
+    bodies in bytes. Written in batches by the gateway (`deployments.services.gateway.record_gateway_usage`).
+    """
+
+    token = models.ForeignKey("tenancy.ApiToken", on_delete=models.CASCADE, related_name="gateway_usage")
+    team = models.ForeignKey("tenancy.Team", on_delete=models.CASCADE, related_name="gateway_usage")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="gateway_usage")
+    day = models.DateField()
+    requests = models.PositiveBigIntegerField(default=0)
+    inferences = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    bytes_in = models.PositiveBigIntegerField(default=0)
+    bytes_out = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["token", "deployment", "day"], name="gateway_usage_unique_token_day")
+        ]
+        indexes = [models.Index(fields=["team", "day"])]
+
+    def __str__(self) -> str:
+        return f"{self.token_id} on {self.deployment_id} {self.day}"

@@ -51,6 +51,8 @@ class ApiToken(models.Model):
     deployments = models.JSONField(default=list, blank=True)
     expires_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Inference gateway requests this token may send per minute; null: CONCH_GATEWAY_REQUESTS_PER_MINUTE.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     is_revoked = models.BooleanField(default=False)
 
     def __str__(self) -> str:

@@ -290,6 +290,11 @@ def authenticate_token(*, raw: str) -> tuple[AbstractBaseUser, TokenGrant]:
     return token.user, TokenGrant.of(token)
 
 
+def token_rate_limit(*, token_id: int) -> int | None:
+    """The token's own inference gateway limit in requests per minute, None when it uses the default."""
+    return ApiToken.objects.filter(pk=token_id).values_list("requests_per_minute", flat=True).first()
+
+
 def visible_tokens(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[ApiToken]:
     """Tokens the caller may list and revoke: their own, and every token of the teams they administer.
 

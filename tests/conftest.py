@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
-pytest_plugins = ["tests.s3_server", "tests.kube.fixtures"]
+pytest_plugins = ["tests.s3_server", "tests.kube.fixtures", "tests.gateway_server"]
 
 
 @pytest.fixture(autouse=True)

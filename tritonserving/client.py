@@ -718,6 +718,30 @@ def check_inference_request(body: bytes, header_length: int | None) -> list[str]
     return _check_request_body(body, header_length)
 
 
+@dataclass(frozen=True)
+class InferenceRequestSummary:
+    """What a checked inference request asks for: its input `names` and `batch`, the first dimension of its first
+    input's shape (None for a request without a JSON header, or whose first input is a scalar)."""
+
+    names: list[str]
+    batch: int | None
+
+
+def check_inference_header(header: bytes, header_length: int | None, body_length: int) -> InferenceRequestSummary:
+    """Check the start of an inference request before the rest of it is read (a gateway streaming the body).
+
+    `header`: the whole body when `header_length` is None (JSON), else at least its first `header_length` bytes
+    (the JSON header of Triton's "Binary Tensor Data Extension"); `body_length`: the body's declared size in
+    bytes (Content-Length), which the inputs' `binary_data_size` must add up to with the header. `header_length`
+    0 is Triton's raw binary request (no header), left to Triton. Raises `InvalidInput` naming the field.
+    """
+    if header_length == 0:
+        return InferenceRequestSummary(names=[], batch=None)
+    inputs = _check_request_start(header, header_length, body_length)
+    shape = inputs[0].shape if inputs else []
+    return InferenceRequestSummary(names=[tensor.name for tensor in inputs], batch=shape[0] if shape else None)
+
+
 def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
     """Check an inference request body before it goes to Triton; return the names of the inputs it sends.
 
@@ -728,9 +752,13 @@ def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
     """
     if header_length == 0:
         return []
-    if header_length is not None and not 0 < header_length <= len(body):
+    return [tensor.name for tensor in _check_request_start(body, header_length, len(body))]
+
+
+def _check_request_start(body: bytes, header_length: int | None, body_length: int) -> list[_CheckedInput]:
+    if header_length is not None and not 0 < header_length <= body_length:
         raise InvalidInput(
-            f"{HEADER_LENGTH} is {header_length}, but the body has {len(body)} bytes; it must be the length of "
+            f"{HEADER_LENGTH} is {header_length}, but the body has {body_length} bytes; it must be the length of "
             "the JSON part at the start of the body",
             field=HEADER_LENGTH,
         )
@@ -751,14 +779,14 @@ def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
     inputs, _, _ = _check_request_header(request, binary_part=header_length is not None)
     if header_length is not None:
         declared = sum(tensor.binary_data_size or 0 for tensor in inputs)
-        if declared != len(body) - header_length:
+        if declared != body_length - header_length:
             raise InvalidInput(
-                f"the body holds {len(body) - header_length} bytes after its {header_length}-byte JSON header, "
+                f"the body holds {body_length - header_length} bytes after its {header_length}-byte JSON header, "
                 f"but the inputs' binary_data_size add up to {declared}; check {HEADER_LENGTH} and each "
                 "binary_data_size",
                 field=HEADER_LENGTH,
             )
-    return [tensor.name for tensor in inputs]
+    return inputs
 
 
 def _parse_json_request(

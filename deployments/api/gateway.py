@@ -1,60 +1,485 @@
-"""The inference gateway's HTTP edge: `/serve/<team>/<deployment>/v2/...` (see `deployments.services.gateway`).
+"""The inference gateway's HTTP edge: an ASGI application serving `/serve/<team>/<deployment>/v2/...`.
 
-A plain Django view, not a DRF one: the body goes to Triton as the client wrote it, and every error is written as
-`{"error": "…"}`, the form Triton's and KServe's clients read. Authentication is a Conch API token only
-(`Authorization: Bearer conch_…`), as applications send it; there is no session or CSRF here.
+It runs in its own process (`python -m conch.gateway`, uvicorn), apart from the console's WSGI server, so that
+a request costs little more than the relay itself: the body streams from the client to a pooled keep-alive
+connection to Triton (`tritonserving.relay`) and the answer streams back, while the rules live in
+`deployments.services.gateway`. Per request and in the steady state it does no database query: the (token,
+deployment) route is resolved once and kept for `CONCH_GATEWAY_ROUTE_CACHE_SECONDS`; the per-token rate limit
+is one Redis round trip; usage is counted in memory and written every `CONCH_GATEWAY_USAGE_FLUSH_SECONDS`.
+
+Authentication is a Conch API token only (`Authorization: Bearer conch_…`), as applications send it. Every
+error is written as `{"error": "…"}`, the form Triton's and KServe's clients read.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
+import asyncio
+import hashlib
+import itertools
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
-from conch.errors import ConchError, Unauthenticated
-from deployments.services import gateway
-from tenancy.services import authenticate_token
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections, connections
+
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge, Unauthenticated
+from deployments.services import gateway as rules
+from deployments.services.gateway import Plan, Route, UsageCounts
+from tritonserving.access import API_KEY_HEADER
+from tritonserving.client import HEADER_LENGTH, TritonUnavailable, TritonUnreachable, check_inference_header
+from tritonserving.relay import TritonRelay
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GatewayApp"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_PATH = re.compile(r"/serve/(?P<team>[-a-z0-9]+)/(?P<deployment>[-a-z0-9]+)(?:/(?P<path>.*))?")
+#: Servers one request may be tried on when the first cannot be reached (nothing was sent to it).
+MAX_SERVERS_TRIED = 3
+#: Routes (and refusals) kept at most; the oldest half is dropped past it.
+MAX_CACHED_ROUTES = 10_000
 
 
-def _error(status: int, message: str) -> JsonResponse:
-    response = JsonResponse({"error": message}, status=status)
-    if status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="conch"'
-    return response
+class _TooManyRequests(ConchError):
+    status_code = 429
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
 
 
-def _caller(request: HttpRequest):
-    header = request.headers.get("Authorization", "")
-    scheme, _, raw = header.partition(" ")
-    if scheme.lower() != "bearer" or not raw.strip():
-        raise Unauthenticated(
-            "Send a Conch API token with the infer scope as 'Authorization: Bearer conch_…' (POST /api/v1/tokens/)."
+class GatewayApp:
+    """The ASGI application (HTTP and lifespan). One per process; state is built at lifespan start-up (or on the
+    first request when the server sends no lifespan events) inside the server's event loop."""
+
+    def __init__(self) -> None:
+        self._relay: TritonRelay | None = None
+        self._limiter: _RateLimiter | None = None
+        self._routes: dict[tuple[str, str, str], tuple[float, Route | ConchError]] = {}
+        self._resolving: dict[tuple[str, str, str], asyncio.Future] = {}
+        self._turns: dict[int, itertools.count] = {}
+        self._usage: dict[tuple, UsageCounts] = {}
+        self._flusher: asyncio.Task | None = None
+
+    # --- ASGI ---------------------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            if self._relay is None:
+                await self._start()
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self._start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self._stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _start(self) -> None:
+        if self._relay is not None:
+            return
+        self._relay = TritonRelay(
+            max_connections=settings.CONCH_GATEWAY_MAX_CONNECTIONS, timeout_s=rules.RELAY_TIMEOUT_S
         )
-    return authenticate_token(raw=raw.strip())
+        self._limiter = _RateLimiter(_redis_url())
+        self._flusher = asyncio.create_task(self._flush_periodically())
 
+    async def _stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        await self._flush_usage()
+        if self._relay is not None:
+            await self._relay.close()
+            self._relay = None
+        if self._limiter is not None:
+            await self._limiter.close()
+        await sync_to_async(connections.close_all)()
 
-@csrf_exempt
-def serve(request: HttpRequest, team: str, deployment: str, path: str = "") -> HttpResponse:
-    """Answer one KServe v2 request for deployment `deployment` of team `team` (`path`: what follows its base)."""
-    try:
-        user, grant = _caller(request)
-        served = gateway.find_served_deployment(user=user, token=grant, team_slug=team, name=deployment)
+    # --- one request --------------------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        if scope["path"] == "/healthz":
+            await _answer(send, 200, b'{"status":"ok"}', head=method == "HEAD")
+            return
+        match = _PATH.fullmatch(scope["path"])
+        if match is None:
+            await _answer_error(send, NotFoundAtAll())
+            return
+        headers = _headers(scope)
+        route: Route | None = None
+        counts = UsageCounts(requests=1)
+        status = 500
         try:
-            body = request.body
-        except RequestDataTooBig:
-            return _error(413, "The request body is larger than this server accepts (CONCH_MAX_REQUEST_BODY_BYTES).")
-        answer = gateway.serve(
-            user=user,
-            token=grant,
-            deployment=served,
-            method=request.method or "GET",
-            path=path,
-            body=body,
-            headers=dict(request.headers),
-        )
+            route = await self._route(headers.get("authorization", ""), match["team"], match["deployment"])
+            await self._limiter.admit(route)
+            plan = rules.plan_request(route, method, match["path"] or "")
+            if plan.kind:
+                status = await self._forward(route, plan, method, headers, receive, send, counts)
+            else:
+                status = plan.status
+                await _answer(send, plan.status, plan.body, head=method == "HEAD")
+        except ConchError as exc:
+            status = exc.status_code
+            await _answer_error(send, exc)
+        finally:
+            if route is not None:
+                counts.errors = int(status >= 400)
+                self._count(route, counts)
+
+    async def _forward(
+        self, route: Route, plan: Plan, method: str, headers: dict[str, str], receive: Receive, send: Send, counts
+    ) -> int:
+        """Pass the request to a Triton of `route` and stream its answer back; return the status sent."""
+        body = await _RequestBody.read_start(receive, headers, infer=plan.kind == "infer", route=route)
+        counts.inferences = body.inferences if plan.kind == "infer" else 0
+        # The restricted-endpoint key is Conch's to send, never the client's.
+        sent_headers = {name: value for name, value in headers.items() if name != API_KEY_HEADER.lower()}
+        tried = 0
+        while True:
+            url, key = self._next_server(route)
+            if plan.restricted:
+                sent_headers[API_KEY_HEADER] = key
+            try:
+                answer = await self._relay.send(
+                    method,
+                    url + plan.triton_path,
+                    headers=sent_headers,
+                    body=body.stream() if body.length else None,
+                    content_length=body.length if body.length else None,
+                )
+                break
+            except TritonUnreachable:
+                # Nothing reached that server (a pod that just went away): forget the route, try another one.
+                tried += 1
+                self._forget(route)
+                if tried >= min(MAX_SERVERS_TRIED, len(route.servers)) or body.started:
+                    raise
+        counts.bytes_in = body.length
+        if plan.kind == "server":
+            payload = _renamed_server_metadata(await answer.read(), route.deployment_name)
+            answer.headers["Content-Length"] = str(len(payload))
+            await _start_answer(send, answer.status, answer.headers)
+            counts.bytes_out = len(payload)
+            await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
+            return answer.status
+        await _start_answer(send, answer.status, answer.headers)
+        if method == "HEAD":
+            answer.close()
+            await send({"type": "http.response.body", "body": b""})
+            return answer.status
+        try:
+            async for chunk in answer.chunks():
+                counts.bytes_out += len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except TritonUnavailable as exc:
+            log.warning("gateway.relay.broken", extra={"deployment_id": route.deployment_id, "error": str(exc)})
+        await send({"type": "http.response.body", "body": b""})
+        return answer.status
+
+    def _next_server(self, route: Route) -> tuple[str, str]:
+        turn = self._turns.setdefault(route.deployment_id, itertools.count())
+        return route.servers[next(turn) % len(route.servers)]
+
+    # --- routes -------------------------------------------------------------------------------------------------
+
+    async def _route(self, authorization: str, team: str, deployment: str) -> Route:
+        scheme, _, raw = authorization.partition(" ")
+        raw = raw.strip()
+        if scheme.lower() != "bearer" or not raw:
+            raise Unauthenticated(
+                "Send a Conch API token with the infer scope as 'Authorization: Bearer conch_…' (POST /api/v1/tokens/)."
+            )
+        key = (hashlib.sha256(raw.encode()).hexdigest(), team, deployment)
+        cached = self._routes.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            return _raise_or_return(cached[1])
+        pending = self._resolving.get(key)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._resolving[key] = pending
+            try:
+                found = await sync_to_async(_resolve, thread_sensitive=True)(raw, team, deployment)
+            except BaseException as exc:
+                pending.set_exception(exc)
+                pending.exception()  # retrieved: waiters, if any, get it through `await pending`
+                raise
+            finally:
+                self._resolving.pop(key, None)
+            if len(self._routes) >= MAX_CACHED_ROUTES:
+                for old in list(self._routes)[: MAX_CACHED_ROUTES // 2]:
+                    self._routes.pop(old, None)
+            self._routes[key] = (time.monotonic() + settings.CONCH_GATEWAY_ROUTE_CACHE_SECONDS, found)
+            pending.set_result(found)
+        else:
+            found = await pending
+        return _raise_or_return(found)
+
+    def _forget(self, route: Route) -> None:
+        for key, (_, found) in list(self._routes.items()):
+            if isinstance(found, Route) and found.deployment_id == route.deployment_id:
+                self._routes.pop(key, None)
+
+    # --- usage --------------------------------------------------------------------------------------------------
+
+    def _count(self, route: Route, counts: UsageCounts) -> None:
+        key = (route.token_id, route.team_id, route.deployment_id, rules.today())
+        total = self._usage.setdefault(key, UsageCounts())
+        total.requests += counts.requests
+        total.inferences += counts.inferences
+        total.errors += counts.errors
+        total.bytes_in += counts.bytes_in
+        total.bytes_out += counts.bytes_out
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(settings.CONCH_GATEWAY_USAGE_FLUSH_SECONDS)
+            await self._flush_usage()
+
+    async def _flush_usage(self) -> None:
+        if not self._usage:
+            return
+        pending, self._usage = self._usage, {}
+        try:
+            await sync_to_async(_record_usage, thread_sensitive=True)(pending)
+        except Exception as exc:  # noqa: BLE001 - the database is away: keep the counts for the next try
+            log.warning("gateway.usage.flush_failed", extra={"error": str(exc), "keys": len(pending)})
+            for key, counts in pending.items():
+                total = self._usage.setdefault(key, UsageCounts())
+                for name in ("requests", "inferences", "errors", "bytes_in", "bytes_out"):
+                    setattr(total, name, getattr(total, name) + getattr(counts, name))
+
+
+class NotFoundAtAll(ConchError):
+    """A path outside `/serve/<team>/<deployment>/`."""
+
+    status_code = 404
+
+    def __init__(self) -> None:
+        super().__init__("Not found: deployments are served at /serve/<team>/<deployment>/v2/...")
+
+
+def _resolve(raw: str, team: str, deployment: str) -> Route | ConchError:
+    """`resolve_route` on a worker thread, with Django's connection hygiene; a refusal is returned, to be cached."""
+    close_old_connections()
+    try:
+        return rules.resolve_route(raw_token=raw, team_slug=team, name=deployment)
     except ConchError as exc:
-        return _error(exc.status_code, exc.detail)
-    response = HttpResponse(answer.body if request.method != "HEAD" else b"", status=answer.status)
-    for name, value in answer.headers.items():
-        response[name] = value
-    return response
+        return exc
+    finally:
+        close_old_connections()
+
+
+def _record_usage(pending: dict) -> None:
+    close_old_connections()
+    try:
+        rules.record_gateway_usage(counts=pending)
+    finally:
+        close_old_connections()
+
+
+def _raise_or_return(found: Route | ConchError) -> Route:
+    if isinstance(found, ConchError):
+        raise found
+    return found
+
+
+def _redis_url() -> str:
+    url = settings.CONCH_GATEWAY_REDIS_URL or settings.CELERY_BROKER_URL
+    return url if url.startswith(("redis://", "rediss://", "unix://")) else ""
+
+
+class _RateLimiter:
+    """Fixed one-minute windows per token, counted in Redis (shared by every gateway process) or, without Redis,
+    in this process. When Redis cannot be reached the request is let through (serving beats limiting) and a
+    warning is logged at most once a minute."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._redis = None
+        if redis_url:
+            import redis.asyncio as redis_asyncio
+
+            self._redis = redis_asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self._local: dict[tuple[str, int], int] = {}
+        self._warned_at = 0.0
+
+    async def admit(self, route: Route) -> None:
+        """Count one request of `route`'s token; raise `_TooManyRequests` (429) past its requests per minute."""
+        now = time.time()
+        window = int(now // 60)
+        count = await self._increment(f"{route.token_id}:{route.token_prefix}", window)
+        if count is not None and count > route.requests_per_minute:
+            retry = max(1, math.ceil((window + 1) * 60 - now))
+            raise _TooManyRequests(
+                f"Rate limit of {route.requests_per_minute} requests/minute for token {route.token_prefix}… "
+                f"reached; retry in {retry} s.",
+                retry_after_s=retry,
+            )
+
+    async def _increment(self, token: str, window: int) -> int | None:
+        if self._redis is None:
+            if len(self._local) > MAX_CACHED_ROUTES:
+                self._local = {key: n for key, n in self._local.items() if key[1] >= window}
+            count = self._local.get((token, window), 0) + 1
+            self._local[(token, window)] = count
+            return count
+        key = f"conch:gateway:rate:{settings.CONCH_INSTANCE_ID}:{token}:{window}"
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                count, _ = await pipe.incr(key).expire(key, 120).execute()
+            return int(count)
+        except Exception as exc:  # noqa: BLE001 - any Redis trouble: serve, and say so
+            if time.monotonic() - self._warned_at > 60:
+                self._warned_at = time.monotonic()
+                log.warning("gateway.rate_limit.unavailable", extra={"error": str(exc)})
+            return None
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+class _RequestBody:
+    """The client's request body: read as far as it must be to check it, then streamed to Triton.
+
+    An inference request with binary tensor data is checked on its JSON header alone (the rest streams); a JSON
+    one is read whole and checked; a compressed one streams unchecked (Triton decompresses it). `length` is the
+    body's size in bytes (Content-Length); `inferences` what the request counts as (its batch for a batching
+    model, else 1).
+    """
+
+    def __init__(self, receive: Receive, start: bytes, length: int, more: bool, inferences: int) -> None:
+        self._receive = receive
+        self._start = start
+        self._more = more
+        self.length = length
+        self.inferences = inferences
+        self.started = False
+
+    @classmethod
+    async def read_start(cls, receive: Receive, headers: dict[str, str], *, infer: bool, route: Route):
+        declared = headers.get("content-length")
+        if declared is not None and not declared.strip().isdigit():
+            raise InvalidInput(f"Content-Length must be a number of bytes, got {declared!r}.", field="Content-Length")
+        limit = settings.CONCH_GATEWAY_MAX_BODY_BYTES
+        if declared is not None and int(declared) > limit:
+            raise PayloadTooLarge(
+                f"The request body has {int(declared)} bytes; the gateway accepts at most {limit} bytes "
+                "(CONCH_GATEWAY_MAX_BODY_BYTES).",
+                field="body",
+            )
+        header_length = rules.parse_header_length(headers.get(HEADER_LENGTH.lower())) if infer else None
+        compressed = headers.get("content-encoding", "identity").strip().lower() not in ("", "identity")
+        if declared is None or not infer or compressed:
+            # No length (chunked) or nothing to check: read all of it, within the limit.
+            start, more = await _read(receive, limit, until=None)
+            body = cls(receive, start, len(start), False, 1)
+            if infer and not compressed:
+                body.inferences = _inferences(check_inference_header(start, header_length, len(start)), route)
+            return body
+        length = int(declared)
+        want = length if header_length is None else min(header_length, length)
+        start, more = await _read(receive, limit, until=want)
+        summary = check_inference_header(start, header_length, length)
+        return cls(receive, start, length, more, _inferences(summary, route))
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The body's bytes: what was read already, then the rest as the client sends it."""
+        self.started = True
+        if self._start:
+            yield self._start
+        more = self._more
+        while more:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise TritonUnavailable("the client went away while sending its request")
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if chunk:
+                yield chunk
+
+
+async def _read(receive: Receive, limit: int, *, until: int | None) -> tuple[bytes, bool]:
+    """Read the body until at least `until` bytes (None: all of it); return them and whether more follows."""
+    parts: list[bytes] = []
+    size = 0
+    more = True
+    while more and (until is None or size < until):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidInput("The client closed the connection before sending its whole request.", field="body")
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"The request body is over the {limit} bytes the gateway accepts (CONCH_GATEWAY_MAX_BODY_BYTES).",
+                field="body",
+            )
+        parts.append(chunk)
+    return b"".join(parts), more
+
+
+def _inferences(summary, route: Route) -> int:
+    if route.batching and summary.batch is not None:
+        return max(int(summary.batch), 0)
+    return 1
+
+
+def _renamed_server_metadata(payload: bytes, name: str) -> bytes:
+    """Triton's server metadata with the deployment's name as the server's (Triton's own id is internal)."""
+    try:
+        metadata = json.loads(payload)
+    except ValueError:
+        return payload
+    if isinstance(metadata, dict) and "name" in metadata:
+        metadata["name"] = name
+        return json.dumps(metadata, separators=(",", ":")).encode()
+    return payload
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+async def _start_answer(send: Send, status: int, headers: dict[str, str]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()],
+        }
+    )
+
+
+async def _answer(send: Send, status: int, body: bytes, *, head: bool = False, extra: dict | None = None) -> None:
+    headers = {"content-type": "application/json", "content-length": str(len(body)), **(extra or {})}
+    await _start_answer(send, status, headers)
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+async def _answer_error(send: Send, exc: ConchError) -> None:
+    extra: dict[str, str] = {}
+    if exc.status_code == 401:
+        extra["www-authenticate"] = 'Bearer realm="conch"'
+    if isinstance(exc, _TooManyRequests):
+        extra["retry-after"] = str(exc.retry_after_s)
+    await _answer(send, exc.status_code, json.dumps({"error": exc.detail}).encode(), extra=extra)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 
-from deployments.models import Deployment
+from deployments.models import Deployment, GatewayUsage
 from deployments.services import effective_settings, endpoints, log_tail
 
 
@@ -113,15 +114,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_endpoints(self, obj: Deployment) -> dict:
         where = endpoints(obj)
-        base = f"/serve/{obj.team.slug}/{obj.name}"
-        request = self.context.get("request")
         return {
             "http": where.http,
             "grpc": where.grpc,
             "metrics": where.metrics,
             "infer": f"{where.http}/v2/models/{obj.model_name}/infer" if where.http else "",
-            # Through Conch, with a token (KServe v2 REST; tritonclient takes it without the scheme).
-            "gateway": request.build_absolute_uri(base) if request is not None else base,
+            # Through Conch's inference gateway, with a token (KServe v2 REST; tritonclient takes it without the
+            # scheme).
+            "gateway": f"{settings.CONCH_GATEWAY_URL}/serve/{obj.team.slug}/{obj.name}",
         }
 
     def get_replicas(self, obj: Deployment) -> dict | None:
@@ -145,3 +145,32 @@ class DeploymentSerializer(serializers.ModelSerializer):
         if obj.runtime != "local" and getattr(view, "action", None) == "list":
             return []  # two API requests per deployment: only for one deployment at a time
         return log_tail(obj)
+
+
+class GatewayUsageQuerySerializer(serializers.Serializer):
+    """Filters of the gateway usage list: UTC days, both inclusive."""
+
+    since = serializers.DateField(required=False, help_text="First day (YYYY-MM-DD, UTC), inclusive.")
+    until = serializers.DateField(required=False, help_text="Last day (YYYY-MM-DD, UTC), inclusive.")
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("since") and attrs.get("until") and attrs["since"] > attrs["until"]:
+            raise serializers.ValidationError({"until": "until must be on or after since."})
+        return attrs
+
+
+class GatewayUsageSerializer(serializers.ModelSerializer):
+    """One token's use of one deployment through the inference gateway on one day (UTC)."""
+
+    token = serializers.SerializerMethodField()
+    deployment = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GatewayUsage
+        fields = ["day", "token", "deployment", "requests", "inferences", "errors", "bytes_in", "bytes_out"]
+
+    def get_token(self, obj: GatewayUsage) -> dict:
+        return {"id": obj.token_id, "prefix": obj.token.prefix, "name": obj.token.name}
+
+    def get_deployment(self, obj: GatewayUsage) -> dict:
+        return {"id": obj.deployment_id, "name": obj.deployment.name}

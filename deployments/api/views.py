@@ -21,6 +21,8 @@ from deployments import observe, services
 from deployments.api.serializers import (
     CreateDeploymentSerializer,
     DeploymentSerializer,
+    GatewayUsageQuerySerializer,
+    GatewayUsageSerializer,
     UpdateDeploymentSerializer,
 )
 from tritonserving.client import BINARY_ONLY_DATATYPES, HEADER_LENGTH, JSON_DATATYPES
@@ -261,3 +263,29 @@ class ClusterViewSet(GenericViewSet):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer})
     def retrieve(self, request: Request, name: str) -> Response:
         return Response(services.describe_cluster(services.get_cluster(name=name)))
+
+
+class GatewayUsageViewSet(GenericViewSet):
+    """Use of the inference gateway by the team's tokens, per day (UTC), token and deployment: requests,
+    inferences (batch items), errors (answers >= 400) and body bytes in and out. For the team's admins."""
+
+    serializer_class = GatewayUsageSerializer
+    lookup_field = "slug"
+    lookup_value_regex = "[-a-z0-9]+"
+
+    @extend_schema(
+        parameters=[GatewayUsageQuerySerializer],
+        responses={200: GatewayUsageSerializer(many=True), 400: ErrorSerializer, 403: ErrorSerializer},
+    )
+    def retrieve(self, request: Request, slug: str) -> Response:
+        query = GatewayUsageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        rows = services.gateway_usage(
+            user=request.user,
+            team_slug=slug,
+            token=request.auth,
+            since=query.validated_data.get("since"),
+            until=query.validated_data.get("until"),
+        )
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)

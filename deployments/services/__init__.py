@@ -7,6 +7,7 @@ runtime spawns, stops or waits on a server, or while the network is used.
 """
 
 from deployments.services.clusters import describe_cluster, get_cluster, list_clusters
+from deployments.services.gateway import gateway_usage
 from deployments.services.inference import infer
 from deployments.services.lifecycle import (
     collect_repository_garbage,
@@ -43,6 +44,7 @@ __all__ = [
     "ENABLED_RUNTIMES",
     "LOG_TAIL_LINES",
     "collect_repository_garbage",
+    "gateway_usage",
     "create_deployment",
     "describe_cluster",
     "get_cluster",

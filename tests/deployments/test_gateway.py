@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import json
+import time
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -17,6 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from builds.model_config import BuildOptions
 from deployments import services as deployments
+from deployments.models import GatewayUsage
+from tenancy.models import ApiToken
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
@@ -28,7 +32,7 @@ X = np.full((2, 4), 0.5, dtype=np.float32)
 
 
 @pytest.fixture
-def served(live_server, transactional_db, eager_tasks, tmp_path):
+def served(gateway, transactional_db, eager_tasks, tmp_path):
     """A ready local deployment `adder` (y = x + 1) of team `vision`, a token with every scope and the base URL."""
     caller = make_caller("ada", "vision")
     version = write_built_version(
@@ -39,7 +43,7 @@ def served(live_server, transactional_db, eager_tasks, tmp_path):
     )
     deployment.refresh_from_db()
     assert deployment.status == "ready", deployment.error
-    base = f"{live_server.url}/serve/vision/adder"
+    base = f"{gateway.url}/serve/vision/adder"
     yield caller, deployment, base
     deployments.stop_deployment(deployment_id=deployment.pk)
 
@@ -146,7 +150,7 @@ def test_a_token_without_infer_scope_or_of_another_team_is_refused(served):
 def test_the_deployment_shows_its_gateway_url(served):
     caller, deployment, base = served
     shown = caller.client.get(f"/api/v1/deployments/{deployment.pk}/").json()
-    assert urlsplit(shown["endpoints"]["gateway"]).path == "/serve/vision/adder"
+    assert shown["endpoints"]["gateway"] == base  # in full: the gateway's own address, not the console's
 
 
 def test_gzip_request_body_is_passed_as_is(served):
@@ -162,3 +166,138 @@ def test_gzip_request_body_is_passed_as_is(served):
     )
     assert answer.status_code == 200, answer.text
     assert answer.json()["outputs"][0]["data"] == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_server_metadata_names_the_deployment_not_the_internal_server(served):
+    caller, deployment, base = served
+    client, headers = _client(base, caller.token)
+    metadata = client.get_server_metadata(headers=headers)
+    assert metadata["name"] == "adder"
+    assert metadata["version"].startswith("2.")
+    client.close()
+
+
+def test_a_token_past_its_rate_limit_gets_429_with_retry_after(served):
+    caller, deployment, base = served
+    limited = create_api_token(user=caller.user, name="slow", team=caller.team, scopes=["infer"])
+    ApiToken.objects.filter(pk=limited.token.pk).update(requests_per_minute=3)
+    headers = {"Authorization": f"Bearer {limited.secret}"}
+    answers = [requests.get(f"{base}/v2/health/live", headers=headers, timeout=10) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    refused = answers[-1]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert refused.json()["error"].startswith(f"Rate limit of 3 requests/minute for token {limited.token.prefix}…")
+    # another token of the same user is counted on its own
+    assert requests.get(f"{base}/v2/health/live", headers={"Authorization": f"Bearer {caller.token}"}).ok
+
+
+def test_usage_is_metered_per_token_and_day_and_shown_to_team_admins(served):
+    caller, deployment, base = served
+    client, headers = _client(base, caller.token)
+    x = triton_http.InferInput("x", [3, 4], "FP32")
+    x.set_data_from_numpy(np.zeros((3, 4), dtype=np.float32))
+    for _ in range(2):
+        client.infer("adder", [x], headers=dict(headers))
+    assert client.is_model_ready("adder", headers=dict(headers))
+    with pytest.raises(InferenceServerException):
+        client.get_model_metadata("other", headers=dict(headers))  # a 404: counted as an error
+    client.close()
+    deadline = time.monotonic() + 10
+    row = None
+    while time.monotonic() < deadline:
+        row = GatewayUsage.objects.filter(token__prefix=caller.token[:12]).first()
+        if row is not None and row.requests >= 4:
+            break
+        time.sleep(0.2)
+    assert row is not None and row.deployment_id == deployment.pk
+    assert (row.requests, row.inferences, row.errors) == (4, 6, 1)
+    assert row.bytes_in > 2 * 3 * 4 * 4 and row.bytes_out > 2 * 3 * 4 * 4
+
+    # developers may not read it; the team's admins may
+    refused = caller.client.get("/api/v1/gateway-usage/vision/")
+    assert refused.status_code == 403 and "admin" in refused.json()["detail"]
+    boss = make_caller("bea", "vision", role="admin")
+    shown = boss.client.get("/api/v1/gateway-usage/vision/", {"since": row.day.isoformat()})
+    assert shown.status_code == 200, shown.content
+    [entry] = shown.json()["results"]
+    assert entry["deployment"] == {"id": deployment.pk, "name": "adder"}
+    assert (entry["requests"], entry["inferences"], entry["errors"]) == (4, 6, 1)
+    bad = boss.client.get("/api/v1/gateway-usage/vision/", {"since": "yesterday"})
+    assert bad.status_code == 400 and bad.json()["field"] == "since"
+    outsider = make_caller("otto", "elsewhere", role="admin")
+    assert outsider.client.get("/api/v1/gateway-usage/vision/").status_code == 404
+
+
+def test_a_revoked_token_stops_working_within_the_route_cache_time(served, settings):
+    caller, deployment, base = served
+    headers = {"Authorization": f"Bearer {caller.token}"}
+    assert requests.get(f"{base}/v2/health/ready", headers=headers, timeout=10).status_code == 200
+    ApiToken.objects.filter(prefix=caller.token[:12]).update(is_revoked=True)
+    time.sleep(settings.CONCH_GATEWAY_ROUTE_CACHE_SECONDS + 0.2)
+    refused = requests.get(f"{base}/v2/health/ready", headers=headers, timeout=10)
+    assert refused.status_code == 401 and "revoked" in refused.json()["error"]
+
+
+def test_a_binary_body_streams_to_triton_in_pieces(served):
+    caller, deployment, base = served
+    data = np.arange(16, dtype=np.float32).reshape(4, 4)
+    header = json.dumps(
+        {
+            "inputs": [{"name": "x", "shape": [4, 4], "datatype": "FP32", "parameters": {"binary_data_size": 64}}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": False}}],
+        }
+    ).encode()
+    payload = header + data.tobytes()
+
+    def pieces():
+        for start in range(0, len(payload), 7):  # the header arrives split too
+            yield payload[start : start + 7]
+
+    where = urlsplit(base)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    connection.putrequest("POST", f"{where.path}/v2/models/adder/infer")
+    connection.putheader("Authorization", f"Bearer {caller.token}")
+    connection.putheader("Inference-Header-Content-Length", str(len(header)))
+    connection.putheader("Content-Length", str(len(payload)))
+    connection.endheaders()
+    for piece in pieces():
+        connection.send(piece)
+        time.sleep(0.001)
+    answer = connection.getresponse()
+    text = answer.read()
+    connection.close()
+    assert answer.status == 200, text
+    assert json.loads(text)["outputs"][0]["data"] == (data + 1).ravel().tolist()
+    # sent without a length (chunked), it is read whole first and still checked
+    chunked = requests.post(
+        f"{base}/v2/models/adder/infer",
+        data=pieces(),
+        headers={"Authorization": f"Bearer {caller.token}", "Inference-Header-Content-Length": str(len(header))},
+        timeout=10,
+    )
+    assert chunked.status_code == 200, chunked.text
+    too_short = requests.post(
+        f"{base}/v2/models/adder/infer",
+        data=payload[:-4],
+        headers={"Authorization": f"Bearer {caller.token}", "Inference-Header-Content-Length": str(len(header))},
+        timeout=10,
+    )
+    assert too_short.status_code == 400 and "binary_data_size" in too_short.json()["error"]
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(served, settings):
+    caller, deployment, base = served
+    settings.CONCH_GATEWAY_MAX_BODY_BYTES = 1000
+    answer = requests.post(
+        f"{base}/v2/models/adder/infer",
+        data=b"x" * 5000,
+        headers={"Authorization": f"Bearer {caller.token}"},
+        timeout=10,
+    )
+    assert answer.status_code == 413 and "at most 1000 bytes" in answer.json()["error"]
+
+
+def test_the_console_address_says_where_the_gateway_is(served, client):
+    caller, deployment, base = served
+    answer = client.get("/serve/vision/adder/v2/health/ready")
+    assert answer.status_code == 404 and f"{base}/v2/health/ready" in answer.json()["error"]

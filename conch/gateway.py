@@ -1,0 +1,48 @@
+"""The inference gateway's server process: `python -m conch.gateway` (uvicorn, uvloop, httptools).
+
+Serves `deployments.api.gateway.GatewayApp` on CONCH_GATEWAY_BIND (127.0.0.1:8001 by default) with
+CONCH_GATEWAY_WORKERS processes. Why a process of its own and not a view of the console's gunicorn: the console's
+requests are blocking Django views (uploads of GiBs among them), while the gateway relays many small concurrent
+requests; an event loop with pooled keep-alive connections to Triton adds far less to each request than a
+thread of a WSGI server (bench/serving.py, system e).
+"""
+
+from __future__ import annotations
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
+django.setup()
+
+from deployments.api.gateway import GatewayApp  # noqa: E402 - needs Django set up
+
+__all__ = ["application", "main"]
+
+application = GatewayApp()
+
+
+def main() -> None:
+    """Run the gateway in the foreground until SIGINT/SIGTERM."""
+    import uvicorn
+    from django.conf import settings
+
+    host, _, port = settings.CONCH_GATEWAY_BIND.rpartition(":")
+    uvicorn.run(
+        "conch.gateway:application",
+        host=host.strip("[]") or "127.0.0.1",
+        port=int(port),
+        workers=int(os.environ.get("CONCH_GATEWAY_WORKERS", "1")),
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        log_level=os.environ.get("CONCH_GATEWAY_LOG_LEVEL", "warning"),
+    )
+
+
+if __name__ == "__main__":
+    main()
