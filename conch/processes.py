@@ -1,4 +1,4 @@
-"""Command lines of Conch's own long-running processes (web, worker, beat), as the demo and the benchmarks run them.
+"""Command lines of Conch's own long-running processes (web, gateway, worker, beat), as the demo and the benchmarks run them.
 
 One definition, so every place that starts a worker consumes the same queues (`celery` and `periodic`, see
 `conch.celery`) with the same options.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conch.celery import DEFAULT_QUEUE, PERIODIC_QUEUE
 
-__all__ = ["beat_command", "web_command", "worker_command"]
+__all__ = ["beat_command", "gateway_command", "web_command", "worker_command"]
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -18,6 +18,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 def web_command(bin_dir: Path, port: int) -> list[str]:
     """gunicorn with the project's gunicorn.conf.py, listening on 127.0.0.1:`port` only."""
     return [str(bin_dir / "gunicorn"), "-c", str(BASE_DIR / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}"]
+
+
+def gateway_command(bin_dir: Path) -> list[str]:
+    """The inference gateway (`conch.gateway`: uvicorn), listening where CONCH_GATEWAY_BIND says."""
+    return [str(bin_dir / "python"), "-m", "conch.gateway"]
 
 
 def worker_command(bin_dir: Path, node: str, concurrency: int = 2) -> list[str]:

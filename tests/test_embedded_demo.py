@@ -361,7 +361,7 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
     rest = demo.interrupt()
     # then nothing is left running, Triton included
     assert demo.process.returncode == 0, rest
-    assert "stopped web, worker, beat and 1 Triton process(es)" in rest
+    assert "stopped web, gateway, worker, beat and 1 Triton process(es)" in rest
     assert _leftovers(var, instance) == []
     database = sqlite3.connect(var / "conch.sqlite3")
     assert database.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -389,7 +389,7 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
     finally:
         rest = again.interrupt()
     assert again.process.returncode == 0, rest
-    assert "stopped web, worker, beat and 1 Triton process(es)" in rest
+    assert "stopped web, gateway, worker, beat and 1 Triton process(es)" in rest
     assert _leftovers(var, instance) == []
     assert database.execute("SELECT count(*) FROM models_registry_modelversion").fetchone() == (built_versions,)
     assert database.execute("SELECT count(*) FROM tenancy_apitoken").fetchone() == (1,)

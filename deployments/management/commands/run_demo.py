@@ -54,7 +54,7 @@ from kombu.exceptions import KombuError
 
 from conch.errors import ConchError
 from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worker_liveness
-from conch.processes import beat_command, web_command, worker_command
+from conch.processes import beat_command, gateway_command, web_command, worker_command
 from deployments.services import stop_all_local_servers
 from deployments.services.clusters import cluster_gpu_offers, register_cluster
 from tenancy.choices import Role
@@ -383,8 +383,14 @@ class Command(BaseCommand):
             self._say(f"port {port} is in use; using {chosen} (set CONCH_DEMO_PORT to choose)")
         port = chosen
         url = f"http://127.0.0.1:{port}"
+        gateway_port = _free_port(port + 1)
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        # The web process shows the gateway's address on each deployment (endpoints.gateway).
+        os.environ["CONCH_GATEWAY_BIND"] = f"127.0.0.1:{gateway_port}"
+        os.environ["CONCH_GATEWAY_URL"] = gateway_url
         self._start_services(port)
         self._wait_http(url, timeout=60)
+        self._wait_http(gateway_url, timeout=60)
         api = requests.Session()
         api.headers["Authorization"] = f"Bearer {token}"
 
@@ -395,6 +401,10 @@ class Command(BaseCommand):
         self._say(
             f"inference: scores {[round(s, 4) for s in scores]} -> rotation {labels[int(np.argmax(scores))]} degrees"
         )
+        gateway = deployment["endpoints"]["gateway"]
+        ready = api.get(f"{gateway}/v2/health/ready", timeout=10)
+        self._check(ready, 200)
+        self._say(f"gateway: {gateway}/v2/health/ready answers {ready.json()} to the demo token")
         self._say("")
         if password:
             login = f"user {ADMIN}, password {password}"
@@ -409,10 +419,16 @@ class Command(BaseCommand):
                 self._say(f"Pod:      {pod['name']} on node {pod['node']} ({pod['phase']}, ready: {pod['ready']})")
         else:
             self._say(f"Triton:   {deployment['endpoints']['http']}")
-        lines = [f"CONCH_URL={url}", f"CONCH_TOKEN={token}", f"CONCH_DEPLOYMENT={deployment['id']}"]
+        self._say(f"Gateway:  {gateway}  (KServe v2 REST with the token; tritonclient takes it without http://)")
+        lines = [
+            f"CONCH_URL={url}",
+            f"CONCH_TOKEN={token}",
+            f"CONCH_DEPLOYMENT={deployment['id']}",
+            f"CONCH_GATEWAY={gateway}",
+        ]
         shell_file = Path(settings.VAR_DIR) / "demo.env"
         _write_secret(shell_file, "\n".join(f"export {line}" for line in lines))
-        self._say(f"Shell:    . {shell_file}   (sets the three variables below)")
+        self._say(f"Shell:    . {shell_file}   (sets the variables below)")
         for line in lines:
             self._say(line)
         if no_wait:
@@ -585,6 +601,7 @@ class Command(BaseCommand):
         node = f"demo@{socket.gethostname()}"
         commands = {
             "web": web_command(bin_dir, port),
+            "gateway": gateway_command(bin_dir),
             "worker": worker_command(bin_dir, node),
             "beat": beat_command(bin_dir, Path(settings.VAR_DIR) / "celerybeat-schedule"),
         }
@@ -634,7 +651,7 @@ class Command(BaseCommand):
         # Local Tritons too in the Kubernetes demo: reconcile starts those of local deployments the database holds.
         stopped = stop_all_local_servers()
         if self.runtime == "local":
-            self._say(f"stopped web, worker, beat and {stopped} Triton process(es)")
+            self._say(f"stopped web, gateway, worker, beat and {stopped} Triton process(es)")
         elif self.supervisor is not None:
             names = ", ".join(self.supervisor.services)
             self._say(
