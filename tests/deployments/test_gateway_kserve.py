@@ -149,16 +149,8 @@ def test_kserve_client_sees_a_deployment_that_is_not_serving(served):
         "error": "Deployment 'adder' is starting, not serving; retry when it is ready., "
         f"'503 Service Unavailable' for url '{base}/v2/models/adder/infer'",
     }
-    # KServe's client raises on any answer to v2/health/ready but 2xx, showing the body's "error" (its own server
-    # answers 503 {"error": "Server is not ready."}); the gateway's 503 {"ready": false} has none, so the client
-    # shows the dict instead.
+    # KServe's client raises on any answer to v2/health/ready but 2xx and shows the body's "error".
     assert ready["status"] == 503
-    if ready["error"].startswith("{'ready': False}"):
-        pytest.xfail(
-            'gap: GET v2/health/ready on a deployment that is not serving answers 503 {"ready": false} without an '
-            "\"error\" field, so KServe's InferenceRESTClient.is_server_ready shows \"{'ready': False}, '503 Service "
-            'Unavailable\' …" (kserve/inference_client.py, _construct_http_status_error); add "error" with why'
-        )
     assert ready["error"] == (
         "Deployment 'adder' is starting, not serving; retry when it is ready., "
         f"'503 Service Unavailable' for url '{base}/v2/health/ready'"
