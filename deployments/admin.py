@@ -19,8 +19,11 @@ from deployments.services.records import request_stop
 
 @admin.register(Deployment)
 class DeploymentAdmin(ModelAdmin):
-    """Deployments of every team. "Stop selected deployments" stops them as the API's stop does
-    (`request_stop`: desired state stopped, status stopping, a task ends the workload and frees its quota)."""
+    """Deployments of every team, read-only: they are created and changed through the API and the console, whose
+    services check roles and quotas (a save here would also write back a status the reconcile task may have
+    changed meanwhile). "Stop selected deployments" stops them as the API's stop does (`request_stop`: desired
+    state stopped, status stopping, a task ends the workload and frees its quota); it needs the permission to
+    change deployments."""
 
     list_display = ["name", "team", "model_version", "runtime", "cluster", "status", "desired_state", "restart_count"]
     list_filter = ["status", "runtime", "team"]
@@ -29,7 +32,16 @@ class DeploymentAdmin(ModelAdmin):
     readonly_fields = ["runtime_state", "repository_prefix", "heartbeat_at"]
     actions = ["stop_deployments"]
 
-    @admin.action(description="Stop selected deployments", permissions=["change"])
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Deployment | None = None) -> bool:
+        return False
+
+    def has_stop_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("deployments.change_deployment")
+
+    @admin.action(description="Stop selected deployments", permissions=["stop"])
     def stop_deployments(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
         asked, already, refused = [], [], []
         for deployment in queryset.select_related("team").order_by("pk"):

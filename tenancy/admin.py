@@ -283,7 +283,8 @@ class TeamAdmin(ModelAdmin):
 @admin.register(ApiToken)
 class ApiTokenAdmin(ModelAdmin):
     """API tokens, read-only (they are created with the API or `manage.py create_token`); the hash is never
-    shown. The action revokes through `tenancy.services.revoke_api_token`."""
+    shown. "Revoke selected tokens" revokes through `tenancy.services.revoke_api_token`; it needs the permission
+    to change tokens."""
 
     list_display = ["prefix", "name", "user", "team", "scopes", "expires_at", "last_used_at", "is_revoked"]
     list_filter = ["is_revoked", "team"]
@@ -296,10 +297,13 @@ class ApiTokenAdmin(ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
-        return self.fields
+    def has_change_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return False
 
-    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("tenancy.change_apitoken")
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         revoked, skipped = [], []
         for token in queryset.order_by("pk"):

@@ -93,3 +93,17 @@ def test_clusters_stay_in_the_admin_under_the_theme(admin_client):
     for page in (listing, adding):
         assert "/static/unfold/css/styles.css" in page.content.decode()
     assert 'name="kubeconfig"' in adding.content.decode()
+
+
+def test_deployments_are_read_only_in_the_admin(admin_client):
+    # given a ready deployment of 1 replica
+    deployment = _ready_deployment(TeamFactory(slug="vision"), "one")
+    # when staff try to add one, or to save another replica count over it (which no quota check would see)
+    adding = admin_client.get(f"{DEPLOYMENTS}add/")
+    saving = admin_client.post(f"{DEPLOYMENTS}{deployment.pk}/change/", {"replicas": 9, "status": "ready"})
+    # then neither is allowed; the page still shows it
+    assert adding.status_code == 403
+    assert saving.status_code == 403
+    deployment.refresh_from_db()
+    assert deployment.replicas == 1
+    assert admin_client.get(f"{DEPLOYMENTS}{deployment.pk}/change/").status_code == 200

@@ -295,6 +295,20 @@ def test_the_revoke_action_revokes_tokens_and_no_page_shows_a_hash(admin_client)
     assert first.token.prefix in pages
 
 
+def test_tokens_are_read_only_in_the_admin(admin_client):
+    # given a token
+    team = TeamFactory(slug="vision")
+    erin = MembershipFactory(team=team, user=UserFactory(username="erin")).user
+    issued = create_api_token(user=erin, team=team, scopes=["read"])
+    url = f"/admin/tenancy/apitoken/{issued.token.pk}/change/"
+    # when staff try to add one or to widen its scopes
+    adding = admin_client.get("/admin/tenancy/apitoken/add/")
+    saving = admin_client.post(url, {"scopes": '["read", "infer"]', "name": "x"})
+    # then
+    assert (adding.status_code, saving.status_code) == (403, 403)
+    assert ApiToken.objects.get(pk=issued.token.pk).scopes == ["read"]
+
+
 def test_revoking_a_revoked_token_says_so(admin_client):
     # given a revoked token
     team = TeamFactory(slug="vision")
