@@ -80,6 +80,9 @@ if PRODUCTION and (_problems := _production_problems()):
     )
 
 INSTALLED_APPS = [
+    # The admin's theme (django-unfold): before django.contrib.admin, so its templates win. Its static files come
+    # from the app's folder (WhiteNoise finds them, and collectstatic copies them).
+    "unfold",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -159,6 +162,18 @@ STATIC_ROOT.mkdir(exist_ok=True)
 # Serve straight from the app and project static folders too, so no collectstatic is needed.
 WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/accounts/login/"
+# The admin console (/admin/, staff only): django-unfold's settings.
+UNFOLD = {
+    "SITE_TITLE": "Conch admin",
+    "SITE_HEADER": "Conch",
+    "SITE_SUBHEADER": "Teams, quotas, tokens, deployments, clusters",
+    "SITE_URL": "/deployments/",
+    "SITE_SYMBOL": "hub",
+    "SHOW_HISTORY": True,
+    # Django's own admin login form, which refuses non-staff users (unfold's default accepts any active user and
+    # only then finds they may not see the admin).
+    "LOGIN": {"form": "django.contrib.admin.forms.AdminAuthenticationForm"},
+}
 LOGIN_REDIRECT_URL = "/deployments/"
 
 # --- REST API -------------------------------------------------------------------

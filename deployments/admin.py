@@ -1,24 +1,72 @@
+"""The admin console of deployments and clusters (staff only): an HTTP edge calling the deployments services."""
+
+from __future__ import annotations
+
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from unfold.admin import ModelAdmin
+from unfold.widgets import UnfoldAdminTextareaWidget
 
 from conch.crypto import encrypt_text
-from conch.errors import InvalidInput
+from conch.errors import ConchError, InvalidInput
+from deployments.choices import DeploymentStatus
 from deployments.models import Cluster, Deployment
 from deployments.services.clusters import describe_cluster, image_mismatch, parse_kubeconfig
+from deployments.services.records import request_stop
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(ModelAdmin):
+    """Deployments of every team, read-only: they are created and changed through the API and the console, whose
+    services check roles and quotas (a save here would also write back a status the reconcile task may have
+    changed meanwhile). "Stop selected deployments" stops them as the API's stop does (`request_stop`: desired
+    state stopped, status stopping, a task ends the workload and frees its quota); it needs the permission to
+    change deployments."""
+
     list_display = ["name", "team", "model_version", "runtime", "cluster", "status", "desired_state", "restart_count"]
     list_filter = ["status", "runtime", "team"]
+    list_select_related = ["team", "model_version__model__team", "cluster"]
+    search_fields = ["name", "team__slug"]
     readonly_fields = ["runtime_state", "repository_prefix", "heartbeat_at"]
+    actions = ["stop_deployments"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Deployment | None = None) -> bool:
+        return False
+
+    def has_stop_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("deployments.change_deployment")
+
+    @admin.action(description="Stop selected deployments", permissions=["stop"])
+    def stop_deployments(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        asked, already, refused = [], [], []
+        for deployment in queryset.select_related("team").order_by("pk"):
+            if deployment.status == DeploymentStatus.STOPPED:
+                already.append(str(deployment))
+                continue
+            try:
+                request_stop(user=request.user, deployment=deployment)
+            except ConchError as error:
+                refused.append(f"{deployment}: {error.detail}")
+            else:
+                asked.append(str(deployment))
+        if asked:
+            self.message_user(request, f"Stopping {len(asked)} deployment(s): {', '.join(asked)}.", messages.SUCCESS)
+        if already:
+            self.message_user(request, f"Already stopped: {', '.join(already)}.", messages.INFO)
+        if refused:
+            self.message_user(request, f"Not stopped: {'; '.join(refused)}.", messages.ERROR)
 
 
 class ClusterForm(forms.ModelForm):
     """A cluster with a write-only kubeconfig: pasted here, checked, stored encrypted, never shown back."""
 
     kubeconfig = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 8}),
+        widget=UnfoldAdminTextareaWidget(attrs={"rows": 8}),
         required=False,
         help_text="Paste a kubeconfig to set or replace the credentials (it is never shown again).",
     )
@@ -44,7 +92,7 @@ class ClusterForm(forms.ModelForm):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(ModelAdmin):
     """Clusters with their credentials write-only (also `manage.py register_cluster`)."""
 
     form = ClusterForm

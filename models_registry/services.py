@@ -10,12 +10,13 @@ and `abort_stale_uploads`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q, QuerySet, Sum
+from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
@@ -430,22 +431,40 @@ def versions_with_builds() -> QuerySet[ModelVersion]:
 # --- quotas ------------------------------------------------------------------------
 
 
-def count_team_models(team: Any) -> dict[str, int]:
-    """The `models` quota's usage: the team's registered models."""
-    return {"models": RegisteredModel.objects.filter(team=team).count()}
+def count_teams_models(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """The `models` quota's usage of each team: its registered models ({team id: {"models": n}}, one query)."""
+    rows = RegisteredModel.objects.filter(team_id__in=team_ids).order_by().values("team_id").annotate(n=Count("pk"))
+    return {team_id: {"models": n} for team_id, n in rows.values_list("team_id", "n")}
 
 
-def count_team_storage(team: Any) -> dict[str, int]:
-    """The `storage_bytes` quota's usage: bytes of the team's uploaded model files (every stored version).
+def count_teams_storage(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """The `storage_bytes` quota's usage of each team: bytes of its uploaded model files (every stored
+    version), {team id: {"bytes of storage": n}} in one query.
 
     Build outputs (each build attempt's repository: a copy of the file and its config.pbtxt) are not counted:
     their sizes are not recorded.
     """
-    total = ModelVersion.objects.filter(model__team=team).aggregate(total=Sum("source_size_bytes"))["total"]
-    return {"bytes of storage": total or 0}
+    rows = (
+        ModelVersion.objects.filter(model__team_id__in=team_ids)
+        .order_by()
+        .values("model__team_id")
+        .annotate(total=Sum("source_size_bytes"))
+        .values_list("model__team_id", "total")
+    )
+    return {team_id: {"bytes of storage": total or 0} for team_id, total in rows}
+
+
+def count_team_models(team: Any) -> dict[str, int]:
+    """The `models` quota's usage: the team's registered models."""
+    return count_teams_models([team.pk]).get(team.pk, {"models": 0})
+
+
+def count_team_storage(team: Any) -> dict[str, int]:
+    """The `storage_bytes` quota's usage: bytes of the team's uploaded model files (`count_teams_storage`)."""
+    return count_teams_storage([team.pk]).get(team.pk, {"bytes of storage": 0})
 
 
 def register_quota_counters() -> None:
     """Tell tenancy how this app's quotas are counted (from AppConfig.ready)."""
-    register_usage_counter("models", count_team_models)
-    register_usage_counter("storage_bytes", count_team_storage)
+    register_usage_counter("models", count_team_models, for_teams=count_teams_models)
+    register_usage_counter("storage_bytes", count_team_storage, for_teams=count_teams_storage)

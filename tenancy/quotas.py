@@ -15,7 +15,7 @@ after the lock is granted).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,12 @@ FIELDS: dict[str, tuple[str, str, str, str]] = {
 #: A counter returns a team's usage of one quota field: {unit: amount}. One unit for every field but `gpu`,
 #: which counts `nvidia.com/gpu` and each `nvidia.com/mig-<profile>` apart, each against the same limit.
 UsageCounter = Callable[[Team], Mapping[str, int]]
+#: The same count for many teams at once, in one query: {team id: {unit: amount}} for the team ids given (a team
+#: using nothing may be left out). Lets a page of 100 teams be counted in one query per field.
+TeamsUsageCounter = Callable[[Sequence[int]], Mapping[int, Mapping[str, int]]]
 
 _counters: dict[str, UsageCounter] = {}
+_team_counters: dict[str, TeamsUsageCounter] = {}
 
 
 @dataclass(frozen=True)
@@ -52,17 +56,38 @@ class Usage:
     used: int
     is_default: bool
 
+    @property
+    def share(self) -> float:
+        """`used` as a fraction of `limit` (1.0: full; above 1: over, after a limit was lowered). A limit of 0
+        (the resource is not allowed) with nothing used is 0.0, so teams kept off GPUs are not all "near" their
+        limit; with something used, it is infinitely over."""
+        if self.limit == 0:
+            return 0.0 if self.used == 0 else float("inf")
+        return self.used / self.limit
 
-def register_usage_counter(field: str, counter: UsageCounter) -> None:
-    """Make `counter` the way `field`'s usage is counted (the app owning the resource calls this at start)."""
+
+#: Share of a limit from which a team is "near" it (the admin's filter and bars).
+NEAR_LIMIT_SHARE = 0.8
+
+
+def register_usage_counter(field: str, counter: UsageCounter, *, for_teams: TeamsUsageCounter | None = None) -> None:
+    """Make `counter` the way `field`'s usage is counted (the app owning the resource calls this at start);
+    `for_teams` counts the same for many teams in one query (`teams_usage`), where the app offers it."""
     if field not in FIELDS:
         raise ValueError(f"unknown quota field {field!r}")
     _counters[field] = counter
+    if for_teams is not None:
+        _team_counters[field] = for_teams
+    else:
+        _team_counters.pop(field, None)
 
 
 def quota_limits(*, team: Team) -> dict[str, tuple[int, bool]]:
     """Each quota field's limit for `team` and whether it is the default: {field: (limit, is_default)}."""
-    row = TeamQuota.objects.filter(team=team).first()
+    return _limits_of(TeamQuota.objects.filter(team=team).first())
+
+
+def _limits_of(row: TeamQuota | None) -> dict[str, tuple[int, bool]]:
     limits = {}
     for field, (column, setting, _, _) in FIELDS.items():
         own = getattr(row, column) if row is not None else None
@@ -73,15 +98,45 @@ def quota_limits(*, team: Team) -> dict[str, tuple[int, bool]]:
 def team_usage(*, team: Team) -> list[Usage]:
     """What `team` uses of each quota, counted now: one line per field and unit (GPU: one per resource name,
     `nvidia.com/gpu` always listed)."""
-    limits = quota_limits(team=team)
-    lines = []
-    for field, (_, _, unit, _) in FIELDS.items():
-        limit, is_default = limits[field]
-        used = dict(_count(team, field))
-        used.setdefault(unit, 0)
-        for name in sorted(used, key=lambda name: (name != unit, name)):
-            lines.append(Usage(field=field, unit=name, limit=limit, used=used[name], is_default=is_default))
-    return lines
+    return teams_usage(teams=[team])[team.pk]
+
+
+def teams_usage(*, teams: Iterable[Team]) -> dict[int, list[Usage]]:
+    """`team_usage` of each of `teams`, by team id, in a bounded number of queries: one for the limits and one
+    per quota field (where the owning app registered a `for_teams` counter; else one per team for that field)."""
+    teams = list(teams)
+    ids = [team.pk for team in teams]
+    rows = {row.team_id: row for row in TeamQuota.objects.filter(team_id__in=ids)} if ids else {}
+    counted = {field: _count_teams(teams, field) for field in FIELDS}
+    usage = {}
+    for team in teams:
+        limits = _limits_of(rows.get(team.pk))
+        lines = []
+        for field, (_, _, unit, _) in FIELDS.items():
+            limit, is_default = limits[field]
+            used = {name: amount for name, amount in counted[field].get(team.pk, {}).items() if amount}
+            used.setdefault(unit, 0)
+            for name in sorted(used, key=lambda name: (name != unit, name)):
+                lines.append(Usage(field=field, unit=name, limit=limit, used=used[name], is_default=is_default))
+        usage[team.pk] = lines
+    return usage
+
+
+def fullest_share(lines: Iterable[Usage]) -> float:
+    """The largest `Usage.share` among a team's usage lines: how close the team is to its nearest limit."""
+    return max((line.share for line in lines), default=0.0)
+
+
+def team_ids_by_share(*, teams: Iterable[Team], at_least: float, over: bool = False) -> list[int]:
+    """Ids of `teams` using at least `at_least` of some limit (`NEAR_LIMIT_SHARE`: near a limit), or, with
+    `over`, more than some limit (a limit lowered below what the team already uses). A limit of 0 with nothing
+    used counts as full (at 1.0), not over."""
+    found = []
+    for team_id, lines in teams_usage(teams=teams).items():
+        share = fullest_share(lines)
+        if (share > 1.0) if over else (share >= at_least):
+            found.append(team_id)
+    return found
 
 
 def reserve_quota(
@@ -143,22 +198,36 @@ def set_quota(*, team: Team, limits: Mapping[str, Any]) -> list[Usage]:
         raise InvalidInput(f"Send at least one of {', '.join(FIELDS)}.", field="request")
     columns = {}
     for field, value in limits.items():
-        if field not in FIELDS:
-            raise InvalidInput(f"{field} is not a quota; send any of {', '.join(FIELDS)}.", field=field)
-        highest = 2**63 - 1 if field == "storage_bytes" else 2**31 - 1
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= highest):
-            raise InvalidInput(
-                f"{field} must be a whole number from 0 to {highest}, or null for the default.", field=field
-            )
+        check_limit(field=field, value=value)
         columns[FIELDS[field][0]] = value
     TeamQuota.objects.update_or_create(team=team, defaults=columns)
     return team_usage(team=team)
+
+
+def check_limit(*, field: str, value: Any) -> None:
+    """Check one limit as `set_quota` takes it: `field` one of FIELDS, `value` a whole number from 0 to the
+    column's largest (2**31 - 1; storage bytes 2**63 - 1), or None for the default. Raises InvalidInput naming
+    the field and what to send."""
+    if field not in FIELDS:
+        raise InvalidInput(f"{field} is not a quota; send any of {', '.join(FIELDS)}.", field=field)
+    highest = 2**63 - 1 if field == "storage_bytes" else 2**31 - 1
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= highest):
+        raise InvalidInput(f"{field} must be a whole number from 0 to {highest}, or null for the default.", field=field)
 
 
 def _by_unit(field: str, amount: int | Mapping[str, int]) -> dict[str, int]:
     if isinstance(amount, Mapping):
         return {unit: count for unit, count in amount.items() if count}
     return {FIELDS[field][2]: amount} if amount else {}
+
+
+def _count_teams(teams: list[Team], field: str) -> dict[int, Mapping[str, int]]:
+    if not teams:
+        return {}
+    many = _team_counters.get(field)
+    if many is not None:
+        return dict(many([team.pk for team in teams]))
+    return {team.pk: _count(team, field) for team in teams}
 
 
 def _count(team: Team, field: str) -> dict[str, int]:

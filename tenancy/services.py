@@ -92,6 +92,13 @@ def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.DE
     return membership
 
 
+def remove_membership(*, team: Team, user: AbstractBaseUser) -> bool:
+    """Take `user` out of `team` (idempotent); returns whether they were a member. Their tokens of the team stop
+    working with it (a token acts with its user's role in its team, and they have none)."""
+    deleted, _ = Membership.objects.filter(team=team, user=user).delete()
+    return bool(deleted)
+
+
 def is_platform_admin(user: AbstractBaseUser) -> bool:
     """Staff users (and superusers) administer every team."""
     return bool(getattr(user, "is_staff", False) or getattr(user, "is_superuser", False))

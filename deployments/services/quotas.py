@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from django.db.models import Count
 
 from deployments.choices import DeploymentStatus, RuntimeName
 from deployments.models import Deployment
@@ -41,29 +43,50 @@ def instance_request(config: ModelConfig) -> int:
     return sum(group.count or 1 for group in config.instance_group) or 1
 
 
-def _active(team: Any):
-    return Deployment.objects.filter(team=team).exclude(status=DeploymentStatus.STOPPED)
+def _active(team_ids: Sequence[int]):
+    return Deployment.objects.filter(team_id__in=team_ids).exclude(status=DeploymentStatus.STOPPED).order_by()
+
+
+# Each count is written once, for many teams (one query; the admin's page of teams); a single team's count, used
+# under the quota lock, is the same function asked about one team.
+
+
+def count_teams_deployments(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    rows = _active(team_ids).values("team_id").annotate(n=Count("pk")).values_list("team_id", "n")
+    return {team_id: {"deployments": n} for team_id, n in rows}
+
+
+def count_teams_instances(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    total: Counter[int] = Counter()
+    rows = _active(team_ids).filter(runtime=RuntimeName.LOCAL).values_list("team_id", "config_pbtxt")
+    for team_id, text in rows:
+        if text:
+            total[team_id] += instance_request(config_from_pbtxt(text))
+    return {team_id: {"model instances": n} for team_id, n in total.items()}
+
+
+def count_teams_gpus(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    total: defaultdict[int, Counter[str]] = defaultdict(Counter)
+    rows = _active(team_ids).filter(runtime=RuntimeName.KUBERNETES, gpu__isnull=False)
+    for team_id, replicas, autoscaling, gpu in rows.values_list("team_id", "replicas", "autoscaling", "gpu"):
+        total[team_id].update(gpu_request(replicas=replicas, autoscaling=autoscaling, gpu=gpu))
+    return {team_id: dict(units) for team_id, units in total.items()}
 
 
 def count_team_deployments(team: Any) -> dict[str, int]:
-    return {"deployments": _active(team).count()}
+    return count_teams_deployments([team.pk]).get(team.pk, {"deployments": 0})
 
 
 def count_team_instances(team: Any) -> dict[str, int]:
-    configs = _active(team).filter(runtime=RuntimeName.LOCAL).values_list("config_pbtxt", flat=True)
-    return {"model instances": sum(instance_request(config_from_pbtxt(text)) for text in configs if text)}
+    return count_teams_instances([team.pk]).get(team.pk, {"model instances": 0})
 
 
 def count_team_gpus(team: Any) -> dict[str, int]:
-    total: Counter[str] = Counter()
-    rows = _active(team).filter(runtime=RuntimeName.KUBERNETES, gpu__isnull=False)
-    for replicas, autoscaling, gpu in rows.values_list("replicas", "autoscaling", "gpu"):
-        total.update(gpu_request(replicas=replicas, autoscaling=autoscaling, gpu=gpu))
-    return dict(total)
+    return count_teams_gpus([team.pk]).get(team.pk, {})
 
 
 def register_quota_counters() -> None:
     """Tell tenancy how this app's quotas are counted (from AppConfig.ready)."""
-    register_usage_counter("deployments", count_team_deployments)
-    register_usage_counter("instances", count_team_instances)
-    register_usage_counter("gpu", count_team_gpus)
+    register_usage_counter("deployments", count_team_deployments, for_teams=count_teams_deployments)
+    register_usage_counter("instances", count_team_instances, for_teams=count_teams_instances)
+    register_usage_counter("gpu", count_team_gpus, for_teams=count_teams_gpus)

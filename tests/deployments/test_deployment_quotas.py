@@ -12,9 +12,10 @@ from conch.errors import QuotaExceeded
 from deployments import services
 from deployments.models import Deployment
 from deployments.services.quotas import count_team_gpus, gpu_request
-from tenancy.quotas import set_quota
+from tenancy.quotas import set_quota, team_usage, teams_usage
 from tests import real_models
 from tests.deployments.conftest import write_built_version
+from tests.factories import TeamFactory
 
 
 def _body(caller, version, name: str, **extra) -> dict:
@@ -126,6 +127,46 @@ def test_team_gpu_usage_sums_kubernetes_deployments_that_are_not_stopped(alice, 
         "used": 3,
         "is_default": True,
     }
+
+
+@pytest.mark.django_db
+def test_usage_of_many_teams_at_once_is_each_teams_own(alice, bob, built_classifier):
+    # given acme: 2 Kubernetes deployments (2 x 2 GPUs, 3 MIG slices), a local one of 2 instances, a stopped
+    # one; globex: one Kubernetes deployment of 8 GPUs; initech: nothing at all
+    set_quota(team=alice.team, limits={"gpu": 9})
+    _kubernetes_row(alice.team, built_classifier, "a", replicas=2, gpu={"count": 2})
+    _kubernetes_row(alice.team, built_classifier, "c", replicas=3, gpu={"mig_profile": "1g.10gb"})
+    _kubernetes_row(alice.team, built_classifier, "f", replicas=8, gpu={"count": 1}, status="stopped")
+    config = 'name: "m"\ninstance_group [ { count: 2, kind: KIND_CPU } ]\n'
+    Deployment.objects.create(team=alice.team, name="l", model_version=built_classifier, config_pbtxt=config)
+    other = write_built_version(bob.team, "other", real_models.classifier())
+    _kubernetes_row(bob.team, other, "x", replicas=8, gpu={"count": 1})
+    idle = TeamFactory(slug="initech")
+    # when
+    usage = teams_usage(teams=[alice.team, bob.team, idle])
+    # then
+    used = {
+        team_id: {(line.field, line.unit): (line.used, line.limit) for line in lines}
+        for team_id, lines in usage.items()
+    }
+    classifier_bytes = built_classifier.source_size_bytes
+    assert used[alice.team.pk] == {
+        ("gpu", "nvidia.com/gpu"): (4, 9),
+        ("gpu", "nvidia.com/mig-1g.10gb"): (3, 9),
+        ("instances", "model instances"): (2, 16),
+        ("storage_bytes", "bytes of storage"): (classifier_bytes, 50 * 1024**3),
+        ("models", "models"): (1, 20),
+        ("deployments", "deployments"): (3, 10),
+    }
+    assert used[bob.team.pk][("gpu", "nvidia.com/gpu")] == (8, 8)
+    assert used[bob.team.pk][("deployments", "deployments")] == (1, 10)
+    assert set(used[idle.pk].values()) == {(0, 8), (0, 16), (0, 50 * 1024**3), (0, 20), (0, 10)}
+    # and each team's line is the one its own usage shows (the API's and the quota check's count)
+    for team in (alice.team, bob.team, idle):
+        assert usage[team.pk] == team_usage(team=team)
+        assert count_team_gpus(team) == {
+            line.unit: line.used for line in usage[team.pk] if line.field == "gpu" and line.used
+        }
 
 
 @pytest.mark.django_db
