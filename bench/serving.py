@@ -16,6 +16,12 @@ Systems measured (only one is under load at any time; the others sit idle):
   (c) the baseline: a threading HTTP/1.1 keep-alive server in Python that speaks the same binary protocol and runs
       one shared onnxruntime session per request (see `serve_baseline` for the settings and why).
   (d) onnxruntime in this process, no server, over several batch sizes and thread layouts: the limit.
+  (e) the Triton of (a) reached through Conch's inference gateway (`python -m conch.gateway`) as an application
+      would: `/serve/bench/orientation/v2/models/orientation/infer` with a bearer token of the `infer` scope, the
+      same binary request, keep-alive. The gateway reads its deployment and token from PostgreSQL
+      (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/conch_bench, created and migrated here) and
+      counts the rate limit in Redis (BENCH_REDIS_URL, default redis://127.0.0.1:6379/15). Its "srv cpu" is the
+      gateway process's alone (Triton's is in (a)).
 
 Clients are closed-loop (each sends its next request when the previous answer arrives), one thread and one
 keep-alive connection each, in a separate process from every server. All traffic stays on 127.0.0.1. All servers
@@ -24,10 +30,11 @@ the best (d) point is measured again at the end, because the speed of this share
 Before each point the run waits (boundedly) for other work on the machine to calm; the table shows the CPU the
 server, the client and everything else used during each window.
 
-Targets at concurrency 16: a/c >= 2.5 (throughput), p99_c/p99_a >= 2.5, a/b >= 1.3, a/d >= 0.8.
+Targets at concurrency 16: a/c >= 2.5 (throughput), p99_c/p99_a >= 2.5, a/b >= 1.3, a/d >= 0.8; for the
+gateway, e/a >= 0.85 and p50_added_ms = p50(e) - p50(a) <= 2.
 Ends with one machine-readable line:
-  serving: a/c=<x.xx> a/b=<x.xx> a/d=<x.xx> p99_c/p99_a=<x.xx>
-Run: .venv/bin/python bench/serving.py [--duration 10] [--concurrency 1,8,16] [--systems a,b,c,d]
+  serving: a/c=<x.xx> a/b=<x.xx> a/d=<x.xx> p99_c/p99_a=<x.xx> e/a=<x.xx> p50_added_ms=<x.xx>
+Run: .venv/bin/python bench/serving.py [--duration 10] [--concurrency 1,8,16] [--systems a,b,c,d,e]
 """
 
 from __future__ import annotations
@@ -65,10 +72,15 @@ MODEL_NAME = "orientation"
 INPUT_NAME, OUTPUT_NAME = "x", "fetch_name_0"
 ITEM_SHAPE = (3, 224, 224)
 INPUT_SEED = 20240601
-TARGETS = {"a/c": 2.5, "a/b": 1.3, "a/d": 0.8, "p99_c/p99_a": 2.5}
+TARGETS = {"a/c": 2.5, "a/b": 1.3, "a/d": 0.8, "p99_c/p99_a": 2.5, "e/a": 0.85}
+#: Most milliseconds the gateway may add to the median latency of (a) at the top concurrency.
+P50_ADDED_TARGET_MS = 2.0
 # Upper bound on everything one measurement point may take beyond its warm-up + duration, in seconds.
 POINT_SLACK_S = 60.0
 SERVER_START_TIMEOUT_S = 90.0
+#: Environment variable that hands the gateway token (e) to the client processes (not on their command line).
+TOKEN_VARIABLE = "CONCH_BENCH_TOKEN"
+GATEWAY_PATH = f"/serve/bench/{MODEL_NAME}/v2/models/{MODEL_NAME}/infer"
 
 
 # --- settings of the systems ------------------------------------------------------------------------------------
@@ -171,11 +183,12 @@ def sample_input(batch: int = 1) -> np.ndarray:
     return np.random.default_rng(INPUT_SEED).random((batch, *ITEM_SHAPE), dtype=np.float32)
 
 
-def encode_request(path: str, port: int, image: np.ndarray) -> bytes:
+def encode_request(path: str, port: int, image: np.ndarray, token: str = "") -> bytes:
     """Encode one complete HTTP/1.1 inference request (KServe v2 + Triton binary tensor data extension).
 
     Body: the JSON inference header, then the tensor's raw little-endian bytes; `Inference-Header-Content-Length`
-    gives the JSON length in bytes. The output is asked for as binary data (16 bytes per image).
+    gives the JSON length in bytes. The output is asked for as binary data (16 bytes per image). `token`: sent as
+    `Authorization: Bearer <token>` (the gateway, e) when not empty.
     """
     raw = np.ascontiguousarray(image, dtype="<f4").tobytes()
     header = json.dumps(
@@ -195,7 +208,8 @@ def encode_request(path: str, port: int, image: np.ndarray) -> bytes:
     head = (
         f"POST {path} HTTP/1.1\r\n"
         f"Host: {HOST}:{port}\r\n"
-        "Content-Type: application/octet-stream\r\n"
+        + (f"Authorization: Bearer {token}\r\n" if token else "")
+        + "Content-Type: application/octet-stream\r\n"
         f"Inference-Header-Content-Length: {len(header)}\r\n"
         f"Content-Length: {len(header) + len(raw)}\r\n"
         "\r\n"
@@ -265,7 +279,7 @@ def run_client(port: int, path: str, concurrency: int, warmup_s: float, duration
     byte sent to the last byte read, in seconds. The first answer's output values come back for a correctness
     check. Any non-200 answer or broken connection is reported in "errors".
     """
-    request = encode_request(path, port, sample_input(1))
+    request = encode_request(path, port, sample_input(1), os.environ.get(TOKEN_VARIABLE, ""))
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors: list[str] = []
     first_output: list[list[float]] = []
@@ -787,6 +801,103 @@ def print_triton_log(system: str, process) -> None:
         print(f"--- last lines of the Triton log ({system}) ---\n{tail}", file=sys.stderr)
 
 
+def bench_database_url() -> str:
+    """The PostgreSQL database (e)'s gateway reads; created when missing."""
+    return os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/conch_bench")
+
+
+def register_gateway_deployment(process, repository: Path) -> str:
+    """Record (a)'s Triton as Conch deployment `bench/orientation` (local runtime, ready) in the bench database,
+    with a user and an `infer` token whose rate limit is out of the way; return the token's secret.
+
+    Rows a previous run left are replaced. Raises SystemExit when the database cannot be reached.
+    """
+    import dataclasses
+
+    import psycopg
+
+    url = bench_database_url()
+    base, _, name = url.rpartition("/")
+    try:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+            if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+                admin.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        raise SystemExit(f"(e) needs PostgreSQL at {url} (BENCH_DATABASE_URL): {exc}") from None
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from deployments.models import Deployment, GatewayUsage
+    from deployments.runtimes.local import LocalServerState
+    from models_registry.models import ModelVersion, RegisteredModel
+    from tenancy.models import ApiToken
+    from tenancy.services import create_api_token, ensure_membership, ensure_team, ensure_user
+
+    call_command("migrate", interactive=False, verbosity=0)
+    team = ensure_team(slug="bench", name="Benchmarks")
+    user = ensure_user(username="bench")
+    ensure_membership(team=team, user=user)
+    GatewayUsage.objects.filter(team=team).delete()
+    Deployment.objects.filter(team=team).delete()
+    RegisteredModel.objects.filter(team=team).delete()
+    ApiToken.objects.filter(team=team).delete()
+    config = (repository / MODEL_NAME / "config.pbtxt").read_text()
+    model = RegisteredModel.objects.create(team=team, name=MODEL_NAME)
+    version = ModelVersion.objects.create(model=model, number=1, status="built", config_pbtxt=config)
+    Deployment.objects.create(
+        team=team,
+        name=MODEL_NAME,
+        model_version=version,
+        runtime="local",
+        status="ready",
+        config_pbtxt=config,
+        runtime_state=dataclasses.asdict(LocalServerState.of_process(process, log_path=None)),
+    )
+    issued = create_api_token(user=user, team=team, name="bench", scopes=["infer"])
+    ApiToken.objects.filter(pk=issued.token.pk).update(requests_per_minute=2**31 - 1)
+    return issued.secret
+
+
+def start_gateway(work: Path) -> tuple[subprocess.Popen, int]:
+    """Start Conch's inference gateway (`python -m conch.gateway`) on a free port against the bench database."""
+    from tritonserving import server as triton_server
+
+    (port,) = triton_server.allocate_ports(1)
+    env = {
+        **os.environ,
+        "DATABASE_URL": bench_database_url(),
+        "CONCH_GATEWAY_BIND": f"{HOST}:{port}",
+        "CONCH_GATEWAY_REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
+    }
+    log = (work / "logs" / "gateway.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conch.gateway"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"(e) the gateway exited: {(work / 'logs' / 'gateway.log').read_text()[-2000:]}")
+        try:
+            with socket.create_connection((HOST, port), timeout=1) as sock:
+                sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+                if sock.recv(64).startswith(b"HTTP/1.1 200"):
+                    return process, port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    kill_process(process)
+    raise SystemExit("(e) the gateway did not answer /healthz in time")
+
+
 def start_baseline(model: Path, settings: BaselineSettings) -> tuple[subprocess.Popen, int]:
     """Start the plain Python server (c) in its own process and wait until it answers; return (process, port).
 
@@ -841,9 +952,8 @@ def measure_server(server: Server, concurrency: int, plan: Plan) -> Point:
         if server.metrics_url is not None:
             counters[marker] = triton_counters(TritonClient.fetch_metrics_text(server.metrics_url, timeout_s=10))
 
-    point = measure_clients(
-        server.system, "", server.port, f"/v2/models/{MODEL_NAME}/infer", concurrency, plan, server.pid, sample
-    )
+    path = GATEWAY_PATH if server.system == "e" else f"/v2/models/{MODEL_NAME}/infer"
+    point = measure_clients(server.system, "", server.port, path, concurrency, plan, server.pid, sample)
     if len(counters) == 2:
         point.note = describe_counters(counters["window-start"], counters["window-end"])
     return point
@@ -929,6 +1039,7 @@ SYSTEM_NAMES = {
     "a": "(a) conch triton, dynamic batching",
     "b": "(b) conch triton, no batching",
     "c": "(c) python http + onnxruntime",
+    "e": "(e) (a) through conch's gateway, token",
 }
 
 
@@ -963,7 +1074,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds measured per point (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each point")
     parser.add_argument("--concurrency", default="1,8,16", help="closed-loop client counts, e.g. 1,8,16")
-    parser.add_argument("--systems", default="a,b,c,d", help="which of a,b,c,d to measure")
+    parser.add_argument("--systems", default="a,b,c,d,e", help="which of a,b,c,d,e to measure")
     parser.add_argument(
         "--quiet-wait",
         type=float,
@@ -1071,6 +1182,7 @@ def main() -> None:
     servers: dict[str, Server] = {}
     tritons = []
     baseline_process = None
+    gateway_process = None
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="conch-bench-serving-") as tmp:
         work = Path(tmp)
@@ -1083,10 +1195,15 @@ def main() -> None:
                 baseline_process, port = start_baseline(model, baseline)
                 servers["c"] = Server("c", port, baseline_process.pid)
             for system, batching in (("b", False), ("a", True)):
-                if system in systems:
+                if system in systems or (system == "a" and "e" in systems):
                     process = start_triton(system, work, repository, conch, batching)
                     tritons.append((system, process))
-                    servers[system] = Server(system, process.http_port, process.pid, process.metrics_url)
+                    if system in systems:
+                        servers[system] = Server(system, process.http_port, process.pid, process.metrics_url)
+                    if system == "a" and "e" in systems:
+                        os.environ[TOKEN_VARIABLE] = register_gateway_deployment(process, repository)
+                        gateway_process, port = start_gateway(work)
+                        servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url)
 
             layouts = inprocess_layouts(model, cpus) if "d" in systems else []
             for label, sessions in layouts:
@@ -1105,7 +1222,7 @@ def main() -> None:
             # The machine's speed drifts over minutes (a shared VM): measuring the systems back to back at each
             # concurrency keeps the ratios between points taken close together in time.
             for concurrency in concurrencies:
-                for system in ("c", "b", "a"):
+                for system in ("c", "b", "a", "e"):
                     if system in servers:
                         server = servers[system]
                         points.append(
@@ -1125,15 +1242,17 @@ def main() -> None:
                 triton_server.stop_server(process.pid, process.create_time)
             if baseline_process is not None:
                 kill_process(baseline_process)
+            if gateway_process is not None:
+                kill_process(gateway_process)
 
-    order = {"d": 0, "c": 1, "b": 2, "a": 3}
+    order = {"d": 0, "c": 1, "b": 2, "a": 3, "e": 4}
     print_table(sorted(points, key=lambda p: (order[p.system], p.concurrency if p.system != "d" else 0)))
 
     def at(system: str) -> Point | None:
         return next((p for p in points if p.system == system and p.concurrency == ratio_at), None)
 
     nan = float("nan")
-    a, b, c = at("a"), at("b"), at("c")
+    a, b, c, e = at("a"), at("b"), at("c"), at("e")
     # The limit is the better of the sweep's best and its re-run next to the concurrency-16 points.
     d = max((p for p in (d_best, d_again) if p is not None), key=lambda p: p.throughput, default=None)
     ratios = {
@@ -1141,7 +1260,9 @@ def main() -> None:
         "a/b": a.throughput / b.throughput if a and b else nan,
         "a/d": a.throughput / d.throughput if a and d else nan,
         "p99_c/p99_a": c.p99_ms / a.p99_ms if a and c else nan,
+        "e/a": e.throughput / a.throughput if a and e else nan,
     }
+    p50_added_ms = e.p50_ms - a.p50_ms if a and e else nan
     print()
     if d is not None:
         print(f"(d) limit: {d.label}: {d.throughput:.1f} inferences/s")
@@ -1170,10 +1291,13 @@ def main() -> None:
     for name, value in ratios.items():
         verdict = "n/a" if value != value else ("met" if value >= TARGETS[name] else "MISSED")
         print(f"  {name:<12} {ratio_text(value):>6}   target >= {TARGETS[name]:<4}  {verdict}")
+    verdict = "n/a" if p50_added_ms != p50_added_ms else ("met" if p50_added_ms <= P50_ADDED_TARGET_MS else "MISSED")
+    print(f"  {'p50_added_ms':<12} {ratio_text(p50_added_ms):>6}   target <= {P50_ADDED_TARGET_MS:<4}  {verdict}")
     print(f"total time {time.monotonic() - started:.0f} s, load average now {os.getloadavg()[0]:.2f}")
     print(
         f"serving: a/c={ratio_text(ratios['a/c'])} a/b={ratio_text(ratios['a/b'])} "
-        f"a/d={ratio_text(ratios['a/d'])} p99_c/p99_a={ratio_text(ratios['p99_c/p99_a'])}"
+        f"a/d={ratio_text(ratios['a/d'])} p99_c/p99_a={ratio_text(ratios['p99_c/p99_a'])} "
+        f"e/a={ratio_text(ratios['e/a'])} p50_added_ms={ratio_text(p50_added_ms)}"
     )
 
 

@@ -34,7 +34,7 @@ def main() -> None:
         host=host.strip("[]") or "127.0.0.1",
         port=int(port),
         workers=int(os.environ.get("CONCH_GATEWAY_WORKERS", "1")),
-        loop="uvloop",
+        loop=os.environ.get("CONCH_GATEWAY_LOOP", "uvloop"),
         http="httptools",
         lifespan="on",
         access_log=False,

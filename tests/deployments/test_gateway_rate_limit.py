@@ -1,0 +1,85 @@
+"""The gateway's per-token rate limit shared by several gateway processes through the real Redis of the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+from django.conf import settings
+
+from deployments.api.gateway import _RateLimiter, _TooManyRequests
+from deployments.services.gateway import Route
+
+
+def _route(limit: int) -> Route:
+    return Route(
+        token_id=1,
+        token_prefix=f"conch_{secrets.token_hex(3)}",  # a key of its own in the shared Redis
+        team_id=1,
+        deployment_id=1,
+        deployment_name="adder",
+        model_name="adder",
+        ready=True,
+        batching=True,
+        servers=(("http://127.0.0.1:1", ""),),
+        requests_per_minute=limit,
+    )
+
+
+def test_two_gateway_processes_share_one_limit_through_redis():
+    route = _route(5)
+
+    async def run() -> list[str]:
+        first, second = _RateLimiter(settings.CELERY_BROKER_URL), _RateLimiter(settings.CELERY_BROKER_URL)
+        outcomes = []
+        try:
+            for limiter, count in ((first, 3), (second, 2)):
+                for _ in range(count):
+                    limiter.admit(route)
+                await limiter.sync()
+            for limiter in (first, second):
+                try:
+                    limiter.admit(route)
+                    outcomes.append("admitted")
+                except _TooManyRequests as exc:
+                    outcomes.append(exc.detail)
+                await limiter.sync()
+        finally:
+            await first.close()
+            await second.close()
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    # the second process learnt the first one's 3 when it synced its own 2; the first learns of the 5 when it
+    # syncs the request it let through (one sync interval of overshoot at most)
+    assert outcomes[1].startswith(f"Rate limit of 5 requests/minute for token {route.token_prefix}… reached")
+    assert outcomes[0] == "admitted"
+
+
+def test_without_redis_a_process_counts_alone():
+    route = _route(2)
+    limiter = _RateLimiter("")
+    limiter.admit(route)
+    limiter.admit(route)
+    with pytest.raises(_TooManyRequests) as refused:
+        limiter.admit(route)
+    assert 1 <= refused.value.retry_after_s <= 60
+
+
+def test_an_unreachable_redis_falls_back_to_local_counts():
+    route = _route(2)
+
+    async def run() -> None:
+        limiter = _RateLimiter("redis://127.0.0.1:1/0")
+        try:
+            limiter.admit(route)
+            limiter.admit(route)
+            await limiter.sync()  # fails: the counts stay known here
+            with pytest.raises(_TooManyRequests):
+                limiter.admit(route)
+        finally:
+            limiter._redis = None  # nothing to close
+            await limiter.close()
+
+    asyncio.run(run())
