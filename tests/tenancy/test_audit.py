@@ -522,3 +522,14 @@ def test_staff_read_the_log_in_the_admin_which_cannot_add_change_or_delete(acme_
     outsider = APIClient()
     outsider.force_login(acme_admin.user)
     assert outsider.get("/admin/tenancy/auditentry/").status_code == 302
+
+
+def test_a_trusted_proxy_that_is_no_address_stops_start_up(tmp_path):
+    from tests.conch.test_settings import _run
+
+    completed = _run(tmp_path, ["-c", "import django; django.setup()"], CONCH_TRUSTED_PROXIES="10.0.0.0/8,proxy.lan")
+    assert completed.returncode != 0
+    assert (
+        "CONCH_TRUSTED_PROXIES must list IP addresses or networks such as 10.0.0.0/8, not 'proxy.lan'."
+        in completed.stderr
+    )
