@@ -1,4 +1,5 @@
-"""Command lines of Conch's own long-running processes (web, gateway, worker, beat), as the demo and the benchmarks run them.
+"""Command lines of Conch's own long-running processes (web, gateway, worker, beat), as the demo and the
+benchmarks run them.
 
 One definition, so every place that starts a worker consumes the same queues (`celery` and `periodic`, see
 `conch.celery`) with the same options.

@@ -13,6 +13,7 @@ on by default (secure cookies, HSTS, redirect to HTTPS), so the security checks 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -54,6 +55,16 @@ if _PROXY_SSL_HEADER:
             f"DJANGO_SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto=https', not {_PROXY_SSL_HEADER!r}."
         )
     SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.strip().upper().replace("-", "_"), _value.strip())
+# Proxies (addresses or networks, comma-separated) whose X-Forwarded-For header is believed: the audit log records
+# the client address they forwarded. Empty: the audit log records the peer's address (REMOTE_ADDR).
+CONCH_TRUSTED_PROXIES = env("CONCH_TRUSTED_PROXIES", [], cast=list)
+for _proxy in CONCH_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"CONCH_TRUSTED_PROXIES must list IP addresses or networks such as 10.0.0.0/8, not {_proxy!r}."
+        ) from None
 
 
 def _production_problems() -> list[str]:
@@ -107,6 +118,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication: mutations in the request are recorded in the audit log with its user and IP.
+    "tenancy.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]

@@ -6,6 +6,9 @@ class DeploymentsConfig(AppConfig):
     verbose_name = "Deployments"
 
     def ready(self) -> None:
+        from deployments.models import Cluster, Deployment
         from deployments.services.quotas import register_quota_counters
+        from tenancy.audit import audit_admin_deletions
 
         register_quota_counters()
+        audit_admin_deletions(Deployment, Cluster)

@@ -24,7 +24,8 @@ from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
 from models_registry.storage import StoredObject, get_object_store
-from tenancy.choices import Role, Scope
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction, Role, Scope
 from tenancy.quotas import register_usage_counter, reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 
@@ -105,7 +106,9 @@ def create_model(
     try:
         with transaction.atomic():
             reserve_quota(team=team, requested={"models": 1}, what="this model")
-            return RegisteredModel.objects.create(team=team, name=name, created_by=user)
+            model = RegisteredModel.objects.create(team=team, name=name, created_by=user)
+            record_audit(action=AuditAction.MODEL_CREATED, team=team, target=model)
+            return model
     except IntegrityError:
         raise Conflict(f"Team '{team.slug}' already has a model named '{name}'.", field="name") from None
 
@@ -128,7 +131,7 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
     with transaction.atomic():
         RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
         number = (model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
-        return ModelVersion.objects.create(
+        version = ModelVersion.objects.create(
             model=model,
             number=number,
             status=VersionStatus.UPLOADING,
@@ -136,6 +139,10 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
             heartbeat_at=timezone.now(),
             created_by=user,
         )
+        record_audit(
+            action=AuditAction.VERSION_CREATED, team=model.team, target=version, after={"status": version.status}
+        )
+        return version
 
 
 def touch_upload(*, version_id: int) -> None:
@@ -160,7 +167,8 @@ def abort_stale_uploads(*, stale_before: datetime) -> int:
     )
     store = get_object_store()
     removed = 0
-    for version_id, key in stale.values_list("pk", "source_key"):
+    for version in stale.select_related("model__team"):
+        version_id, key = version.pk, version.source_key
         try:
             aborted = store.abort_multipart_uploads(key)
             store.delete(key)
@@ -173,6 +181,14 @@ def abort_stale_uploads(*, stale_before: datetime) -> int:
                 .filter(Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True))
                 .delete()
             )
+            if deleted:
+                record_audit(
+                    action=AuditAction.VERSION_DISCARDED,
+                    team=version.model.team,
+                    target=version,
+                    before={"status": VersionStatus.UPLOADING},
+                    after={"reason": "no bytes arrived for CONCH_UPLOAD_STALE_SECONDS"},
+                )
         if deleted:
             removed += 1
             log.warning(
@@ -183,7 +199,10 @@ def abort_stale_uploads(*, stale_before: datetime) -> int:
 
 
 def discard_upload(*, version: ModelVersion) -> None:
-    """Forget a version whose upload failed: delete its row and any stored bytes (model file, sample inputs)."""
+    """Forget a version whose upload failed: delete its row and any stored bytes (model file, sample inputs).
+
+    Audited (`version.discarded`) when the row was still there.
+    """
     store = get_object_store()
     keys = [version.source_key] + [
         sample_inputs_key(model_id=version.model_id, number=version.number, incoming=incoming)
@@ -194,7 +213,16 @@ def discard_upload(*, version: ModelVersion) -> None:
             store.delete(key)
         except NotFound:
             pass
-    ModelVersion.objects.filter(pk=version.pk, status=VersionStatus.UPLOADING).delete()
+    with transaction.atomic():
+        deleted, _ = ModelVersion.objects.filter(pk=version.pk, status=VersionStatus.UPLOADING).delete()
+        if deleted:
+            record_audit(
+                action=AuditAction.VERSION_DISCARDED,
+                team=version.model.team,
+                target=version,
+                before={"status": VersionStatus.UPLOADING},
+                after={"reason": "the upload failed"},
+            )
 
 
 def complete_upload(
@@ -230,6 +258,19 @@ def complete_upload(
         version.heartbeat_at = timezone.now()
         version.lost_attempts = 0
         version.save()
+        record_audit(
+            action=AuditAction.VERSION_UPLOADED,
+            team=version.model.team,
+            target=version,
+            before={"status": VersionStatus.UPLOADING},
+            after={
+                "status": version.status,
+                "filename": version.source_filename,
+                "size_bytes": version.source_size_bytes,
+                "sha256": version.source_sha256,
+                "attempt": version.build_attempt,
+            },
+        )
     log.info("version.uploaded", extra={"version_id": version.pk, "size_bytes": stored.size_bytes})
     return version
 
@@ -250,9 +291,10 @@ def mark_rebuild(
     same transaction.
     """
     with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team").get(pk=version.pk)
         if version.status == VersionStatus.UPLOADING:
             raise Conflict("The upload of this version has not finished.", field=None)
+        previous = version.status
         if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING):
             bound = building_stale_before if version.status == VersionStatus.BUILDING else queued_stale_before
             if bound is None or not _heartbeat_before(version, bound):
@@ -270,6 +312,13 @@ def mark_rebuild(
         if build_options is not None:
             version.build_options = build_options
         version.save()
+        record_audit(
+            action=AuditAction.VERSION_REBUILD_REQUESTED,
+            team=version.model.team,
+            target=version,
+            before={"status": previous},
+            after={"status": version.status, "attempt": version.build_attempt},
+        )
     return version
 
 
@@ -302,9 +351,10 @@ def record_build_result(
     recorded.
     """
     with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().get(pk=version_id)
+        version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team").get(pk=version_id)
         if version.build_attempt != attempt or version.status not in (VersionStatus.QUEUED, VersionStatus.BUILDING):
             return False
+        previous = version.status
         version.status = VersionStatus.BUILT if succeeded else VersionStatus.FAILED
         version.error = error
         version.error_field = error_field
@@ -313,6 +363,13 @@ def record_build_result(
             version.repository_prefix = repository_prefix
         version.heartbeat_at = timezone.now()
         version.save()
+        record_audit(
+            action=AuditAction.BUILD_SUCCEEDED if succeeded else AuditAction.BUILD_FAILED,
+            team=version.model.team,
+            target=version,
+            before={"status": previous},
+            after={"status": version.status, "attempt": attempt, "error": error.splitlines()[0] if error else ""},
+        )
     return True
 
 
@@ -342,10 +399,19 @@ def claim_build(*, version_id: int, attempt: int, stale_before: datetime | None 
         if version.status == VersionStatus.BUILDING and stale_before and not _heartbeat_before(version, stale_before):
             log.warning("build.claim.busy", extra={"version_id": version_id, "attempt": attempt})
             return None
+        previous = version.status
         version.status = VersionStatus.BUILDING
         version.heartbeat_at = timezone.now()
         version.save(update_fields=["status", "heartbeat_at"])
-    return ModelVersion.objects.select_related("model__team").get(pk=version_id)
+        claimed = ModelVersion.objects.select_related("model__team").get(pk=version_id)
+        record_audit(
+            action=AuditAction.BUILD_STARTED,
+            team=claimed.model.team,
+            target=claimed,
+            before={"status": previous},
+            after={"status": claimed.status, "attempt": attempt},
+        )
+    return claimed
 
 
 def record_build_heartbeat(*, version_id: int, attempt: int) -> bool:
@@ -388,7 +454,8 @@ def recover_stalled_build(
     (it finished, was rebuilt, or its heartbeat came back).
     """
     with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
+        locked = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team")
+        version = locked.filter(pk=version_id).first()
         if version is None or version.status != VersionStatus.BUILDING or not _heartbeat_before(version, stale_before):
             return None
         version.lost_attempts += 1
@@ -402,6 +469,19 @@ def recover_stalled_build(
             version.status = VersionStatus.QUEUED
             version.build_attempt += 1
         version.save()
+        failed = version.status == VersionStatus.FAILED
+        record_audit(
+            action=AuditAction.BUILD_FAILED if failed else AuditAction.BUILD_REQUEUED,
+            team=version.model.team,
+            target=version,
+            before={"status": VersionStatus.BUILDING},
+            after={
+                "status": version.status,
+                "attempt": version.build_attempt,
+                "lost_attempts": version.lost_attempts,
+                "error": error.splitlines()[0] if failed else "",
+            },
+        )
     return version
 
 

@@ -27,7 +27,7 @@ from unfold.forms import AdminPasswordChangeForm, UserChangeForm, UserCreationFo
 from unfold.widgets import UnfoldAdminIntegerFieldWidget
 
 from conch.errors import ConchError, InvalidInput
-from tenancy.models import ApiToken, Membership, Team, TeamQuota
+from tenancy.models import ApiToken, AuditEntry, Membership, Team, TeamQuota
 from tenancy.quotas import FIELDS, NEAR_LIMIT_SHARE, Usage, check_limit, team_ids_by_share, teams_usage
 from tenancy.services import change_team_quota, ensure_membership, remove_membership, revoke_api_token
 
@@ -317,3 +317,29 @@ class ApiTokenAdmin(ModelAdmin):
             self.message_user(request, f"Revoked {len(revoked)} token(s): {', '.join(revoked)}.", messages.SUCCESS)
         if skipped:
             self.message_user(request, f"Already revoked: {', '.join(skipped)}.", messages.WARNING)
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ModelAdmin):
+    """The audit log of every team, for staff: read-only (no add, change or delete, no actions)."""
+
+    list_display = ["created_at", "team_slug", "actor", "token_prefix", "source", "action", "object_repr", "ip"]
+    list_filter = ["action", "source", "object_type", "team"]
+    search_fields = ["actor", "token_prefix", "object_repr", "object_id", "team_slug", "ip"]
+    date_hierarchy = "created_at"
+    actions = None
+
+    def has_view_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
+        return False

@@ -1,4 +1,4 @@
-"""Teams, their members, and API tokens. Every model and deployment belongs to a team."""
+"""Teams, their members, API tokens, quotas and the audit log. Every model and deployment belongs to a team."""
 
 from __future__ import annotations
 
@@ -78,3 +78,50 @@ class TeamQuota(models.Model):
 
     def __str__(self) -> str:
         return f"quota of {self.team}"
+
+
+class AuditEntry(models.Model):
+    """One mutation: who did it (user and token prefix, or "system"), where from, in which team, to what.
+
+    Written only by `tenancy.audit.record_audit`; never changed or deleted (a database trigger refuses UPDATE
+    and DELETE, migration 0005). `team` and `user` keep no foreign-key constraint and are not cleared when the
+    row they name is deleted: the entry keeps `team_slug` and `actor` as they were.
+    """
+
+    created_at = models.DateTimeField(db_index=True)
+    team = models.ForeignKey(
+        Team, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True, related_name="+"
+    )
+    team_slug = models.CharField(max_length=63, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    # The username, or "system" for a management command, a Celery task or other code without a request.
+    actor = models.CharField(max_length=150)
+    token_prefix = models.CharField(max_length=16, blank=True)
+    source = models.CharField(max_length=16)
+    # The command or task name, or the request's method and path.
+    source_detail = models.CharField(max_length=200, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    action = models.CharField(max_length=64)
+    object_type = models.CharField(max_length=40, blank=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [
+            models.Index(fields=["team", "-created_at"], name="audit_team_time"),
+            models.Index(fields=["action", "-created_at"], name="audit_action_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_repr}"

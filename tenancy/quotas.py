@@ -23,6 +23,8 @@ from django.conf import settings
 from django.db import transaction
 
 from conch.errors import InvalidInput, NotFound, QuotaExceeded
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction
 from tenancy.models import Team, TeamQuota
 
 #: Quota fields: (the TeamQuota column, the default setting, what the unit is called in messages, the name of
@@ -192,7 +194,8 @@ def set_quota(*, team: Team, limits: Mapping[str, Any]) -> list[Usage]:
     """Set some of `team`'s limits: {field: whole number >= 0, or None for the default}; returns its usage.
 
     Fields are those of FIELDS. Raises InvalidInput naming the field. A limit below what the team uses now is
-    allowed: nothing is stopped, new requests are refused until usage falls under it.
+    allowed: nothing is stopped, new requests are refused until usage falls under it. Audited (`quota.changed`,
+    the fields' limits before and after; null: the default).
     """
     if not limits:
         raise InvalidInput(f"Send at least one of {', '.join(FIELDS)}.", field="request")
@@ -200,7 +203,19 @@ def set_quota(*, team: Team, limits: Mapping[str, Any]) -> list[Usage]:
     for field, value in limits.items():
         check_limit(field=field, value=value)
         columns[FIELDS[field][0]] = value
-    TeamQuota.objects.update_or_create(team=team, defaults=columns)
+    with transaction.atomic():
+        row = TeamQuota.objects.select_for_update().filter(team=team).first()
+        before = {field: getattr(row, FIELDS[field][0]) if row else None for field in limits}
+        TeamQuota.objects.update_or_create(team=team, defaults=columns)
+        record_audit(
+            action=AuditAction.QUOTA_CHANGED,
+            team=team,
+            object_type="quota",
+            object_id=team.pk,
+            object_repr=f"quota of {team.slug}",
+            before=before,
+            after=dict(limits),
+        )
     return team_usage(team=team)
 
 

@@ -24,8 +24,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from conch.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
-from tenancy.choices import Role, Scope
-from tenancy.models import ApiToken, Membership, Team
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction, Role, Scope
+from tenancy.models import ApiToken, AuditEntry, Membership, Team
 
 TOKEN_PREFIX = "conch_"
 #: Characters of the secret after TOKEN_PREFIX kept as the token's visible prefix.
@@ -77,18 +78,33 @@ def create_team(*, slug: str, name: str = "") -> Team:
     """Create a team. Raises Conflict if the slug is taken."""
     if Team.objects.filter(slug=slug).exists():
         raise Conflict(f"A team with slug '{slug}' already exists.", field="slug")
-    return Team.objects.create(slug=slug, name=name or slug)
+    team = Team.objects.create(slug=slug, name=name or slug)
+    record_audit(action=AuditAction.TEAM_CREATED, team=team, target=team, after={"name": team.name})
+    return team
 
 
 def ensure_team(*, slug: str, name: str = "") -> Team:
     """Return the team `slug`, creating it if missing (idempotent)."""
-    team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    team, created = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    if created:
+        record_audit(action=AuditAction.TEAM_CREATED, team=team, target=team, after={"name": team.name})
     return team
 
 
 def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.DEVELOPER) -> Membership:
-    """Make `user` a member of `team` with `role` (idempotent; updates the role)."""
-    membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    """Make `user` a member of `team` with `role` (idempotent; updates the role). A change is audited."""
+    with transaction.atomic():
+        held = Membership.objects.select_for_update().filter(team=team, user=user)
+        previous = held.values_list("role", flat=True).first()
+        membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+        if previous != membership.role:
+            record_audit(
+                action=AuditAction.MEMBERSHIP_CHANGED,
+                team=team,
+                target=membership,
+                before={"role": previous},
+                after={"role": membership.role},
+            )
     return membership
 
 
@@ -275,6 +291,12 @@ def create_api_token(
         deployments=names,
         expires_at=expires_at,
     )
+    record_audit(
+        action=AuditAction.TOKEN_CREATED,
+        team=team,
+        target=row,
+        after={"name": row.name, "scopes": chosen_scopes, "deployments": names, "expires_at": expires_at},
+    )
     return IssuedToken(token=row, secret=raw)
 
 
@@ -323,25 +345,37 @@ def revoke_api_token(*, user: AbstractBaseUser, token_id: int, token: TokenGrant
         raise NotFound(f"Token {token_id} does not exist or is not one you may manage.")
     ApiToken.objects.filter(pk=row.pk).update(is_revoked=True)
     row.is_revoked = True
+    record_audit(action=AuditAction.TOKEN_REVOKED, team=row.team, target=row, before={"is_revoked": False})
     return row
 
 
 def revoke_named_tokens(*, user: AbstractBaseUser, name: str) -> int:
     """Revoke every token of `user` called `name` (a tool replacing its token); returns how many."""
-    return ApiToken.objects.filter(user=user, name=name, is_revoked=False).update(is_revoked=True)
+    rows = list(ApiToken.objects.filter(user=user, name=name, is_revoked=False).select_related("team", "user"))
+    ApiToken.objects.filter(pk__in=[row.pk for row in rows]).update(is_revoked=True)
+    for row in rows:
+        record_audit(action=AuditAction.TOKEN_REVOKED, team=row.team, target=row, before={"is_revoked": False})
+    return len(rows)
 
 
 @transaction.atomic
 def ensure_user(*, username: str, password: str | None = None, is_superuser: bool = False) -> AbstractBaseUser:
-    """Create the user if missing; set the password when given."""
+    """Create the user if missing; set the password when given. Audited: its creation, a new password, and
+    becoming staff."""
     user_model = get_user_model()
-    user, _ = user_model.objects.get_or_create(username=username)
+    user, created = user_model.objects.get_or_create(username=username)
+    promoted = is_superuser and not (user.is_superuser and user.is_staff)
     if is_superuser:
         user.is_superuser = True
         user.is_staff = True
     if password is not None:
         user.set_password(password)
     user.save()
+    changes = {"password_set": password is not None, "is_superuser": user.is_superuser}
+    if created:
+        record_audit(action=AuditAction.USER_CREATED, team=None, target=user, after=changes)
+    elif promoted or password is not None:
+        record_audit(action=AuditAction.USER_CHANGED, team=None, target=user, after=changes)
     return user
 
 
@@ -372,3 +406,32 @@ def change_team_quota(
                 f"{', '.join(token.deployments)}. Use a token of the whole team, or the admin."
             )
     return set_quota(team=team, limits=limits)
+
+
+# --- audit log ----------------------------------------------------------------------
+
+
+def visible_audit_entries(
+    *, user: AbstractBaseUser, token: TokenGrant | None = None, team_slug: str = ""
+) -> QuerySet[AuditEntry]:
+    """Audit entries the caller may read, newest first: those of the teams they administer (every entry, the
+    ones of no team included, for a platform admin; only its team's with a team-bound `token`).
+
+    `team_slug`: only that team's. Raises NotFound (field `team`) for a team the caller is not in, Forbidden
+    naming the admin role for a member who is not a team admin (or not of any team, without `team_slug`).
+    """
+    action = "Reading the audit log"
+    if not team_slug and token is not None and token.team_id is not None:
+        team_slug = Team.objects.filter(pk=token.team_id).values_list("slug", flat=True).first() or ""
+    if team_slug:
+        team = get_team_for_user(user=user, slug=team_slug, token=token)
+        require_role(user=user, team=team, role=Role.ADMIN, action=action, token=token)
+        return AuditEntry.objects.filter(team=team)
+    if is_platform_admin(user):
+        return AuditEntry.objects.all()
+    memberships = Membership.objects.filter(user=user).values_list("team_id", "team__slug", "role")
+    administered = [team_id for team_id, _, role in memberships if role == Role.ADMIN]
+    if not administered:
+        held = ", ".join(f"a {role} in '{slug}'" for _, slug, role in sorted(memberships, key=lambda m: m[1]))
+        raise Forbidden(f"{action} needs the admin role in a team; you are {held or 'in no team'}.")
+    return AuditEntry.objects.filter(team_id__in=administered)

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('deployments', '0008_cluster_pod_service_account'),
-        ('tenancy', '0005_token_requests_per_minute'),
+        ('tenancy', '0006_token_requests_per_minute'),
     ]
 
     operations = [

@@ -22,6 +22,8 @@ from deployments.models import DEFAULT_TRITON_IMAGE, Cluster
 from deployments.runtimes.kubernetes.api import cluster_api
 from deployments.runtimes.kubernetes.directory import access_of
 from deployments.runtimes.kubernetes.nodes import GpuOffer, gpu_offers
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,18 @@ def register_cluster(
             "s3_endpoint": s3_endpoint,
             "s3_secret_name": s3_secret_name,
             "pod_service_account": pod_service_account,
+        },
+    )
+    record_audit(
+        action=AuditAction.CLUSTER_REGISTERED,
+        team=None,
+        target=cluster,
+        after={
+            "created": created,
+            "namespace": namespace,
+            "in_cluster": in_cluster,
+            "context": context,
+            "triton_image": triton_image,
         },
     )
     log.info("cluster.registered", extra={"cluster": name, "new_cluster": created})

@@ -35,6 +35,8 @@ from deployments.services.updates import (
     update_is_stale,
 )
 from models_registry.storage import get_object_store
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction
 from tritonserving.config import config_to_json
 
 log = logging.getLogger(__name__)
@@ -231,6 +233,7 @@ def _record_failure(
             return False
         tail = log_tail(deployment)
         text = message + ("\nLast lines of Triton's log:\n" + "\n".join(tail) if tail else "")
+        previous = deployment.status
         deployment.status = DeploymentStatus.FAILED
         deployment.error = text
         deployment.status_message = message.splitlines()[0] if message else "failed"
@@ -247,6 +250,13 @@ def _record_failure(
                 "permanent_failure",
                 "updated_at",
             ]
+        )
+        record_audit(
+            action=AuditAction.DEPLOYMENT_FAILED,
+            team=deployment.team,
+            target=deployment,
+            before={"status": previous},
+            after={"status": deployment.status, "message": deployment.status_message, "permanent": permanent},
         )
     log.warning("deployment.failed", extra={"deployment_id": deployment_id, "permanent": permanent})
     return True
@@ -463,13 +473,37 @@ def _reconcile_observed(runtime: Runtime, deployments: list[Deployment], now: da
                 actions.append("failed")
         elif deployment.status == DeploymentStatus.FAILED:
             changes["error"] = ""
-        Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.RUNNING).update(**changes)
+        with transaction.atomic():
+            updated = Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.RUNNING).update(**changes)
+            if updated and deployment.status != status:
+                _audit_observed_status(deployment, status, observation.message)
         if deployment.status != status:
             log.info(
                 "deployment.status",
                 extra={"deployment_id": deployment.pk, "status": str(status), "was": deployment.status},
             )
     return actions
+
+
+#: Audited status changes that reconcile observes: into `failed` or `degraded`, and back to `ready` from them.
+_OBSERVED_STATUS_ACTIONS = {
+    DeploymentStatus.FAILED: AuditAction.DEPLOYMENT_FAILED,
+    DeploymentStatus.DEGRADED: AuditAction.DEPLOYMENT_DEGRADED,
+}
+
+
+def _audit_observed_status(deployment: Deployment, status: str, message: str) -> None:
+    action = _OBSERVED_STATUS_ACTIONS.get(status)
+    if action is None and status == DeploymentStatus.READY and deployment.status in _OBSERVED_STATUS_ACTIONS:
+        action = AuditAction.DEPLOYMENT_RECOVERED
+    if action is not None:
+        record_audit(
+            action=action,
+            team=deployment.team,
+            target=deployment,
+            before={"status": deployment.status},
+            after={"status": status, "message": message},
+        )
 
 
 def _keep_servers_on_current_version(deployment: Deployment) -> None:
@@ -498,6 +532,13 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
             pk=deployment.pk, status=DeploymentStatus.FAILED, restart_count=deployment.restart_count
         ).update(restart_count=deployment.restart_count + 1, updated_at=now)
         if updated:
+            record_audit(
+                action=AuditAction.DEPLOYMENT_RESTARTED,
+                team=deployment.team,
+                target=deployment,
+                before={"status": deployment.status, "restart_count": deployment.restart_count},
+                after={"restart_count": deployment.restart_count + 1, "waited_s": round(waited, 1)},
+            )
             queue_task("deployments.start_deployment", deployment.pk)
     return bool(updated)
 

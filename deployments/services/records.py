@@ -23,7 +23,8 @@ from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version
 from models_registry.storage import get_object_store
-from tenancy.choices import Role, Scope
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction, Role, Scope
 from tenancy.quotas import reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
@@ -242,6 +243,20 @@ def create_deployment(
                 repository_prefix=version.repository_prefix,
                 created_by=user,
             )
+            record_audit(
+                action=AuditAction.DEPLOYMENT_CREATED,
+                team=team,
+                target=deployment,
+                after={
+                    "model_version": version_id,
+                    "runtime": runtime,
+                    "cluster": placement.cluster.name if placement.cluster else None,
+                    "replicas": placement.replicas,
+                    "autoscaling": placement.autoscaling,
+                    "gpu": placement.gpu,
+                    "instance_count": deployment.instance_count,
+                },
+            )
             _queue_start(deployment.pk)
     except IntegrityError:
         raise Conflict(f"Team '{team.slug}' already has an active deployment named '{name}'.", field="name") from None
@@ -256,12 +271,20 @@ def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: Token
     """
     require_deployment_access(user=user, deployment=deployment, action="Stopping a deployment", token=token)
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("team").get(pk=deployment.pk)
         if deployment.status == DeploymentStatus.STOPPED:
             return deployment
+        previous = deployment.status
         deployment.desired_state = DesiredState.STOPPED
         deployment.status = DeploymentStatus.STOPPING
         deployment.save(update_fields=["desired_state", "status", "updated_at"])
+        record_audit(
+            action=AuditAction.DEPLOYMENT_STOP_REQUESTED,
+            team=deployment.team,
+            target=deployment,
+            before={"status": previous},
+            after={"status": deployment.status},
+        )
         pk = deployment.pk
         queue_task("deployments.stop_deployment", pk)
     return deployment
@@ -330,6 +353,7 @@ def rescale_deployment(
             },
             what="this scaling",
         )
+        before = {"replicas": deployment.replicas, "autoscaling": deployment.autoscaling}
         deployment.replicas = count
         deployment.autoscaling = scaling
         if scaling:
@@ -341,6 +365,13 @@ def rescale_deployment(
         else:
             deployment.status_message = f"scaling to {count} replica{'s' if count != 1 else ''}"
         deployment.save(update_fields=["replicas", "autoscaling", "status_message", "updated_at"])
+        record_audit(
+            action=AuditAction.DEPLOYMENT_RESCALED,
+            team=deployment.team,
+            target=deployment,
+            before=before,
+            after={"replicas": count, "autoscaling": scaling},
+        )
         _queue_start(deployment.pk)
     log.info("deployment.rescaled", extra={"deployment_id": deployment.pk, "replicas": count})
     return deployment

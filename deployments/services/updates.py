@@ -68,6 +68,8 @@ from deployments.services.repository import (
 )
 from models_registry.choices import VersionStatus
 from models_registry.storage import get_object_store
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction
 from tenancy.quotas import reserve_quota
 from tenancy.services import TokenGrant
 from tritonserving.client import TritonClient
@@ -203,6 +205,13 @@ def update_model_version(
                 "updated_at",
             ]
         )
+        record_audit(
+            action=AuditAction.DEPLOYMENT_VERSION_UPDATE_REQUESTED,
+            team=deployment.team,
+            target=deployment,
+            before={"model_version": current.pk, "number": current.number},
+            after={"model_version": version.pk, "number": version.number},
+        )
         queue_task("deployments.update_model_version", deployment.pk)
     log.info("deployment.update.queued", extra={"deployment_id": deployment.pk, "model_version_id": version.pk})
     return deployment
@@ -311,7 +320,7 @@ def _run_update(deployment: Deployment) -> str:
         return UpdateStatus.FAILED
     write_repository_config(store, deployment_id=deployment.pk, config=serving_versions(new_config, [new.number]))
     with transaction.atomic():
-        row = Deployment.objects.select_for_update(of=("self",)).get(pk=deployment.pk)
+        row = Deployment.objects.select_for_update(of=("self",)).select_related("team").get(pk=deployment.pk)
         row.model_version = new
         row.repository_prefix = new.repository_prefix
         row.config_pbtxt = config_to_pbtxt(new_config)
@@ -328,6 +337,13 @@ def _run_update(deployment: Deployment) -> str:
                 "update_error",
                 "updated_at",
             ]
+        )
+        record_audit(
+            action=AuditAction.DEPLOYMENT_VERSION_UPDATED,
+            team=row.team,
+            target=row,
+            before={"model_version": old.pk, "number": old.number},
+            after={"model_version": new.pk, "number": new.number},
         )
     log.info("deployment.update.succeeded", extra={"deployment_id": deployment.pk, "model_version_id": new.pk})
     return UpdateStatus.SUCCEEDED
@@ -357,10 +373,18 @@ def _touch_update(deployment_id: int) -> None:
 
 
 def _finish_failed(deployment: Deployment, message: str) -> None:
+    target = deployment.target_model_version
     deployment.update_status = UpdateStatus.FAILED
     deployment.update_error = message
     deployment.target_model_version = None
     deployment.save(update_fields=["update_status", "update_error", "target_model_version", "updated_at"])
+    record_audit(
+        action=AuditAction.DEPLOYMENT_VERSION_UPDATE_FAILED,
+        team=deployment.team,
+        target=deployment,
+        before={"model_version": deployment.model_version_id},
+        after={"target_model_version": target.pk if target else None, "error": message.splitlines()[0]},
+    )
 
 
 def _record_update_failure(deployment_id: int, message: str) -> None:

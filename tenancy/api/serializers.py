@@ -1,8 +1,8 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from tenancy.choices import Scope
-from tenancy.models import ApiToken, Team
+from tenancy.choices import AuditAction, AuditSource, Scope
+from tenancy.models import ApiToken, AuditEntry, Team
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -91,3 +91,60 @@ class QuotaUpdateSerializer(serializers.Serializer):
     storage_bytes = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**63 - 1)
     models = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
     deployments = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    """One entry of the audit log."""
+
+    team = serializers.CharField(source="team_slug", help_text="Slug of the team, empty for none (a cluster).")
+    actor = serializers.CharField(help_text="Username of who acted, or 'system' (a command, task or beat).")
+    token_prefix = serializers.CharField(help_text="Prefix of the API token the request was made with, or empty.")
+    source = serializers.ChoiceField(choices=AuditSource.choices)
+    source_detail = serializers.CharField(help_text="The command or task name, or the request's method and path.")
+    action = serializers.ChoiceField(choices=AuditAction.choices)
+    before = serializers.DictField(help_text="A few fields as they were.")
+    after = serializers.DictField(help_text="A few fields as they became.")
+
+    class Meta:
+        model = AuditEntry
+        fields = [
+            "id",
+            "created_at",
+            "team",
+            "actor",
+            "token_prefix",
+            "source",
+            "source_detail",
+            "ip",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "before",
+            "after",
+        ]
+        read_only_fields = fields
+
+
+class AuditFilterSerializer(serializers.Serializer):
+    """Query parameters of the audit log; each one narrows the list, all of them together."""
+
+    team = serializers.SlugField(max_length=63, required=False, help_text="Only this team's entries.")
+    action = serializers.ChoiceField(choices=AuditAction.choices, required=False)
+    object_type = serializers.RegexField(
+        r"^[a-z_]{1,40}$",
+        required=False,
+        help_text="deployment, model, version, token, membership, quota, team, cluster, user, …",
+        error_messages={"invalid": "Give an object type in lowercase letters, such as deployment."},
+    )
+    object_id = serializers.CharField(max_length=64, required=False)
+    user = serializers.CharField(max_length=150, required=False, help_text="Username of who acted, or 'system'.")
+    source = serializers.ChoiceField(choices=AuditSource.choices, required=False)
+    since = serializers.DateTimeField(required=False, help_text="Entries at or after this time (ISO 8601).")
+    until = serializers.DateTimeField(required=False, help_text="Entries before this time (ISO 8601).")
+
+    def validate(self, attrs):
+        since, until = attrs.get("since"), attrs.get("until")
+        if since is not None and until is not None and until <= since:
+            raise serializers.ValidationError({"until": "until must be later than since."})
+        return attrs

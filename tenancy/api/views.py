@@ -1,8 +1,9 @@
-"""Teams the caller belongs to, their quota usage and (staff) their limits, and the caller's API tokens."""
+"""Teams the caller belongs to, their quota usage and (staff) their limits, the caller's API tokens, and the audit
+log of the teams they administer."""
 
 from dataclasses import asdict
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
@@ -13,6 +14,8 @@ from rest_framework.viewsets import GenericViewSet
 from conch.api import ErrorSerializer
 from tenancy.api.serializers import (
     ApiTokenSerializer,
+    AuditEntrySerializer,
+    AuditFilterSerializer,
     CreateApiTokenSerializer,
     CreatedApiTokenSerializer,
     QuotaUpdateSerializer,
@@ -26,6 +29,7 @@ from tenancy.services import (
     get_team_for_user,
     revoke_api_token,
     teams_for_user,
+    visible_audit_entries,
     visible_tokens,
 )
 
@@ -97,3 +101,45 @@ class ApiTokenViewSet(ListModelMixin, GenericViewSet):
     def destroy(self, request: Request, pk: str) -> Response:
         revoke_api_token(user=request.user, token_id=int(pk), token=request.auth)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AuditEntryViewSet(ListModelMixin, GenericViewSet):
+    """Who changed what, newest first: the entries of the teams you administer (staff: every team's).
+
+    Append-only: entries are never changed or deleted. A token needs the `read` scope; a member who is not a
+    team admin gets 403 naming the admin role.
+    """
+
+    serializer_class = AuditEntrySerializer
+
+    def get_queryset(self):
+        form = AuditFilterSerializer(data=self.request.query_params)
+        form.is_valid(raise_exception=True)
+        wanted = form.validated_data
+        entries = visible_audit_entries(
+            user=self.request.user, token=self.request.auth, team_slug=wanted.get("team", "")
+        )
+        for name, lookup in (
+            ("action", "action"),
+            ("object_type", "object_type"),
+            ("object_id", "object_id"),
+            ("user", "actor"),
+            ("source", "source"),
+            ("since", "created_at__gte"),
+            ("until", "created_at__lt"),
+        ):
+            if name in wanted:
+                entries = entries.filter(**{lookup: wanted[name]})
+        return entries.order_by("-created_at", "-id")
+
+    @extend_schema(
+        parameters=[AuditFilterSerializer],
+        responses={
+            200: AuditEntrySerializer(many=True),
+            400: OpenApiResponse(ErrorSerializer, description="A filter's value is not valid; `field` names it."),
+            403: OpenApiResponse(ErrorSerializer, description="Not a team admin, or a token without `read`."),
+            404: OpenApiResponse(ErrorSerializer, description="`team` is not one of your teams."),
+        },
+    )
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        return super().list(request, *args, **kwargs)

@@ -20,6 +20,7 @@ from deployments.runtimes import get_runtime
 from deployments.runtimes.kubernetes import api as kube_api
 from deployments.services import reconcile_deployments
 from deployments.services.clusters import register_cluster
+from tenancy.models import AuditEntry
 from tests import real_models
 from tests.deployments.conftest import write_adder_versions, write_built_version
 from tritonserving.client import TritonClient
@@ -231,6 +232,10 @@ def test_a_triton_that_exits_at_once_is_failed_with_its_termination_message(
     assert "Triton keeps exiting" in seen["status_message"] or "exit code" in seen["status_message"]
     assert seen["pods"][0]["restarts"] >= 1
     assert any("classifier" in line for line in seen["log_tail"]), seen["log_tail"]
+    # and the audit log has the change to failed that reconcile observed
+    audited = AuditEntry.objects.filter(action="deployment.failed", object_id=str(created["id"])).first()
+    assert audited is not None and audited.after["status"] == "failed" and audited.before["status"] != "failed"
+    assert (audited.actor, audited.team_slug) == ("system", "acme")
 
 
 def test_api_server_down_and_back_recovers_without_duplicates(

@@ -20,6 +20,7 @@ from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from models_registry.choices import VersionStatus
 from models_registry.storage import get_object_store
+from tenancy.models import AuditEntry
 from tests import real_models
 from tests.deployments.conftest import write_adder_versions, write_built_version
 from tests.flows import deploy_ready
@@ -103,6 +104,8 @@ def test_an_update_under_continuous_load_fails_no_request_and_restarts_nothing(
     assert (shown["model_version"], shown["model_version_number"]) == (v2.pk, 2)
     assert shown["repository_prefix"] == v2.repository_prefix
     assert shown["target_model_version"] is None
+    updated = AuditEntry.objects.get(action="deployment.version_updated", object_id=str(row.pk))
+    assert (updated.before["number"], updated.after["number"], updated.source) == (1, 2, "task")
     assert _admin(row).ready_versions("adder") == {2}
     assert _repository_versions(row) == [2]
     # when its Triton dies and reconcile restarts it
@@ -152,6 +155,12 @@ def test_a_version_triton_refuses_rolls_back_and_the_old_one_keeps_serving(
     assert admin.ready_versions("adder") == {1}
     assert admin.infer_numpy("adder", {"x": X})["y"].tolist() == [[1.0] * 4]
     assert _repository_versions(row) == [1]
+    # and the audit log holds alice's request (through the API) and the failure (the update task's)
+    entries = AuditEntry.objects.filter(object_id=str(row.pk), action__startswith="deployment.version_update")
+    assert [(e.action, e.actor, e.source, e.source_detail) for e in entries.order_by("id")] == [
+        ("deployment.version_update_requested", "alice", "api", f"PATCH /api/v1/deployments/{row.pk}/"),
+        ("deployment.version_update_failed", "system", "task", "deployments.update_model_version"),
+    ]
     services.stop_deployment(deployment_id=row.pk)
 
 

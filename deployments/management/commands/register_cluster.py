@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from conch.errors import ConchError
 from deployments.models import DEFAULT_TRITON_IMAGE
 from deployments.services.clusters import register_cluster
+from tenancy.audit import AuditedCommand
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Register (or update) a Kubernetes cluster deployments can run on; the kubeconfig is stored encrypted."
 
     def add_arguments(self, parser):

@@ -49,7 +49,7 @@ import numpy as np
 import requests
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from kombu.exceptions import KombuError
 
 from conch.errors import ConchError
@@ -57,6 +57,7 @@ from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worke
 from conch.processes import beat_command, gateway_command, web_command, worker_command
 from deployments.services import stop_all_local_servers
 from deployments.services.clusters import cluster_gpu_offers, register_cluster
+from tenancy.audit import AuditedCommand
 from tenancy.choices import Role
 from tenancy.services import (
     authenticate_token,
@@ -310,7 +311,7 @@ class _Supervisor:
             service.process.wait()
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Run the Conch demo: web, worker, beat, and a real model deployed on a local Triton (or a cluster)."
 
     def add_arguments(self, parser):

@@ -2,14 +2,15 @@
 members to it, or change their roles)."""
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from tenancy.audit import AuditedCommand
 from tenancy.choices import Role
 from tenancy.models import Team
-from tenancy.services import ensure_membership
+from tenancy.services import ensure_membership, ensure_team
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create a team if missing and add members to it."
 
     def add_arguments(self, parser):
@@ -20,7 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("--admin", action="append", default=[], help="Username to add as team admin.")
 
     def handle(self, *args, slug: str, name: str, member: list[str], viewer: list[str], admin: list[str], **options):
-        team, created = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+        created = not Team.objects.filter(slug=slug).exists()
+        team = ensure_team(slug=slug, name=name)
         users = get_user_model().objects
         roles = [(u, Role.DEVELOPER) for u in member] + [(u, Role.VIEWER) for u in viewer]
         for username, role in roles + [(u, Role.ADMIN) for u in admin]:

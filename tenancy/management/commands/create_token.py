@@ -3,9 +3,10 @@
 import re
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from conch.errors import ConchError
+from tenancy.audit import AuditedCommand
 from tenancy.choices import Scope
 from tenancy.services import create_api_token, get_team_for_user, teams_for_user
 
@@ -19,7 +20,7 @@ def _days(text: str) -> int:
     return int(match.group(1))
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create an API bearer token of a user in one team; the token is the last line printed."
 
     def add_arguments(self, parser):

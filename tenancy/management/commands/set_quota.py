@@ -2,9 +2,10 @@
 
 import argparse
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from conch.errors import ConchError
+from tenancy.audit import AuditedCommand
 from tenancy.quotas import get_team_for_staff, set_quota, team_usage
 
 #: Command-line option -> quota field.
@@ -21,7 +22,7 @@ def _limit(raw: str) -> int | None:
     return None if raw == "default" else int(raw)
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Set a team's quota limits ('default' puts one back to the installation's default); prints its usage."
 
     def add_arguments(self, parser):

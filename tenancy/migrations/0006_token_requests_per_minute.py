@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenancy', '0004_team_quota'),
+        ('tenancy', '0005_audit_log'),
     ]
 
     operations = [
