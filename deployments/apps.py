@@ -7,5 +7,7 @@ class DeploymentsConfig(AppConfig):
 
     def ready(self) -> None:
         from deployments.services.quotas import register_quota_counters
+        from deployments.services.version_users import register_version_users
 
         register_quota_counters()
+        register_version_users()

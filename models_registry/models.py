@@ -15,6 +15,8 @@ class RegisteredModel(models.Model):
     name = models.CharField(max_length=63)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set when a deletion starts (`models_registry.deletion`): no more uploads; the row goes once the objects have.
+    deletion_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["team_id", "name"]
@@ -35,7 +37,8 @@ class ModelVersion(models.Model):
     `heartbeat_at` is the last sign of life of the current phase: while `uploading`, when bytes last
     arrived; while `queued`, when it was queued; while `building`, the worker's last heartbeat. The
     sweeper (`builds.services.sweep_stalled_versions`) acts on versions whose heartbeat is too old.
-    `lost_attempts` counts the attempts of the current build whose worker stopped mid-build.
+    `lost_attempts` counts the attempts of the current build whose worker stopped mid-build. While `deleting`,
+    `heartbeat_at` is when the deletion started.
     """
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")

@@ -24,7 +24,7 @@ from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
 from models_registry.storage import StoredObject, get_object_store
 from tenancy.choices import Role, Scope
-from tenancy.quotas import register_usage_counter, reserve_quota
+from tenancy.quotas import QuotaRoom, quota_room, register_usage_counter, reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,16 @@ def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> 
     """
     name = "sample_inputs.incoming.npz" if incoming else "sample_inputs.npz"
     return f"models/{model_id}/versions/{number}/source/{name}"
+
+
+def model_root(*, model_id: int) -> str:
+    """Object-store folder holding every object of a model (all its versions' keys are under it)."""
+    return f"models/{model_id}"
+
+
+def version_root(*, model_id: int, number: int) -> str:
+    """Object-store folder holding every object of a version: its source, sample inputs and build repositories."""
+    return f"{model_root(model_id=model_id)}/versions/{number}"
 
 
 def repositories_root(*, model_id: int, number: int) -> str:
@@ -125,7 +135,9 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
         scope=Scope.MODELS_WRITE,
     )
     with transaction.atomic():
-        RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
+        locked = RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
+        if locked is None or locked.deletion_requested_at is not None:
+            raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
         number = (model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
         return ModelVersion.objects.create(
             model=model,
@@ -135,6 +147,20 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
             heartbeat_at=timezone.now(),
             created_by=user,
         )
+
+
+def check_upload_room(*, model: RegisteredModel, declared_bytes: int | None) -> QuotaRoom:
+    """Refuse an upload whose declared size cannot fit in the team's storage quota, before its bytes are read.
+
+    `declared_bytes` is the least the file can be, from what the client declared (None: nothing declared).
+    Returns the team's storage room, for the upload handler to stop the stream once more bytes than are free
+    have arrived. Raises QuotaExceeded (field `storage_bytes`). An advisory check, without a lock:
+    `complete_upload` reserves the stored size under the team's lock.
+    """
+    room = quota_room(team=model.team, field="storage_bytes")
+    if declared_bytes:
+        room.check(declared_bytes, "this upload needs at least")
+    return room
 
 
 def touch_upload(*, version_id: int) -> None:
@@ -252,6 +278,8 @@ def mark_rebuild(
         version = ModelVersion.objects.select_for_update().get(pk=version.pk)
         if version.status == VersionStatus.UPLOADING:
             raise Conflict("The upload of this version has not finished.", field=None)
+        if version.status == VersionStatus.DELETING:
+            raise Conflict("This version is being deleted.", field=None)
         if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING):
             bound = building_stale_before if version.status == VersionStatus.BUILDING else queued_stale_before
             if bound is None or not _heartbeat_before(version, bound):
@@ -424,7 +452,25 @@ def requeue_unclaimed_build(*, version_id: int, queued_before: datetime) -> Mode
 
 def versions_with_builds() -> QuerySet[ModelVersion]:
     """Versions that were ever queued for a build (so may have repositories in the object store)."""
-    return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status=VersionStatus.UPLOADING).order_by("pk")
+    busy = (VersionStatus.UPLOADING, VersionStatus.DELETING)
+    return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status__in=busy).order_by("pk")
+
+
+def lock_built_version(*, version_id: int) -> None:
+    """Lock a version's row until the caller's transaction ends, and check it is still `built`.
+
+    A layer above calls this in the transaction that makes something use the version (a deployment), so a
+    deletion (`models_registry.deletion`), which locks the same row, either runs first and is seen here, or runs
+    after and sees the new user. Raises Conflict (field `model_version`) when the version is no longer built.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("lock_built_version must run inside the transaction that starts using the version")
+    status = ModelVersion.objects.select_for_update().filter(pk=version_id).values_list("status", flat=True).first()
+    if status != VersionStatus.BUILT:
+        raise Conflict(
+            f"Model version {version_id} is '{status or 'deleted'}'; only a built version can be served.",
+            field="model_version",
+        )
 
 
 # --- quotas ------------------------------------------------------------------------
@@ -436,10 +482,8 @@ def count_team_models(team: Any) -> dict[str, int]:
 
 
 def count_team_storage(team: Any) -> dict[str, int]:
-    """The `storage_bytes` quota's usage: bytes of the team's uploaded model files (every stored version).
-
-    Build outputs (each build attempt's repository: a copy of the file and its config.pbtxt) are not counted:
-    their sizes are not recorded.
+    """The `storage_bytes` quota's part of uploads: bytes of the team's uploaded model files (every stored
+    version, until its row is deleted). Build outputs are counted by the builds app (`builds.services.storage`).
     """
     total = ModelVersion.objects.filter(model__team=team).aggregate(total=Sum("source_size_bytes"))["total"]
     return {"bytes of storage": total or 0}

@@ -21,7 +21,7 @@ from deployments.services.placement import parse_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
-from models_registry.services import get_version
+from models_registry.services import get_version, lock_built_version
 from models_registry.storage import get_object_store
 from tenancy.choices import Role, Scope
 from tenancy.quotas import reserve_quota
@@ -224,6 +224,7 @@ def create_deployment(
     try:
         with transaction.atomic():
             reserve_quota(team=team, requested=requested, what="this deployment")
+            lock_built_version(version_id=version.pk)  # a deletion of the version either ran first or waits
             deployment = Deployment.objects.create(
                 team=team,
                 name=name,
