@@ -272,7 +272,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             raise _too_large(self.max_bytes)
         if self.room is not None and self._received_bytes > self.room.free:
             self.abort()
-            raise self.room.exceeded(self._received_bytes, "this upload needs more than")
+            raise self.room.exceeded(self._received_bytes, "this upload needs at least")
         self._writer.write(raw_data)
         self._beat()
 
