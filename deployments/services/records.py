@@ -43,9 +43,13 @@ ENABLED_RUNTIMES = (RuntimeName.LOCAL, RuntimeName.KUBERNETES)
 
 
 def visible_deployments(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Deployment]:
-    """Deployments of the caller's teams (of the token's team, for a request made with a team-bound token)."""
+    """Deployments of the caller's teams (of the token's team, for a request made with a team-bound token; only
+    those it names, for a token limited to named deployments)."""
     teams = teams_for_user(user=user, token=token)
-    return Deployment.objects.filter(team__in=teams).select_related("team", "model_version__model")
+    deployments = Deployment.objects.filter(team__in=teams).select_related("team", "model_version__model")
+    if token is not None and token.deployments:
+        deployments = deployments.filter(name__in=token.deployments)
+    return deployments
 
 
 def get_deployment(*, user: AbstractBaseUser, deployment_id: int, token: TokenGrant | None = None) -> Deployment:

@@ -1,8 +1,8 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from tenancy.choices import Scope
-from tenancy.models import ApiToken, Team
+from tenancy.choices import Role, Scope
+from tenancy.models import ApiToken, Membership, Team
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -91,3 +91,22 @@ class QuotaUpdateSerializer(serializers.Serializer):
     storage_bytes = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**63 - 1)
     models = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
     deployments = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    """A member of a team and their role."""
+
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+
+
+class AddMemberSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150, help_text="An existing user's username.")
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.DEVELOPER)
+
+
+class ChangeMemberSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
