@@ -17,6 +17,8 @@ class RegisteredModel(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # Set when a deletion starts (`models_registry.deletion`): no more uploads; the row goes once the objects have.
     deletion_requested_at = models.DateTimeField(null=True, blank=True)
+    # The highest version number ever given, so a deleted version's number is never given again.
+    last_version_number = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["team_id", "name"]
@@ -27,7 +29,7 @@ class RegisteredModel(models.Model):
 
 
 class ModelVersion(models.Model):
-    """One uploaded file of a model, numbered 1, 2, 3… per model, and the result of its build.
+    """One uploaded file of a model, numbered 1, 2, 3… per model (a deleted number is never reused), and its build.
 
     `source_key` is where the uploaded bytes live in the object store. Each build attempt writes its
     own Triton model repository under its own prefix and never touches another attempt's;

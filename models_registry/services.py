@@ -120,7 +120,7 @@ def create_model(
 
 
 def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: TokenGrant | None = None) -> ModelVersion:
-    """Allocate the next version number of `model` (1, 2, 3…) and its source key, for an upload by `user`.
+    """Allocate the next version number of `model` (1, 2, 3…; never one a deleted version had) and its source key.
 
     Uploading needs the developer role in the model's team and, with a token, the `models:write` scope
     (Forbidden otherwise), checked before any byte is stored. Race-free: the model row is locked while the
@@ -138,7 +138,9 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
         locked = RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
         if locked is None or locked.deletion_requested_at is not None:
             raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
-        number = (model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+        # Never a number a deleted version had: a deployment's repository may still hold that version's folder.
+        number = max(locked.last_version_number, model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+        RegisteredModel.objects.filter(pk=model.pk).update(last_version_number=number)
         return ModelVersion.objects.create(
             model=model,
             number=number,

@@ -286,3 +286,17 @@ def test_the_sweeper_finishes_a_model_deletion_the_store_interrupted(alice, s3, 
     assert counts["finished_deletions"] == 1
     assert not RegisteredModel.objects.exists()
     assert s3() == []
+
+
+def test_a_deleted_versions_number_is_never_given_again(alice, s3, tmp_path):
+    # given versions 1 and 2, the latest deleted
+    _, second = _built(alice, tmp_path), _built(alice, tmp_path)
+    RegisteredModel.objects.filter(pk=second.model_id).update(last_version_number=2)
+    assert alice.client.delete(f"/api/v1/versions/{second.pk}/").status_code == 204
+    # when the next file is uploaded
+    response = alice.client.post(
+        f"/api/v1/models/{second.model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"x" * 10)}
+    )
+    # then it is version 3 (a deployment's repository may still hold version 2's folder)
+    assert response.status_code == 201, response.content
+    assert response.json()["number"] == 3
