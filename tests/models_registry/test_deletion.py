@@ -4,20 +4,23 @@ them `deleting` for a retry or the sweeper."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection, transaction
 from django.utils import timezone
 
 from builds.models import BuildRepository, BuildStep
 from builds.services import reset_steps, sweep_stalled_versions
 from builds.services.storage import reserve_repository_storage
+from conch.errors import Conflict, InUse
 from deployments import services as deployments
 from deployments.models import Deployment
 from deployments.services.repository import deployment_repository_prefix, ensure_deployment_repository
 from models_registry import services as registry
-from models_registry.deletion import finish_stalled_deletions
+from models_registry.deletion import delete_model_version, finish_stalled_deletions
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.storage import get_object_store
 from tenancy.quotas import set_quota, team_usage
@@ -300,3 +303,43 @@ def test_a_deleted_versions_number_is_never_given_again(alice, s3, tmp_path):
     # then it is version 3 (a deployment's repository may still hold version 2's folder)
     assert response.status_code == 201, response.content
     assert response.json()["number"] == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deletion_racing_a_new_deployment_waits_for_it_and_is_refused(tmp_path):
+    # given a built version, and a deployment of it being created: its transaction holds the version's lock
+    caller = make_caller("ada", "acme")
+    version = write_built_version(caller.team, "adder", add_constant(tmp_path / "a.onnx", 1.0))
+    outcome: list[object] = []
+
+    def delete() -> None:
+        try:
+            delete_model_version(user=caller.user, version=version)
+            outcome.append("deleted")
+        except InUse as exc:
+            outcome.append(exc.users)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        web = _deploy(caller, version, "web")
+        # when the version's deletion starts before that transaction commits
+        racer = threading.Thread(target=delete)
+        racer.start()
+        racer.join(timeout=1.0)
+        # then it waits on the version's row
+        assert racer.is_alive()
+    racer.join(timeout=30)
+    # and, once the deployment is committed, sees it and is refused
+    assert outcome == [[{"id": web.pk, "name": "web"}]]
+    assert ModelVersion.objects.get(pk=version.pk).status == "built"
+
+
+def test_lock_built_version_refuses_a_version_being_deleted(alice, tmp_path):
+    version = write_built_version(alice.team, "adder", add_constant(tmp_path / "a.onnx", 1.0))
+    with transaction.atomic():
+        registry.lock_built_version(version_id=version.pk)
+    ModelVersion.objects.filter(pk=version.pk).update(status="deleting")
+    with pytest.raises(Conflict, match=f"Model version {version.pk} is 'deleting'; only a built version can be served"):
+        with transaction.atomic():
+            registry.lock_built_version(version_id=version.pk)
