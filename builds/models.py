@@ -24,3 +24,29 @@ class BuildStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} {self.name}: {self.status}"
+
+
+class BuildRepository(models.Model):
+    """The Triton model repository one build attempt wrote to the object store, and its size in bytes.
+
+    A row is written (storage reserved against the team's quota) just before the attempt writes its objects
+    under `prefix`, and deleted once those objects are gone (garbage collection of unused attempts, or the
+    version's deletion): the team's storage counts it all that time (`builds.services.storage`).
+    """
+
+    version = models.ForeignKey(
+        "models_registry.ModelVersion", on_delete=models.CASCADE, related_name="build_repositories"
+    )
+    attempt = models.PositiveIntegerField()
+    prefix = models.CharField(max_length=500)
+    size_bytes = models.PositiveBigIntegerField()
+    written_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["version_id", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["version", "attempt"], name="buildrepository_unique_version_attempt")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix} ({self.size_bytes} bytes)"

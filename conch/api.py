@@ -1,7 +1,8 @@
 """One exception handler for the whole REST API, and its pagination.
 
 Every error body is `{"detail": <sentence>, "field": <input name or null>}` (a refused quota adds
-`"quota": {"limit", "used", "requested"}`). Our typed
+`"quota": {"limit", "used", "requested"}`; an object still in use adds its users under the field's name, e.g.
+`"deployments": [{"id", "name"}]`). Our typed
 errors (`conch.errors`) carry their own status; DRF's validation errors are flattened to
 their first field so a client always finds one `field` to point at. Errors raised outside
 DRF (unknown URLs, unhandled exceptions) get the same body from `conch.middleware`.
@@ -23,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from conch.errors import ConchError, InvalidInput, QuotaExceeded
+from conch.errors import ConchError, InUse, InvalidInput, QuotaExceeded
 
 #: Largest page a list endpoint returns (`?limit=`).
 MAX_PAGE_SIZE = 1000
@@ -48,6 +49,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500."""
     if isinstance(exc, QuotaExceeded):
         return Response({"detail": exc.detail, "field": exc.field, "quota": exc.quota}, status=exc.status_code)
+    if isinstance(exc, InUse):
+        return Response({"detail": exc.detail, "field": exc.field, exc.field: exc.users}, status=exc.status_code)
     if isinstance(exc, ConchError):
         return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code)
     if isinstance(exc, RequestDataTooBig):

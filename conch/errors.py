@@ -58,6 +58,14 @@ class QuotaExceeded(Conflict):
         self.quota = {"limit": limit, "used": used, "requested": requested}
 
 
+class InUse(Conflict):
+    """An object cannot go while others use it (HTTP 409); `users` is [{"id", "name"}] of what uses it."""
+
+    def __init__(self, detail: str, *, field: str, users: list[dict[str, object]]) -> None:
+        super().__init__(detail, field=field)
+        self.users = users
+
+
 class PayloadTooLarge(ConchError):
     """An upload is larger than the configured limit (HTTP 413)."""
 

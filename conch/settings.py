@@ -264,6 +264,9 @@ CONCH_BUILD_QUEUED_STALE_SECONDS = env("CONCH_BUILD_QUEUED_STALE_SECONDS", 300.0
 CONCH_UPLOAD_HEARTBEAT_SECONDS = env("CONCH_UPLOAD_HEARTBEAT_SECONDS", 5.0, cast=float)
 # An upload with no bytes for this long is given up: row, stored object and open multipart upload removed.
 CONCH_UPLOAD_STALE_SECONDS = env("CONCH_UPLOAD_STALE_SECONDS", 600.0, cast=float)
+# A model or version deletion that has not ended this long after it started (the object store failed, or its
+# process died) is finished by the sweeper.
+CONCH_DELETION_RETRY_SECONDS = env("CONCH_DELETION_RETRY_SECONDS", 60.0, cast=float)
 # Repositories of superseded build attempts are garbage-collected once their version was idle this long.
 CONCH_REPOSITORY_GC_GRACE_SECONDS = env("CONCH_REPOSITORY_GC_GRACE_SECONDS", 3600.0, cast=float)
 if not CONCH_BUILD_HEARTBEAT_SECONDS < CONCH_BUILD_STALE_SECONDS:

@@ -10,3 +10,5 @@ class VersionStatus(models.TextChoices):
     BUILDING = "building", "Building"
     BUILT = "built", "Built"
     FAILED = "failed", "Failed"
+    # Being deleted: its objects are being removed from the store; the row goes last (see services.deletion).
+    DELETING = "deleting", "Deleting"

@@ -15,6 +15,10 @@ class RegisteredModel(models.Model):
     name = models.CharField(max_length=63)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set when a deletion starts (`models_registry.deletion`): no more uploads; the row goes once the objects have.
+    deletion_requested_at = models.DateTimeField(null=True, blank=True)
+    # The highest version number ever given, so a deleted version's number is never given again.
+    last_version_number = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["team_id", "name"]
@@ -25,7 +29,7 @@ class RegisteredModel(models.Model):
 
 
 class ModelVersion(models.Model):
-    """One uploaded file of a model, numbered 1, 2, 3… per model, and the result of its build.
+    """One uploaded file of a model, numbered 1, 2, 3… per model (a deleted number is never reused), and its build.
 
     `source_key` is where the uploaded bytes live in the object store. Each build attempt writes its
     own Triton model repository under its own prefix and never touches another attempt's;
@@ -35,7 +39,8 @@ class ModelVersion(models.Model):
     `heartbeat_at` is the last sign of life of the current phase: while `uploading`, when bytes last
     arrived; while `queued`, when it was queued; while `building`, the worker's last heartbeat. The
     sweeper (`builds.services.sweep_stalled_versions`) acts on versions whose heartbeat is too old.
-    `lost_attempts` counts the attempts of the current build whose worker stopped mid-build.
+    `lost_attempts` counts the attempts of the current build whose worker stopped mid-build. While `deleting`,
+    `heartbeat_at` is when the deletion started.
     """
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")

@@ -26,7 +26,7 @@ from models_registry.naming import validate_model_name
 from models_registry.storage import StoredObject, get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
-from tenancy.quotas import register_usage_counter, reserve_quota
+from tenancy.quotas import QuotaRoom, quota_room, register_usage_counter, reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,16 @@ def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> 
     """
     name = "sample_inputs.incoming.npz" if incoming else "sample_inputs.npz"
     return f"models/{model_id}/versions/{number}/source/{name}"
+
+
+def model_root(*, model_id: int) -> str:
+    """Object-store folder holding every object of a model (all its versions' keys are under it)."""
+    return f"models/{model_id}"
+
+
+def version_root(*, model_id: int, number: int) -> str:
+    """Object-store folder holding every object of a version: its source, sample inputs and build repositories."""
+    return f"{model_root(model_id=model_id)}/versions/{number}"
 
 
 def repositories_root(*, model_id: int, number: int) -> str:
@@ -114,7 +124,7 @@ def create_model(
 
 
 def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: TokenGrant | None = None) -> ModelVersion:
-    """Allocate the next version number of `model` (1, 2, 3…) and its source key, for an upload by `user`.
+    """Allocate the next version number of `model` (1, 2, 3…; never one a deleted version had) and its source key.
 
     Uploading needs the developer role in the model's team and, with a token, the `models:write` scope
     (Forbidden otherwise), checked before any byte is stored. Race-free: the model row is locked while the
@@ -129,8 +139,12 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
         scope=Scope.MODELS_WRITE,
     )
     with transaction.atomic():
-        RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
-        number = (model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+        locked = RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
+        if locked is None or locked.deletion_requested_at is not None:
+            raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
+        # Never a number a deleted version had: a deployment's repository may still hold that version's folder.
+        number = max(locked.last_version_number, model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+        RegisteredModel.objects.filter(pk=model.pk).update(last_version_number=number)
         version = ModelVersion.objects.create(
             model=model,
             number=number,
@@ -143,6 +157,20 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
             action=AuditAction.VERSION_CREATED, team=model.team, target=version, after={"status": version.status}
         )
         return version
+
+
+def check_upload_room(*, model: RegisteredModel, declared_bytes: int | None) -> QuotaRoom:
+    """Refuse an upload whose declared size cannot fit in the team's storage quota, before its bytes are read.
+
+    `declared_bytes` is the least the file can be, from what the client declared (None: nothing declared).
+    Returns the team's storage room, for the upload handler to stop the stream once more bytes than are free
+    have arrived. Raises QuotaExceeded (field `storage_bytes`). An advisory check, without a lock:
+    `complete_upload` reserves the stored size under the team's lock.
+    """
+    room = quota_room(team=model.team, field="storage_bytes")
+    if declared_bytes:
+        room.check(declared_bytes, "this upload needs at least")
+    return room
 
 
 def touch_upload(*, version_id: int) -> None:
@@ -295,6 +323,8 @@ def mark_rebuild(
         if version.status == VersionStatus.UPLOADING:
             raise Conflict("The upload of this version has not finished.", field=None)
         previous = version.status
+        if version.status == VersionStatus.DELETING:
+            raise Conflict("This version is being deleted.", field=None)
         if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING):
             bound = building_stale_before if version.status == VersionStatus.BUILDING else queued_stale_before
             if bound is None or not _heartbeat_before(version, bound):
@@ -505,7 +535,25 @@ def requeue_unclaimed_build(*, version_id: int, queued_before: datetime) -> Mode
 
 def versions_with_builds() -> QuerySet[ModelVersion]:
     """Versions that were ever queued for a build (so may have repositories in the object store)."""
-    return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status=VersionStatus.UPLOADING).order_by("pk")
+    busy = (VersionStatus.UPLOADING, VersionStatus.DELETING)
+    return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status__in=busy).order_by("pk")
+
+
+def lock_built_version(*, version_id: int) -> None:
+    """Lock a version's row until the caller's transaction ends, and check it is still `built`.
+
+    A layer above calls this in the transaction that makes something use the version (a deployment), so a
+    deletion (`models_registry.deletion`), which locks the same row, either runs first and is seen here, or runs
+    after and sees the new user. Raises Conflict (field `model_version`) when the version is no longer built.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("lock_built_version must run inside the transaction that starts using the version")
+    status = ModelVersion.objects.select_for_update().filter(pk=version_id).values_list("status", flat=True).first()
+    if status != VersionStatus.BUILT:
+        raise Conflict(
+            f"Model version {version_id} is '{status or 'deleted'}'; only a built version can be served.",
+            field="model_version",
+        )
 
 
 # --- quotas ------------------------------------------------------------------------
@@ -518,11 +566,9 @@ def count_teams_models(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
 
 
 def count_teams_storage(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """The `storage_bytes` quota's usage of each team: bytes of its uploaded model files (every stored
-    version), {team id: {"bytes of storage": n}} in one query.
-
-    Build outputs (each build attempt's repository: a copy of the file and its config.pbtxt) are not counted:
-    their sizes are not recorded.
+    """The `storage_bytes` quota's part of uploads for each team, in one query: bytes of its uploaded model files
+    (every stored version, until its row is deleted), {team id: {"bytes of storage": n}}. Build outputs are
+    counted by the builds app (`builds.services.storage`).
     """
     rows = (
         ModelVersion.objects.filter(model__team_id__in=team_ids)

@@ -41,6 +41,7 @@ from rest_framework.authentication import SessionAuthentication
 
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge
 from models_registry.storage import MIB, ObjectStore, ObjectWriter, StoredObject
+from tenancy.quotas import QuotaRoom
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,18 @@ def check_content_length(request: Any, max_bytes: int, *, slack_bytes: int = MUL
     except ValueError:
         return
     _check_declared_length(content_length, max_bytes, slack_bytes)
+
+
+def declared_file_bytes(request: Any, *, slack_bytes: int = MULTIPART_SLACK_BYTES) -> int | None:
+    """The least the uploaded file can be, from the request's CONTENT_LENGTH: the body less `slack_bytes` (the
+    most the multipart framing and the other fields may take). None when no length was declared or it tells
+    nothing (a body within the slack)."""
+    raw = request.META.get("CONTENT_LENGTH") or ""
+    try:
+        content_length = int(raw)
+    except ValueError:
+        return None
+    return content_length - slack_bytes if content_length > slack_bytes else None
 
 
 def _check_declared_length(content_length: int | None, max_bytes: int, slack_bytes: int) -> None:
@@ -147,6 +160,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     - PayloadTooLarge (field `file`) once more than `max_bytes` bytes of the file arrive, or when
       the declared request or part length already exceeds it; the writer is aborted first, so
       no object or partial upload is left;
+    - QuotaExceeded (field `storage_bytes`) past the storage `room`, see below;
     - InvalidInput for a file in another field (other than `other_fields`), or a second file;
     - Unavailable when the store fails (the writer aborts itself).
 
@@ -161,6 +175,10 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     sweeper can tell a live upload from one whose web worker died (`touch_upload`). A heartbeat
     that raises is logged and never fails the upload. Note a beat can only come once per chunk
     (2 MiB), so a client slower than 2 MiB per stale bound looks dead.
+
+    `room`, when given, is the team's storage quota room: a file whose declared part length, or whose bytes
+    received so far, exceed what is free is refused with QuotaExceeded (field `storage_bytes`) as soon as that
+    is known, and the writer is aborted. The registry reserves the stored size again when the upload completes.
 
     Several file fields: list one handler per field, the first with `other_fields` naming the fields the later
     handlers take (it passes their chunks on and refuses any other field); give every handler the body's whole
@@ -181,8 +199,10 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         request: Any = None,
         heartbeat: Callable[[], None] | None = None,
         heartbeat_interval_s: float = 5.0,
+        room: QuotaRoom | None = None,
     ) -> None:
         super().__init__(request)
+        self.room = room
         self.store = store
         self.key = key
         self.max_bytes = max_bytes
@@ -232,6 +252,8 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             )
         if content_length is not None and content_length > self.max_bytes:
             raise _too_large(self.max_bytes)
+        if content_length is not None and self.room is not None:
+            self.room.check(content_length, "this upload needs")
         self._received_bytes = 0
         self._writer = self.store.open_writer(self.key)
         raise StopFutureHandlers()
@@ -248,6 +270,9 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         if self._received_bytes > self.max_bytes:
             self.abort()
             raise _too_large(self.max_bytes)
+        if self.room is not None and self._received_bytes > self.room.free:
+            self.abort()
+            raise self.room.exceeded(self._received_bytes, "this upload needs at least")
         self._writer.write(raw_data)
         self._beat()
 

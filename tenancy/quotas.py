@@ -2,7 +2,8 @@
 
 Limits are a team's `TeamQuota` row, where staff set one, else the CONCH_QUOTA_* settings. Usage is not stored:
 it is counted, when asked, from the tables that own each resource, by counters the owning apps register
-(`register_usage_counter`, from their AppConfig.ready; tenancy sits below them and imports none of them). So
+(`register_usage_counter`, from their AppConfig.ready; tenancy sits below them and imports none of them; several
+apps may count parts of one field, e.g. storage: uploads in the registry, build outputs in builds). So
 usage is never out of date, and a resource stops counting when its own row says it is gone (a deployment once
 `stopped`, a model once deleted).
 
@@ -44,8 +45,8 @@ UsageCounter = Callable[[Team], Mapping[str, int]]
 #: using nothing may be left out). Lets a page of 100 teams be counted in one query per field.
 TeamsUsageCounter = Callable[[Sequence[int]], Mapping[int, Mapping[str, int]]]
 
-_counters: dict[str, UsageCounter] = {}
-_team_counters: dict[str, TeamsUsageCounter] = {}
+#: Per field, its counters (a field's usage is their sum), each with its many-teams form when it has one.
+_counters: dict[str, list[tuple[UsageCounter, TeamsUsageCounter | None]]] = {}
 
 
 @dataclass(frozen=True)
@@ -73,15 +74,63 @@ NEAR_LIMIT_SHARE = 0.8
 
 
 def register_usage_counter(field: str, counter: UsageCounter, *, for_teams: TeamsUsageCounter | None = None) -> None:
-    """Make `counter` the way `field`'s usage is counted (the app owning the resource calls this at start);
-    `for_teams` counts the same for many teams in one query (`teams_usage`), where the app offers it."""
+    """Count `counter`'s usage in `field` (the app owning the resource calls this at start); a field's usage is
+    the sum of its counters, and registering the same counter twice counts it once. `for_teams` counts the same
+    for many teams in one query (`teams_usage`), where the app offers it."""
     if field not in FIELDS:
         raise ValueError(f"unknown quota field {field!r}")
-    _counters[field] = counter
-    if for_teams is not None:
-        _team_counters[field] = for_teams
-    else:
-        _team_counters.pop(field, None)
+    entries = _counters.setdefault(field, [])
+    if all(existing is not counter for existing, _ in entries):
+        entries.append((counter, for_teams))
+
+
+@dataclass(frozen=True)
+class QuotaRoom:
+    """What `team` uses of one quota `field` (one unit) now and its limit: a check without a reservation."""
+
+    team_slug: str
+    field: str
+    unit: str
+    limit: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        """Units left before the limit (0 when at or over it)."""
+        return max(0, self.limit - self.used)
+
+    def exceeded(self, requested: int, what: str) -> QuotaExceeded:
+        """The refusal of `requested` units for `what` ("this upload needs at least")."""
+        name = FIELDS[self.field][3]
+        return QuotaExceeded(
+            f"{name} quota exceeded: team '{self.team_slug}' uses {self.used} of {self.limit} {self.unit}; "
+            f"{what} {requested}",
+            field=self.field,
+            limit=self.limit,
+            used=self.used,
+            requested=requested,
+        )
+
+    def check(self, requested: int, what: str = "this request needs") -> None:
+        """Raise QuotaExceeded when `requested` more units do not fit."""
+        if requested > 0 and self.used + requested > self.limit:
+            raise self.exceeded(requested, what)
+
+
+def quota_room(*, team: Team, field: str) -> QuotaRoom:
+    """`team`'s limit and use of `field` (a field counted in one unit: not `gpu`), counted now, without a lock.
+
+    For early refusals (an upload whose declared size cannot fit) before the reservation proper
+    (`reserve_quota`), which counts again under the team's lock.
+    """
+    unit = FIELDS[field][2]
+    return QuotaRoom(
+        team_slug=team.slug,
+        field=field,
+        unit=unit,
+        limit=quota_limits(team=team)[field][0],
+        used=_count(team, field).get(unit, 0),
+    )
 
 
 def quota_limits(*, team: Team) -> dict[str, tuple[int, bool]]:
@@ -171,15 +220,8 @@ def reserve_quota(
         limit = limits[field][0]
         for unit, count in sorted(wanted.items()):
             used = used_now.get(unit, 0) - given_back.get(unit, 0)
-            if used + count > limit:
-                name = FIELDS[field][3]
-                raise QuotaExceeded(
-                    f"{name} quota exceeded: team '{team.slug}' uses {used} of {limit} {unit}; {what} needs {count}",
-                    field=field,
-                    limit=limit,
-                    used=used,
-                    requested=count,
-                )
+            room = QuotaRoom(team_slug=team.slug, field=field, unit=unit, limit=limit, used=used)
+            room.check(count, f"{what} needs")
 
 
 def get_team_for_staff(*, slug: str) -> Team:
@@ -239,12 +281,19 @@ def _by_unit(field: str, amount: int | Mapping[str, int]) -> dict[str, int]:
 def _count_teams(teams: list[Team], field: str) -> dict[int, Mapping[str, int]]:
     if not teams:
         return {}
-    many = _team_counters.get(field)
-    if many is not None:
-        return dict(many([team.pk for team in teams]))
-    return {team.pk: _count(team, field) for team in teams}
+    totals: dict[int, dict[str, int]] = {team.pk: {} for team in teams}
+    for counter, many in _counters.get(field, ()):
+        counted = dict(many([team.pk for team in teams])) if many is not None else {t.pk: counter(t) for t in teams}
+        for team_id, units in counted.items():
+            if team_id in totals:
+                for unit, count in units.items():
+                    totals[team_id][unit] = totals[team_id].get(unit, 0) + count
+    return {team_id: {unit: n for unit, n in units.items() if n} for team_id, units in totals.items()}
 
 
 def _count(team: Team, field: str) -> dict[str, int]:
-    counter = _counters.get(field)
-    return {unit: count for unit, count in counter(team).items() if count} if counter is not None else {}
+    total: dict[str, int] = {}
+    for counter, _ in _counters.get(field, ()):
+        for unit, count in counter(team).items():
+            total[unit] = total.get(unit, 0) + count
+    return {unit: count for unit, count in total.items() if count}

@@ -24,13 +24,14 @@ from builds.api.serializers import ModelVersionSerializer, RebuildSerializer, Up
 from builds.verification import MAX_SAMPLE_INPUTS_BYTES, SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD
 from conch.api import ErrorSerializer
 from conch.errors import InvalidInput, UnsupportedMediaType
-from models_registry import services
+from models_registry import deletion, services
 from models_registry.storage import get_object_store
 from models_registry.uploads import (
     MULTIPART_SLACK_BYTES,
     HeaderCsrfSessionAuthentication,
     ObjectStoreUploadHandler,
     check_content_length,
+    declared_file_bytes,
 )
 from tenancy.authentication import BearerTokenAuthentication
 
@@ -66,7 +67,9 @@ class ModelVersionListUploadView(APIView):
         "build options and sample inputs for the verify step (`sample_inputs`: an .npz of named arrays in the "
         "shapes the model takes; `sample_values`: per-input values such as `sr=16000`). The bytes stream to the "
         "object store; the build is queued. Poll GET /versions/{id}/. 409 when the file does not fit in the team's "
-        "storage quota (the body then has `quota`: limit, used, requested).",
+        "storage quota (the body then has `quota`: limit, used, requested): at once when the declared body "
+        "(Content-Length) cannot fit, else as soon as more bytes than are free have arrived, and again once stored. "
+        "The build's repository (a copy of the file and its configuration) counts in storage too.",
     )
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
@@ -74,7 +77,13 @@ class ModelVersionListUploadView(APIView):
         # The body may carry the model, an .npz of sample inputs and the small form fields.
         slack = MULTIPART_SLACK_BYTES + MAX_SAMPLE_INPUTS_BYTES
         check_content_length(request._request, max_bytes, slack_bytes=slack)
+        declared = declared_file_bytes(request._request, slack_bytes=slack)
         version = services.reserve_version(model=model, user=request.user, token=request.auth)
+        try:  # after the role check of reserve_version: a viewer learns nothing of the team's storage
+            room = services.check_upload_room(model=model, declared_bytes=declared)
+        except BaseException:
+            services.discard_upload(version=version)
+            raise
         store = get_object_store()
         handler = ObjectStoreUploadHandler(
             store,
@@ -84,6 +93,7 @@ class ModelVersionListUploadView(APIView):
             slack_bytes=slack,
             heartbeat=functools.partial(services.touch_upload, version_id=version.pk),
             heartbeat_interval_s=settings.CONCH_UPLOAD_HEARTBEAT_SECONDS,
+            room=room,
         )
         samples_handler = ObjectStoreUploadHandler(
             store,
@@ -128,13 +138,26 @@ class ModelVersionListUploadView(APIView):
 
 
 class ModelVersionViewSet(RetrieveModelMixin, ListModelMixin, GenericViewSet):
-    """Model versions of your teams, with build steps, signature and generated config.pbtxt."""
+    """Model versions of your teams, with build steps, signature and generated config.pbtxt; DELETE removes one."""
 
     serializer_class = ModelVersionSerializer
 
     def get_queryset(self):
         versions = services.visible_versions(user=self.request.user, token=self.request.auth)
         return versions.prefetch_related("build_steps").order_by("id")
+
+    @extend_schema(
+        request=None,
+        responses={204: None, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer, 503: ErrorSerializer},
+        description="Delete the version: its uploaded file, sample inputs and every build's repository leave the "
+        "object store, then its row goes (freeing the team's storage). Stopped deployments of it go with it. 409 "
+        "while a deployment that is not stopped serves it or is being updated to it (the body's `deployments` lists "
+        "their ids and names), or while it uploads or builds (wait for the build to finish). 503 when the object "
+        "store fails: the version stays 'deleting'; send the DELETE again (or the sweeper finishes it).",
+    )
+    def destroy(self, request: Request, pk: str) -> Response:
+        deletion.delete_model_version(user=request.user, version=self.get_object(), token=request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class RebuildView(APIView):

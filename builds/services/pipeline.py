@@ -21,13 +21,14 @@ from builds.model_config import build_model_config, parse_build_options
 from builds.models import BuildStep
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
-from conch.errors import ConchError, InvalidInput, Unavailable
+from conch.errors import ConchError, InvalidInput, QuotaExceeded, Unavailable
 from models_registry import services as registry
 from models_registry.storage import get_object_store
 from tritonserving.config import config_to_pbtxt
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
+from builds.services.storage import reserve_repository_storage
 from builds.services.submission import building_stale_before
 from builds.services.verify_servers import scratch_server
 
@@ -187,9 +188,11 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(version, StepName.WRITE_REPOSITORY) as say:
                 model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
+                size = version.source_size_bytes + len(pbtxt.encode())
+                reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
                 store.copy(version.source_key, model_key)
                 store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
-                say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key}")
+                say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key} ({size} bytes)")
 
             with _step(version, StepName.VERIFY) as say:
                 verify_build(
@@ -208,10 +211,16 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
     except Unavailable:
         registry.release_build(version_id=version.pk, attempt=attempt)
         raise
-    except InvalidInput as exc:
+    except (InvalidInput, QuotaExceeded) as exc:
         skip_remaining_steps(version.pk)
+        error = exc.detail
+        if isinstance(exc, QuotaExceeded):
+            error += (
+                ". Delete versions the team no longer needs (DELETE /api/v1/versions/{id}/) or ask a platform admin "
+                "for more storage, then rebuild."
+            )
         registry.record_build_result(
-            version_id=version.pk, attempt=attempt, succeeded=False, error=exc.detail, error_field=exc.field or ""
+            version_id=version.pk, attempt=attempt, succeeded=False, error=error, error_field=exc.field or ""
         )
         log.info("build.failed", extra={"version_id": version.pk, "error": exc.detail})
         return "failed"

@@ -16,11 +16,13 @@ from builds.choices import StepStatus
 from builds.models import BuildStep
 from models_registry import services as registry
 from models_registry.choices import VersionStatus
+from models_registry.deletion import finish_stalled_deletions
 from models_registry.storage import get_object_store
 
 if TYPE_CHECKING:
     pass
 from builds.services.pipeline import finish_step, skip_remaining_steps
+from builds.services.storage import forget_repository
 from builds.services.submission import building_stale_before, queue_build, queued_stale_before
 
 log = logging.getLogger(__name__)
@@ -43,8 +45,10 @@ def sweep_stalled_versions() -> dict[str, int]:
       second); this does not count as a lost attempt. (`requeued_unclaimed`)
     - `uploading` with no bytes for CONCH_UPLOAD_STALE_SECONDS: the row, the stored object and any open
       multipart upload are removed. (`aborted_uploads`)
+    - models and versions whose deletion started CONCH_DELETION_RETRY_SECONDS ago and did not end (the object
+      store failed, or the process died): the deletion is finished. (`finished_deletions`)
     """
-    counts = {"requeued": 0, "failed": 0, "requeued_unclaimed": 0, "aborted_uploads": 0}
+    counts = {"requeued": 0, "failed": 0, "requeued_unclaimed": 0, "aborted_uploads": 0, "finished_deletions": 0}
     building_before = building_stale_before()
     max_attempts = settings.CONCH_BUILD_MAX_ATTEMPTS
     stale_s = settings.CONCH_BUILD_STALE_SECONDS
@@ -89,6 +93,9 @@ def sweep_stalled_versions() -> dict[str, int]:
         log.warning("build.unclaimed.requeued", extra={"version_id": version_id, "attempt": version.build_attempt})
     counts["aborted_uploads"] = registry.abort_stale_uploads(
         stale_before=timezone.now() - timedelta(seconds=settings.CONCH_UPLOAD_STALE_SECONDS)
+    )
+    counts["finished_deletions"] = finish_stalled_deletions(
+        started_before=timezone.now() - timedelta(seconds=settings.CONCH_DELETION_RETRY_SECONDS)
     )
     return counts
 
@@ -137,6 +144,7 @@ def collect_repository_garbage(*, keep: Iterable[str], grace_seconds: float | No
             if not _ATTEMPT_SEGMENT.fullmatch(segment) or any(_overlaps(prefix, other) for other in protected):
                 continue
             store.delete_prefix(prefix + "/")
+            forget_repository(version_id=version.pk, prefix=prefix)
             deleted += 1
             log.info("build.repository.collected", extra={"version_id": version.pk, "prefix": prefix})
     return deleted

@@ -21,7 +21,7 @@ from deployments.services.placement import parse_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
-from models_registry.services import get_version
+from models_registry.services import get_version, lock_built_version
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
@@ -44,9 +44,13 @@ ENABLED_RUNTIMES = (RuntimeName.LOCAL, RuntimeName.KUBERNETES)
 
 
 def visible_deployments(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Deployment]:
-    """Deployments of the caller's teams (of the token's team, for a request made with a team-bound token)."""
+    """Deployments of the caller's teams (of the token's team, for a request made with a team-bound token; only
+    those it names, for a token limited to named deployments)."""
     teams = teams_for_user(user=user, token=token)
-    return Deployment.objects.filter(team__in=teams).select_related("team", "model_version__model")
+    deployments = Deployment.objects.filter(team__in=teams).select_related("team", "model_version__model")
+    if token is not None and token.deployments:
+        deployments = deployments.filter(name__in=token.deployments)
+    return deployments
 
 
 def get_deployment(*, user: AbstractBaseUser, deployment_id: int, token: TokenGrant | None = None) -> Deployment:
@@ -225,6 +229,7 @@ def create_deployment(
     try:
         with transaction.atomic():
             reserve_quota(team=team, requested=requested, what="this deployment")
+            lock_built_version(version_id=version.pk)  # a deletion of the version either ran first or waits
             deployment = Deployment.objects.create(
                 team=team,
                 name=name,

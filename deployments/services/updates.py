@@ -67,6 +67,7 @@ from deployments.services.repository import (
     write_repository_config,
 )
 from models_registry.choices import VersionStatus
+from models_registry.services import lock_built_version
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction
@@ -192,6 +193,7 @@ def update_model_version(
                 "stop it and deploy the version again.",
                 field="model_version",
             )
+        lock_built_version(version_id=version.pk)  # a deletion of the version either ran first or waits
         deployment.target_model_version = version
         deployment.update_status = UpdateStatus.QUEUED
         deployment.update_error = ""

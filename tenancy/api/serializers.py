@@ -1,8 +1,8 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from tenancy.choices import AuditAction, AuditSource, Scope
-from tenancy.models import ApiToken, AuditEntry, Team
+from tenancy.choices import AuditAction, AuditSource, Role, Scope
+from tenancy.models import ApiToken, AuditEntry, Membership, Team
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -148,3 +148,22 @@ class AuditFilterSerializer(serializers.Serializer):
         if since is not None and until is not None and until <= since:
             raise serializers.ValidationError({"until": "until must be later than since."})
         return attrs
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    """A member of a team and their role."""
+
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+
+
+class AddMemberSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150, help_text="An existing user's username.")
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.DEVELOPER)
+
+
+class ChangeMemberSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)

@@ -1,5 +1,5 @@
-"""Teams the caller belongs to, their quota usage and (staff) their limits, the caller's API tokens, and the audit
-log of the teams they administer."""
+"""Teams the caller belongs to, their members (for admins), quota usage and (staff) limits, the caller's API
+tokens, and the audit log of the teams they administer."""
 
 from dataclasses import asdict
 
@@ -12,12 +12,16 @@ from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
 from conch.api import ErrorSerializer
+from tenancy import members
 from tenancy.api.serializers import (
+    AddMemberSerializer,
     ApiTokenSerializer,
     AuditEntrySerializer,
     AuditFilterSerializer,
+    ChangeMemberSerializer,
     CreateApiTokenSerializer,
     CreatedApiTokenSerializer,
+    MemberSerializer,
     QuotaUpdateSerializer,
     TeamSerializer,
     TeamUsageSerializer,
@@ -62,14 +66,77 @@ class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         lines = change_team_quota(user=request.user, slug=slug, limits=serializer.validated_data, token=request.auth)
         return Response({"team": slug, "quotas": [asdict(line) for line in lines]})
 
+    @extend_schema(
+        methods=["GET"],
+        responses={200: MemberSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
+        description="The team's members and their roles. For the team's admins (and staff).",
+    )
+    @extend_schema(
+        methods=["POST"],
+        request=AddMemberSerializer,
+        responses={
+            201: MemberSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
+        description="Add an existing user to the team with a role (default developer). For the team's admins.",
+    )
+    @action(detail=True, methods=["get", "post"], serializer_class=MemberSerializer)
+    def members(self, request: Request, slug: str) -> Response:
+        if request.method == "GET":
+            rows = members.list_members(user=request.user, slug=slug, token=request.auth)
+            page = self.paginate_queryset(rows)
+            return self.get_paginated_response(MemberSerializer(page, many=True).data)
+        form = AddMemberSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        membership = members.add_member(user=request.user, slug=slug, token=request.auth, **form.validated_data)
+        return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        methods=["PATCH"],
+        request=ChangeMemberSerializer,
+        responses={
+            200: MemberSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
+        description="Change a member's role. 409 when it would leave the team without an admin.",
+    )
+    @extend_schema(
+        methods=["DELETE"],
+        request=None,
+        responses={204: None, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        description="Take a member out of the team (their tokens of it are revoked). 409 for the last admin.",
+    )
+    @action(
+        detail=True,
+        methods=["patch", "delete"],
+        url_path=r"members/(?P<username>[\w.@+-]+)",
+        serializer_class=MemberSerializer,
+    )
+    def member(self, request: Request, slug: str, username: str) -> Response:
+        if request.method == "DELETE":
+            members.remove_member(user=request.user, slug=slug, username=username, token=request.auth)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        form = ChangeMemberSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        membership = members.change_member_role(
+            user=request.user, slug=slug, username=username, role=form.validated_data["role"], token=request.auth
+        )
+        return Response(MemberSerializer(membership).data)
+
 
 def _usage_body(team, lines) -> dict:
     return {"team": team.slug, "quotas": [asdict(line) for line in lines]}
 
 
 class ApiTokenViewSet(ListModelMixin, GenericViewSet):
-    """Your API tokens, and all tokens of the teams you administer. POST creates one (its secret is in that
-    answer only); DELETE revokes one."""
+    """Your API tokens, and all tokens of the teams you administer (a developer or viewer sees only their own).
+    POST creates one (its secret is in that answer only); DELETE revokes one."""
 
     serializer_class = ApiTokenSerializer
     lookup_value_regex = "[0-9]+"

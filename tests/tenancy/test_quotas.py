@@ -142,10 +142,11 @@ def test_storage_quota_refuses_an_upload_that_does_not_fit_and_discards_it(alice
     assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"1" * 100)}).status_code == 201
     # when another 100 bytes are uploaded
     response = alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"2" * 100)})
-    # then
+    # then (refused while streaming, once more bytes than the 50 free had arrived)
     assert response.status_code == 409
     assert response.json() == {
-        "detail": "Storage quota exceeded: team 'acme' uses 100 of 150 bytes of storage; this upload needs 100",
+        "detail": "Storage quota exceeded: team 'acme' uses 100 of 150 bytes of storage; this upload needs at least "
+        "100",
         "field": "storage_bytes",
         "quota": {"limit": 150, "used": 100, "requested": 100},
     }

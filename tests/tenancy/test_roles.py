@@ -48,6 +48,10 @@ def _write(client: APIClient, write: str, version, deployment):
         return client.delete(f"/api/v1/deployments/{deployment.pk}/")
     if write == "infer":
         return client.post(f"/api/v1/deployments/{deployment.pk}/infer", {"inputs": []}, format="json")
+    if write == "delete version":
+        return client.delete(f"/api/v1/versions/{version.pk}/")
+    if write == "delete model":
+        return client.delete(f"/api/v1/models/{version.model_id}/")
     raise AssertionError(write)
 
 
@@ -61,6 +65,8 @@ WRITES = {
     "scale": (400, "Changing a deployment"),  # a local deployment has no replicas: past the role check
     "stop": (202, "Stopping a deployment"),
     "infer": (409, "Sending an inference request"),  # pending, not ready: past the role check
+    "delete version": (409, "Deleting a model version"),  # deployment `web` uses it: past the role check
+    "delete model": (409, "Deleting a model"),
 }
 
 

@@ -150,17 +150,34 @@ def test_a_token_limited_to_named_deployments_acts_on_those_only(web):
     client = _client(issued.secret)
     # when / then
     assert client.post(f"/api/v1/deployments/{web.pk}/infer", {}, format="json").status_code == 409
-    refused = client.post(f"/api/v1/deployments/{other.pk}/infer", {}, format="json")
-    assert refused.status_code == 403
-    assert refused.json()["detail"] == (
-        f"Sending an inference request on deployment 'other' is outside token {issued.token.prefix}…, which is "
-        "limited to deployments web."
-    )
+    # a deployment outside the token is not even seen (as another team's)
+    assert client.post(f"/api/v1/deployments/{other.pk}/infer", {}, format="json").status_code == 404
     created = client.post(
         "/api/v1/deployments/", {"team": "acme", "name": "third", "model_version": web.model_version_id}, format="json"
     )
     assert created.status_code == 403
+    assert created.json()["detail"] == (
+        f"Creating a deployment on deployment 'third' is outside token {issued.token.prefix}…, which is "
+        "limited to deployments web."
+    )
     assert client.delete(f"/api/v1/deployments/{web.pk}/").status_code == 202
+
+
+def test_a_token_limited_to_named_deployments_lists_and_sees_those_only(web):
+    # given deployments `web` and `other` of acme, and a token limited to `web`
+    user = web.created_by
+    other = deployments.create_deployment(
+        user=user, team_slug="acme", name="other", model_version_id=web.model_version_id, runtime="local"
+    )
+    narrow = _client(create_api_token(user=user, team=web.team, deployments=["web"]).secret)
+    # when / then: the list holds `web` only, and `other` is not found (as another team's would be)
+    assert [d["name"] for d in narrow.get("/api/v1/deployments/").json()["results"]] == ["web"]
+    assert narrow.get(f"/api/v1/deployments/{web.pk}/").status_code == 200
+    assert narrow.get(f"/api/v1/deployments/{other.pk}/").status_code == 404
+    assert narrow.get(f"/api/v1/deployments/{other.pk}/metrics").status_code == 404
+    # and a token of the whole team sees both
+    whole = _client(create_api_token(user=user, team=web.team).secret)
+    assert sorted(d["name"] for d in whole.get("/api/v1/deployments/").json()["results"]) == ["other", "web"]
 
 
 def test_a_token_of_one_team_sees_nothing_of_the_users_other_teams(web, bob):
@@ -255,6 +272,23 @@ def test_a_developer_sees_and_revokes_only_their_own_tokens(alice):
     assert [t["user"] for t in alice.client.get("/api/v1/tokens/").json()["results"]] == ["alice"]
     assert alice.client.delete(f"/api/v1/tokens/{others.pk}/").status_code == 404
     assert other.client.get("/api/v1/teams/").status_code == 200
+
+
+def test_a_viewer_sees_only_their_own_and_an_admin_of_another_team_none_of_this_one(alice):
+    # given a viewer of acme, and an admin of globex who also develops in acme
+    viewer = make_caller("vera", "acme", role="viewer")
+    admin_elsewhere = make_caller("gail", "globex", role="admin")
+    MembershipFactory(user=admin_elsewhere.user, team=alice.team, role="developer")
+    in_acme = _client(create_api_token(user=admin_elsewhere.user, team=alice.team).secret)
+    alices = ApiToken.objects.get(user=alice.user)
+    # when / then
+    assert [t["user"] for t in viewer.client.get("/api/v1/tokens/").json()["results"]] == ["vera"]
+    assert viewer.client.delete(f"/api/v1/tokens/{alices.pk}/").status_code == 404
+    # with her globex token she manages globex's tokens; with her acme one only her own of acme
+    assert {t["team"] for t in admin_elsewhere.client.get("/api/v1/tokens/").json()["results"]} == {"globex"}
+    assert [(t["user"], t["team"]) for t in in_acme.get("/api/v1/tokens/").json()["results"]] == [("gail", "acme")]
+    assert in_acme.delete(f"/api/v1/tokens/{alices.pk}/").status_code == 404
+    assert alice.client.get("/api/v1/models/").status_code == 200
 
 
 # --- the demo's token ---------------------------------------------------------------------
