@@ -30,7 +30,8 @@ from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.services import model_root, source_key, version_root
 from models_registry.storage import get_object_store
-from tenancy.choices import Role, Scope
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction, Role, Scope
 from tenancy.services import TokenGrant, require_role
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,12 @@ def delete_model_version(*, user: AbstractBaseUser, version: ModelVersion, token
         if locked.status != VersionStatus.DELETING:
             _refuse_if_busy([locked], f"Model version {locked.pk} ({version.model.name} version {locked.number})")
             ModelVersion.objects.filter(pk=locked.pk).update(status=VersionStatus.DELETING, heartbeat_at=timezone.now())
+            record_audit(
+                action=AuditAction.VERSION_DELETED,
+                team=version.model.team,
+                target=locked,
+                before={"status": locked.status, "source_size_bytes": locked.source_size_bytes},
+            )
     log.info("version.deletion.started", extra={"version_id": version.pk})
     try:
         _finish_version(version.model_id, version.pk, version.number)
@@ -137,6 +144,9 @@ def delete_model(*, user: AbstractBaseUser, model: RegisteredModel, token: Token
             now = timezone.now()
             RegisteredModel.objects.filter(pk=model.pk).update(deletion_requested_at=now)
             ModelVersion.objects.filter(model_id=model.pk).update(status=VersionStatus.DELETING, heartbeat_at=now)
+            record_audit(
+                action=AuditAction.MODEL_DELETED, team=model.team, target=locked, before={"versions": len(versions)}
+            )
     log.info("model.deletion.started", extra={"model_id": model.pk})
     try:
         _finish_model(model.pk)

@@ -13,7 +13,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from conch.errors import Conflict, Forbidden, InvalidInput, NotFound
-from tenancy.choices import Role, Scope
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction, Role, Scope
 from tenancy.models import ApiToken, Membership, Team
 from tenancy.services import TokenGrant, get_team_for_user, require_role, require_scope
 
@@ -40,7 +41,11 @@ def add_member(
         raise NotFound(f"User '{username}' does not exist; they must sign up (or be created) first.", field="username")
     try:
         with transaction.atomic():
-            return Membership.objects.create(team=team, user=member, role=chosen)
+            membership = Membership.objects.create(team=team, user=member, role=chosen)
+            record_audit(
+                action=AuditAction.MEMBERSHIP_CHANGED, team=team, target=membership, after={"role": chosen.value}
+            )
+            return membership
     except IntegrityError:
         current = Membership.objects.get(team=team, user=member).role
         raise Conflict(
@@ -64,8 +69,17 @@ def change_member_role(
         membership = _locked_membership(team, username)
         if membership.role == Role.ADMIN and chosen != Role.ADMIN:
             _keep_an_admin(team, username, field="role")
+        before = membership.role
         membership.role = chosen
         membership.save(update_fields=["role"])
+        if before != chosen:
+            record_audit(
+                action=AuditAction.MEMBERSHIP_CHANGED,
+                team=team,
+                target=membership,
+                before={"role": before},
+                after={"role": chosen.value},
+            )
     return membership
 
 
@@ -80,8 +94,19 @@ def remove_member(*, user: AbstractBaseUser, slug: str, username: str, token: To
         membership = _locked_membership(team, username)
         if membership.role == Role.ADMIN:
             _keep_an_admin(team, username, field="username")
+        record_audit(
+            action=AuditAction.MEMBERSHIP_REMOVED, team=team, target=membership, before={"role": membership.role}
+        )
         membership.delete()
-        ApiToken.objects.filter(team=team, user=membership.user, is_revoked=False).update(is_revoked=True)
+        revoked = ApiToken.objects.filter(team=team, user=membership.user, is_revoked=False).update(is_revoked=True)
+        if revoked:
+            record_audit(
+                action=AuditAction.TOKEN_REVOKED,
+                team=team,
+                object_type="token",
+                object_repr=f"{revoked} token(s) of {username}",
+                after={"is_revoked": True},
+            )
 
 
 def _team_of_admin(

@@ -23,6 +23,7 @@ from models_registry import services as registry
 from models_registry.deletion import delete_model_version, finish_stalled_deletions
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.storage import get_object_store
+from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota, team_usage
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
@@ -95,6 +96,9 @@ def test_deleting_a_version_removes_its_objects_and_row_and_frees_its_storage(al
     assert list(BuildRepository.objects.values_list("version_id", flat=True)) == [second.pk]
     assert _storage_used(alice.team) == each
     assert alice.client.get(f"/api/v1/versions/{first.pk}/").status_code == 404
+    # and the audit log says who deleted it
+    entry = AuditEntry.objects.get(action="version.deleted")
+    assert (entry.actor, entry.object_id, entry.team_slug) == ("alice", str(first.pk), "acme")
 
 
 def test_a_version_served_by_a_deployment_is_refused_with_409_naming_it(alice, s3, tmp_path):
@@ -209,6 +213,7 @@ def test_deleting_a_model_removes_every_version_and_frees_its_place_in_the_quota
     assert s3(f"models/{first.model_id}/") == []
     assert len(s3(f"models/{other.model_id}/")) == 4
     assert list(RegisteredModel.objects.values_list("name", flat=True)) == ["other"]
+    assert AuditEntry.objects.filter(action="model.deleted", object_id=str(first.model_id), actor="alice").exists()
     assert list(ModelVersion.objects.values_list("pk", flat=True)) == [other.pk]
     assert not Deployment.objects.exists()
     assert _storage_used(alice.team) == other.source_size_bytes * 2 + len(other.config_pbtxt.encode())

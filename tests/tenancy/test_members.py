@@ -200,3 +200,26 @@ def test_two_admins_demoting_each_other_at_once_leave_one_admin():
     # then one of them won and the team still has an admin
     assert sorted(outcomes) == ["demoted", "refused"]
     assert list(_roles().values()).count("admin") == 1
+
+
+def test_member_changes_are_in_the_audit_log(db):
+    from tenancy.models import AuditEntry
+
+    boss = make_caller("boss", "audited", role="admin")
+    UserFactory(username="newcomer")
+    assert (
+        boss.client.post("/api/v1/teams/audited/members/", {"username": "newcomer", "role": "viewer"}).status_code
+        == 201
+    )
+    assert boss.client.patch("/api/v1/teams/audited/members/newcomer/", {"role": "developer"}).status_code == 200
+    assert boss.client.delete("/api/v1/teams/audited/members/newcomer/").status_code == 204
+    entries = list(
+        AuditEntry.objects.filter(team_slug="audited", object_type="membership")
+        .order_by("pk")
+        .values_list("action", "before", "after", "actor")
+    )
+    assert entries == [
+        ("membership.changed", {}, {"role": "viewer"}, "boss"),
+        ("membership.changed", {"role": "viewer"}, {"role": "developer"}, "boss"),
+        ("membership.removed", {"role": "developer"}, {}, "boss"),
+    ]
