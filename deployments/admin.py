@@ -12,7 +12,7 @@ from unfold.widgets import UnfoldAdminTextareaWidget
 from conch.crypto import encrypt_text
 from conch.errors import ConchError, InvalidInput
 from deployments.choices import DeploymentStatus
-from deployments.models import Cluster, Deployment
+from deployments.models import Cluster, Deployment, GatewayUsage
 from deployments.services.clusters import describe_cluster, image_mismatch, parse_kubeconfig
 from deployments.services.records import request_stop
 
@@ -132,3 +132,24 @@ class ClusterAdmin(ModelAdmin):
         if obj.in_cluster:
             obj.kubeconfig_encrypted = ""
         super().save_model(request, obj, form, change)
+
+
+@admin.register(GatewayUsage)
+class GatewayUsageAdmin(ModelAdmin):
+    """Inference gateway use per token, deployment and day (UTC), as the gateway counted it: read-only."""
+
+    list_display = ["day", "team", "token", "deployment", "requests", "inferences", "errors", "bytes_in", "bytes_out"]
+    list_filter = ["team", "day"]
+    list_select_related = ["team", "token", "deployment"]
+    search_fields = ["token__prefix", "deployment__name", "team__slug"]
+    date_hierarchy = "day"
+    actions = None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: GatewayUsage | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: GatewayUsage | None = None) -> bool:
+        return False

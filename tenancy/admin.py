@@ -29,7 +29,13 @@ from unfold.widgets import UnfoldAdminIntegerFieldWidget
 from conch.errors import ConchError, InvalidInput
 from tenancy.models import ApiToken, AuditEntry, Membership, Team, TeamQuota
 from tenancy.quotas import FIELDS, NEAR_LIMIT_SHARE, Usage, check_limit, team_ids_by_share, teams_usage
-from tenancy.services import change_team_quota, ensure_membership, remove_membership, revoke_api_token
+from tenancy.services import (
+    change_team_quota,
+    ensure_membership,
+    remove_membership,
+    revoke_api_token,
+    set_token_rate_limit,
+)
 
 User = get_user_model()
 
@@ -280,25 +286,46 @@ class TeamAdmin(ModelAdmin):
 # --- API tokens ----------------------------------------------------------------------
 
 
+class ApiTokenRateForm(forms.ModelForm):
+    """The one field of a token staff may change: its gateway rate limit (empty: the default)."""
+
+    requests_per_minute = forms.IntegerField(
+        required=False,
+        min_value=1,
+        widget=_NUMBER,
+        help_text="Inference gateway requests per minute; empty: CONCH_GATEWAY_REQUESTS_PER_MINUTE.",
+    )
+
+    class Meta:
+        model = ApiToken
+        fields = ["requests_per_minute"]
+
+
 @admin.register(ApiToken)
 class ApiTokenAdmin(ModelAdmin):
-    """API tokens, read-only (they are created with the API or `manage.py create_token`); the hash is never
-    shown. "Revoke selected tokens" revokes through `tenancy.services.revoke_api_token`; it needs the permission
-    to change tokens."""
+    """API tokens, read-only but for their inference gateway rate limit (they are created with the API or
+    `manage.py create_token`); the hash is never shown. "Revoke selected tokens" revokes through
+    `tenancy.services.revoke_api_token`; it needs the permission to change tokens."""
 
     list_display = ["prefix", "name", "user", "team", "scopes", "expires_at", "last_used_at", "is_revoked"]
     list_filter = ["is_revoked", "team"]
     list_select_related = ["user", "team"]
     search_fields = ["prefix", "name", "user__username", "team__slug"]
     fields = ["prefix", "name", "user", "team", "scopes", "deployments", "created_at", "expires_at", "last_used_at"]
-    fields += ["is_revoked"]
+    fields += ["is_revoked", "requests_per_minute"]
+    # Only the gateway rate limit is edited here (through `set_token_rate_limit`); the rest is the API's.
+    readonly_fields = [field for field in fields if field != "requests_per_minute"]
+    form = ApiTokenRateForm
     actions = ["revoke_tokens"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
         return False
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: forms.ModelForm, change: bool) -> None:
+        set_token_rate_limit(token_id=obj.pk, requests_per_minute=form.cleaned_data.get("requests_per_minute"))
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("tenancy.change_apitoken")

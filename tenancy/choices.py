@@ -37,6 +37,7 @@ class AuditAction(models.TextChoices):
     USER_CHANGED = "user.changed", "User's password or staff status changed"
     TOKEN_CREATED = "token.created", "API token created"
     TOKEN_REVOKED = "token.revoked", "API token revoked"
+    TOKEN_RATE_LIMIT_CHANGED = "token.rate_limit_changed", "API token's gateway rate limit changed"
     QUOTA_CHANGED = "quota.changed", "Quota limits changed"
     MODEL_CREATED = "model.created", "Model registered"
     MODEL_DELETED = "model.deleted", "Model deleted"

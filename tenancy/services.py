@@ -324,6 +324,33 @@ def token_rate_limit(*, token_id: int) -> int | None:
     return ApiToken.objects.filter(pk=token_id).values_list("requests_per_minute", flat=True).first()
 
 
+def set_token_rate_limit(*, token_id: int, requests_per_minute: int | None) -> ApiToken:
+    """Give token `token_id` its own inference gateway limit in requests per minute (None: back to
+    CONCH_GATEWAY_REQUESTS_PER_MINUTE). For staff (the admin). Raises NotFound, InvalidInput (field
+    `requests_per_minute`) for a value under 1."""
+    if requests_per_minute is not None and requests_per_minute < 1:
+        raise InvalidInput(
+            "requests_per_minute must be 1 or more (empty: the default); revoke the token to stop it.",
+            field="requests_per_minute",
+        )
+    with transaction.atomic():
+        token = ApiToken.objects.select_for_update(of=("self",)).select_related("team").filter(pk=token_id).first()
+        if token is None:
+            raise NotFound(f"Token {token_id} does not exist.")
+        before = token.requests_per_minute
+        if before != requests_per_minute:
+            token.requests_per_minute = requests_per_minute
+            token.save(update_fields=["requests_per_minute"])
+            record_audit(
+                action=AuditAction.TOKEN_RATE_LIMIT_CHANGED,
+                team=token.team,
+                target=token,
+                before={"requests_per_minute": before},
+                after={"requests_per_minute": requests_per_minute},
+            )
+    return token
+
+
 def visible_tokens(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[ApiToken]:
     """Tokens the caller may list and revoke: their own, and every token of the teams they administer.
 

@@ -107,3 +107,27 @@ def test_deployments_are_read_only_in_the_admin(admin_client):
     deployment.refresh_from_db()
     assert deployment.replicas == 1
     assert admin_client.get(f"{DEPLOYMENTS}{deployment.pk}/change/").status_code == 200
+
+
+def test_staff_read_gateway_usage_in_the_admin_and_cannot_change_it(admin_client):
+    # given a day of gateway use by a token on a deployment
+    import datetime as dt
+
+    from deployments.models import GatewayUsage
+    from tenancy.services import create_api_token
+    from tests.factories import MembershipFactory, UserFactory
+
+    team = TeamFactory(slug="vision")
+    user = MembershipFactory(team=team, user=UserFactory(username="ivy")).user
+    token = create_api_token(user=user, team=team, scopes=["infer"]).token
+    deployment = _ready_deployment(team, "adder")
+    GatewayUsage.objects.create(
+        token=token, team=team, deployment=deployment, day=dt.date(2026, 11, 30), requests=7, inferences=21
+    )
+    # when staff open the list, and try to change the row
+    page = admin_client.get("/admin/deployments/gatewayusage/")
+    change = admin_client.post(f"/admin/deployments/gatewayusage/{GatewayUsage.objects.get().pk}/change/", {})
+    # then the row is there with its figures, and it cannot be changed
+    assert page.status_code == 200 and token.prefix in page.content.decode()
+    assert ">21<" in page.content.decode()
+    assert change.status_code == 403

@@ -20,7 +20,7 @@ from conch.errors import Unauthenticated
 from deployments.models import Deployment
 from models_registry.models import ModelVersion, RegisteredModel
 from tenancy.choices import Role
-from tenancy.models import ApiToken, Membership
+from tenancy.models import ApiToken, AuditEntry, Membership
 from tenancy.quotas import quota_limits, set_quota
 from tenancy.services import authenticate_token, create_api_token
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
@@ -295,18 +295,23 @@ def test_the_revoke_action_revokes_tokens_and_no_page_shows_a_hash(admin_client)
     assert first.token.prefix in pages
 
 
-def test_tokens_are_read_only_in_the_admin(admin_client):
+def test_only_a_tokens_rate_limit_can_be_changed_in_the_admin(admin_client):
     # given a token
     team = TeamFactory(slug="vision")
     erin = MembershipFactory(team=team, user=UserFactory(username="erin")).user
     issued = create_api_token(user=erin, team=team, scopes=["read"])
     url = f"/admin/tenancy/apitoken/{issued.token.pk}/change/"
-    # when staff try to add one or to widen its scopes
+    # when staff try to add one, or to widen its scopes while setting its gateway rate limit
     adding = admin_client.get("/admin/tenancy/apitoken/add/")
-    saving = admin_client.post(url, {"scopes": '["read", "infer"]', "name": "x"})
-    # then
-    assert (adding.status_code, saving.status_code) == (403, 403)
-    assert ApiToken.objects.get(pk=issued.token.pk).scopes == ["read"]
+    saving = admin_client.post(url, {"scopes": '["read", "infer"]', "name": "x", "requests_per_minute": "120"})
+    refused = admin_client.post(url, {"requests_per_minute": "0"})
+    # then adding is refused, the scopes and name stay, the limit is set (and audited); 0 is refused
+    assert (adding.status_code, saving.status_code) == (403, 302)
+    token = ApiToken.objects.get(pk=issued.token.pk)
+    assert (token.scopes, token.name, token.requests_per_minute) == (["read"], "", 120)
+    entry = AuditEntry.objects.get(action="token.rate_limit_changed")
+    assert (entry.before, entry.after) == ({"requests_per_minute": None}, {"requests_per_minute": 120})
+    assert refused.status_code == 200 and ApiToken.objects.get(pk=issued.token.pk).requests_per_minute == 120
 
 
 def test_revoking_a_revoked_token_says_so(admin_client):
