@@ -225,13 +225,12 @@ def test_a_failed_change_leaves_no_entry(alice, settings):
 
 
 def test_an_admin_add_and_a_bulk_delete_are_recorded_with_the_staff_user(db):
-    # given a staff user signed in to the admin, and two tokens of team acme
+    # given a staff user signed in to the admin, and two empty teams
     staff = UserFactory(username="root", is_staff=True, is_superuser=True)
-    first, second = make_caller("u1", "acme"), make_caller("u2", "acme")
-    ids = sorted(ApiToken.objects.filter(user__username__in=["u1", "u2"]).values_list("pk", flat=True))
+    ids = sorted(TeamFactory(slug=slug).pk for slug in ("old-one", "old-two"))
     client = APIClient()
     client.force_login(staff)
-    # when staff add a team in the admin, then delete both tokens with the "delete selected" action
+    # when staff add a team in the admin, then delete both empty ones with the "delete selected" action
     added = client.post(
         "/admin/tenancy/team/add/",
         {
@@ -245,7 +244,7 @@ def test_an_admin_add_and_a_bulk_delete_are_recorded_with_the_staff_user(db):
         REMOTE_ADDR="198.51.100.4",
     )
     deleted = client.post(
-        "/admin/tenancy/apitoken/",
+        "/admin/tenancy/team/",
         {"action": "delete_selected", "_selected_action": [str(i) for i in ids], "post": "yes"},
     )
     # then the addition and each deletion are recorded as staff's, from the admin
@@ -255,12 +254,11 @@ def test_an_admin_add_and_a_bulk_delete_are_recorded_with_the_staff_user(db):
     assert (addition.actor, addition.source, addition.ip, addition.team) == ("root", "admin", "198.51.100.4", vision)
     assert (addition.object_type, addition.object_id, addition.after) == ("team", str(vision.pk), {"change": "Added."})
     deletions = _entries(action="admin.deleted")
-    assert sorted((e.object_type, int(e.object_id), e.team_slug, e.actor) for e in deletions) == [
-        ("token", ids[0], "acme", "root"),
-        ("token", ids[1], "acme", "root"),
+    assert sorted((e.object_type, int(e.object_id), e.object_repr, e.actor) for e in deletions) == [
+        ("team", ids[0], "old-one", "root"),
+        ("team", ids[1], "old-two", "root"),
     ]
-    assert ApiToken.objects.filter(pk__in=ids).count() == 0
-    assert first.token and second.token
+    assert Team.objects.filter(pk__in=ids).count() == 0
 
 
 def test_record_audit_refuses_an_action_it_does_not_know(db):
