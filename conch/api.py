@@ -18,6 +18,7 @@ from django.http import Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -46,7 +47,13 @@ def _first_error(data: Any, prefix: str | None = None) -> tuple[str | None, str]
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
-    """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500."""
+    """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500.
+
+    The body is JSON even where the view renders something else (the schema's YAML): a refusal such as a rate
+    limit's 429 must keep its sentence."""
+    request = context.get("request")
+    if request is not None:
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
     if isinstance(exc, QuotaExceeded):
         return Response({"detail": exc.detail, "field": exc.field, "quota": exc.quota}, status=exc.status_code)
     if isinstance(exc, RateLimited):

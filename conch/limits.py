@@ -8,6 +8,8 @@ console and admin forms. `STREAMED` marks a view that enforces its own limit whi
 uploads: `models_registry.uploads`), so the refusal can name the file.
 
 Without a Content-Length Django reads no body at all under WSGI, so a declared length is all there is to check.
+Under ASGI, Django's handler has spooled the whole body (to disk past 2.5 MB) before any middleware runs: the 413
+then spares the parsing only, and the ASGI server's own limit is what bounds the transfer.
 """
 
 from __future__ import annotations
