@@ -369,9 +369,9 @@ if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", CONCH_INSTANCE_ID):
 # --- Cache: API rate-limit counters, shared by every web process -------------------------------------------
 # CONCH_CACHE_URL: redis://[:password@]host:port/db (rediss:// with TLS) for Django's RedisCache, or locmem://
 # (each process counts alone). Default: the Celery broker's Redis when CELERY_BROKER_URL is redis:// or rediss://,
-# else locmem://. Keys start with CONCH_INSTANCE_ID; they all expire on their own.
+# else locmem:// (an empty value means the same). Keys start with CONCH_INSTANCE_ID; they all expire on their own.
 _CELERY_BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
-CONCH_CACHE_URL = env("CONCH_CACHE_URL", CELERY_BROKER_URL if _CELERY_BROKER_IS_REDIS else "locmem://")
+CONCH_CACHE_URL = env("CONCH_CACHE_URL", "") or (CELERY_BROKER_URL if _CELERY_BROKER_IS_REDIS else "locmem://")
 if CONCH_CACHE_URL.startswith(("redis://", "rediss://")):
     CACHES = {
         "default": {

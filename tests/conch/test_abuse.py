@@ -265,7 +265,8 @@ def _django(tmp_path: Path, code: str, **variables: str) -> subprocess.Completed
 
 
 def test_the_cache_follows_a_redis_broker_else_stays_in_the_process(tmp_path):
-    on_redis = _django(tmp_path, PRINT_CACHE, CELERY_BROKER_URL="redis://queue.internal:6379/3")
+    # (an empty CONCH_CACHE_URL, as `make test` sets it, means unset)
+    on_redis = _django(tmp_path, PRINT_CACHE, CELERY_BROKER_URL="redis://queue.internal:6379/3", CONCH_CACHE_URL="")
     alone = _django(tmp_path, PRINT_CACHE)
     chosen = _django(
         tmp_path, PRINT_CACHE, CELERY_BROKER_URL="redis://queue.internal:6379/3", CONCH_CACHE_URL="locmem://"
