@@ -19,12 +19,14 @@ from django.http import Http404
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from conch.errors import ConchError, InUse, InvalidInput, QuotaExceeded
+from conch.errors import ConchError, InUse, InvalidInput, QuotaExceeded, RateLimited
+from conch.limits import INFERENCE_BODY, describe_bytes
 
 #: Largest page a list endpoint returns (`?limit=`).
 MAX_PAGE_SIZE = 1000
@@ -46,22 +48,32 @@ def _first_error(data: Any, prefix: str | None = None) -> tuple[str | None, str]
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
-    """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500."""
+    """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500.
+
+    The body is JSON even where the view renders something else (the schema's YAML): a refusal such as a rate
+    limit's 429 must keep its sentence."""
+    request = context.get("request")
+    if request is not None:
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
     if isinstance(exc, QuotaExceeded):
         return Response({"detail": exc.detail, "field": exc.field, "quota": exc.quota}, status=exc.status_code)
     if isinstance(exc, InUse):
         return Response({"detail": exc.detail, "field": exc.field, exc.field: exc.users}, status=exc.status_code)
+    if isinstance(exc, RateLimited):
+        headers = {"Retry-After": str(exc.retry_after_seconds)}
+        return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code, headers=headers)
     if isinstance(exc, ConchError):
         return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code)
     if isinstance(exc, RequestDataTooBig):
-        return Response(
-            {
-                "detail": "The request body is larger than CONCH_MAX_REQUEST_BODY_BYTES; send less data per request "
-                "or raise that setting.",
-                "field": None,
-            },
-            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE) on a body read into memory or on the form fields of a
+        # multipart body; whole bodies over their view's limit were refused before (RequestBodyLimitMiddleware).
+        limit = INFERENCE_BODY.max_bytes()
+        detail = (
+            f"The request's data held in memory is larger than the {describe_bytes(limit)} ({limit} bytes) this "
+            f"endpoint accepts; send less data per request (an administrator sets the limit with "
+            f"{INFERENCE_BODY.variable})."
         )
+        return Response({"detail": detail, "field": None}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, exceptions.NotAuthenticated):
         auth_header = getattr(exc, "auth_header", None)
         exc = exceptions.NotAuthenticated(

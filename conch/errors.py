@@ -67,9 +67,19 @@ class InUse(Conflict):
 
 
 class PayloadTooLarge(ConchError):
-    """An upload is larger than the configured limit (HTTP 413)."""
+    """A request body or upload is larger than the endpoint's limit (HTTP 413); `detail` says the limit."""
 
     status_code = 413
+
+
+class RateLimited(ConchError):
+    """The caller used up its request budget (HTTP 429); `retry_after_seconds` becomes the Retry-After header."""
+
+    status_code = 429
+
+    def __init__(self, detail: str, *, retry_after_seconds: int, field: str | None = None) -> None:
+        super().__init__(detail, field=field)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class Unavailable(ConchError):

@@ -1,4 +1,4 @@
-"""Middleware for the REST API under `/api/`: errors are JSON, control characters are refused at the door.
+"""Middleware at the door: `/api/` errors are JSON, control characters are refused, bodies over their limit too.
 
 DRF's exception handler (`conch.api.exception_handler`) only sees exceptions raised inside a DRF view. Django
 answers everything else itself with an HTML page: a URL that matches no route (404), an exception a view did
@@ -8,6 +8,9 @@ error body `{"detail", "field"}`, keeping the status code. Pages outside `/api/`
 It also answers 400 to an `/api/` request whose path or query string holds a control character (U+0000-U+001F,
 U+007F-U+009F), naming the query parameter: no API input uses one, and PostgreSQL refuses a NUL inside text, so
 such a value reaching a query was a 500.
+
+`RequestBodyLimitMiddleware` refuses (413) a request whose declared body is larger than its view accepts
+(`conch.limits`), before anything reads the body.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ from http import HTTPStatus
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from conch.limits import STREAMED, body_limit_of
+
 API_PREFIX = "/api/"
+# Views that answer their own 413 in the form their clients read: the inference gateway's `{"error"}` (its body is
+# read under DATA_UPLOAD_MAX_MEMORY_SIZE, CONCH_MAX_REQUEST_BODY_BYTES).
+_OWN_LIMIT_URL_NAMES = frozenset({"serve"})
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Headers of the original error that still matter to a client (RFC 9110: 405 Allow, 401 WWW-Authenticate, 503
 # Retry-After); the rest describe the HTML body that is replaced.
@@ -107,3 +115,38 @@ def _as_json_error(request: HttpRequest, response: HttpResponse) -> JsonResponse
         if header in response:
             answer[header] = response[header]
     return answer
+
+
+class RequestBodyLimitMiddleware:
+    """Answer 413 `{"detail", "field"}` (plain text outside `/api/`) to a body larger than its view accepts.
+
+    The view's limit is the one it declares (`conch.limits.body_limit_of`); the declared Content-Length is compared
+    with it in `process_view`, after URL resolution and before any view, CSRF check or parser reads the body. Views
+    marked `STREAMED` check as they stream; the gateway keeps its own answer.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_view(
+        self, request: HttpRequest, view: Callable[..., HttpResponse], args: tuple, kwargs: dict
+    ) -> HttpResponse | None:
+        match = request.resolver_match
+        if match is not None and match.url_name in _OWN_LIMIT_URL_NAMES:
+            return None
+        limit = body_limit_of(view, request.method or "GET")
+        if limit is STREAMED:
+            return None
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0  # Django reads no body then
+        if length <= limit.max_bytes():
+            return None
+        refusal = limit.refusal(length)
+        if request.path_info.startswith(API_PREFIX):
+            return _error(refusal.detail, field=refusal.field, status=refusal.status_code)
+        return HttpResponse(refusal.detail, status=refusal.status_code, content_type="text/plain; charset=utf-8")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -103,6 +104,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "tenancy",
     "models_registry",
     "builds",
@@ -114,6 +116,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before the others: their HTML error pages for /api/ paths become JSON {"detail", "field"} bodies.
     "conch.middleware.ApiErrorMiddleware",
+    # Refuses a body over the view's limit (413 naming it) before anything reads it (CSRF reads form bodies).
+    "conch.middleware.RequestBodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -122,6 +126,14 @@ MIDDLEWARE = [
     "tenancy.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: turns a locked-out sign-in into the 429 page of conch.lockout.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes checks for a lockout before any other backend checks the password; it must come first.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "conch.urls"
@@ -189,6 +201,23 @@ UNFOLD = {
 }
 LOGIN_REDIRECT_URL = "/deployments/"
 
+# --- Sign-in throttling (django-axes, on the console's /accounts/login/ and the admin's login) ----------------
+# After CONCH_LOGIN_FAILURE_LIMIT failed sign-ins for one username from one client address, that pair is locked
+# out for CONCH_LOGIN_COOLOFF_SECONDS counted from its last failure: the login page answers 429 with Retry-After.
+# Failures are kept in the database (axes' AccessAttempt, shown in the admin; `manage.py axes_reset` unlocks).
+AXES_FAILURE_LIMIT = env("CONCH_LOGIN_FAILURE_LIMIT", 5, cast=int)
+CONCH_LOGIN_COOLOFF_SECONDS = env("CONCH_LOGIN_COOLOFF_SECONDS", 900, cast=int)
+if AXES_FAILURE_LIMIT < 1 or CONCH_LOGIN_COOLOFF_SECONDS < 1:
+    raise ImproperlyConfigured("CONCH_LOGIN_FAILURE_LIMIT and CONCH_LOGIN_COOLOFF_SECONDS must be at least 1.")
+AXES_COOLOFF_TIME = timedelta(seconds=CONCH_LOGIN_COOLOFF_SECONDS)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# A failure while locked out does not push the end of the lockout further (the page keeps saying one time).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "conch.lockout.lockout_response"
+# The client address is REMOTE_ADDR (axes' default without django-ipware): a proxy in front of Conch makes every
+# client one address, so the limit then counts per username behind that proxy.
+
 # --- REST API -------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -202,7 +231,27 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PAGINATION_CLASS": "conch.api.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
+    # One budget per API token, per signed-in user and per client address; rates in CONCH_API_RATES below.
+    "DEFAULT_THROTTLE_CLASSES": ["conch.throttling.CallerRateThrottle"],
 }
+# Requests per API token, per console session user, and per client address without credentials, as
+# "<count>/<second|minute|hour|day>", counted in the shared cache (CACHES below) in fixed windows of that period;
+# inference through POST /api/v1/deployments/{id}/infer has a budget of its own per caller. Over a budget: 429 with
+# Retry-After. The inference gateway (/serve/) is not counted here.
+_RATE_VARIABLES = {
+    "token": ("CONCH_API_RATE_PER_TOKEN", "600/minute"),
+    "user": ("CONCH_API_RATE_PER_USER", "600/minute"),
+    "anonymous": ("CONCH_API_RATE_ANONYMOUS", "60/minute"),
+    "inference": ("CONCH_API_RATE_INFERENCE", "6000/minute"),
+}
+CONCH_API_RATES = {kind: env(variable, default) for kind, (variable, default) in _RATE_VARIABLES.items()}
+_RATE = re.compile(r"[1-9][0-9]{0,8}/(second|minute|hour|day)")
+for _kind, (_variable, _default) in _RATE_VARIABLES.items():
+    if not _RATE.fullmatch(CONCH_API_RATES[_kind]):
+        raise ImproperlyConfigured(
+            f"{_variable} must look like '600/minute' (a count, then second, minute, hour or day), "
+            f"not {CONCH_API_RATES[_kind]!r}."
+        )
 SPECTACULAR_SETTINGS = {
     "TITLE": "Conch API",
     "DESCRIPTION": "Upload a model, build it into a Triton model repository, deploy and observe it.",
@@ -286,9 +335,17 @@ CONCH_S3_ENDPOINT_URL = env("CONCH_S3_ENDPOINT_URL", "")
 CONCH_S3_REGION = env("CONCH_S3_REGION", "us-east-1")
 CONCH_S3_ACCESS_KEY_ID = env("CONCH_S3_ACCESS_KEY_ID", "")
 CONCH_S3_SECRET_ACCESS_KEY = env("CONCH_S3_SECRET_ACCESS_KEY", "")
-# Largest non-file request body (e.g. a JSON inference request through /infer), bytes.
+# --- Request body limits (bytes; conch.limits). A body over its endpoint's limit is refused with 413 naming it.
+# Inference requests (POST /api/v1/deployments/{id}/infer and the /serve/ gateway), read into memory.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env("CONCH_MAX_REQUEST_BODY_BYTES", 64 * 1024**2, cast=int)
+# Model uploads, streamed to the object store (plus 1 MiB for the form fields and 32 MiB of sample inputs).
 CONCH_MAX_UPLOAD_BYTES = env("CONCH_MAX_UPLOAD_BYTES", 4 * 1024**3, cast=int)
+# Every other request: JSON bodies of the API, console and admin forms.
+CONCH_MAX_JSON_BODY_BYTES = env("CONCH_MAX_JSON_BODY_BYTES", 1024**2, cast=int)
+if min(DATA_UPLOAD_MAX_MEMORY_SIZE, CONCH_MAX_UPLOAD_BYTES, CONCH_MAX_JSON_BODY_BYTES) < 1024:
+    raise ImproperlyConfigured(
+        "CONCH_MAX_REQUEST_BODY_BYTES, CONCH_MAX_UPLOAD_BYTES and CONCH_MAX_JSON_BODY_BYTES must be at least 1024."
+    )
 
 # --- Default team quotas (a team without a limit set in the admin, the API or `manage.py set_quota`) ----------
 # GPUs: nvidia.com/gpu over a team's Kubernetes deployments (replicas x GPUs per pod, autoscaling at its maximum),
@@ -357,6 +414,29 @@ CONCH_WORKER_HOST = env("CONCH_WORKER_HOST", "")
 CONCH_INSTANCE_ID = env("CONCH_INSTANCE_ID", "conch")
 if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", CONCH_INSTANCE_ID):
     raise ImproperlyConfigured("CONCH_INSTANCE_ID must be 1-40 letters, digits, '_' or '-' (no '.').")
+
+# --- Cache: API rate-limit counters, shared by every web process -------------------------------------------
+# CONCH_CACHE_URL: redis://[:password@]host:port/db (rediss:// with TLS) for Django's RedisCache, or locmem://
+# (each process counts alone). Default: the Celery broker's Redis when CELERY_BROKER_URL is redis:// or rediss://,
+# else locmem:// (an empty value means the same). Keys start with CONCH_INSTANCE_ID; they all expire on their own.
+_CELERY_BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+CONCH_CACHE_URL = env("CONCH_CACHE_URL", "") or (CELERY_BROKER_URL if _CELERY_BROKER_IS_REDIS else "locmem://")
+if CONCH_CACHE_URL.startswith(("redis://", "rediss://")):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": CONCH_CACHE_URL,
+            "KEY_PREFIX": CONCH_INSTANCE_ID,
+            # Seconds: a Redis that does not answer fails the request's rate check quickly (it then passes).
+            "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+        }
+    }
+elif CONCH_CACHE_URL == "locmem://":
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "KEY_PREFIX": CONCH_INSTANCE_ID}}
+else:
+    raise ImproperlyConfigured(
+        f"CONCH_CACHE_URL must be redis://host:port/db, rediss://… or locmem://, not {CONCH_CACHE_URL!r}."
+    )
 
 # Log records keep their structured fields (`extra=`): `plain` writes them as key=value after
 # the message, `json` writes one JSON object per line (conch/logging.py).

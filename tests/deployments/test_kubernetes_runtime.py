@@ -432,7 +432,7 @@ def test_autoscaling_applies_the_servers_hpa_and_pdb_versions_and_fixed_replicas
 def test_clusters_api_shows_gpu_offers_and_the_triton_release_check(alice, k8s_env):
     listed = alice.client.get("/api/v1/clusters/")
     assert listed.status_code == 200
-    (local,) = [c for c in listed.json() if c["name"] == "local"]
+    (local,) = [c for c in listed.json()["results"] if c["name"] == "local"]
     assert local["namespace"] == "conch"
     assert local["triton_release"] == local["verified_triton_release"] == "2.51"
     assert local["image_mismatch"] == ""

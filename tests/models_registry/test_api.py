@@ -226,7 +226,8 @@ def test_version_detail_and_list(alice):
     assert detail["status"] == "queued"
     assert set(detail) >= {"status", "error", "steps", "signature", "config_pbtxt"}
     listed = alice.client.get(f"/api/v1/models/{model_id}/versions/").json()
-    assert [v["id"] for v in listed] == [version_id]
+    assert listed["count"] == 1 and listed["next"] is None
+    assert [v["id"] for v in listed["results"]] == [version_id]
 
 
 def test_rebuild_while_building_gets_409(alice):

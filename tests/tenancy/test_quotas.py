@@ -150,7 +150,7 @@ def test_storage_quota_refuses_an_upload_that_does_not_fit_and_discards_it(alice
         "field": "storage_bytes",
         "quota": {"limit": 150, "used": 100, "requested": 100},
     }
-    assert [version["number"] for version in alice.client.get(url).json()] == [1]
+    assert [version["number"] for version in alice.client.get(url).json()["results"]] == [1]
     assert _usage(alice)[("storage_bytes", "bytes of storage")]["used"] == 100
     # and a file that fits is still taken
     assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"3" * 50)}).status_code == 201

@@ -522,9 +522,8 @@ class Command(AuditedCommand):
         On Kubernetes the deployment is always a new one (Ctrl-C deletes it); when the demo runs its own S3
         server, which starts empty, the model is uploaded and built again too.
         """
-        r = api.get(f"{url}/api/v1/models/{model_id}/versions/", timeout=30)
-        self._check(r, 200)
-        built = [] if self.fresh_storage else [v for v in r.json() if v["status"] == "built"]
+        versions = self._list(api, f"{url}/api/v1/models/{model_id}/versions/")
+        built = [] if self.fresh_storage else [v for v in versions if v["status"] == "built"]
         active = [
             d
             for d in self._list(api, f"{url}/api/v1/deployments/")
