@@ -35,6 +35,8 @@ def add_member(
     `username`) for an unknown user, Conflict (field `username`) for a member already (PATCH changes a role).
     """
     team = _team_of_admin(user=user, slug=slug, token=token, action="Adding a team member")
+    if not isinstance(username, str) or not username.strip():
+        raise InvalidInput("username: give the username of an existing user.", field="username")
     chosen = _parse_role(role)
     member = get_user_model().objects.filter(username=username).first()
     if member is None:

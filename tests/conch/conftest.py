@@ -4,6 +4,7 @@ never commit)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import pytest
@@ -12,6 +13,7 @@ from rest_framework.test import APIClient
 
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
+from deployments.models import GatewayUsage
 from deployments.services.clusters import register_cluster
 from tenancy.choices import Role
 from tenancy.services import create_api_token, ensure_membership
@@ -46,7 +48,7 @@ class TeamWorld:
 
 def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
     """A team `team_slug` whose admin `username` has a token, a model `adder`, its built version 1 (with build step
-    rows) and a deployment `adder` of it (local runtime, queued)."""
+    rows), a deployment `adder` of it (local runtime, queued) and a day of gateway use of it by the token."""
     caller = make_caller(username, team_slug, role=Role.ADMIN)
     version = write_built_version(caller.team, "adder", add_constant(folder / f"{team_slug}.onnx", 1.0))
     reset_steps(version=version)
@@ -54,6 +56,10 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
         user=caller.user, team_slug=team_slug, name="adder", model_version_id=version.pk, runtime="local"
     )
     token_id = caller.user.api_tokens.get().pk
+    # a day of its use through the inference gateway (listed to team admins and in the admin)
+    GatewayUsage.objects.create(
+        token_id=token_id, team=caller.team, deployment=deployment, day=dt.date(2026, 11, 30), requests=3
+    )
     return TeamWorld(
         team=caller.team,
         user=caller.user,

@@ -414,20 +414,3 @@ def test_console_and_admin_forms_have_the_json_limit(settings):
         assert response.status_code == 413
         assert response["Content-Type"] == "text/plain; charset=utf-8"
         assert "larger than the 1 KiB (1024 bytes) this endpoint accepts" in response.content.decode()
-
-
-def test_the_inference_gateway_keeps_its_own_limit(two_teams: TwoTeams, settings):
-    # given the gateway's limit (CONCH_MAX_REQUEST_BODY_BYTES) above the JSON one
-    settings.CONCH_MAX_JSON_BODY_BYTES = 1024
-    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096
-    url = "/serve/acme/adder/v2/models/adder/infer"
-    token = {"HTTP_AUTHORIZATION": f"Bearer {two_teams.victim.token}"}
-    # when a body between the two, and one over the gateway's, are sent
-    between = Client().post(url, b"0" * 2000, content_type="application/octet-stream", **token)
-    over = Client().post(url, b"0" * 5000, content_type="application/octet-stream", **token)
-    # then the first reaches the deployment (not started: 503), the second gets the gateway's own 413
-    assert between.status_code == 503, between.content
-    assert over.status_code == 413
-    assert over.json() == {
-        "error": "The request body is larger than this server accepts (CONCH_MAX_REQUEST_BODY_BYTES)."
-    }
