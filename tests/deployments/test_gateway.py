@@ -301,3 +301,45 @@ def test_the_console_address_says_where_the_gateway_is(served, client):
     caller, deployment, base = served
     answer = client.get("/serve/vision/adder/v2/health/ready")
     assert answer.status_code == 404 and f"{base}/v2/health/ready" in answer.json()["error"]
+
+
+GATEWAY_CALLS = [
+    ("GET", "v2/health/live"),
+    ("GET", "v2/health/ready"),
+    ("GET", "v2"),
+    ("GET", "v2/models/adder"),
+    ("GET", "v2/models/adder/versions/1"),
+    ("GET", "v2/models/adder/ready"),
+    ("GET", "v2/models/adder/config"),
+    ("POST", "v2/models/adder/infer"),
+    ("HEAD", "v2/models/adder"),
+]
+
+
+def test_no_gateway_path_answers_another_teams_token_or_a_limited_one(served):
+    # given the deployment, an outsider's token, and a token of the team limited to another deployment
+    caller, deployment, base = served
+    outsider = make_caller("mallory", "other")
+    limited = create_api_token(
+        user=caller.user, name="elsewhere", team=caller.team, scopes=["infer"], deployments=["other-one"]
+    ).secret
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]})
+    usage_before = list(GatewayUsage.objects.values_list("requests", flat=True))
+    # when each calls every path the gateway serves
+    answers = {}
+    for name, token in (("outsider", outsider.token), ("limited", limited)):
+        for method, path in GATEWAY_CALLS:
+            answer = requests.request(
+                method,
+                f"{base}/{path}",
+                headers={"Authorization": f"Bearer {token}"},
+                data=body if method == "POST" else None,
+                timeout=10,
+            )
+            answers[(name, method, path)] = answer.status_code
+    # then all are refused: 404 for another team (as if nothing were there), 403 for a token limited elsewhere
+    assert {key: code for key, code in answers.items() if key[0] == "outsider" and code != 404} == {}
+    assert {key: code for key, code in answers.items() if key[0] == "limited" and code != 403} == {}
+    # and nothing was counted for the deployment
+    time.sleep(0.5)
+    assert list(GatewayUsage.objects.values_list("requests", flat=True)) == usage_before
