@@ -212,6 +212,8 @@ if AXES_FAILURE_LIMIT < 1 or CONCH_LOGIN_COOLOFF_SECONDS < 1:
 AXES_COOLOFF_TIME = timedelta(seconds=CONCH_LOGIN_COOLOFF_SECONDS)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# No banner at start-up: the JSON log of a process starts with its own lines.
+AXES_VERBOSE = False
 # A failure while locked out does not push the end of the lockout further (the page keeps saying one time).
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "conch.lockout.lockout_response"

@@ -38,6 +38,9 @@ class DeploymentAdmin(ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Deployment | None = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Deployment | None = None) -> bool:
+        return False  # a deployment is stopped (the action), never deleted here: its workload would be left running
+
     def has_stop_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("deployments.change_deployment")
 

@@ -90,7 +90,7 @@ class Demo:
             self.lines.append(line)
 
     def wait_until_up(self) -> dict[str, str]:
-        self.wait_for("^CONCH_DEPLOYMENT=", timeout=600)
+        self.wait_for("^CONCH_GATEWAY=", timeout=600)
         self.found = dict(line.split("=", 1) for line in self.lines if line.startswith("CONCH_"))
         return self.found
 
@@ -183,7 +183,14 @@ def test_demo_on_embedded_defaults_then_a_curl_pipeline(demo, request_json):
     assert found["CONCH_TOKEN"].startswith("conch_")
     assert int(found["CONCH_DEPLOYMENT"]) >= 1
     assert any(line.startswith("inference: scores") for line in demo.lines)
-    # and a shell gets the same three lines from var/demo.env, readable by its owner only
+    # and its deployment answers through the inference gateway with the token
+    ready = requests.get(
+        f"{found['CONCH_GATEWAY']}/v2/health/ready",
+        headers={"Authorization": f"Bearer {found['CONCH_TOKEN']}"},
+        timeout=10,
+    )
+    assert ready.status_code == 200 and ready.json() == {"ready": True}
+    # and a shell gets the same lines from var/demo.env, readable by its owner only
     shell_file = Path(demo.env["CONCH_VAR_DIR"]) / "demo.env"
     assert shell_file.read_text().splitlines() == [f"export {k}={v}" for k, v in found.items()]
     assert shell_file.stat().st_mode & 0o777 == 0o600
@@ -373,6 +380,8 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
     assert (var / "demo-token").stat().st_mode & 0o777 == 0o600
     assert (var / "demo-admin-password").stat().st_mode & 0o777 == 0o600
     assert (var / "conch.sqlite3").stat().st_mode & 0o777 == 0o600  # password and token hashes
+    for side in ("conch.sqlite3-wal", "conch.sqlite3-shm"):  # they hold the same rows
+        assert not (var / side).exists() or (var / side).stat().st_mode & 0o777 == 0o600, side
 
     # when the demo runs again in the same folder
     again = Demo(demo_env)

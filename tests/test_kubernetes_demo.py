@@ -111,7 +111,7 @@ def test_the_kubernetes_demo_serves_on_the_cluster_and_ctrl_c_deletes_its_pods(k
     # when Ctrl-C was pressed: the deployment was deleted from the cluster, and the demo's processes stopped
     assert demo.process.returncode == 0, rest
     assert f"deployment {deployment_id} stopped; its pods are deleted" in rest
-    assert "stopped s3, web, worker, beat and 0 local Triton process(es); the cluster keeps running" in rest
+    assert "stopped s3, web, gateway, worker, beat and 0 local Triton process(es); the cluster keeps running" in rest
     assert _leftovers(var, env["CONCH_INSTANCE_ID"]) == []
     core = k8s.CoreV1Api(kube_cluster.api_client())
     deadline = time.monotonic() + 60

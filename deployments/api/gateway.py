@@ -21,6 +21,7 @@ import logging
 import math
 import re
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from conch.errors import ConchError, InvalidInput, PayloadTooLarge, Unauthenticated
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge, Unauthenticated, Unavailable, UnsupportedMediaType
 from deployments.services import gateway as rules
 from deployments.services.gateway import Plan, Route, UsageCounts
 from tritonserving.access import API_KEY_HEADER
@@ -161,19 +162,33 @@ class GatewayApp:
                 sent_headers[API_KEY_HEADER] = key
             try:
                 answer = await self._relay.send(
-                    method,
+                    "GET" if method == "HEAD" else method,  # Triton answers HEAD with 405; the body is dropped below
                     url + plan.triton_path,
                     headers=sent_headers,
                     body=body.stream() if body.length else None,
                     content_length=body.length if body.length else None,
                 )
                 break
-            except TritonUnreachable:
+            except TritonUnreachable as exc:
                 # Nothing reached that server (a pod that just went away): forget the route, try another one.
                 tried += 1
                 self._forget(route)
                 if tried >= min(MAX_SERVERS_TRIED, len(route.servers)) or body.started:
-                    raise
+                    log.warning(
+                        "gateway.relay.unreachable", extra={"deployment_id": route.deployment_id, "error": str(exc)}
+                    )
+                    raise Unavailable(
+                        f"Deployment '{route.deployment_name}' cannot be reached right now (its Triton may be "
+                        "restarting); retry in a few seconds."
+                    ) from None
+            except TritonUnavailable as exc:
+                # Triton's own address stays in the log: it is internal.
+                log.warning("gateway.relay.failed", extra={"deployment_id": route.deployment_id, "error": str(exc)})
+                self._forget(route)
+                raise Unavailable(
+                    f"Deployment '{route.deployment_name}' failed while answering (its Triton stopped or timed out); "
+                    "retry in a few seconds."
+                ) from None
         counts.bytes_in = body.length
         if plan.kind == "server":
             payload = _renamed_server_metadata(await answer.read(), route.deployment_name)
@@ -422,18 +437,26 @@ class _RequestBody:
                 field="body",
             )
         header_length = rules.parse_header_length(headers.get(HEADER_LENGTH.lower())) if infer else None
-        compressed = headers.get("content-encoding", "identity").strip().lower() not in ("", "identity")
-        if declared is None or not infer or compressed:
-            # No length (chunked) or nothing to check: read all of it, within the limit.
+        encoding = headers.get("content-encoding", "identity").strip().lower() or "identity"
+        if encoding not in ("identity", "gzip", "deflate"):
+            raise UnsupportedMediaType(
+                f"Content-Encoding {encoding!r} is not one the gateway takes; send the body as is, gzip or deflate.",
+                field="Content-Encoding",
+            )
+        if declared is None or not infer or encoding != "identity":
+            # No length (chunked), nothing to check, or compressed: read all of it, within the limit.
             start, more = await _read(receive, limit, until=None)
             body = cls(receive, start, len(start), False, 1)
-            if infer and not compressed:
-                body.inferences = _inferences(check_inference_header(start, header_length, len(start)), route)
+            if infer:
+                # Checked as Triton will read it: decompressed (within the same limit) and parsed, off the loop
+                # when large, so one big request does not hold up the others.
+                summary = await _off_loop(_check_whole, start, encoding, header_length, limit)
+                body.inferences = _inferences(summary, route)
             return body
         length = int(declared)
         want = length if header_length is None else min(header_length, length)
         start, more = await _read(receive, limit, until=want)
-        summary = check_inference_header(start, header_length, length)
+        summary = await _off_loop(check_inference_header, start, header_length, length)
         return cls(receive, start, length, more, _inferences(summary, route))
 
     async def stream(self) -> AsyncIterator[bytes]:
@@ -450,6 +473,41 @@ class _RequestBody:
             more = message.get("more_body", False)
             if chunk:
                 yield chunk
+
+
+#: Bodies from this many bytes are decompressed and parsed on a worker thread rather than on the event loop.
+OFF_LOOP_BYTES = 256 * 1024
+
+
+async def _off_loop(function: Callable[..., Any], data: bytes, *args: Any) -> Any:
+    """`function(data, *args)`, on a thread when `data` is large (the loop keeps serving other requests)."""
+    if len(data) < OFF_LOOP_BYTES:
+        return function(data, *args)
+    return await asyncio.to_thread(function, data, *args)
+
+
+def _check_whole(body: bytes, encoding: str, header_length: int | None, limit: int):
+    """Decompress `body` (gzip or deflate) as Triton will, at most `limit` bytes, and check the request in it.
+    Raises PayloadTooLarge (field `body`) past the limit, InvalidInput (field `Content-Encoding`) for data that
+    is not in that encoding, and what `check_inference_header` raises."""
+    plain = body
+    if encoding != "identity":
+        inflater = zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # 32: a gzip or zlib header, whichever it is
+        try:
+            plain = inflater.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise InvalidInput(
+                f"The body is not {encoding} data ({exc}); send it compressed as Content-Encoding says, or drop that "
+                "header.",
+                field="Content-Encoding",
+            ) from None
+        if len(plain) > limit or inflater.unconsumed_tail:
+            raise PayloadTooLarge(
+                f"The request body decompresses to more than the {limit} bytes the gateway accepts "
+                "(CONCH_GATEWAY_MAX_BODY_BYTES).",
+                field="body",
+            )
+    return check_inference_header(plain, header_length, len(plain))
 
 
 async def _read(receive: Receive, limit: int, *, until: int | None) -> tuple[bytes, bool]:

@@ -135,8 +135,8 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
         .select_related("team")
         .first()
     )
-    if deployment is None:
-        raise missing
+    if deployment is None or (token.deployments and name not in token.deployments):
+        raise missing  # as the REST API: a token limited to other deployments does not see this one
     require_deployment_access(
         user=user, deployment=deployment, action="Using the inference gateway", token=token, scope=Scope.INFER
     )

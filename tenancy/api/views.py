@@ -94,8 +94,8 @@ class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             user=request.user,
             slug=slug,
             token=request.auth,
-            username=request.data.get("username"),
-            role=request.data.get("role", "developer"),
+            username=_body_field(request, "username"),
+            role=_body_field(request, "role", "developer"),
         )
         return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
 
@@ -128,9 +128,15 @@ class TeamViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             members.remove_member(user=request.user, slug=slug, username=username, token=request.auth)
             return Response(status=status.HTTP_204_NO_CONTENT)
         membership = members.change_member_role(
-            user=request.user, slug=slug, username=username, role=request.data.get("role"), token=request.auth
+            user=request.user, slug=slug, username=username, role=_body_field(request, "role"), token=request.auth
         )
         return Response(MemberSerializer(membership).data)
+
+
+def _body_field(request: Request, name: str, default: object = None) -> object:
+    """Field `name` of a JSON object or form body (None when the body is something else, e.g. a JSON list)."""
+    data = request.data
+    return data.get(name, default) if hasattr(data, "get") else default
 
 
 def _usage_body(team, lines) -> dict:

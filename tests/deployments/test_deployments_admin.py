@@ -131,3 +131,12 @@ def test_staff_read_gateway_usage_in_the_admin_and_cannot_change_it(admin_client
     assert page.status_code == 200 and token.prefix in page.content.decode()
     assert ">21<" in page.content.decode()
     assert change.status_code == 403
+
+
+def test_deployments_cannot_be_deleted_in_the_admin_only_stopped(admin_client):
+    team = TeamFactory(slug="vision")
+    deployment = _ready_deployment(team, "adder")
+    page = admin_client.get(DEPLOYMENTS)
+    assert "delete_selected" not in page.content.decode()
+    refused = admin_client.post(f"{DEPLOYMENTS}{deployment.pk}/delete/", {"post": "yes"})
+    assert refused.status_code == 403 and Deployment.objects.filter(pk=deployment.pk).exists()

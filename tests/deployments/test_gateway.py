@@ -8,9 +8,11 @@ import gzip
 import http.client
 import json
 import time
+import zlib
 from urllib.parse import urlsplit
 
 import numpy as np
+import psutil
 import pytest
 import requests
 import tritonclient.http as triton_http
@@ -337,9 +339,67 @@ def test_no_gateway_path_answers_another_teams_token_or_a_limited_one(served):
                 timeout=10,
             )
             answers[(name, method, path)] = answer.status_code
-    # then all are refused: 404 for another team (as if nothing were there), 403 for a token limited elsewhere
-    assert {key: code for key, code in answers.items() if key[0] == "outsider" and code != 404} == {}
-    assert {key: code for key, code in answers.items() if key[0] == "limited" and code != 403} == {}
+    # then all are refused with 404, as if nothing were there (as the REST API does for both)
+    assert {key: code for key, code in answers.items() if code != 404} == {}
     # and nothing was counted for the deployment
     time.sleep(0.5)
     assert list(GatewayUsage.objects.values_list("requests", flat=True)) == usage_before
+
+
+def test_compressed_bodies_are_checked_and_limited_as_triton_would_read_them(served, settings):
+    caller, deployment, base = served
+    settings.CONCH_GATEWAY_MAX_BODY_BYTES = 100_000
+    url, auth = f"{base}/v2/models/adder/infer", {"Authorization": f"Bearer {caller.token}"}
+
+    def post(body: bytes, encoding: str) -> requests.Response:
+        return requests.post(url, data=body, headers={**auth, "Content-Encoding": encoding}, timeout=10)
+
+    # a small body that inflates past the limit (a "zip bomb") is refused before Triton sees it
+    bomb = post(gzip.compress(b" " * 1_000_000), "gzip")
+    assert bomb.status_code == 413 and "decompresses to more than the 100000 bytes" in bomb.json()["error"]
+    # a compressed body that is not a well-formed request is a 400 naming what is wrong, as an uncompressed one
+    garbled = post(gzip.compress(b'{"inputs": ['), "gzip")
+    assert garbled.status_code == 400 and "KServe v2 inference request" in garbled.json()["error"]
+    not_gzip = post(b'{"inputs": []}', "gzip")
+    assert not_gzip.status_code == 400 and "not gzip data" in not_gzip.json()["error"]
+    brotli = post(b"\x0b\x02\x80{}\x03", "br")
+    assert brotli.status_code == 415 and "gzip or deflate" in brotli.json()["error"]
+    # deflate (zlib) works as gzip does
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]})
+    deflated = post(zlib.compress(body.encode()), "deflate")
+    assert deflated.status_code == 200 and deflated.json()["outputs"][0]["data"] == [2.0] * 4
+
+
+def test_a_large_json_request_is_parsed_off_the_event_loop_and_answered(served):
+    caller, deployment, base = served
+    data = np.random.default_rng(1).random((4, 4), dtype=np.float32)
+    request = {"inputs": [{"name": "x", "shape": [4, 4], "datatype": "FP32", "data": data.ravel().tolist()}]}
+    request["parameters"] = {"note": "x" * 300_000}  # over OFF_LOOP_BYTES
+    answer = requests.post(
+        f"{base}/v2/models/adder/infer", json=request, headers={"Authorization": f"Bearer {caller.token}"}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text[:300]
+    assert np.allclose(answer.json()["outputs"][0]["data"], (data + 1).ravel())
+
+
+def test_head_answers_as_get_without_a_body(served):
+    caller, deployment, base = served
+    auth = {"Authorization": f"Bearer {caller.token}"}
+    for path in ("v2", "v2/models/adder", "v2/models/adder/config"):
+        head = requests.head(f"{base}/{path}", headers=auth, timeout=10)
+        get = requests.get(f"{base}/{path}", headers=auth, timeout=10)
+        assert (head.status_code, head.content) == (200, b""), path
+        assert head.headers["Content-Length"] == get.headers["Content-Length"], path
+
+
+def test_a_triton_gone_mid_use_is_a_503_that_keeps_its_address_internal(served):
+    caller, deployment, base = served
+    auth = {"Authorization": f"Bearer {caller.token}"}
+    assert requests.get(f"{base}/v2/models/adder/ready", headers=auth, timeout=10).status_code == 200  # route cached
+    deployment.refresh_from_db()
+    psutil.Process(deployment.runtime_state["pid"]).kill()
+    psutil.Process(deployment.runtime_state["pid"]).wait(10)
+    gone = requests.get(f"{base}/v2/models/adder", headers=auth, timeout=10)
+    assert gone.status_code == 503, gone.text
+    assert "retry in a few seconds" in gone.json()["error"]
+    assert "127.0.0.1" not in gone.text and str(deployment.runtime_state["http_port"]) not in gone.text

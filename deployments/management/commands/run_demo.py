@@ -369,8 +369,11 @@ class Command(AuditedCommand):
         call_command("migrate", interactive=False, verbosity=0)
         database = settings.DATABASES["default"]
         if database["ENGINE"].endswith("sqlite3") and Path(database["NAME"]).is_file():
-            # The embedded database holds password and token hashes: readable by its owner only, like demo-token.
-            os.chmod(database["NAME"], 0o600)
+            # The embedded database holds password and token hashes: readable by its owner only, like demo-token;
+            # so are its write-ahead log and shared-memory files, which hold the same rows.
+            for path in (database["NAME"], f"{database['NAME']}-wal", f"{database['NAME']}-shm"):
+                if Path(path).is_file():
+                    os.chmod(path, 0o600)
         call_command("collectstatic", interactive=False, verbosity=0)
         if self.runtime == "kubernetes":
             self._ensure_cluster(kubeconfig)
