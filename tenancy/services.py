@@ -397,6 +397,8 @@ def ensure_user(*, username: str, password: str | None = None, is_superuser: boo
         user.is_staff = True
     if password is not None:
         user.set_password(password)
+    elif created:
+        user.set_unusable_password()  # no sign-in until a password is set (manage.py changepassword)
     user.save()
     changes = {"password_set": password is not None, "is_superuser": user.is_superuser}
     if created:

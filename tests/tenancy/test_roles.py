@@ -142,3 +142,25 @@ def test_a_user_in_two_teams_has_the_role_of_each(acme_objects):
     refused = client.post("/api/v1/models/", {"team": "acme", "name": "mine"}, format="json")
     assert refused.status_code == 403
     assert "needs the developer role in team 'acme'; you are a viewer" in refused.json()["detail"]
+
+
+def test_create_team_refuses_unknown_users_before_writing_or_creates_them_when_asked(db):
+    import io
+
+    import pytest
+    from django.contrib.auth import get_user_model
+    from django.core.management import CommandError, call_command
+
+    from tenancy.models import Membership, Team
+
+    with pytest.raises(CommandError, match="No user 'alice', 'bob'; create them with --create-users"):
+        call_command("create_team", "research", "--member", "alice", "--viewer", "bob", stdout=io.StringIO())
+    assert not Team.objects.filter(slug="research").exists()
+    out = io.StringIO()
+    call_command("create_team", "research", "--member", "alice", "--viewer", "bob", "--create-users", stdout=out)
+    assert "user alice created without a password: manage.py changepassword alice" in out.getvalue()
+    assert not get_user_model().objects.get(username="alice").has_usable_password()
+    assert sorted(Membership.objects.filter(team__slug="research").values_list("user__username", "role")) == [
+        ("alice", "developer"),
+        ("bob", "viewer"),
+    ]
