@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from unfold.admin import ModelAdmin
 from unfold.widgets import UnfoldAdminTextareaWidget
 
+from conch.admin_base import ReadOnlyModelAdmin
 from conch.crypto import encrypt_text
 from conch.errors import ConchError, InvalidInput
 from deployments.choices import DeploymentStatus
@@ -138,7 +139,7 @@ class ClusterAdmin(ModelAdmin):
 
 
 @admin.register(GatewayUsage)
-class GatewayUsageAdmin(ModelAdmin):
+class GatewayUsageAdmin(ReadOnlyModelAdmin):
     """Inference gateway use per token, deployment and day (UTC), as the gateway counted it: read-only."""
 
     list_display = ["day", "team", "token", "deployment", "requests", "inferences", "errors", "bytes_in", "bytes_out"]
@@ -147,12 +148,3 @@ class GatewayUsageAdmin(ModelAdmin):
     search_fields = ["token__prefix", "deployment__name", "team__slug"]
     date_hierarchy = "day"
     actions = None
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: GatewayUsage | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: GatewayUsage | None = None) -> bool:
-        return False

@@ -26,6 +26,7 @@ from unfold.admin import ModelAdmin, StackedInline, TabularInline
 from unfold.forms import AdminPasswordChangeForm, UserChangeForm, UserCreationForm
 from unfold.widgets import UnfoldAdminIntegerFieldWidget
 
+from conch.admin_base import ReadOnlyModelAdmin
 from conch.errors import ConchError, InvalidInput
 from tenancy.models import ApiToken, AuditEntry, Membership, Team, TeamQuota
 from tenancy.quotas import FIELDS, NEAR_LIMIT_SHARE, Usage, check_limit, team_ids_by_share, teams_usage
@@ -347,7 +348,7 @@ class ApiTokenAdmin(ModelAdmin):
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(ModelAdmin):
+class AuditEntryAdmin(ReadOnlyModelAdmin):
     """The audit log of every team, for staff: read-only (no add, change or delete, no actions)."""
 
     list_display = ["created_at", "team_slug", "actor", "token_prefix", "source", "action", "object_repr", "ip"]
@@ -361,12 +362,3 @@ class AuditEntryAdmin(ModelAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
-        return False
