@@ -388,7 +388,9 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
     try:
         found = again.wait_until_up()
         # then it reuses the token, the admin password, the built version and the deployment
-        assert found == demo.found | {"CONCH_URL": found["CONCH_URL"]}
+        # (on the ports free this time: the web's, and the gateway's next to it)
+        assert found == demo.found | {"CONCH_URL": found["CONCH_URL"], "CONCH_GATEWAY": found["CONCH_GATEWAY"]}
+        assert found["CONCH_GATEWAY"].split("/serve/")[1] == demo.found["CONCH_GATEWAY"].split("/serve/")[1]
         assert next(line for line in again.lines if line.startswith("Console:")) == console.replace(
             demo.found["CONCH_URL"], found["CONCH_URL"]
         )
