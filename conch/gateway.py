@@ -16,6 +16,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
 django.setup()
 
+from conch.gateway_protocol import BoundedHttpToolsProtocol  # noqa: E402
 from deployments.api.gateway import GatewayApp  # noqa: E402 - needs Django set up
 
 __all__ = ["application", "main"]
@@ -35,7 +36,7 @@ def main() -> None:
         port=int(port),
         workers=int(os.environ.get("CONCH_GATEWAY_WORKERS", "1")),
         loop=os.environ.get("CONCH_GATEWAY_LOOP", "uvloop"),
-        http="httptools",
+        http=BoundedHttpToolsProtocol,  # httptools, with a bound on request heads
         lifespan="on",
         access_log=False,
         server_header=False,

@@ -383,6 +383,10 @@ CONCH_GATEWAY_REDIS_URL = env("CONCH_GATEWAY_REDIS_URL", "")
 CONCH_GATEWAY_USAGE_FLUSH_SECONDS = env("CONCH_GATEWAY_USAGE_FLUSH_SECONDS", 2.0, cast=float)
 # Largest inference request body in bytes; larger ones are refused with 413 before they are read.
 CONCH_GATEWAY_MAX_BODY_BYTES = env("CONCH_GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, cast=int)
+# Bodies up to this many bytes are read whole before a Triton connection is taken; larger ones stream to Triton.
+CONCH_GATEWAY_STREAM_FROM_BYTES = env("CONCH_GATEWAY_STREAM_FROM_BYTES", 4 * 1024**2, cast=int)
+# Seconds a client may go quiet while sending a body before the gateway gives up on it (408).
+CONCH_GATEWAY_CLIENT_IDLE_SECONDS = env("CONCH_GATEWAY_CLIENT_IDLE_SECONDS", 30.0, cast=float)
 # Connections kept open to each Triton by one gateway process.
 CONCH_GATEWAY_MAX_CONNECTIONS = env("CONCH_GATEWAY_MAX_CONNECTIONS", 64, cast=int)
 

@@ -9,6 +9,7 @@ import time
 import pytest
 import uvicorn
 
+from conch.gateway_protocol import BoundedHttpToolsProtocol
 from deployments.api.gateway import GatewayApp
 from tests.services import free_port
 
@@ -21,7 +22,13 @@ class GatewayServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, lifespan="on", log_level="warning", access_log=False
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            http=BoundedHttpToolsProtocol,  # as `python -m conch.gateway` serves it
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)

@@ -59,6 +59,17 @@ class _TooManyRequests(ConchError):
         self.retry_after_s = retry_after_s
 
 
+class _ClientFault(ConchError):
+    """The client stopped sending its body: went away (400) or went quiet for CONCH_GATEWAY_CLIENT_IDLE_SECONDS
+    (408). Not Triton's fault: its route stays, and the log says it was the client."""
+
+    status_code = 400
+
+
+class _ClientTimedOut(_ClientFault):
+    status_code = 408
+
+
 class GatewayApp:
     """The ASGI application (HTTP and lifespan). One per process; state is built at lifespan start-up (or on the
     first request when the server sends no lifespan events) inside the server's event loop."""
@@ -145,6 +156,8 @@ class GatewayApp:
         finally:
             if route is not None:
                 counts.errors = int(status >= 400)
+                if status >= 400:
+                    counts.inferences = 0  # refused or failed: nothing was inferred
                 self._count(route, counts)
 
     async def _forward(
@@ -182,6 +195,11 @@ class GatewayApp:
                         "restarting); retry in a few seconds."
                     ) from None
             except TritonUnavailable as exc:
+                if body.fault is not None:  # the client stopped sending: Triton is not to blame
+                    log.info(
+                        "gateway.client.stopped", extra={"deployment_id": route.deployment_id, "why": body.fault.detail}
+                    )
+                    raise body.fault from None
                 # Triton's own address stays in the log: it is internal.
                 log.warning("gateway.relay.failed", extra={"deployment_id": route.deployment_id, "error": str(exc)})
                 self._forget(route)
@@ -423,6 +441,7 @@ class _RequestBody:
         self.length = length
         self.inferences = inferences
         self.started = False
+        self.fault: _ClientFault | None = None
 
     @classmethod
     async def read_start(cls, receive: Receive, headers: dict[str, str], *, infer: bool, route: Route):
@@ -454,7 +473,12 @@ class _RequestBody:
                 body.inferences = _inferences(summary, route)
             return body
         length = int(declared)
-        want = length if header_length is None else min(header_length, length)
+        # A body up to CONCH_GATEWAY_STREAM_FROM_BYTES is read whole before a connection to Triton is taken, so a
+        # client that stalls holds no Triton connection; a larger one streams once its JSON header is checked.
+        if length <= settings.CONCH_GATEWAY_STREAM_FROM_BYTES or header_length is None:
+            want = length
+        else:
+            want = min(header_length, length)
         start, more = await _read(receive, limit, until=want)
         summary = await _off_loop(check_inference_header, start, header_length, length)
         return cls(receive, start, length, more, _inferences(summary, route))
@@ -466,9 +490,11 @@ class _RequestBody:
             yield self._start
         more = self._more
         while more:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                raise TritonUnavailable("the client went away while sending its request")
+            try:
+                message = await _next_message(self._receive)
+            except _ClientFault as fault:
+                self.fault = fault
+                raise TritonUnavailable(fault.detail) from None
             chunk = message.get("body", b"")
             more = message.get("more_body", False)
             if chunk:
@@ -510,15 +536,28 @@ def _check_whole(body: bytes, encoding: str, header_length: int | None, limit: i
     return check_inference_header(plain, header_length, len(plain))
 
 
+async def _next_message(receive: Receive) -> dict[str, Any]:
+    """The client's next piece of body. Raises _ClientTimedOut when none comes for CONCH_GATEWAY_CLIENT_IDLE_SECONDS,
+    _ClientFault when the client went away."""
+    idle = settings.CONCH_GATEWAY_CLIENT_IDLE_SECONDS
+    try:
+        message = await asyncio.wait_for(receive(), idle)
+    except TimeoutError:
+        raise _ClientTimedOut(
+            f"The request body stopped arriving for {idle:g} s (CONCH_GATEWAY_CLIENT_IDLE_SECONDS); send it whole."
+        ) from None
+    if message["type"] == "http.disconnect":
+        raise _ClientFault("The client closed the connection before sending its whole request.", field="body")
+    return message
+
+
 async def _read(receive: Receive, limit: int, *, until: int | None) -> tuple[bytes, bool]:
     """Read the body until at least `until` bytes (None: all of it); return them and whether more follows."""
     parts: list[bytes] = []
     size = 0
     more = True
     while more and (until is None or size < until):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidInput("The client closed the connection before sending its whole request.", field="body")
+        message = await _next_message(receive)
         chunk = message.get("body", b"")
         more = message.get("more_body", False)
         size += len(chunk)

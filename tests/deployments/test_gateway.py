@@ -7,6 +7,9 @@ import asyncio
 import gzip
 import http.client
 import json
+import re
+import socket
+import threading
 import time
 import zlib
 from urllib.parse import urlsplit
@@ -403,3 +406,73 @@ def test_a_triton_gone_mid_use_is_a_503_that_keeps_its_address_internal(served):
     assert gone.status_code == 503, gone.text
     assert "retry in a few seconds" in gone.json()["error"]
     assert "127.0.0.1" not in gone.text and str(deployment.runtime_state["http_port"]) not in gone.text
+
+
+def _raw_exchange(base: str, head: bytes, body_parts: list[bytes], pause_s: float = 0.0) -> tuple[int, bytes]:
+    """Send a hand-made request to the gateway (head, then each part after `pause_s`); its status and body."""
+    where = urlsplit(base)
+    with socket.create_connection((where.hostname, where.port), timeout=20) as sock:
+        try:
+            sock.sendall(head)
+            for part in body_parts:
+                time.sleep(pause_s)
+                sock.sendall(part)
+        except OSError:
+            pass  # the gateway may close on us before we are done: its answer is already there
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+            if b"\r\n\r\n" in answer and len(answer.split(b"\r\n\r\n", 1)[1]) >= int(
+                re.search(rb"content-length: (\d+)", answer, re.I)[1]
+            ):
+                break
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_huge_request_head_is_refused_with_431_before_it_is_held(served):
+    caller, deployment, base = served
+    path = urlsplit(base).path
+    head = (
+        f"GET {path}/v2/health/live HTTP/1.1\r\nHost: x\r\nX-Junk: ".encode() + b"a" * (3 * 1024 * 1024) + b"\r\n\r\n"
+    )
+    status, body = _raw_exchange(base, head, [])
+    assert status == 431 and "send them shorter" in json.loads(body)["error"]
+    # and the gateway goes on serving
+    ready = requests.get(f"{base}/v2/health/ready", headers={"Authorization": f"Bearer {caller.token}"}, timeout=10)
+    assert ready.status_code == 200
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["read-whole", "streamed"])
+def test_a_client_that_stops_sending_its_body_gets_408_and_others_are_served(served, settings, streamed):
+    # given a body read whole before Triton is called, or one streamed to Triton once its header is checked
+    caller, deployment, base = served
+    settings.CONCH_GATEWAY_CLIENT_IDLE_SECONDS = 1.0
+    settings.CONCH_GATEWAY_STREAM_FROM_BYTES = 1 if streamed else 4 * 1024**2
+    path = urlsplit(base).path
+    tensor = {"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+    header = json.dumps({"inputs": [tensor]})
+    head = (
+        f"POST {path}/v2/models/adder/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {caller.token}\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(header) + 16}\r\n\r\n"
+    ).encode()
+    stalled = []
+    threads = [
+        threading.Thread(
+            target=lambda: stalled.append(_raw_exchange(base, head, [header.encode() if streamed else b"{"]))
+        )
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    # while they stall, others are served
+    x = triton_http.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+    client, headers = _client(base, caller.token)
+    assert client.infer("adder", [x], headers=dict(headers)).as_numpy("y").tolist() == [[1.0] * 4]
+    client.close()
+    for thread in threads:
+        thread.join(15)
+    assert [status for status, _ in stalled] == [408, 408, 408]
+    assert "stopped arriving for 1 s" in json.loads(stalled[0][1])["error"]
