@@ -28,6 +28,7 @@ from unfold.widgets import UnfoldAdminIntegerFieldWidget
 
 from conch.admin_base import ReadOnlyModelAdmin
 from conch.errors import ConchError, InvalidInput
+from tenancy.members import teams_left_without_admin
 from tenancy.models import ApiToken, AuditEntry, Membership, Team, TeamQuota
 from tenancy.quotas import FIELDS, NEAR_LIMIT_SHARE, Usage, check_limit, team_ids_by_share, teams_usage
 from tenancy.services import (
@@ -48,9 +49,18 @@ admin.site.unregister(Group)
 
 @admin.register(User)
 class UserAdmin(DjangoUserAdmin, ModelAdmin):
+    """Users, in the theme's forms. A user who is the last admin of a team cannot be deleted (as the members API
+    refuses to remove one): the delete page lists those teams as protected."""
+
     form = UserChangeForm
     add_form = UserCreationForm
     change_password_form = AdminPasswordChangeForm
+
+    def get_deleted_objects(self, objs, request: HttpRequest):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        for team in teams_left_without_admin(user_ids=[user.pk for user in objs]):
+            protected = [*protected, f"team {team.slug}: its last admin; make another member admin first"]
+        return deleted, counts, perms_needed, protected
 
 
 @admin.register(Group)

@@ -142,6 +142,16 @@ def _locked_membership(team: Team, username: str) -> Membership:
     return membership
 
 
+def teams_left_without_admin(*, user_ids: list[int]) -> list[Team]:
+    """Teams that would have no admin left if the users `user_ids` were deleted (for the admin's user delete)."""
+    teams = Team.objects.filter(memberships__user_id__in=user_ids, memberships__role=Role.ADMIN).distinct()
+    return [
+        team
+        for team in teams.order_by("slug")
+        if not Membership.objects.filter(team=team, role=Role.ADMIN).exclude(user_id__in=user_ids).exists()
+    ]
+
+
 def _keep_an_admin(team: Team, username: str, *, field: str) -> None:
     others = Membership.objects.filter(team=team, role=Role.ADMIN).exclude(user__username=username)
     if not others.exists():

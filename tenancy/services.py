@@ -307,8 +307,10 @@ def authenticate_token(*, raw: str) -> tuple[AbstractBaseUser, TokenGrant]:
     one, saying which and that a new one is needed.
     """
     token = ApiToken.objects.select_related("user").filter(key_hash=_hash_token(raw)).first()
-    if token is None or not token.user.is_active:
+    if token is None:
         raise Unauthenticated("Unknown or revoked token; create one with manage.py create_token.")
+    if not token.user.is_active:
+        raise Unauthenticated(f"token {token.prefix}… belongs to a deactivated user; ask an admin to reactivate it")
     if token.is_revoked:
         raise Unauthenticated(f"token {token.prefix}… was revoked; create a new one")
     now = timezone.now()

@@ -76,3 +76,16 @@ def test_create_team_command_adds_members_with_their_roles(alice, bob):
     assert [t["slug"] for t in alice.client.get("/api/v1/teams/").json()["results"]] == ["acme"]
     roles = dict(Membership.objects.filter(team__slug="initech").values_list("user__username", "role"))
     assert roles == {"alice": "developer", "bob": "viewer"}
+
+
+def test_a_deactivated_users_token_says_so(db):
+    from tests.conftest import make_caller
+
+    caller = make_caller("gone", "acme")
+    caller.user.is_active = False
+    caller.user.save()
+    response = caller.client.get("/api/v1/models/")
+    assert response.status_code == 401
+    assert response.json()["detail"] == (
+        f"token {caller.token[:12]}… belongs to a deactivated user; ask an admin to reactivate it"
+    )

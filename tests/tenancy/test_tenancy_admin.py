@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import unfold
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
@@ -396,3 +397,18 @@ def test_the_themes_static_files_are_served_and_collected(client, settings, tmp_
     settings.STATIC_ROOT = tmp_path / "static"
     call_command("collectstatic", interactive=False, verbosity=0)
     assert (tmp_path / "static" / "unfold" / "css" / "styles.css").is_file()
+
+
+def test_the_last_admin_of_a_team_cannot_be_deleted_in_the_admin(admin_client):
+    # given carol, the one admin of team vision, and bob, a developer there
+    team = TeamFactory(slug="vision")
+    carol = MembershipFactory(team=team, user=UserFactory(username="carol"), role="admin").user
+    MembershipFactory(team=team, user=UserFactory(username="bob"), role="developer")
+    # when staff try to delete her
+    page = admin_client.get(f"/admin/auth/user/{carol.pk}/delete/")
+    posted = admin_client.post(f"/admin/auth/user/{carol.pk}/delete/", {"post": "yes"})
+    # then the page names the team as protected, and she stays
+    assert "team vision: its last admin; make another member admin first" in page.content.decode()
+    assert posted.status_code == 200  # the "cannot delete" page again
+    assert get_user_model().objects.filter(pk=carol.pk).exists()
+    assert Membership.objects.filter(team=team, user=carol, role="admin").exists()
