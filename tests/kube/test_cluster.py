@@ -189,8 +189,16 @@ def test_gpu_deployment_runs_triton_on_gpu_a_with_its_own_address(kube_cluster, 
             what="a Ready pod",
         )
         ready_s = time.monotonic() - started
-        deployment = json.loads(
-            apps.read_namespaced_deployment(object_name(triton_spec), "conch", _preload_content=False).data
+
+        # The Deployment's status follows the pod's a moment later (the controller-manager's own sync).
+        def read_deployment() -> dict[str, Any]:
+            answer = apps.read_namespaced_deployment(object_name(triton_spec), "conch", _preload_content=False)
+            return json.loads(answer.data)
+
+        deployment = wait_for(
+            lambda: (found := read_deployment())["status"].get("readyReplicas") == 1 and found,
+            timeout_s=30,
+            what="the Deployment's readyReplicas",
         )
         log = core.read_namespaced_pod_log(pod["metadata"]["name"], "conch", container="tritonserver", tail_lines=200)
         command_lines = [psutil.Process(pid).cmdline() for pid in kube_cluster.kubelet.running_processes()]
