@@ -49,6 +49,8 @@ class TokenGrant:
     scopes: frozenset[str]
     deployments: tuple[str, ...]
     expires_at: datetime
+    #: The token's own inference gateway limit in requests per minute; None: the default setting.
+    requests_per_minute: int | None = None
 
     @classmethod
     def of(cls, token: ApiToken) -> TokenGrant:
@@ -59,6 +61,7 @@ class TokenGrant:
             scopes=frozenset(token.scopes),
             deployments=tuple(token.deployments),
             expires_at=token.expires_at,
+            requests_per_minute=token.requests_per_minute,
         )
 
 
@@ -319,11 +322,6 @@ def authenticate_token(*, raw: str) -> tuple[AbstractBaseUser, TokenGrant]:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user, TokenGrant.of(token)
-
-
-def token_rate_limit(*, token_id: int) -> int | None:
-    """The token's own inference gateway limit in requests per minute, None when it uses the default."""
-    return ApiToken.objects.filter(pk=token_id).values_list("requests_per_minute", flat=True).first()
 
 
 def set_token_rate_limit(*, token_id: int, requests_per_minute: int | None) -> ApiToken:

@@ -505,21 +505,6 @@ class TritonClient:
         finally:
             connection.close()
 
-    def relay(
-        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        """Send one request to Triton as a client wrote it and return Triton's answer as is: (status, the
-        response headers that describe the body, body). For a gateway: `path` is Triton's (`/v2/models/m/infer`),
-        `headers` the client's Content-Type, Content-Encoding, Accept-Encoding and `Inference-Header-Content-
-        Length` (others are dropped); the restricted-API key is added when this client has one. Raises
-        `TritonUnreachable` when no connection opens (nothing sent), `TritonUnavailable` when it fails after.
-        """
-        sent = {name: value for name, value in (headers or {}).items() if name.lower() in RELAYED_HEADERS}
-        sent.update(self._headers or {})
-        status, answer_headers, answer = self._exchange(method, path, body, sent, action=f"answering {method} {path}")
-        kept = {name: value for name, value in answer_headers.items() if name.lower() in RELAYED_HEADERS}
-        return status, kept, answer
-
     @staticmethod
     def fetch_metrics_text(metrics_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
         """Return the Prometheus text exposition served at `metrics_url` (e.g. `http://127.0.0.1:8002/metrics`).
@@ -709,13 +694,6 @@ def _check_request_header(request: Any, *, binary_part: bool) -> tuple[list[_Che
     if not isinstance(request_id, str):
         raise InvalidInput("id must be a string", field="id")
     return inputs, outputs, request_id
-
-
-def check_inference_request(body: bytes, header_length: int | None) -> list[str]:
-    """Check a KServe v2 inference request body (JSON, or a JSON header and binary tensor data) as Conch does
-    before sending it to Triton, which answers 500 to a malformed one; returns the input names. Raises
-    `InvalidInput` naming the field (`inputs[0].shape`, `Inference-Header-Content-Length`, ...)."""
-    return _check_request_body(body, header_length)
 
 
 @dataclass(frozen=True)

@@ -276,12 +276,7 @@ class GatewayApp:
 
     def _count(self, route: Route, counts: UsageCounts) -> None:
         key = (route.token_id, route.team_id, route.deployment_id, rules.today())
-        total = self._usage.setdefault(key, UsageCounts())
-        total.requests += counts.requests
-        total.inferences += counts.inferences
-        total.errors += counts.errors
-        total.bytes_in += counts.bytes_in
-        total.bytes_out += counts.bytes_out
+        self._usage.setdefault(key, UsageCounts()).add(counts)
 
     async def _flush_periodically(self) -> None:
         while True:
@@ -297,9 +292,7 @@ class GatewayApp:
         except Exception as exc:  # noqa: BLE001 - the database is away: keep the counts for the next try
             log.warning("gateway.usage.flush_failed", extra={"error": str(exc), "keys": len(pending)})
             for key, counts in pending.items():
-                total = self._usage.setdefault(key, UsageCounts())
-                for name in ("requests", "inferences", "errors", "bytes_in", "bytes_out"):
-                    setattr(total, name, getattr(total, name) + getattr(counts, name))
+                self._usage.setdefault(key, UsageCounts()).add(counts)
 
 
 class NotFoundAtAll(ConchError):

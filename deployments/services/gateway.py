@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, Unavailable
@@ -37,7 +37,7 @@ from deployments.choices import DeploymentStatus
 from deployments.models import Deployment, GatewayUsage
 from deployments.services.records import effective_settings, require_deployment_access, serving_servers
 from tenancy.choices import Role, Scope
-from tenancy.services import TokenGrant, authenticate_token, get_team_for_user, require_role, token_rate_limit
+from tenancy.services import TokenGrant, authenticate_token, get_team_for_user, require_role
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -53,14 +53,12 @@ __all__ = [
     "record_gateway_usage",
     "resolve_route",
     "today",
-    "usage_totals",
 ]
 
 #: Seconds one relayed request may take (connect, send, Triton's work, answer).
 RELAY_TIMEOUT_S = 60.0
 _MODEL_PATH = re.compile(r"models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?(?:/(?P<what>ready|config|infer))?")
 _SERVING = (DeploymentStatus.READY, DeploymentStatus.DEGRADED)
-_COUNTERS = ("requests", "inferences", "errors", "bytes_in", "bytes_out")
 
 
 class GatewayMethodNotAllowed(ConchError):
@@ -116,6 +114,14 @@ class UsageCounts:
     bytes_in: int = 0
     bytes_out: int = 0
 
+    def add(self, other: UsageCounts) -> None:
+        """Add `other`'s counts to these."""
+        self.requests += other.requests
+        self.inferences += other.inferences
+        self.errors += other.errors
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+
 
 def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
     """Authenticate `raw_token` and find the running deployment `name` of team `team_slug` it may use.
@@ -168,14 +174,10 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
         ready=ready,
         batching=(effective_settings(deployment).get("max_batch_size") or 0) > 0,
         servers=servers,
-        requests_per_minute=_rate_of(token),
+        requests_per_minute=token.requests_per_minute or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE,
         unavailable=unavailable,
         unavailable_status=unavailable_status,
     )
-
-
-def _rate_of(token: TokenGrant) -> int:
-    return token_rate_limit(token_id=token.id) or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE
 
 
 def plan_request(route: Route, method: str, path: str) -> Plan:
@@ -286,12 +288,6 @@ def gateway_usage(
     if until is not None:
         rows = rows.filter(day__lte=until)
     return rows.order_by("-day", "token_id", "deployment_id")
-
-
-def usage_totals(rows: QuerySet[GatewayUsage]) -> dict[str, int]:
-    """Sums of requests, inferences, errors, bytes_in and bytes_out over `rows`."""
-    sums = rows.aggregate(*(Sum(name) for name in _COUNTERS))
-    return {name: sums[f"{name}__sum"] or 0 for name in _COUNTERS}
 
 
 def today() -> dt.date:
