@@ -178,7 +178,7 @@ class GatewayApp:
                     "GET" if method == "HEAD" else method,  # Triton answers HEAD with 405; the body is dropped below
                     url + plan.triton_path,
                     headers=sent_headers,
-                    body=body.stream() if body.length else None,
+                    body=body.payload(),
                     content_length=body.length if body.length else None,
                 )
                 break
@@ -473,8 +473,22 @@ class _RequestBody:
         else:
             want = min(header_length, length)
         start, more = await _read(receive, limit, until=want)
-        summary = await _off_loop(check_inference_header, start, header_length, length)
+        # Only the JSON header is parsed (the binary tensor data after it is not looked at): its size, not the
+        # body's, decides whether the check is worth a thread.
+        if header_length is not None and header_length < OFF_LOOP_BYTES:
+            summary = check_inference_header(start, header_length, length)
+        else:
+            summary = await _off_loop(check_inference_header, start, header_length, length)
         return cls(receive, start, length, more, _inferences(summary, route))
+
+    def payload(self) -> bytes | AsyncIterator[bytes] | None:
+        """What to send to Triton: the bytes when the whole body is read already (sent in one write), else
+        `stream()`; None for an empty body."""
+        if not self.length:
+            return None
+        if not self._more:  # can be sent again to another server: `started` stays False
+            return self._start
+        return self.stream()
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The body's bytes: what was read already, then the rest as the client sends it."""

@@ -4,8 +4,10 @@ and a real Triton: `/serve/<team>/<deployment>` with a bearer token."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import http.client
+import itertools
 import json
 import re
 import socket
@@ -29,6 +31,7 @@ from tenancy.models import ApiToken
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
+from tests.services import free_port
 from tests.tiny_models import add_constant
 
 pytestmark = pytest.mark.e2e
@@ -406,6 +409,24 @@ def test_a_triton_gone_mid_use_is_a_503_that_keeps_its_address_internal(served):
     assert gone.status_code == 503, gone.text
     assert "retry in a few seconds" in gone.json()["error"]
     assert "127.0.0.1" not in gone.text and str(deployment.runtime_state["http_port"]) not in gone.text
+
+
+def test_a_request_read_whole_is_sent_again_to_another_server_when_the_first_cannot_be_reached(served, gateway):
+    """A pod that just went away (its port closed) costs the client nothing: the body, already read, goes to the
+    next ready server of the deployment."""
+    caller, deployment, base = served
+    client, headers = _client(base, caller.token)
+    assert client.is_model_ready("adder", headers=headers)  # the route is cached now
+    ((expires, route),) = [value for value in gateway.app._routes.values() if not isinstance(value[1], Exception)]
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    key = next(k for k, v in gateway.app._routes.items() if v[1] is route)
+    gateway.app._routes[key] = (expires, dataclasses.replace(route, servers=((dead, ""), *route.servers)))
+    gateway.app._turns[route.deployment_id] = itertools.count()  # the dead one is tried first
+    x = triton_http.InferInput("x", list(X.shape), "FP32")
+    x.set_data_from_numpy(X, binary_data=True)
+    result = client.infer("adder", [x], headers=dict(headers))
+    assert result.as_numpy("y").tolist() == (X + 1).tolist()
+    assert key not in gateway.app._routes  # the dead server was tried: the route is to be resolved afresh
 
 
 def _raw_exchange(base: str, head: bytes, body_parts: list[bytes], pause_s: float = 0.0) -> tuple[int, bytes]:
