@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["MAX_HEAD_BYTES", "BoundedHttpToolsProtocol"]
@@ -16,6 +17,13 @@ __all__ = ["MAX_HEAD_BYTES", "BoundedHttpToolsProtocol"]
 #: Most bytes a request's head may take (a chunk read with the head's end may add a few hundred KiB of body
 #: to the count, so this is well above any real head: tokens and headers of clients are a few KiB).
 MAX_HEAD_BYTES = 1024 * 1024
+
+#: Bytes of a request body uvicorn buffers before it stops reading the socket until the application takes them
+#: (uvicorn's HIGH_WATER_LIMIT, 64 KiB by default). The gateway reads bodies up to
+#: CONCH_GATEWAY_STREAM_FROM_BYTES (4 MiB) whole anyway, and at 64 KiB a 600 KB inference request paused and
+#: resumed the socket ten times, each a wake-up of the request's task: most of the gateway's own CPU per request.
+BODY_BUFFER_BYTES = 4 * 1024 * 1024
+httptools_impl.HIGH_WATER_LIMIT = BODY_BUFFER_BYTES
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):

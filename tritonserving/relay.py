@@ -1,9 +1,17 @@
-"""Asynchronous relay of KServe v2 requests to Triton over pooled keep-alive connections (aiohttp).
+"""Asynchronous relay of KServe v2 requests to Triton over pooled keep-alive HTTP/1.1 connections.
 
 The inference gateway (`deployments.api.gateway`) passes each client request to a Triton of the deployment and
 streams Triton's answer back. Opening a TCP connection per request costs more than Conch's whole share of a
 request's latency budget, so one `TritonRelay` per process keeps connections to every Triton it talks to open
 and reuses them (HTTP/1.1 keep-alive; Triton's HTTP endpoint keeps a connection open until the client closes it).
+
+Why not a general HTTP client: on the 2-core benchmark machine every CPU microsecond the gateway spends is taken
+from Triton (bench/serving.py, system e). aiohttp's client, which this module used first, cost about 0.4 ms of
+CPU per relayed 600 KB inference request (request and response objects, multidict headers, payload registry,
+timers per request) out of a budget of about 0.45 ms for the whole gateway. The relay here speaks only what Triton's
+HTTP endpoint needs: one request at a time per connection, Content-Length or no body, answers parsed by httptools
+(the C parser uvicorn serves the gateway's own side with) including chunked ones, no redirects, no cookies, no
+decompression.
 
 Talks to: Triton's HTTP/REST endpoint (KServe v2 protocol; Triton docs "HTTP/REST and GRPC Protocol").
 """
@@ -11,10 +19,12 @@ Talks to: Triton's HTTP/REST endpoint (KServe v2 protocol; Triton docs "HTTP/RES
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 
 from tritonserving.client import RELAYED_HEADERS, TritonUnavailable, TritonUnreachable
 
@@ -22,40 +32,191 @@ __all__ = ["RelayedAnswer", "TritonRelay"]
 
 #: Headers of Triton's answer passed back besides RELAYED_HEADERS: the length lets the client keep its connection.
 _ANSWER_HEADERS = RELAYED_HEADERS | {"content-length"}
-#: Bytes read from Triton per chunk of a streamed answer.
-CHUNK_BYTES = 256 * 1024
+#: Bytes of an answer held for a client that reads slowly before the connection to Triton stops being read.
+ANSWER_BUFFER_BYTES = 1024 * 1024
 
 
-@dataclass
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection to a Triton, carrying one exchange at a time; the answer is parsed by httptools
+    as it arrives and its body queued for `RelayedAnswer.chunks`."""
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.answer: _Exchange | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._writable: asyncio.Future | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer is None:  # bytes nobody asked for: the connection cannot be trusted any more
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.answer.fail(TritonUnavailable(f"Triton's answer is not valid HTTP: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        if self.answer is not None and not self.answer.complete:
+            why = f": {exc}" if exc else ""
+            self.answer.fail(TritonUnavailable(f"Triton closed the connection before its answer was complete{why}"))
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    # -- httptools callbacks ------------------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lowered = name.decode("latin-1").lower()
+        if lowered in _ANSWER_HEADERS:
+            self.answer.headers[lowered] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.answer.started(self._parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        if self.answer.add(body) > ANSWER_BUFFER_BYTES:
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        self.answer.finish(keep_alive=self._parser.should_keep_alive())
+
+    # -- use ----------------------------------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until the transport takes more bytes (its buffer is under the high-water mark) or is closed."""
+        if self._writable is not None:
+            await self._writable
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass(eq=False)
+class _Exchange:
+    """The answer to one request as it arrives: its status and headers, then body pieces."""
+
+    connection: _Connection
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int = 0
+    complete: bool = False
+    keep_alive: bool = False
+    sent_all: bool = False
+    error: TritonUnavailable | None = None
+    queued: collections.deque = field(default_factory=collections.deque)
+    queued_bytes: int = 0
+    waiter: asyncio.Future | None = None
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def started(self, status: int) -> None:
+        self.status = status
+        self._wake()
+
+    def add(self, body: bytes) -> int:
+        self.queued.append(body)
+        self.queued_bytes += len(body)
+        self._wake()
+        return self.queued_bytes
+
+    def finish(self, *, keep_alive: bool) -> None:
+        self.complete, self.keep_alive = True, keep_alive
+        self._wake()
+
+    def fail(self, error: TritonUnavailable) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    async def wait(self, deadline: float) -> None:
+        """Wait for news (status, body, end or failure), at the latest until `deadline` (loop time)."""
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        handle = loop.call_at(deadline, self._wake)
+        try:
+            await self.waiter
+        finally:
+            handle.cancel()
+            self.waiter = None
+        if self.error is None and not self.complete and not self.queued and loop.time() >= deadline:
+            self.error = TritonUnavailable("Triton timed out")
+
+
 class RelayedAnswer:
-    """Triton's answer: HTTP `status`, the `headers` that describe the body, and `chunks`, an async iterator over
-    the body's bytes (read from Triton as the client takes them). `close()` (or reading to the end) hands the
-    connection back to the pool."""
+    """Triton's answer: HTTP `status`, the `headers` that describe the body (lower-case names), and `chunks()`,
+    an async iterator over the body's bytes (read from Triton as the client takes them). Reading to the end hands
+    the connection back to the pool; `close()` before that drops the connection."""
 
-    status: int
-    headers: dict[str, str]
-    response: aiohttp.ClientResponse
+    def __init__(self, relay: TritonRelay, exchange: _Exchange, deadline: float) -> None:
+        self.status = exchange.status
+        self.headers = dict(exchange.headers)
+        self._relay = relay
+        self._exchange = exchange
+        self._deadline = deadline
+        self._done = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield the body in pieces of at most CHUNK_BYTES. Raises TritonUnavailable when Triton stops mid-way."""
+        """Yield the body in the pieces Triton sent. Raises TritonUnavailable when Triton stops or times out
+        mid-way."""
+        exchange = self._exchange
         try:
-            async for chunk in self.response.content.iter_chunked(CHUNK_BYTES):
-                yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise TritonUnavailable(f"Triton stopped while sending its answer: {exc}") from None
+            while True:
+                while exchange.queued:
+                    chunk = exchange.queued.popleft()
+                    exchange.queued_bytes -= len(chunk)
+                    if exchange.queued_bytes <= ANSWER_BUFFER_BYTES // 2:
+                        exchange.connection.resume_reading()
+                    yield chunk
+                if exchange.complete:
+                    break
+                if exchange.error is not None:
+                    raise exchange.error
+                await exchange.wait(self._deadline)
         finally:
-            self.response.release()
+            self._finish()
 
     async def read(self) -> bytes:
         """The whole body (for small answers Conch rewrites, e.g. server metadata)."""
         return b"".join([chunk async for chunk in self.chunks()])
 
     def close(self) -> None:
-        self.response.release()
+        """Give up on the rest of the body (the connection is closed unless the answer was complete)."""
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._relay._release(self._exchange)
 
 
 class TritonRelay:
-    """A pool of keep-alive HTTP connections to Tritons, for one event loop.
+    """A pool of keep-alive HTTP/1.1 connections to Tritons, for one event loop.
 
     `max_connections`: connections open at once per Triton (host:port); requests beyond wait for a free one.
     `timeout_s`: seconds a whole relayed request may take (connect + send + Triton's work + answer).
@@ -64,15 +225,13 @@ class TritonRelay:
     """
 
     def __init__(self, *, max_connections: int = 64, timeout_s: float = 60.0, connect_timeout_s: float = 3.0) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=0, limit_per_host=max_connections, keepalive_timeout=60, enable_cleanup_closed=True
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-        )
+        self._max_connections = max_connections
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._slots: dict[tuple[str, int], asyncio.Semaphore] = {}
+        self._open: set[_Connection] = set()
+        self._where: dict[str, tuple[tuple[str, int], str]] = {}
 
     async def send(
         self,
@@ -91,25 +250,112 @@ class TritonRelay:
         Triton reads a plain, not chunked, body. Raises TritonUnreachable when no connection opens (nothing was
         sent, so another server may be tried), TritonUnavailable when the exchange fails after that.
         """
-        sent = {
-            name: value
-            for name, value in (headers or {}).items()
-            if name.lower() in RELAYED_HEADERS or name.lower() == "x-conch-key"
-        }
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        key, netloc, target = self._split(url)
+        head = [f"{method} {target} HTTP/1.1\r\nHost: {netloc}\r\n"]
+        for name, value in (headers or {}).items():
+            lowered = name.lower()
+            if lowered in RELAYED_HEADERS or lowered == "x-conch-key":
+                head.append(f"{name}: {value}\r\n")
         if content_length is not None:
-            sent["Content-Length"] = str(content_length)
+            head.append(f"Content-Length: {content_length}\r\n")
+        elif isinstance(body, bytes | bytearray | memoryview):
+            head.append(f"Content-Length: {len(body)}\r\n")
+        head.append("\r\n")
+        request_head = "".join(head).encode("latin-1")
+
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = asyncio.Semaphore(self._max_connections)
         try:
-            response = await self._session.request(method, url, data=body, headers=sent, allow_redirects=False)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError) as exc:
-            if isinstance(exc, aiohttp.ClientConnectorError) or "connect" in str(exc).lower():
-                raise TritonUnreachable(f"Triton at {url} cannot be reached: {exc}") from None
-            raise TritonUnavailable(f"Triton at {url} timed out: {exc}") from None
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            kind = "timed out" if isinstance(exc, asyncio.TimeoutError) else "failed"
-            raise TritonUnavailable(f"Triton at {url} {kind}: {exc}") from None
-        kept = {name: value for name, value in response.headers.items() if name.lower() in _ANSWER_HEADERS}
-        return RelayedAnswer(status=response.status, headers=kept, response=response)
+            async with asyncio.timeout_at(deadline):
+                await slots.acquire()
+        except TimeoutError:
+            raise TritonUnavailable(f"Triton at {url} timed out: no free connection") from None
+        replayable = not isinstance(body, AsyncIterator)
+        try:
+            while True:
+                connection, reused = await self._connection(key, url, deadline)
+                exchange = _Exchange(connection)
+                connection.answer = exchange
+                try:
+                    await self._write(connection, request_head, body)
+                    exchange.sent_all = not connection.closed
+                    while not exchange.status and exchange.error is None:
+                        await exchange.wait(deadline)
+                except TritonUnavailable as exc:
+                    exchange.error = exchange.error or exc
+                if exchange.error is None:
+                    return RelayedAnswer(self, exchange, deadline)
+                connection.close()
+                self._open.discard(connection)
+                if reused and replayable and not exchange.status and loop.time() < deadline:
+                    continue  # a pooled connection Triton had closed meanwhile: the request goes on a new one
+                raise TritonUnavailable(f"Triton at {url} failed: {exchange.error}")
+        except BaseException:
+            slots.release()
+            raise
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        await self._session.close()
+        for connection in list(self._open):
+            connection.close()
+        self._open.clear()
+        self._idle.clear()
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _split(self, url: str) -> tuple[tuple[str, int], str, str]:
+        """`url`'s (host, port), its host:port as written, and the path (with query) to request."""
+        end = url.find("/", url.find("://") + 3)
+        base, target = (url[:end], url[end:]) if end >= 0 else (url, "/")
+        known = self._where.get(base)
+        if known is None:
+            parts = urlsplit(base)
+            if parts.scheme != "http" or not parts.hostname:
+                raise TritonUnreachable(f"Triton at {url} cannot be reached: only http:// servers are relayed to")
+            known = ((parts.hostname, parts.port or 80), parts.netloc)
+            if len(self._where) < 10_000:
+                self._where[base] = known
+        return known[0], known[1], target
+
+    async def _connection(self, key: tuple[str, int], url: str, deadline: float) -> tuple[_Connection, bool]:
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and not connection.transport.is_closing():
+                return connection, True
+            self._open.discard(connection)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(min(self._connect_timeout_s, max(0.0, deadline - loop.time()))):
+                _, connection = await loop.create_connection(lambda: _Connection(key), key[0], key[1])
+        except (OSError, TimeoutError) as exc:
+            raise TritonUnreachable(f"Triton at {url} cannot be reached: {exc or 'connect timed out'}") from None
+        self._open.add(connection)
+        return connection, False
+
+    @staticmethod
+    async def _write(connection: _Connection, head: bytes, body: bytes | AsyncIterator[bytes] | None) -> None:
+        transport = connection.transport
+        if body is None or isinstance(body, bytes | bytearray | memoryview):
+            transport.writelines((head, body) if body else (head,))
+            return
+        transport.write(head)
+        async for chunk in body:
+            if connection.closed:
+                break  # Triton answered (an error) or went away: its answer, or the failure, says which
+            transport.write(chunk)
+            await connection.drain()
+
+    def _release(self, exchange: _Exchange) -> None:
+        connection = exchange.connection
+        connection.answer = None
+        reusable = exchange.complete and exchange.keep_alive and exchange.sent_all and exchange.error is None
+        if reusable and not connection.closed:
+            self._idle.setdefault(connection.key, []).append(connection)
+        else:
+            connection.close()
+            self._open.discard(connection)
+        self._slots[connection.key].release()

@@ -208,16 +208,22 @@ class GatewayApp:
                     "retry in a few seconds."
                 ) from None
         counts.bytes_in = body.length
+        try:
+            return await self._answer_back(route, plan, method, answer, send, counts)
+        finally:
+            answer.close()  # after a complete answer, the connection goes back to the pool; else it is dropped
+
+    @staticmethod
+    async def _answer_back(route: Route, plan: Plan, method: str, answer, send: Send, counts: UsageCounts) -> int:
         if plan.kind == "server":
             payload = _renamed_server_metadata(await answer.read(), route.deployment_name)
-            answer.headers["Content-Length"] = str(len(payload))
+            answer.headers["content-length"] = str(len(payload))
             await _start_answer(send, answer.status, answer.headers)
             counts.bytes_out = len(payload)
             await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
             return answer.status
         await _start_answer(send, answer.status, answer.headers)
         if method == "HEAD":
-            answer.close()
             await send({"type": "http.response.body", "body": b""})
             return answer.status
         try:
