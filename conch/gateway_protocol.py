@@ -1,13 +1,19 @@
-"""uvicorn's httptools HTTP/1.1 protocol with a bound on a request's head (request line and headers).
+"""uvicorn's httptools HTTP/1.1 protocol with a bound on a request's head, and request bodies passed on uncopied.
 
 uvicorn (0.54) puts no limit on the head when it parses with httptools: a client could send a header of hundreds
 of MB, all of it held in memory, while the event loop parses it. `BoundedHttpToolsProtocol` answers 431 and
 closes the connection as soon as a head passes `MAX_HEAD_BYTES`, before its request reaches the gateway.
+
+Its request bodies reach the application in the pieces read from the socket (`PiecewiseCycle`): uvicorn joins
+a body into one bytearray and copies that into bytes for each `http.request` message, two copies of every body
+that, for a 600 KB inference request, cost the gateway more CPU than parsing and checking the request does.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+from typing import Any
 
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -23,7 +29,31 @@ MAX_HEAD_BYTES = 1024 * 1024
 #: CONCH_GATEWAY_STREAM_FROM_BYTES (4 MiB) whole anyway, and at 64 KiB a 600 KB inference request paused and
 #: resumed the socket ten times, each a wake-up of the request's task: most of the gateway's own CPU per request.
 BODY_BUFFER_BYTES = 4 * 1024 * 1024
-httptools_impl.HIGH_WATER_LIMIT = BODY_BUFFER_BYTES
+
+
+class PiecewiseCycle(httptools_impl.RequestResponseCycle):
+    """uvicorn's request/response cycle whose `receive()` hands the body over piece by piece as it was read
+    (`http.request` messages, `more_body` set until the last), never joined or copied. Pieces wait in `pieces`;
+    `buffered` counts their bytes (the protocol stops reading the socket past BODY_BUFFER_BYTES)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pieces: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.pieces or self.waiting_for_100_continue:
+            # uvicorn's own receive: sends 100 Continue, resumes reading, waits, or says the client went away.
+            message = await super().receive()
+            if message["type"] != "http.request" or not self.pieces:
+                return message
+        piece = self.pieces.popleft()
+        self.buffered -= len(piece)
+        return {"type": "http.request", "body": piece, "more_body": bool(self.pieces) or self.more_body}
+
+
+# uvicorn's protocol makes its cycle from this module global (uvicorn is pinned: requirements.txt).
+httptools_impl.RequestResponseCycle = PiecewiseCycle
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -42,6 +72,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+            return  # answered already (e.g. 413 before the body was read): the rest is dropped, as uvicorn does
+        cycle.pieces.append(body)
+        cycle.buffered += len(body)
+        if cycle.buffered > BODY_BUFFER_BYTES:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

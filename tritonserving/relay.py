@@ -239,16 +239,17 @@ class TritonRelay:
         url: str,
         *,
         headers: Mapping[str, str] | None = None,
-        body: bytes | AsyncIterator[bytes] | None = None,
+        body: bytes | list[bytes] | AsyncIterator[bytes] | None = None,
         content_length: int | None = None,
     ) -> RelayedAnswer:
         """Send one request to `url` (a Triton's `http://host:port/v2/...`) and return its answer, body unread.
 
         `headers`: the client's; only RELAYED_HEADERS (Content-Type, Content-Encoding, Accept-Encoding,
-        Inference-Header-Content-Length) and `X-Conch-Key` (the restricted-endpoint key) go on. `body`: bytes, or
-        an async iterator of chunks sent as they come, with `content_length` (bytes) sent as Content-Length so
-        Triton reads a plain, not chunked, body. Raises TritonUnreachable when no connection opens (nothing was
-        sent, so another server may be tried), TritonUnavailable when the exchange fails after that.
+        Inference-Header-Content-Length) and `X-Conch-Key` (the restricted-endpoint key) go on. `body`: bytes, a
+        list of pieces (sent in one write, not joined), or an async iterator of chunks sent as they come, with
+        `content_length` (bytes) sent as Content-Length so Triton reads a plain, not chunked, body. Raises
+        TritonUnreachable when no connection opens (nothing was sent, so another server may be tried),
+        TritonUnavailable when the exchange fails after that.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
@@ -262,6 +263,8 @@ class TritonRelay:
             head.append(f"Content-Length: {content_length}\r\n")
         elif isinstance(body, bytes | bytearray | memoryview):
             head.append(f"Content-Length: {len(body)}\r\n")
+        elif isinstance(body, list):
+            head.append(f"Content-Length: {sum(len(piece) for piece in body)}\r\n")
         head.append("\r\n")
         request_head = "".join(head).encode("latin-1")
 
@@ -337,10 +340,13 @@ class TritonRelay:
         return connection, False
 
     @staticmethod
-    async def _write(connection: _Connection, head: bytes, body: bytes | AsyncIterator[bytes] | None) -> None:
+    async def _write(connection: _Connection, head: bytes, body: bytes | list | AsyncIterator[bytes] | None) -> None:
         transport = connection.transport
         if body is None or isinstance(body, bytes | bytearray | memoryview):
             transport.writelines((head, body) if body else (head,))
+            return
+        if isinstance(body, list):
+            transport.writelines((head, *body))
             return
         transport.write(head)
         async for chunk in body:

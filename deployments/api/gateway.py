@@ -433,9 +433,9 @@ class _RequestBody:
     model, else 1).
     """
 
-    def __init__(self, receive: Receive, start: bytes, length: int, more: bool, inferences: int) -> None:
+    def __init__(self, receive: Receive, start: list[bytes], length: int, more: bool, inferences: int) -> None:
         self._receive = receive
-        self._start = start
+        self._start = start  # the pieces read so far, as the client's server handed them over (not joined)
         self._more = more
         self.length = length
         self.inferences = inferences
@@ -463,8 +463,9 @@ class _RequestBody:
             )
         if declared is None or not infer or encoding != "identity":
             # No length (chunked), nothing to check, or compressed: read all of it, within the limit.
-            start, more = await _read(receive, limit, until=None)
-            body = cls(receive, start, len(start), False, 1)
+            pieces, _ = await _read(receive, limit, until=None)
+            start = b"".join(pieces)
+            body = cls(receive, [start], len(start), False, 1)
             if infer:
                 # Checked as Triton will read it: decompressed (within the same limit) and parsed, off the loop
                 # when large, so one big request does not hold up the others.
@@ -478,17 +479,18 @@ class _RequestBody:
             want = length
         else:
             want = min(header_length, length)
-        start, more = await _read(receive, limit, until=want)
+        pieces, more = await _read(receive, limit, until=want)
         # Only the JSON header is parsed (the binary tensor data after it is not looked at): its size, not the
-        # body's, decides whether the check is worth a thread.
+        # body's, decides whether the check is worth a thread, and only the pieces that hold it are joined.
+        checked = _leading(pieces, length if header_length is None else header_length)
         if header_length is not None and header_length < OFF_LOOP_BYTES:
-            summary = check_inference_header(start, header_length, length)
+            summary = check_inference_header(checked, header_length, length)
         else:
-            summary = await _off_loop(check_inference_header, start, header_length, length)
-        return cls(receive, start, length, more, _inferences(summary, route))
+            summary = await _off_loop(check_inference_header, checked, header_length, length)
+        return cls(receive, pieces, length, more, _inferences(summary, route))
 
-    def payload(self) -> bytes | AsyncIterator[bytes] | None:
-        """What to send to Triton: the bytes when the whole body is read already (sent in one write), else
+    def payload(self) -> list[bytes] | AsyncIterator[bytes] | None:
+        """What to send to Triton: the pieces when the whole body is read already (sent in one write), else
         `stream()`; None for an empty body."""
         if not self.length:
             return None
@@ -499,8 +501,8 @@ class _RequestBody:
     async def stream(self) -> AsyncIterator[bytes]:
         """The body's bytes: what was read already, then the rest as the client sends it."""
         self.started = True
-        if self._start:
-            yield self._start
+        for piece in self._start:
+            yield piece
         more = self._more
         while more:
             try:
@@ -566,8 +568,22 @@ async def _next_message(receive: Receive) -> dict[str, Any]:
     return message
 
 
-async def _read(receive: Receive, limit: int, *, until: int | None) -> tuple[bytes, bool]:
-    """Read the body until at least `until` bytes (None: all of it); return them and whether more follows."""
+def _leading(pieces: list[bytes], size: int) -> bytes:
+    """The body's first `size` bytes or more, joining only the pieces that hold them."""
+    if pieces and len(pieces[0]) >= size:
+        return pieces[0]
+    taken, held = [], 0
+    for piece in pieces:
+        taken.append(piece)
+        held += len(piece)
+        if held >= size:
+            break
+    return b"".join(taken)
+
+
+async def _read(receive: Receive, limit: int, *, until: int | None) -> tuple[list[bytes], bool]:
+    """Read the body until at least `until` bytes (None: all of it); return its pieces (not joined: the body
+    goes to Triton as they are) and whether more follows."""
     parts: list[bytes] = []
     size = 0
     more = True
@@ -581,8 +597,9 @@ async def _read(receive: Receive, limit: int, *, until: int | None) -> tuple[byt
                 f"The request body is over the {limit} bytes the gateway accepts (CONCH_GATEWAY_MAX_BODY_BYTES).",
                 field="body",
             )
-        parts.append(chunk)
-    return b"".join(parts), more
+        if chunk:
+            parts.append(chunk)
+    return parts, more
 
 
 def _inferences(summary, route: Route) -> int:

@@ -293,6 +293,29 @@ def test_a_binary_body_streams_to_triton_in_pieces(served):
     assert too_short.status_code == 400 and "binary_data_size" in too_short.json()["error"]
 
 
+def test_a_client_that_expects_100_continue_gets_it_and_then_its_answer(served):
+    """curl sends `Expect: 100-continue` with bodies over 1 MB and waits (up to a second) before sending them."""
+    caller, deployment, base = served
+    data = np.arange(8, dtype=np.float32).reshape(2, 4)
+    header = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 32}}]}
+    ).encode()
+    where = urlsplit(base)
+    with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST {where.path}/v2/models/adder/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {caller.token}\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(header) + 32}\r\n"
+            "Expect: 100-continue\r\n\r\n".encode()
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(header + data.tobytes())
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            answer += sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == (data + 1).ravel().tolist()
+
+
 def test_a_body_over_the_limit_is_refused_before_it_is_read(served, settings):
     caller, deployment, base = served
     settings.CONCH_GATEWAY_MAX_BODY_BYTES = 1000
