@@ -40,6 +40,19 @@ class PiecewiseCycle(httptools_impl.RequestResponseCycle):
         super().__init__(*args, **kwargs)
         self.pieces: collections.deque[bytes] = collections.deque()
         self.buffered = 0
+        self.transport = _HeadHoldingTransport(self.transport)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """uvicorn's send, with the response head held back and written together with the first piece of body:
+        one write and one packet instead of two (and one wake-up of the client instead of two)."""
+        transport = self.transport
+        if message["type"] == "http.response.start" and not self.response_started:
+            transport.hold_next = True
+        try:
+            await super().send(message)
+        finally:
+            if message["type"] != "http.response.start" or self.response_complete:
+                transport.release()
 
     async def receive(self) -> dict[str, Any]:
         if not self.pieces or self.waiting_for_100_continue:
@@ -50,6 +63,38 @@ class PiecewiseCycle(httptools_impl.RequestResponseCycle):
         piece = self.pieces.popleft()
         self.buffered -= len(piece)
         return {"type": "http.request", "body": piece, "more_body": bool(self.pieces) or self.more_body}
+
+
+class _HeadHoldingTransport:
+    """The cycle's view of its connection's transport: when `hold_next` is set, the next write (the response
+    head) is held and goes out with the write after it, in one `writelines`; `release()` writes what is held."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self.hold_next = False
+
+    def write(self, data: bytes) -> None:
+        if self.hold_next:
+            self.hold_next, self._held = False, data
+        elif self._held is not None:
+            held, self._held = self._held, None
+            self._transport.writelines((held, data))
+        else:
+            self._transport.write(data)
+
+    def release(self) -> None:
+        self.hold_next = False
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.release()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 # uvicorn's protocol makes its cycle from this module global (uvicorn is pinned: requirements.txt).
