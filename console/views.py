@@ -14,6 +14,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
@@ -104,12 +105,35 @@ def overview(request: HttpRequest) -> HttpResponse:
     return render(request, "console/overview.html", context)
 
 
+#: How the quota fields read on the pages.
+QUOTA_LABELS = {
+    "gpu": "GPUs",
+    "instances": "Model instances",
+    "storage_bytes": "Storage",
+    "models": "Models",
+    "deployments": "Deployments",
+}
+
+
 def _usage_line(line) -> dict:
-    """A quota line for a bar: field, unit, used, limit and the percentage filled (0..100, capped)."""
+    """A quota line for a bar: field, its label, used and limit as text (bytes in KB/MB/GB), the raw numbers,
+    and the percentage filled (0..100, capped)."""
     percent = (
         100 if line.limit == 0 and line.used else (min(100, round(100 * line.used / line.limit)) if line.limit else 0)
     )
-    return {"field": line.field, "unit": line.unit, "used": line.used, "limit": line.limit, "percent": percent}
+    if "bytes" in line.field:
+        used_text, limit_text, unit = filesizeformat(line.used), filesizeformat(line.limit), ""
+    else:
+        used_text, limit_text, unit = str(line.used), str(line.limit), line.unit
+    return {
+        "field": line.field,
+        "label": QUOTA_LABELS.get(line.field, line.field.replace("_", " ").capitalize()),
+        "unit": unit,
+        "used": line.used,
+        "limit": line.limit,
+        "text": f"{used_text} of {limit_text} {unit}".strip(),
+        "percent": percent,
+    }
 
 
 @login_required

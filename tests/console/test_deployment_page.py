@@ -54,6 +54,13 @@ def test_charts_show_points_after_inferences_on_a_real_deployment(
     assert f"/serve/{alice.team.slug}/web/v2/models/classifier/infer" in page.locator("#snippet-curl").inner_text()
     assert 'httpclient.InferInput("x", [1, 3, 224, 224], "FP32")' in page.locator("#snippet-python").inner_text()
     screenshot(page, "console-deployment-charts")
+    # and the overview draws the deployment's throughput sparkline from the same samples
+    page.goto("/")
+    page.wait_for_function(
+        f"Number(document.querySelector('[data-sparkline=\"{deployment['id']}\"]').dataset.points) > 0"
+    )
+    assert page.locator(f"#spark-value-{deployment['id']}").inner_text().endswith("inf/s")
+    screenshot(page, "console-overview")
 
 
 @pytest.fixture
