@@ -18,6 +18,7 @@ urlpatterns = [
     path("models/<int:model_id>/versions/<int:version_id>/delete/", views.version_delete, name="version-delete"),
     path("deployments/", views.deployment_list, name="deployments"),
     path("deployments/<int:deployment_id>/", views.deployment_detail, name="deployment"),
+    path("deployments/<int:deployment_id>/live/", views.deployment_live, name="deployment-live"),
     path("deployments/<int:deployment_id>/scale/", views.deployment_scale, name="deployment-scale"),
     path("deployments/<int:deployment_id>/version/", views.deployment_switch_version, name="deployment-version"),
     path("deployments/<int:deployment_id>/stop/", views.deployment_stop, name="deployment-stop"),

@@ -287,6 +287,23 @@ def deployment_detail(request: HttpRequest, deployment_id: int) -> HttpResponse:
     return _deployment_page(request, deployment)
 
 
+@login_required
+def deployment_live(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """The deployment page's pods and status timeline as an HTML fragment (htmx polls it)."""
+    deployment = _deployment_of(request, deployment_id)
+    if refused := _read_only(request):
+        return refused
+    return render(
+        request,
+        "console/_deployment_live.html",
+        {
+            "deployment": deployment,
+            "events": deployments.deployment_events(deployment),
+            "pods": (deployment.observed or {}).get("pods") or [],
+        },
+    )
+
+
 def _deployment_action(request: HttpRequest, deployment_id: int, act, done: str) -> HttpResponse:
     deployment = _deployment_of(request, deployment_id)
     if refused := _post_only(request):

@@ -140,3 +140,15 @@ def test_the_deployment_page_works_from_the_keyboard(page, two_versions):
     # then the hot update's service answers: this deployment row was made without its own model repository, so
     # it refuses (409), and the page says why
     expect(page.get_by_test_id("page-error")).to_contain_text("stop it and deploy the version again")
+
+
+def test_the_status_timeline_updates_without_a_reload(page, alice, two_versions):
+    from deployments.services import request_stop
+
+    _, deployment = two_versions
+    page.goto(f"/deployments/{deployment.pk}/")
+    expect(page.get_by_test_id("deployment-timeline")).not_to_contain_text("deployment.stop_requested")
+    # when the deployment is stopped elsewhere (the API, another tab)
+    request_stop(user=alice.user, deployment=deployment)
+    # then htmx's poll of the fragment shows the event on the open page
+    expect(page.get_by_test_id("deployment-timeline")).to_contain_text("deployment.stop_requested", timeout=15_000)
