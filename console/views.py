@@ -172,7 +172,6 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
                 "tensors": presenters.signature_rows(version.signature, batching=batch > 0),
             }
         )
-    console = team_context(request)
     role = tenancy.role_in_team(user=request.user, team=model.team)
     return render(
         request,
@@ -182,7 +181,6 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
             "versions": versions,
             "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
             "error": error,
-            "console": console,
         },
         status=status,
     )
