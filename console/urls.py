@@ -25,6 +25,7 @@ urlpatterns = [
     path("teams/<slug:slug>/", views.team_detail, name="team"),
     path("teams/<slug:slug>/members/", views.member_add, name="member-add"),
     path("teams/<slug:slug>/members/<str:username>/role/", views.member_role, name="member-role"),
+    path("teams/<slug:slug>/members/<str:username>/remove/", views.member_remove, name="member-remove"),
     path("teams/<slug:slug>/tokens/", views.token_create, name="token-create"),
     path("teams/<slug:slug>/tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("wizard/", include("console.wizard_urls")),

@@ -420,6 +420,16 @@ def member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
 
 
 @login_required
+def member_remove(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    """Take a member out of the team and revoke their tokens of it (team admin; never the last admin)."""
+
+    def act(team) -> None:
+        team_members.remove_member(user=request.user, slug=team.slug, username=username)
+
+    return _team_action(request, slug, act, f"{username} removed from the team.")
+
+
+@login_required
 def member_add(request: HttpRequest, slug: str) -> HttpResponse:
     """Add an existing user to the team with a role (team admin)."""
 

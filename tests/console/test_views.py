@@ -210,3 +210,14 @@ def test_scaling_a_kubernetes_deployment_sets_its_replicas_and_lists_its_pods(se
     assert response.status_code == 302
     deployment.refresh_from_db()
     assert deployment.replicas == 3
+
+
+def test_a_team_admin_removes_a_member_but_not_the_last_admin(session, alice):
+    bob = UserFactory(username="bobby")
+    MembershipFactory(user=bob, team=alice.team, role="developer")
+    alice.user.memberships.filter(team=alice.team).update(role="admin")
+    assert session.post("/teams/acme/members/bobby/remove/").status_code == 302
+    assert not bob.memberships.exists()
+    response = session.post("/teams/acme/members/alice/remove/")
+    assert response.status_code == 409
+    assert alice.user.memberships.filter(team=alice.team).exists()
