@@ -479,22 +479,19 @@ def assemble_upload(*, upload: Upload, heartbeat: Callable[[], None] | None = No
             raise InvalidInput(
                 "The upload's parts are no longer in the object store; upload the file again.", field="parts"
             ) from None
-    size = store.size(upload.object_key)
+    try:
+        size = store.size(upload.object_key)
+        got = _sha256_of(store, upload.object_key, heartbeat) if size == upload.size_bytes else ""
+    except NotFound:
+        raise InvalidInput(
+            "The joined file is no longer in the object store; upload the file again.", field="parts"
+        ) from None
     if size != upload.size_bytes:
         raise InvalidInput(
             f"The joined file is {size} bytes, not the {upload.size_bytes} bytes promised (size_bytes): expected "
             f"{upload.size_bytes}, got {size}. Check the file and upload it again.",
             field="size_bytes",
         )
-    digest = hashlib.sha256()
-    last_beat = time.monotonic()
-    with store.open_reader(upload.object_key) as reader:
-        while chunk := reader.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-            if heartbeat is not None and time.monotonic() - last_beat >= 5.0:
-                heartbeat()
-                last_beat = time.monotonic()
-    got = digest.hexdigest()
     if got != upload.sha256:
         raise InvalidInput(
             f"The joined file's SHA-256 is {got}, not the {upload.sha256} promised (sha256): expected "
@@ -503,6 +500,19 @@ def assemble_upload(*, upload: Upload, heartbeat: Callable[[], None] | None = No
             field="sha256",
         )
     return StoredObject(key=upload.object_key, size_bytes=size, sha256_hex=got)
+
+
+def _sha256_of(store: Any, key: str, heartbeat: Callable[[], None] | None) -> str:
+    """SHA-256 hex of object `key`, read from the store HASH_CHUNK_BYTES at a time (heartbeat about every 5 s)."""
+    digest = hashlib.sha256()
+    last_beat = time.monotonic()
+    with store.open_reader(key) as reader:
+        while chunk := reader.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+            if heartbeat is not None and time.monotonic() - last_beat >= 5.0:
+                heartbeat()
+                last_beat = time.monotonic()
+    return digest.hexdigest()
 
 
 def _drop_from_store(upload: Upload, *, delete_object: bool) -> bool:

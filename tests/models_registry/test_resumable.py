@@ -491,3 +491,38 @@ def make_client(token: str):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return client
+
+
+def _completed_version(caller, model_id: int, data: bytes, capture) -> ModelVersion:
+    upload = _start(caller, model_id, data).json()
+    (target,) = _urls(caller, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data, timeout=30).status_code == 200
+    with capture():
+        assert caller.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    return Upload.objects.get(pk=upload["id"]).version
+
+
+def test_deleting_a_version_made_from_an_upload_deletes_its_file(alice, s3, django_capture_on_commit_callbacks):
+    model_id = _model(alice)
+    version = _completed_version(alice, model_id, os.urandom(2000), django_capture_on_commit_callbacks)
+    ModelVersion.objects.filter(pk=version.pk).update(status="built")  # its build is not run here
+    # when
+    assert alice.client.delete(f"/api/v1/versions/{version.pk}/").status_code == 204
+    # then its file, kept where the upload joined it, is gone with it
+    assert s3() == {"keys": [], "pending": []}
+    assert _storage_used(alice.team) == 0
+
+
+def test_deleting_a_model_aborts_its_open_uploads_in_the_store(alice, s3):
+    model_id = _model(alice)
+    data = os.urandom(6 * MIB)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data[:PART], timeout=30).status_code == 200
+    # when
+    assert alice.client.delete(f"/api/v1/models/{model_id}/").status_code == 204
+    # then no part is left stored (and billed) in the bucket, and the rows are gone with the model
+    assert s3() == {"keys": [], "pending": []}
+    assert not Upload.objects.exists()
+    assert _storage_used(alice.team) == 0
