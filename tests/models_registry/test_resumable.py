@@ -171,7 +171,8 @@ def test_a_stopped_upload_resumes_where_it_stopped_through_conch_with_folder_sto
     assert Upload.objects.count() == 1
     # and the open uploads of the model are listed
     listed = alice.client.get(f"/api/v1/models/{model_id}/uploads/").json()
-    assert [item["id"] for item in listed] == [upload["id"]]
+    assert listed["count"] == 1
+    assert [item["id"] for item in listed["results"]] == [upload["id"]]
     # when it sends the rest and completes
     for target in _urls(alice, model_id, upload["id"], [2, 3]):
         start = (target["number"] - 1) * PART
@@ -384,7 +385,7 @@ def test_a_client_can_abort_its_upload(alice, s3):
     assert Upload.objects.get().status == "aborted"
     assert s3() == {"keys": [], "pending": []}
     assert _storage_used(alice.team) == 0
-    assert alice.client.get(f"/api/v1/models/{model_id}/uploads/").json() == []
+    assert alice.client.get(f"/api/v1/models/{model_id}/uploads/").json()["results"] == []
     assert AuditEntry.objects.filter(action="upload.aborted").count() == 1
 
 
@@ -627,3 +628,25 @@ def test_a_part_through_conch_streams_to_disk_without_holding_the_part(alice):
     assert peak < 8 * MIB, peak
     assert body.left == 0
     assert response.json() == {"number": 1, "size_bytes": 32 * MIB, "etag": body.sha256.hexdigest()}
+
+
+def test_completing_with_an_unknown_part_number_or_another_etag_is_refused_naming_the_part(alice):
+    data = os.urandom(100)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data).json()
+    url = f"/api/v1/models/{model_id}/uploads/{upload['id']}/"
+    sent = alice.client.put(f"{url}parts/1", data=data, content_type="application/octet-stream").json()
+    # when the client names a part the upload does not have
+    unknown = alice.client.post(f"{url}complete", {"parts": [{"number": 2, "etag": "x"}]}, format="json")
+    # then
+    assert unknown.status_code == 400
+    assert unknown.json() == {
+        "detail": "parts names part 2, which this upload does not have: its parts are 1 to 1. Send the numbers and "
+        "ETags of those parts, or no `parts` at all.",
+        "field": "parts",
+    }
+    # and an ETag other than the stored part's is refused, naming the part
+    other = alice.client.post(f"{url}complete", {"parts": [{"number": 1, "etag": "0" * 64}]}, format="json")
+    assert other.status_code == 409
+    assert other.json()["detail"].startswith(f"Part 1 in the object store has ETag {sent['etag']}, not {'0' * 64}")
+    assert Upload.objects.get().status == "uploading"
