@@ -17,6 +17,7 @@ import pytest
 import requests
 from django.db import connection
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from builds import services as builds
 from builds.tasks import finish_upload
@@ -25,6 +26,7 @@ from models_registry.models import ModelVersion, Upload
 from models_registry.storage import get_object_store
 from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota, team_usage
+from tenancy.services import create_api_token, ensure_membership
 from tests.conftest import make_caller
 
 pytestmark = pytest.mark.django_db
@@ -417,8 +419,6 @@ def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
         assert response.status_code == 404, (method, url, response.content)
     # a token of alice's team without models:write reads, but may not write
     reader = make_caller("reader", "acme-readers")
-    from tenancy.services import create_api_token, ensure_membership
-
     ensure_membership(team=alice.team, user=reader.user, role="developer")
     narrow = create_api_token(user=reader.user, team=alice.team, name="read", scopes=["read"]).secret
     reader.client.credentials(HTTP_AUTHORIZATION=f"Bearer {narrow}")
@@ -490,9 +490,7 @@ def test_two_starts_against_a_quota_that_fits_one_give_exactly_one_upload():
     assert Upload.objects.filter(status="uploading").count() == 1
 
 
-def make_client(token: str):
-    from rest_framework.test import APIClient
-
+def make_client(token: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return client
