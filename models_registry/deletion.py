@@ -6,7 +6,8 @@ What uses a version lives in apps above this one (deployments), which this app m
 
 Retry-safe in three steps: (1) under row locks, check and mark: the versions become `deleting` (the model gets
 `deletion_requested_at`), so nothing new starts using them (`services.lock_built_version`, `reserve_version`,
-`mark_rebuild` refuse); (2) delete the objects (every key under the version's or model's folder) and let each
+`mark_rebuild`, `resumable.start_upload` refuse); (2) delete the objects (every key under the version's or model's
+folder, the file of a version made from a resumable upload, and the parts of the model's open uploads) and let each
 `VersionUser` forget what only remembers the versions (stopped deployments: their repositories, then their rows);
 (3) delete the rows. Each step may run again: deleting what is gone is no error. When the store fails in (2) the
 rows stay, marked, still counted in the storage quota; `DELETE` again, or the sweeper (`finish_stalled_deletions`,
@@ -28,6 +29,7 @@ from django.utils import timezone
 from conch.errors import Conflict, InUse, Unavailable
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
+from models_registry.resumable import abort_uploads_of_model
 from models_registry.services import model_root, source_key, version_root
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
@@ -207,7 +209,12 @@ def _refuse_if_busy(versions: list[ModelVersion], what: str) -> None:
 def _finish_version(model_id: int, version_id: int, number: int) -> None:
     store = get_object_store()
     store.abort_multipart_uploads(source_key(model_id=model_id, number=number))
-    removed = store.delete_prefix(version_root(model_id=model_id, number=number) + "/")
+    root = version_root(model_id=model_id, number=number)
+    removed = store.delete_prefix(root + "/")
+    # A version made from a resumable upload keeps its file where the upload joined it, outside its folder.
+    key = ModelVersion.objects.filter(pk=version_id).values_list("source_key", flat=True).first()
+    if key and not key.startswith(root + "/"):
+        store.delete(key)
     _forget([version_id])
     with transaction.atomic():
         ModelVersion.objects.filter(pk=version_id, status=VersionStatus.DELETING).delete()
@@ -219,6 +226,7 @@ def _finish_model(model_id: int) -> None:
     version_ids = list(ModelVersion.objects.filter(model_id=model_id).values_list("pk", flat=True))
     for number in ModelVersion.objects.filter(model_id=model_id).values_list("number", flat=True):
         store.abort_multipart_uploads(source_key(model_id=model_id, number=number))
+    abort_uploads_of_model(model_id=model_id)
     removed = store.delete_prefix(model_root(model_id=model_id) + "/")
     _forget(version_ids)
     with transaction.atomic():
