@@ -196,8 +196,8 @@ class PartSender:
             target = self._url(number, fresh=fresh)
             url = target.url
             headers = {**target.headers, "Content-Length": str(size)}
-            if url.startswith("/") or url.startswith(self.api.url + "/"):
-                # Folder storage: the part goes to Conch itself, with the token.
+            if self.upload.get("transport") == "conch" or url.startswith("/"):
+                # Folder storage: the part goes to Conch itself, with the token (never to a bucket's URL).
                 url = self.api.url + url if url.startswith("/") else url
                 headers["Authorization"] = f"Bearer {self.api.token}"
             sent = [0]
