@@ -34,6 +34,14 @@ URL_MARGIN = timedelta(seconds=60)
 OPEN_STATUSES = ("uploading", "completing")
 
 
+class UploadStopped(Exception):
+    """Raised inside a part's body when the upload stops, so that the part's request ends at once."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(f"part {number} stopped")
+        self.number = number
+
+
 class Progress:
     """What an upload reports: `start(label, total_bytes)`, `advance(bytes)` (negative when a part is sent again),
     `finish()`. This base class reports nothing."""
@@ -125,6 +133,8 @@ class PartSender:
         self._urls: dict[int, PartUrl] = {}
         self._lock = threading.Lock()
         self._pending: list[int] = []
+        # Set when the upload stops (a part failed for good, Ctrl-C): parts in flight end at their next piece.
+        self._stop = threading.Event()
         self.etags: dict[int, str] = {}
         self.storage = httpx.Client(
             timeout=httpx.Timeout(300.0, connect=CONNECT_TIMEOUT_S),
@@ -174,6 +184,8 @@ class PartSender:
         with self.path.open("rb") as handle:
             handle.seek(offset)
             while left > 0:
+                if self._stop.is_set():
+                    raise UploadStopped(number)
                 piece = handle.read(min(PIECE_BYTES, left))
                 if not piece:
                     raise CliError(
@@ -206,7 +218,7 @@ class PartSender:
                 response = self.storage.request(target.method, url, content=self._body(number, sent), headers=headers)
             except httpx.HTTPError as exc:
                 self.progress.advance(-sent[0])
-                if attempt == PART_ATTEMPTS:
+                if attempt == PART_ATTEMPTS or self._stop.is_set():
                     raise unavailable(exc, call, url.split("?", 1)[0]) from None
                 time.sleep(0.5 * 2**attempt)
                 continue
@@ -241,12 +253,17 @@ class PartSender:
         try:
             with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="conch-part") as pool:
                 futures = {pool.submit(self.send_part, n): n for n in missing}
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                failed = [f for f in done if f.exception() is not None]
-                if failed:
+                try:
+                    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                    failed = [f for f in done if f.exception() is not None]
+                    if failed:
+                        raise failed[0].exception()
+                except BaseException:
+                    # Parts not started are dropped and parts in flight end now; the store keeps the finished ones.
+                    self._stop.set()
                     for future in futures:
                         future.cancel()
-                    raise failed[0].exception()
+                    raise
                 for future, number in futures.items():
                     self.etags[number] = future.result()
         finally:
