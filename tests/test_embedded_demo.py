@@ -176,7 +176,7 @@ def request_json(tmp_path_factory) -> str:
     return f"bytes={path}"
 
 
-def test_demo_on_embedded_defaults_then_a_curl_pipeline(demo, request_json):
+def test_demo_on_embedded_defaults_then_a_cli_pipeline(demo, request_json):
     # when the demo comes up
     found = demo.wait_until_up()
     # then it printed where to look, after a real inference
