@@ -355,7 +355,7 @@ def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
     """Poll the upload until it is completed (returned) or failed/aborted (CliError FAILED), at most `timeout_s`."""
     path = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
     deadline = time.monotonic() + timeout_s
-    delay = 0.2
+    delay = 0.1
     while upload["status"] in OPEN_STATUSES:
         if time.monotonic() > deadline:
             raise CliError(
@@ -364,7 +364,7 @@ def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
                 UNAVAILABLE,
             )
         time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+        delay = min(delay * 1.5, 0.5)
         upload = api.get(path)
     if upload["status"] != "completed":
         raise CliError(
