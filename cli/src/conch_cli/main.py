@@ -184,7 +184,9 @@ def upload(
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
     with _api() as api:
         found = api.find_model(model, team)
+        hashing = time.monotonic()
         sha256 = file_sha256(file, output.progress_for_terminal(quiet))
+        sha256_s = time.monotonic() - hashing
         result = upload_file(
             api,
             found["id"],
@@ -213,6 +215,11 @@ def upload(
                 "version": version,
                 "sent_bytes": result.sent_bytes,
                 "resumed_parts": result.resumed_parts,
+                "seconds": {
+                    "sha256": round(sha256_s, 3),
+                    "parts": round(result.parts_s, 3),
+                    "check": round(result.check_s, 3),
+                },
             }
         )
     elif wait:

@@ -292,6 +292,9 @@ class UploadResult:
     version: dict
     sent_bytes: int
     resumed_parts: int
+    #: Seconds spent sending parts, and then waiting for the server's check (complete -> completed).
+    parts_s: float = 0.0
+    check_s: float = 0.0
 
 
 def upload_file(
@@ -341,14 +344,24 @@ def upload_file(
         resumed = len(upload.get("parts") or [])
         say(f"resuming upload {upload['id']}: {resumed} of {upload['part_count']} parts already stored")
     sent = 0
+    started = time.monotonic()
     if upload["status"] == "uploading":
         sender = PartSender(api, upload, path, parallel=parallel, progress=progress, rate_limit=rate_limit)
         sent = sender.send_missing()
+    sent_at = time.monotonic()
+    if upload["status"] == "uploading":
         parts = [{"number": n, "etag": e} for n, e in sorted(sender.etags.items()) if e]
         upload = api.post(f"{base}{upload['id']}/complete", {"parts": parts} if parts else {}, expect=(200, 202))
     upload = wait_for_upload(api, upload, timeout_s=timeout_s)
     version = api.get(f"/api/v1/versions/{upload['version']}/")
-    return UploadResult(upload=upload, version=version, sent_bytes=sent, resumed_parts=resumed)
+    return UploadResult(
+        upload=upload,
+        version=version,
+        sent_bytes=sent,
+        resumed_parts=resumed,
+        parts_s=sent_at - started,
+        check_s=time.monotonic() - sent_at,
+    )
 
 
 def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
