@@ -14,8 +14,8 @@ user waits for: the CLI's start, the sha256, the parts, and the worker's check u
 
 Targets (issue 8): time_ratio = conch/baseline <= 1.1; the web process's peak RSS grows by < 20 MiB. Ends with one
 machine-readable line:
-  upload: time_ratio=<conch/baseline> rss_growth_mib=<peak - before> old_path_ratio=<old/baseline> \
-      old_path_rss_growth_mib=<…>
+  upload: time_ratio=<conch/baseline> rss_growth_mib=<peak - before> parts_ratio=<conch's parts alone/baseline> \
+      old_path_ratio=<old/baseline> old_path_rss_growth_mib=<…>
 Run: .venv/bin/python bench/upload.py [--size-mib 1024] [--rounds 2] [--skip-old-path]
 """
 
