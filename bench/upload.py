@@ -138,11 +138,14 @@ def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tupl
     return elapsed, json.loads(body)
 
 
-def conch_upload(env: dict, model: str, path: Path, parallel: int) -> tuple[float, dict, int]:
+def conch_upload(env: dict, model: str, path: Path, parallel: int, part_size: str | None) -> tuple[float, dict, int]:
     """Run `conch upload MODEL PATH --json`; return (seconds, its JSON, its peak RSS in bytes)."""
+    command = [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--parallel", str(parallel)]
+    if part_size:
+        command += ["--part-size", part_size]
     started = time.perf_counter()
     process = subprocess.Popen(
-        [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--parallel", str(parallel)],
+        command,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -159,11 +162,24 @@ def conch_upload(env: dict, model: str, path: Path, parallel: int) -> tuple[floa
     return elapsed, json.loads(out), sampler.peak
 
 
+def wait_build(port: int, token: str, version_id: int, timeout: float = 600) -> None:
+    """Poll the version until its build has ended (built or failed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", f"/api/v1/versions/{version_id}/", headers={"Authorization": f"Bearer {token}"})
+        if json.loads(conn.getresponse().read())["status"] in ("built", "failed"):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"the build of version {version_id} did not end")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds; the best time of each counts.")
     parser.add_argument("--parallel", type=int, default=8, help="conch upload --parallel (parts at once).")
+    parser.add_argument("--part-size", help="conch upload --part-size (default: the server's choice).")
     parser.add_argument("--skip-old-path", action="store_true", help="Leave out the old single-request upload.")
     args = parser.parse_args()
     size = args.size_mib * 1024 * 1024
@@ -282,9 +298,10 @@ def main() -> None:
             # of each kind (code, connections) is not counted as growth.
             small = tmp / "warmup.onnx"
             make_file(small, 1024 * 1024)
-            conch_upload(cli_env, str(model_id), small, args.parallel)
+            conch_upload(cli_env, str(model_id), small, args.parallel, None)
             if not args.skip_old_path:
                 upload_through_api(web_port, token, model_id, small)
+            time.sleep(3)  # the warm-up versions' builds (a 1 MiB file fails at once)
             empty_bucket()
 
             moto_pid, me = procs[0].pid, os.getpid()
@@ -311,7 +328,7 @@ def main() -> None:
                 before = sampler.current()
                 sampler.start()
                 cpu0 = cpu_seconds([moto_pid]), cpu_seconds(web_pids, children=False)
-                elapsed, result, client_peak = conch_upload(cli_env, str(model_id), path, args.parallel)
+                elapsed, result, client_peak = conch_upload(cli_env, str(model_id), path, args.parallel, args.part_size)
                 sampler.stop_event.set()
                 sampler.join()
                 conch_times.append(elapsed)
@@ -330,6 +347,9 @@ def main() -> None:
                     f"        (sha256 {result['seconds']['sha256']:.1f} s, parts {result['seconds']['parts']:.1f} s, "
                     f"server's check {result['seconds']['check']:.1f} s)"
                 )
+                # Untimed: the version's build (it fails: random bytes) reads the file; let it end before the next
+                # upload, so it takes no CPU from it.
+                wait_build(web_port, token, version["id"])
                 empty_bucket()
 
                 if not args.skip_old_path:
@@ -347,6 +367,7 @@ def main() -> None:
                         f"{size / elapsed / 2**20:5.0f} MiB/s   "
                         f"web RSS growth {(sampler.peak - before) / 2**20:.1f} MiB"
                     )
+                    wait_build(web_port, token, version["id"])
                     empty_bucket()
             print(
                 f"best: baseline {min(baseline_times):.2f} s, conch upload {min(conch_times):.2f} s"
