@@ -168,3 +168,18 @@ def test_a_file_over_the_upload_size_limit_exits_4_naming_size_bytes(cli, storag
     result = cli("upload", "big", path, "--json")
     assert result.code == 4
     assert result.json()["error"]["status"] == 413 and result.json()["error"]["field"] == "size_bytes"
+
+
+def test_a_conch_without_the_upload_api_gets_a_clear_error_and_exit_3(cli, model, model_file, settings):
+    # given a server from before the resumable upload API
+    settings.ROOT_URLCONF = "tests.cli.urls_without_uploads"
+    path, _ = model_file
+    # when the CLI uploads
+    result = cli("upload", "big", path)
+    # then it says so, and how to upload anyway, before hashing the file
+    assert result.code == 3
+    # (the last line: the live server's "Not Found" log may come before it in this process's stderr)
+    message = result.err.strip().splitlines()[-1]
+    assert message.startswith("error: This Conch server (http://")
+    assert "[HTTP 404 from GET /api/v1/models/" in message and "sha256" not in result.err
+    assert "has no resumable upload API" in message and "curl" in message

@@ -19,7 +19,7 @@ from conch_cli import __version__, output, tensors
 from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
 from conch_cli.errors import FAILED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
-from conch_cli.transfer import RateLimit, file_sha256, upload_file
+from conch_cli.transfer import RateLimit, check_upload_api, file_sha256, upload_file
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 usage error or input the server refused; 2 authentication or permission; 3 not found; "
@@ -184,6 +184,7 @@ def upload(
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
     with _api() as api:
         found = api.find_model(model, team)
+        check_upload_api(api, found["id"], file)
         hashing = time.monotonic()
         sha256 = file_sha256(file, output.progress_for_terminal(quiet))
         sha256_s = time.monotonic() - hashing

@@ -325,16 +325,7 @@ def upload_file(
         body["build_options"] = build_options
     response = api.call("POST", base, json=body, expect=(200, 201, 404))
     if response.status_code == 404:
-        model_seen = api.call("GET", f"/api/v1/models/{model_id}/", expect=(200, 404)).status_code == 200
-        if model_seen:
-            raise CliError(
-                f"This Conch server ({api.url}) has no resumable upload API (POST {base} answered 404). Upgrade "
-                f"Conch, or upload with curl: curl -H 'Authorization: Bearer …' -F file=@{path.name} "
-                f"{api.url}/api/v1/models/{model_id}/versions/",
-                NOT_FOUND,
-                status=404,
-                call=f"POST {base}",
-            )
+        check_upload_api(api, model_id, path)
         raise error_from_response(response, f"POST {base}")
     upload = response.json()
     resumed = 0
@@ -362,6 +353,23 @@ def upload_file(
         parts_s=sent_at - started,
         check_s=time.monotonic() - sent_at,
     )
+
+
+def check_upload_api(api: ConchApi, model_id: int, path: Path) -> None:
+    """Raise CliError (NOT_FOUND) saying so when the server has no resumable upload API (an older Conch): the
+    model exists but its uploads list answers 404. Cheap, so `conch upload` asks before hashing a large file."""
+    base = f"/api/v1/models/{model_id}/uploads/"
+    if api.call("GET", base, expect=(200, 404)).status_code == 200:
+        return
+    if api.call("GET", f"/api/v1/models/{model_id}/", expect=(200, 404)).status_code == 200:
+        raise CliError(
+            f"This Conch server ({api.url}) has no resumable upload API (GET {base} answered 404). Upgrade "
+            f"Conch, or upload with curl: curl -H 'Authorization: Bearer …' -F file=@{path.name} "
+            f"{api.url}/api/v1/models/{model_id}/versions/",
+            NOT_FOUND,
+            status=404,
+            call=f"GET {base}",
+        )
 
 
 def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
