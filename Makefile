@@ -26,7 +26,7 @@ static/vendor/.installed: package.json package-lock.json
 
 venv-kserve: $(KSERVE_VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-nodeps.txt constraints.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-nodeps.txt constraints.txt cli/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -c constraints.txt

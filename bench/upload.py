@@ -1,15 +1,22 @@
-"""Benchmark: a 1 GiB upload through Conch's REST API into S3 storage vs boto3's upload_file.
+"""Benchmark: a 1 GiB file through `conch upload` into S3 storage vs boto3's upload_file of the same file.
 
-Both send the same file to the same S3 protocol server (moto, over HTTP on 127.0.0.1):
+All send the same file to the same S3 protocol server (moto, over HTTP on 127.0.0.1):
   baseline: boto3 `upload_file` (managed multipart upload, its default thread pool)
-  conch:    POST /api/v1/models/{id}/versions/ (multipart/form-data) to a gunicorn web
-            process whose upload handler streams the body into an S3 multipart upload
-The web process's RSS is sampled every 20 ms during the upload.
+  conch:    the `conch upload` command (a subprocess, as a pipeline runs it): sha256 of the file, POST
+            /api/v1/models/{id}/uploads/, its parts PUT in parallel straight to the bucket with presigned URLs,
+            complete, and a Celery worker's check of size and sha256 until the version exists
+  old path: POST /api/v1/models/{id}/versions/ (multipart/form-data through the web process, which streams the
+            body into an S3 multipart upload), for comparison
+The web process's RSS (gunicorn, one worker, as `make demo` configures it) is sampled every 20 ms during the
+`conch upload` runs, after a first small upload by each path (what the process loads on its first request of a
+kind is not growth); the old path's growth is shown beside it. The timed `conch upload` includes everything its
+user waits for: the CLI's start, the sha256, the parts, and the worker's check until the version exists.
 
-Targets (issue 2): time_ratio = conch/baseline <= 1.5; the web process's peak RSS grows
-by < 100 MiB. Ends with one machine-readable line:
-  upload: time_ratio=<conch/baseline> rss_growth_mib=<peak - before>
-Run: .venv/bin/python bench/upload.py [--size-mib 1024]
+Targets (issue 8): time_ratio = conch/baseline <= 1.1; the web process's peak RSS grows by < 20 MiB. Ends with one
+machine-readable line:
+  upload: time_ratio=<conch/baseline> rss_growth_mib=<peak - before> parts_ratio=<conch's parts alone/baseline> \
+      old_path_ratio=<old/baseline> old_path_rss_growth_mib=<…>
+Run: .venv/bin/python bench/upload.py [--size-mib 1024] [--rounds 2] [--skip-old-path]
 """
 
 from __future__ import annotations
@@ -131,10 +138,49 @@ def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tupl
     return elapsed, json.loads(body)
 
 
+def conch_upload(env: dict, model: str, path: Path, parallel: int, part_size: str | None) -> tuple[float, dict, int]:
+    """Run `conch upload MODEL PATH --json`; return (seconds, its JSON, its peak RSS in bytes)."""
+    command = [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--parallel", str(parallel)]
+    if part_size:
+        command += ["--part-size", part_size]
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    sampler = RssSampler([process.pid])
+    sampler.start()
+    out, err = process.communicate(timeout=1800)
+    elapsed = time.perf_counter() - started
+    sampler.stop_event.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"conch upload failed ({process.returncode}): {err[-2000:]}")
+    return elapsed, json.loads(out), sampler.peak
+
+
+def wait_build(port: int, token: str, version_id: int, timeout: float = 600) -> None:
+    """Poll the version until its build has ended (built or failed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", f"/api/v1/versions/{version_id}/", headers={"Authorization": f"Bearer {token}"})
+        if json.loads(conn.getresponse().read())["status"] in ("built", "failed"):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"the build of version {version_id} did not end")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds; the best time of each counts.")
+    parser.add_argument("--parallel", type=int, default=8, help="conch upload --parallel (parts at once).")
+    parser.add_argument("--part-size", help="conch upload --part-size (default: the server's choice).")
+    parser.add_argument("--skip-old-path", action="store_true", help="Leave out the old single-request upload.")
     args = parser.parse_args()
     size = args.size_mib * 1024 * 1024
     procs: list[subprocess.Popen] = []
@@ -171,6 +217,7 @@ def main() -> None:
                     "CONCH_S3_SECRET_ACCESS_KEY": SECRET,
                     "CONCH_S3_REGION": REGION,
                     "CONCH_MAX_UPLOAD_BYTES": str(2 * size + 1024 * 1024),
+                    "CONCH_QUOTA_STORAGE_BYTES": str(8 * args.rounds * size + 2**30),
                 }
             )
             manage = [sys.executable, str(ROOT / "manage.py")]
@@ -216,6 +263,17 @@ def main() -> None:
                     stderr=subprocess.DEVNULL,
                 )
             )
+            web_index = len(procs) - 1
+            # The Celery worker checks a completed upload's size and sha256 (reading it back from the bucket).
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "celery"), "-A", "conch", "worker", "-Q", "celery,periodic", "--concurrency", "1"],
+                    env=env,
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             wait_http(web_port, "/api/v1/schema/")
             conn = http.client.HTTPConnection("127.0.0.1", web_port, timeout=60)
             conn.request(
@@ -225,19 +283,35 @@ def main() -> None:
                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
             )
             model_id = json.loads(conn.getresponse().read())["id"]
+            cli_env = {**env, "CONCH_URL": f"http://127.0.0.1:{web_port}", "CONCH_TOKEN": token}
+            cli_env["CONCH_CONFIG"] = str(tmp / "cli-config.json")
+
+            def empty_bucket() -> None:
+                for key in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+                    s3.delete_object(Bucket=BUCKET, Key=key["Key"])
 
             path = tmp / "model.onnx"
             make_file(path, size)
             print(f"file: {args.size_mib} MiB")
 
+            # Warm up: a first small upload by each path, so that what the web process loads on its first request
+            # of each kind (code, connections) is not counted as growth.
+            small = tmp / "warmup.onnx"
+            make_file(small, 1024 * 1024)
+            conch_upload(cli_env, str(model_id), small, args.parallel, None)
+            if not args.skip_old_path:
+                upload_through_api(web_port, token, model_id, small)
+            time.sleep(3)  # the warm-up versions' builds (a 1 MiB file fails at once)
+            empty_bucket()
+
             moto_pid, me = procs[0].pid, os.getpid()
-            web = psutil.Process(procs[-1].pid)
-            sampler = RssSampler([web.pid] + [c.pid for c in web.children(recursive=True)])
-            before = sampler.current()
-            sampler.start()
-            # Alternate the two, each on a server emptied of the previous object, and keep each one's
-            # best time: the S3 server slows down as it holds more, and the machine's speed drifts.
-            baseline_times, conch_times = [], []
+            web = psutil.Process(procs[web_index].pid)
+            web_pids = [web.pid] + [c.pid for c in web.children(recursive=True)]
+            # Alternate the three, each on a server emptied of the previous object, and keep each one's best time:
+            # the S3 server slows down as it holds more, and the machine's speed drifts.
+            baseline_times, conch_times, old_times, parts_times = [], [], [], []
+            conch_growth, old_growth = 0.0, 0.0
+
             for round_number in range(1, args.rounds + 1):
                 cpu0 = cpu_seconds([moto_pid]), cpu_seconds([me], children=False)
                 started = time.perf_counter()
@@ -250,29 +324,66 @@ def main() -> None:
                 )
                 s3.delete_object(Bucket=BUCKET, Key="baseline/model.onnx")
 
-                cpu0 = cpu_seconds([moto_pid]), cpu_seconds([me], children=False), cpu_seconds([web.pid])
-                elapsed, version = upload_through_api(web_port, token, model_id, path)
+                sampler = RssSampler(web_pids)
+                before = sampler.current()
+                sampler.start()
+                cpu0 = cpu_seconds([moto_pid]), cpu_seconds(web_pids, children=False)
+                elapsed, result, client_peak = conch_upload(cli_env, str(model_id), path, args.parallel, args.part_size)
+                sampler.stop_event.set()
+                sampler.join()
                 conch_times.append(elapsed)
-                assert version["source"]["size_bytes"] == size
+                parts_times.append(result["seconds"]["parts"])
+                conch_growth = max(conch_growth, (sampler.peak - before) / 2**20)
+                version = result["version"]
+                assert version["source"]["size_bytes"] == size and result["upload"]["transport"] == "s3"
                 print(
-                    f"round {round_number} conch API upload:           {elapsed:6.2f} s "
-                    f"{size / elapsed / 2**20:5.0f} MiB/s   CPU s: S3 server "
-                    f"{cpu_seconds([moto_pid]) - cpu0[0]:.1f}, "
-                    f"client {cpu_seconds([me], children=False) - cpu0[1]:.1f}, "
-                    f"web {cpu_seconds([web.pid]) - cpu0[2]:.1f}   sha256 {version['source']['sha256'][:12]}…"
+                    f"round {round_number} conch upload (CLI):         {elapsed:6.2f} s "
+                    f"{size / elapsed / 2**20:5.0f} MiB/s   CPU s: S3 server {cpu_seconds([moto_pid]) - cpu0[0]:.1f}, "
+                    f"web {cpu_seconds(web_pids, children=False) - cpu0[1]:.1f}   "
+                    f"{result['upload']['part_count']} parts of {result['upload']['part_size_bytes'] / 2**20:.0f} MiB, "
+                    f"client peak RSS {client_peak / 2**20:.0f} MiB, "
+                    f"web RSS growth {(sampler.peak - before) / 2**20:.1f} MiB, "
+                    f"sha256 {version['source']['sha256'][:12]}…\n"
+                    f"        (sha256 {result['seconds']['sha256']:.1f} s, parts {result['seconds']['parts']:.1f} s, "
+                    f"server's check {result['seconds']['check']:.1f} s)"
                 )
-                for key in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
-                    s3.delete_object(Bucket=BUCKET, Key=key["Key"])
-                print(
-                    f"round {round_number} web RSS now {sampler.current() / 2**20:.0f} MiB, "
-                    f"peak so far {sampler.peak / 2**20:.0f} MiB"
-                )
-            sampler.stop_event.set()
-            sampler.join()
-            growth = (sampler.peak - before) / 2**20
-            print(f"web RSS: before {before / 2**20:.0f} MiB, peak {sampler.peak / 2**20:.0f} MiB")
-            print(f"best: baseline {min(baseline_times):.2f} s, conch {min(conch_times):.2f} s")
-            print(f"upload: time_ratio={min(conch_times) / min(baseline_times):.2f} rss_growth_mib={growth:.1f}")
+                # Untimed: the version's build (it fails: random bytes) reads the file; let it end before the next
+                # upload, so it takes no CPU from it.
+                wait_build(web_port, token, version["id"])
+                empty_bucket()
+
+                if not args.skip_old_path:
+                    sampler = RssSampler(web_pids)
+                    before = sampler.current()
+                    sampler.start()
+                    elapsed, version = upload_through_api(web_port, token, model_id, path)
+                    sampler.stop_event.set()
+                    sampler.join()
+                    old_times.append(elapsed)
+                    old_growth = max(old_growth, (sampler.peak - before) / 2**20)
+                    assert version["source"]["size_bytes"] == size
+                    print(
+                        f"round {round_number} old path (POST /versions/): {elapsed:6.2f} s "
+                        f"{size / elapsed / 2**20:5.0f} MiB/s   "
+                        f"web RSS growth {(sampler.peak - before) / 2**20:.1f} MiB"
+                    )
+                    wait_build(web_port, token, version["id"])
+                    empty_bucket()
+            print(
+                f"best: baseline {min(baseline_times):.2f} s, conch upload {min(conch_times):.2f} s"
+                + (f", old path {min(old_times):.2f} s" if old_times else "")
+            )
+            # The parts alone (what compares with boto3's transfer): the rest is the CLI's start, its sha256 and the
+            # server's check (join the parts, read the object back, hash it).
+            parts_ratio = min(parts_times) / min(baseline_times)
+            line = (
+                f"upload: time_ratio={min(conch_times) / min(baseline_times):.2f} rss_growth_mib={conch_growth:.1f} "
+                f"parts_ratio={parts_ratio:.2f}"
+            )
+            if old_times:
+                old_ratio = min(old_times) / min(baseline_times)
+                line += f" old_path_ratio={old_ratio:.2f} old_path_rss_growth_mib={old_growth:.1f}"
+            print(line)
         finally:
             for p in reversed(procs):
                 p.terminate()

@@ -3,18 +3,17 @@
 Runs `manage.py run_demo` in a fresh var folder with none of the production variables set:
 it starts gunicorn, a Celery worker and beat as processes and drives upload -> build ->
 deploy -> infer through the REST API over HTTP. Then, against that one running demo (the
-tests below run in order and share it): a CI pipeline drives a second model with curl only
+tests below run in order and share it): a CI pipeline drives a second model with the `conch` CLI
 (examples/ci_pipeline.sh); a worker whose pool processes were SIGKILLed (it then takes no task)
 and a frozen beat are restarted by the demo's supervisor, so are web, worker and beat killed
 outright, while the deployment keeps serving; the pipeline runs again with the same name; a
-failing pipeline prints the API's message. Ctrl-C must stop everything, Triton included, and a
-second demo in the same folder reuses the token, password, built version and deployment. A worker SIGKILLed
-mid-build is restarted and the build ends `built` with no manual step.
+failing pipeline prints the API's message and exits with the CLI's exit code. Ctrl-C must stop
+everything, Triton included, and a second demo in the same folder reuses the token, password, built
+version and deployment. A worker SIGKILLed mid-build is restarted and the build ends `built` with no manual step.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
@@ -26,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import requests
@@ -127,10 +127,12 @@ def _leftovers(var: Path, instance: str) -> list[psutil.Process]:
 
 
 def _pipeline(demo: Demo, team: str, request: Path) -> subprocess.CompletedProcess:
+    """examples/ci_pipeline.sh with the `conch` CLI of this venv on PATH; `request` is one INPUT=FILE.npy."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{demo.env.get('PATH', '')}"
     return subprocess.run(
         ["bash", "examples/ci_pipeline.sh", str(real_models.magika()), "filetype", team, str(request)],
         cwd=settings.BASE_DIR,
-        env={**demo.env, "CONCH_URL": demo.found["CONCH_URL"], "CONCH_TOKEN": demo.found["CONCH_TOKEN"]},
+        env={**demo.env, "PATH": path, "CONCH_URL": demo.found["CONCH_URL"], "CONCH_TOKEN": demo.found["CONCH_TOKEN"]},
         capture_output=True,
         text=True,
         timeout=600,
@@ -167,15 +169,14 @@ def demo(demo_env):
 
 
 @pytest.fixture(scope="module")
-def request_json(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("request") / "request.json"
-    path.write_text(
-        json.dumps({"inputs": [{"name": "bytes", "shape": [1, 2048], "datatype": "INT32", "data": [7] * 2048}]})
-    )
-    return path
+def request_json(tmp_path_factory) -> str:
+    """The pipeline's input: magika's INT32 `bytes` [1, 2048], as `bytes=FILE.npy`."""
+    path = tmp_path_factory.mktemp("request") / "bytes.npy"
+    np.save(path, np.full((1, 2048), 7, dtype=np.int32))
+    return f"bytes={path}"
 
 
-def test_demo_on_embedded_defaults_then_a_curl_pipeline(demo, request_json):
+def test_demo_on_embedded_defaults_then_a_cli_pipeline(demo, request_json):
     # when the demo comes up
     found = demo.wait_until_up()
     # then it printed where to look, after a real inference
@@ -195,7 +196,7 @@ def test_demo_on_embedded_defaults_then_a_curl_pipeline(demo, request_json):
     assert shell_file.read_text().splitlines() == [f"export {k}={v}" for k, v in found.items()]
     assert shell_file.stat().st_mode & 0o777 == 0o600
 
-    # when a CI pipeline takes another real model through with curl
+    # when a CI pipeline takes another real model through with the conch CLI
     pipeline = _pipeline(demo, "demo", request_json)
     # then every step worked
     assert pipeline.returncode == 0, pipeline.stdout + pipeline.stderr
@@ -334,22 +335,23 @@ def test_the_pipeline_runs_again_with_the_same_name_on_the_restarted_processes(d
 def test_a_failing_pipeline_prints_the_api_message_not_a_traceback(demo, request_json):
     # when the pipeline names a team that does not exist
     pipeline = _pipeline(demo, "no-such-team", request_json)
-    # then it stops with Conch's own message and field
-    assert pipeline.returncode == 1
+    # then it stops with Conch's own message and field, and the CLI's exit code for "not found"
+    assert pipeline.returncode == 3
     assert pipeline.stderr.strip() == (
         "error: Team 'no-such-team' does not exist or you are not a member of it. (field: team) "
-        f"[HTTP 404 from POST {demo.found['CONCH_URL']}/api/v1/models/]"
+        "[HTTP 404 from POST /api/v1/models/]"
     )
     assert "Traceback" not in pipeline.stdout + pipeline.stderr
 
 
 def test_a_pipeline_failing_after_deploying_stops_its_deployment_so_the_next_run_works(demo, request_json, tmp_path):
     # given a request the model refuses (an input name it does not have)
-    wrong = tmp_path / "wrong.json"
-    wrong.write_text(json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4}]}))
+    wrong = tmp_path / "x.npy"
+    np.save(wrong, np.zeros((1, 4), dtype=np.float32))
     # when the pipeline runs with it
-    failed = _pipeline(demo, "demo", wrong)
-    # then it fails at the inference with the API's message naming the tensor, and stops its deployment
+    failed = _pipeline(demo, "demo", f"x={wrong}")
+    # then it fails at the inference with the API's message naming the tensor (exit 1: input refused), and stops
+    # its deployment
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "(field: x)" in failed.stderr and "stopping deployment" in failed.stderr
     listing = _api(demo).get(f"{demo.found['CONCH_URL']}/api/v1/deployments/?limit=1000", timeout=30).json()

@@ -1,0 +1,561 @@
+"""The `conch` command: one command per pipeline step, `--json` on each, exit codes to branch on.
+
+Exit codes (conch_cli.errors): 0 done, 1 usage or input refused, 2 authentication/permission, 3 not found,
+4 conflict or quota/size limit, 5 the upload check, build or deployment failed, 6 server unavailable or timeout.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from conch_cli import __version__, output, tensors
+from conch_cli.api import ConchApi
+from conch_cli.config import Settings, load_settings, normalize_url, save_settings
+from conch_cli.errors import FAILED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
+from conch_cli.transfer import RateLimit, check_upload_api, file_sha256, upload_file
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done; 1 usage error or input the server refused; 2 authentication or permission; 3 not found; "
+    "4 conflict or quota/size limit; 5 upload check, build or deployment failed; 6 server unavailable or timed out."
+)
+
+app = typer.Typer(
+    name="conch",
+    help="Conch from the command line: upload a model, wait for its build, deploy it, send inferences. "
+    "Settings come from `conch login` (or CONCH_URL and CONCH_TOKEN). " + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Register and list models.", no_args_is_help=True)
+builds_app = typer.Typer(help="Follow builds of model versions.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(builds_app, name="builds")
+
+Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
+Team = Annotated[str | None, typer.Option("--team", help="Team slug (default: the token's only team).")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait at most (exit 6 past it).", min=1)]
+
+
+def _api() -> ConchApi:
+    settings = load_settings()
+    return ConchApi(settings.url, settings.token)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        output.line(f"conch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """Conch's command line client."""
+
+
+@app.command()
+def login(
+    url: Annotated[str | None, typer.Option(help="Conch's URL, e.g. http://127.0.0.1:8000.")] = None,
+    token: Annotated[
+        str | None, typer.Option(help="An API token (conch_…); '-' reads it from stdin; asked for when left out.")
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """Check a URL and token against Conch and save them in the config file (readable by you only)."""
+    url = url or os.environ.get("CONCH_URL") or typer.prompt("Conch URL")
+    if token == "-":
+        token = sys.stdin.readline().strip()
+    token = token or os.environ.get("CONCH_TOKEN") or getpass.getpass("API token: ")
+    settings = Settings(url=normalize_url(url), token=token.strip())
+    if not settings.token:
+        raise CliError("Give an API token (--token, CONCH_TOKEN or the prompt).", USAGE, field="token")
+    with ConchApi(settings.url, settings.token) as api:
+        teams = [t["slug"] for t in api.teams()]
+    path = save_settings(settings)
+    if as_json:
+        output.emit_json({"url": settings.url, "teams": teams, "config": str(path)})
+    else:
+        output.line(f"logged in to {settings.url} (teams: {', '.join(teams) or 'none'}); saved in {path}")
+
+
+@models_app.command("create")
+def models_create(
+    name: Annotated[str, typer.Argument(help="Lowercase DNS label, at most 63 characters.")],
+    team: Team = None,
+    exist_ok: Annotated[bool, typer.Option("--exist-ok", help="Return the model when the name is taken.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Register a model name in a team."""
+    with _api() as api:
+        team = api.default_team(team)
+        created = True
+        try:
+            model = api.post("/api/v1/models/", {"name": name, "team": team}, expect=(201,))
+        except CliError as exc:
+            if not (exist_ok and exc.status == 409 and exc.field == "name"):
+                raise
+            model, created = api.find_model(name, team), False
+    if as_json:
+        output.emit_json({**model, "created": created})
+    else:
+        how = "created" if created else "existing"
+        output.line(f"model {model['id']} {model['name']!r} in team {model['team']} ({how})")
+
+
+@models_app.command("list")
+def models_list(team: Team = None, as_json: Json = False) -> None:
+    """List the models the token sees."""
+    with _api() as api:
+        found = [m for m in api.pages("/api/v1/models/") if team is None or m["team"] == team]
+    if as_json:
+        output.emit_json(found)
+    else:
+        output.table(
+            ["ID", "NAME", "TEAM", "LATEST VERSION"],
+            [[m["id"], m["name"], m["team"], m["latest_version"]] for m in found],
+        )
+
+
+def _build_options(options: list[str]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--build-option takes KEY=VALUE, got {option!r}.", USAGE, field="--build-option")
+        parsed[key.strip()] = int(value) if value.strip().isdigit() else value
+    return parsed
+
+
+def _size(text: str) -> int:
+    """Bytes from `64M`, `5MiB`, `1G`, `1048576` (K, M, G are powers of 1024)."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (cleaned[:-1], cleaned[-1]) if cleaned and cleaned[-1] in units else (cleaned, "")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise CliError(f"Expected a size such as 64M or 1G, got {text!r}.", USAGE) from None
+    if value <= 0:
+        raise CliError(f"A size must be above 0, got {text!r}.", USAGE)
+    return int(value)
+
+
+@app.command()
+def upload(
+    model: Annotated[str, typer.Argument(help="The model's name or id.")],
+    file: Annotated[Path, typer.Argument(help="The model file.", exists=True, dir_okay=False, readable=True)],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the version's build; exit 5 if it fails.")] = False,
+    build_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--build-option",
+            "-o",
+            help="KEY=VALUE build option (max_batch_size, max_queue_delay_microseconds, preferred_batch_size, "
+            "instance_count); repeatable.",
+        ),
+    ] = None,
+    team: Team = None,
+    parallel: Annotated[int, typer.Option(help="Parts sent at once.", min=1, max=64)] = 8,
+    part_size: Annotated[
+        str | None, typer.Option(help="Part size, e.g. 64M (default: the server's choice; at least 5M).")
+    ] = None,
+    limit_rate: Annotated[
+        str | None, typer.Option(help="Send at most this many bytes per second, e.g. 20M (all parts together).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    timeout: Timeout = 3600,
+    as_json: Json = False,
+) -> None:
+    """Upload FILE as the model's next version: parts in parallel, straight to the object store when Conch uses
+    S3. Run the same command again after an interruption and it sends only the parts the store lacks."""
+    options = _build_options(build_option or [])
+    part_bytes = _size(part_size) if part_size else None
+    rate = RateLimit(_size(limit_rate)) if limit_rate else None
+    with _api() as api:
+        found = api.find_model(model, team)
+        check_upload_api(api, found["id"], file)
+        hashing = time.monotonic()
+        sha256 = file_sha256(file, output.progress_for_terminal(quiet))
+        sha256_s = time.monotonic() - hashing
+        result = upload_file(
+            api,
+            found["id"],
+            file,
+            sha256=sha256,
+            build_options=options,
+            parallel=parallel,
+            part_size=part_bytes,
+            progress=output.progress_for_terminal(quiet),
+            rate_limit=rate,
+            timeout_s=timeout,
+            say=output.note,
+        )
+        version = result.version
+        if not as_json:
+            output.line(
+                f"version {version['id']} (number {version['number']}) of model {found['name']} uploaded: "
+                f"{output.mib(result.upload['size_bytes'])}, sha256 {result.upload['sha256']}"
+            )
+        if wait:
+            version = _wait_build(api, version["id"], timeout, quiet=quiet or as_json)
+    if as_json:
+        output.emit_json(
+            {
+                "upload": result.upload,
+                "version": version,
+                "sent_bytes": result.sent_bytes,
+                "resumed_parts": result.resumed_parts,
+                "seconds": {
+                    "sha256": round(sha256_s, 3),
+                    "parts": round(result.parts_s, 3),
+                    "check": round(result.check_s, 3),
+                },
+            }
+        )
+    elif wait:
+        output.line(f"version {version['id']} built")
+
+
+def _wait_build(api: ConchApi, version_id: int | str, timeout_s: float, *, quiet: bool) -> dict:
+    """Poll the version until built (returned) or failed (CliError FAILED with the build's error)."""
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, str] = {}
+    while True:
+        version = api.get(f"/api/v1/versions/{version_id}/")
+        for step in version.get("steps") or []:
+            if not quiet and seen.get(step["name"]) != step["status"]:
+                output.note(f"build {version['id']}: {step['name']} {step['status']}")
+            seen[step["name"]] = step["status"]
+        if version["status"] == "built":
+            return version
+        if version["status"] == "failed":
+            raise CliError(
+                f"The build of version {version['id']} failed: {version.get('error') or 'no reason given'}",
+                FAILED,
+                field=version.get("error_field") or None,
+            )
+        if version["status"] == "deleting":
+            raise CliError(f"Version {version['id']} is being deleted.", FAILED)
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"Version {version['id']} is still {version['status']!r} after {timeout_s:.0f} s.", UNAVAILABLE
+            )
+        time.sleep(1)
+
+
+@builds_app.command("wait")
+def builds_wait(
+    version: Annotated[int, typer.Argument(help="The version's id (as `conch upload` prints it).")],
+    timeout: Timeout = 3600,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No step lines on stderr.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Wait until a version's build ends: exit 0 when built, 5 when it failed (with the build's error)."""
+    with _api() as api:
+        found = _wait_build(api, version, timeout, quiet=quiet or as_json)
+    if as_json:
+        output.emit_json(found)
+    else:
+        output.line(f"version {found['id']} built")
+
+
+def _wait_deployment(api: ConchApi, deployment_id: int, wanted: str, timeout_s: float) -> dict:
+    """Poll the deployment until its status is `wanted` (returned); failed (or stopped while waiting for ready)
+    raises CliError FAILED with its error, a timeout UNAVAILABLE."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        deployment = api.get(f"/api/v1/deployments/{deployment_id}/")
+        status = deployment["status"]
+        if status != last:
+            output.note(f"deployment {deployment_id}: {status} {deployment.get('status_message') or ''}".rstrip())
+            last = status
+        if status == wanted:
+            return deployment
+        if status == "failed" or (wanted == "ready" and status == "stopped"):
+            raise CliError(
+                f"Deployment {deployment_id} {status}: {deployment.get('error') or deployment.get('status_message')}",
+                FAILED,
+            )
+        if time.monotonic() > deadline:
+            raise CliError(f"Deployment {deployment_id} is still {status!r} after {timeout_s:.0f} s.", UNAVAILABLE)
+        time.sleep(1)
+
+
+def _pick_version(api: ConchApi, model: dict, number: str | None) -> dict:
+    """The model's version with that number, or its newest one. Raises CliError (NOT_FOUND, USAGE)."""
+    versions = api.model_versions(model["id"])
+    if number is None:
+        if not versions:
+            raise CliError(f"Model {model['name']!r} has no version yet; upload one.", NOT_FOUND, field="model")
+        return versions[-1]
+    if not number.isdigit():
+        raise CliError(f"The version after ':' is the model's version number, got {number!r}.", USAGE, field="model")
+    for version in versions:
+        if version["number"] == int(number):
+            return version
+    raise CliError(f"Model {model['name']!r} has no version number {number}.", NOT_FOUND, field="model")
+
+
+@app.command()
+def deploy(
+    target: Annotated[
+        str,
+        typer.Argument(metavar="MODEL[:VERSION]", help="Model name or id, and version number (default: the newest)."),
+    ],
+    name: Annotated[str, typer.Option("--name", help="The deployment's name (a DNS label).")],
+    team: Team = None,
+    runtime: Annotated[str, typer.Option(help="local or kubernetes.")] = "local",
+    cluster: Annotated[str | None, typer.Option(help="kubernetes: a registered cluster's name.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="kubernetes: number of pods.", min=1)] = None,
+    min_replicas: Annotated[int | None, typer.Option(help="kubernetes autoscaling: fewest pods.", min=1)] = None,
+    max_replicas: Annotated[int | None, typer.Option(help="kubernetes autoscaling: most pods.", min=1)] = None,
+    target_queue_time_us: Annotated[
+        int | None, typer.Option(help="kubernetes autoscaling: Triton queue time per request to hold (µs).")
+    ] = None,
+    target_cpu_percent: Annotated[int | None, typer.Option(help="kubernetes autoscaling: CPU use to hold.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="kubernetes: GPUs per pod as PRODUCT[:COUNT] (NVIDIA-A10:1), or mig:PROFILE.")
+    ] = None,
+    cpu: Annotated[str | None, typer.Option(help="kubernetes: CPU request per pod ('2').")] = None,
+    memory: Annotated[str | None, typer.Option(help="kubernetes: memory per pod ('8Gi').")] = None,
+    instance_count: Annotated[int | None, typer.Option(help="Model instances per server.")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Override the version's max_batch_size.")] = None,
+    max_queue_delay_us: Annotated[int | None, typer.Option(help="Override the dynamic batcher's delay (µs).")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until ready; exit 5 if it fails.")] = False,
+    timeout: Timeout = 1800,
+    as_json: Json = False,
+) -> None:
+    """Deploy a built model version and, with --wait, wait until it serves."""
+    model_ref, _, number = target.partition(":")
+    body: dict[str, Any] = {"name": name, "runtime": runtime}
+    if min_replicas is not None or max_replicas is not None:
+        if min_replicas is None or max_replicas is None:
+            raise CliError("Autoscaling needs both --min-replicas and --max-replicas.", USAGE, field="autoscaling")
+        body["autoscaling"] = {"min_replicas": min_replicas, "max_replicas": max_replicas}
+        if target_queue_time_us is not None:
+            body["autoscaling"]["target_queue_time_us"] = target_queue_time_us
+        if target_cpu_percent is not None:
+            body["autoscaling"]["target_cpu_percent"] = target_cpu_percent
+    if gpu:
+        kind, _, rest = gpu.partition(":")
+        if kind == "mig":
+            body["gpu"] = {"mig_profile": rest}
+        elif rest and not rest.isdigit():
+            raise CliError(f"--gpu takes PRODUCT[:COUNT] or mig:PROFILE, got {gpu!r}.", USAGE, field="gpu")
+        else:
+            body["gpu"] = {"product": kind, "count": int(rest) if rest else 1}
+    extras = {
+        "cluster": cluster,
+        "replicas": replicas,
+        "cpu": cpu,
+        "memory": memory,
+        "instance_count": instance_count,
+        "max_batch_size": max_batch_size,
+        "max_queue_delay_microseconds": max_queue_delay_us,
+    }
+    body.update({k: v for k, v in extras.items() if v is not None})
+    with _api() as api:
+        model = api.find_model(model_ref, team)
+        version = _pick_version(api, model, number or None)
+        body.update({"team": model["team"], "model_version": version["id"]})
+        deployment = api.post("/api/v1/deployments/", body, expect=(201,))
+        if not as_json:
+            output.line(
+                f"deployment {deployment['id']} {deployment['name']!r} of {model['name']} version {version['number']} "
+                f"created ({deployment['status']})"
+            )
+        if wait:
+            deployment = _wait_deployment(api, deployment["id"], "ready", timeout)
+    if as_json:
+        output.emit_json(deployment)
+    elif wait:
+        output.line(f"deployment {deployment['id']} ready; gateway {deployment['endpoints']['gateway']}")
+
+
+@app.command()
+def infer(
+    deployment: Annotated[str, typer.Argument(help="The deployment's name or id.")],
+    input_: Annotated[list[str], typer.Option("--input", "-i", help="NAME=FILE.npy for each input; repeatable.")],
+    team: Team = None,
+    output_dir: Annotated[
+        Path | None, typer.Option(help="Also write each output to DIR/NAME.npy.", file_okay=False)
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """Send one inference (KServe v2, binary tensor data) with inputs from .npy files, through Conch's REST API."""
+    inputs = [tensors.parse_input_option(option) for option in input_]
+    body, header_length = tensors.build_request(inputs)
+    with _api() as api:
+        found = api.find_deployment(deployment, team)
+        response = api.call(
+            "POST",
+            f"/api/v1/deployments/{found['id']}/infer",
+            content=body,
+            headers={"Content-Type": "application/octet-stream", tensors.HEADER_LENGTH: str(header_length)},
+        )
+    answer = response.json()
+    arrays = tensors.output_arrays(answer)
+    if output_dir is not None:
+        import numpy as np
+
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, array in arrays.items():
+            np.save(output_dir / f"{name.replace('/', '_')}.npy", array)
+    if as_json:
+        output.emit_json(answer)
+        return
+    for item in answer.get("outputs") or []:
+        array = arrays[item["name"]]
+        output.line(f"{item['name']} {item['datatype']} {list(array.shape)}: {_summary(array)}")
+
+
+def _summary(array: Any) -> str:
+    import numpy as np
+
+    with np.printoptions(threshold=20, edgeitems=4, precision=5, suppress=True):
+        text = np.array2string(array, separator=", ")
+    return " ".join(text.split())
+
+
+def _deployment_row(d: dict) -> list[Any]:
+    return [d["id"], d["name"], d["team"], f"{d['model']}:{d['model_version_number']}", d["runtime"], d["status"]]
+
+
+@app.command()
+def status(
+    deployment: Annotated[str | None, typer.Argument(help="A deployment's name or id (default: all).")] = None,
+    team: Team = None,
+    all_: Annotated[bool, typer.Option("--all", help="List stopped deployments too.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Show one deployment in detail, or list the deployments (exit 3 when the named one does not exist)."""
+    with _api() as api:
+        if deployment is None:
+            found = [
+                d
+                for d in api.pages("/api/v1/deployments/")
+                if (team is None or d["team"] == team) and (all_ or d["status"] != "stopped")
+            ]
+            if as_json:
+                output.emit_json(found)
+            else:
+                output.table(["ID", "NAME", "TEAM", "MODEL", "RUNTIME", "STATUS"], [_deployment_row(d) for d in found])
+            return
+        one = api.find_deployment(deployment, team)
+    if as_json:
+        output.emit_json(one)
+        return
+    output.table(["ID", "NAME", "TEAM", "MODEL", "RUNTIME", "STATUS"], [_deployment_row(one)])
+    for label, value in (
+        ("message", one.get("status_message")),
+        ("error", one.get("error")),
+        ("gateway", one["endpoints"].get("gateway")),
+        ("replicas", one.get("replicas")),
+        ("update", one.get("update_status")),
+    ):
+        if value:
+            output.line(f"{label}: {value}")
+    for pod in one.get("pods") or []:
+        output.line(f"pod {pod.get('name')}: {pod.get('phase')} ready={pod.get('ready')} {pod.get('message') or ''}")
+
+
+@app.command()
+def stop(
+    deployment: Annotated[str, typer.Argument(help="The deployment's name or id.")],
+    team: Team = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until it is stopped.")] = False,
+    timeout: Timeout = 600,
+    as_json: Json = False,
+) -> None:
+    """Stop a deployment (its servers end; its name is free again once stopped)."""
+    with _api() as api:
+        found = api.find_deployment(deployment, team)
+        stopped = api.call("DELETE", f"/api/v1/deployments/{found['id']}/", expect=(202,)).json()
+        if wait:
+            stopped = _wait_deployment(api, found["id"], "stopped", timeout)
+    if as_json:
+        output.emit_json(stopped)
+    else:
+        output.line(f"deployment {stopped['id']} {stopped['status']}")
+
+
+@app.command()
+def metrics(
+    deployment: Annotated[str, typer.Argument(help="The deployment's name or id.")],
+    team: Team = None,
+    window: Annotated[int, typer.Option(help="Seconds to look back (10..86400).")] = 300,
+    as_json: Json = False,
+) -> None:
+    """Throughput, latency and batching of a deployment over the last WINDOW seconds."""
+    with _api() as api:
+        found = api.find_deployment(deployment, team)
+        summary = api.get(f"/api/v1/deployments/{found['id']}/metrics", params={"window": window})
+    if as_json:
+        output.emit_json(summary)
+        return
+    rows = [
+        [
+            m.get("model_name"),
+            m.get("request_count"),
+            m.get("inference_count"),
+            m.get("failure_count"),
+            m.get("throughput"),
+            m.get("avg_request_latency_us"),
+        ]
+        for m in summary.get("models") or []
+    ]
+    output.table(["MODEL", "REQUESTS", "INFERENCES", "FAILURES", "INFER/S", "AVG LATENCY µs"], rows)
+
+
+def _report(error: CliError, json_mode: bool) -> None:
+    if json_mode:
+        output.emit_json(error.as_json())
+    output.note(str(error))
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]) and return its exit code; never raises for a CLI
+    error (the message goes to stderr, and with --json an `{"error": …}` document to stdout)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in args
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=args, prog_name="conch", standalone_mode=False)
+    except typer.TyperException as exc:  # a usage error: unknown command or option, a bad value
+        if json_mode:
+            output.emit_json({"error": {"detail": exc.format_message(), "field": None, "exit_code": USAGE}})
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            output.note(f"error: {exc.format_message()}")
+        return USAGE
+    except typer.Exit as exc:
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        output.note("interrupted")
+        return 130
+    except CliError as exc:
+        _report(exc, json_mode)
+        return exc.exit_code
+    except OSError as exc:  # a local file or folder problem
+        _report(CliError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), USAGE), json_mode)
+        return USAGE
+    return result if isinstance(result, int) else OK
+
+
+def main() -> None:
+    """Console entry point of `conch`."""
+    sys.exit(run())

@@ -1,0 +1,396 @@
+"""Resumable uploads of a model file (Conch's `/api/v1/models/{id}/uploads/` API, UPLOAD-API.md).
+
+The file's sha256 is computed first; POSTing the upload (filename, size, sha256) returns a new upload or the open
+one of the same file, whose `parts` are those the store already has. The missing parts go up in parallel
+(a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece per
+worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Then the
+upload is completed and the server checks size and sha256 before it makes the model version.
+Re-running the same upload after a crash or Ctrl-C sends only what the store lacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from conch_cli.api import CONNECT_TIMEOUT_S, ConchApi, error_from_response, unavailable
+from conch_cli.errors import FAILED, NOT_FOUND, UNAVAILABLE, USAGE, CliError
+
+PIECE_BYTES = 1024 * 1024
+#: Part numbers per request for part URLs (the API's limit).
+URLS_PER_CALL = 100
+#: Tries per part before the upload gives up (network errors, 5xx, an expired URL).
+PART_ATTEMPTS = 5
+#: A part URL this close to its expiry is asked for again.
+URL_MARGIN = timedelta(seconds=60)
+OPEN_STATUSES = ("uploading", "completing")
+
+
+class UploadStopped(Exception):
+    """Raised inside a part's body when the upload stops, so that the part's request ends at once."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(f"part {number} stopped")
+        self.number = number
+
+
+class Progress:
+    """What an upload reports: `start(label, total_bytes)`, `advance(bytes)` (negative when a part is sent again),
+    `finish()`. This base class reports nothing."""
+
+    def start(self, label: str, total: int, done: int = 0) -> None:
+        """A new task of `total` bytes begins, `done` of them already done."""
+
+    def advance(self, count: int) -> None:
+        """`count` more bytes are done (thread-safe)."""
+
+    def finish(self) -> None:
+        """The task ended."""
+
+
+class RateLimit:
+    """A shared byte rate limit (bytes/s) for every worker: each piece waits for its share of time."""
+
+    def __init__(self, bytes_per_second: float) -> None:
+        self.rate = bytes_per_second
+        self._next = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, count: int) -> None:
+        """Block until `count` more bytes may be sent."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + count / self.rate
+        if start > now:
+            time.sleep(start - now)
+
+
+def file_sha256(path: Path, progress: Progress) -> str:
+    """Return the hex sha256 of the file at `path`, reading it in 8 MiB pieces."""
+    digest = hashlib.sha256()
+    progress.start(f"sha256 {path.name}", path.stat().st_size)
+    with path.open("rb") as handle:
+        while piece := handle.read(8 * PIECE_BYTES):
+            digest.update(piece)
+            progress.advance(len(piece))
+    progress.finish()
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class PartUrl:
+    """Where to send one part: method, URL, headers to add, and until when the URL holds (UTC)."""
+
+    method: str
+    url: str
+    headers: dict
+    expires_at: datetime | None
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+class PartSender:
+    """Sends the missing parts of one upload from a file with a pool of `parallel` threads.
+
+    Part n covers bytes [(n - 1) * part_size, n * part_size) of the file (the last one shorter). Part URLs are
+    asked for in batches of up to 100, just before they are needed, so none expires while others are sent.
+    """
+
+    def __init__(
+        self,
+        api: ConchApi,
+        upload: dict,
+        path: Path,
+        *,
+        parallel: int,
+        progress: Progress,
+        rate_limit: RateLimit | None = None,
+    ) -> None:
+        self.api = api
+        self.upload = upload
+        self.path = path
+        self.parallel = parallel
+        self.progress = progress
+        self.rate_limit = rate_limit
+        self.base = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
+        self._urls: dict[int, PartUrl] = {}
+        self._lock = threading.Lock()
+        self._pending: list[int] = []
+        # Set when the upload stops (a part failed for good, Ctrl-C): parts in flight end at their next piece.
+        self._stop = threading.Event()
+        self.etags: dict[int, str] = {}
+        self.storage = httpx.Client(
+            timeout=httpx.Timeout(300.0, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
+            headers={"User-Agent": api.http.headers["User-Agent"]},
+        )
+
+    def part_size(self, number: int) -> int:
+        """The size in bytes of part `number` (1-based)."""
+        size, step = self.upload["size_bytes"], self.upload["part_size_bytes"]
+        return min(step, size - (number - 1) * step)
+
+    def missing(self) -> list[int]:
+        """Part numbers the store does not have (or has with the wrong size), in order."""
+        stored = {p["number"]: p for p in self.upload.get("parts") or []}
+        return [
+            n
+            for n in range(1, self.upload["part_count"] + 1)
+            if n not in stored or stored[n].get("size_bytes") != self.part_size(n)
+        ]
+
+    def _url(self, number: int, *, fresh: bool = False) -> PartUrl:
+        with self._lock:
+            known = self._urls.get(number)
+            if known and not fresh:
+                if known.expires_at is None or known.expires_at - URL_MARGIN > datetime.now(UTC):
+                    return known
+            # Ask for this part and the next pending ones that have no URL yet.
+            batch = [number] + [n for n in self._pending if n != number and n not in self._urls]
+            batch = batch[:URLS_PER_CALL]
+            answer = self.api.post(self.base + "parts/", {"numbers": batch}, expect=(200,))
+            for item in answer["parts"]:
+                self._urls[item["number"]] = PartUrl(
+                    method=item.get("method") or "PUT",
+                    url=item["url"],
+                    headers=dict(item.get("headers") or {}),
+                    expires_at=_parse_time(item.get("expires_at")),
+                )
+            if number not in self._urls:
+                raise CliError(f"Conch gave no URL for part {number}.", UNAVAILABLE, field=f"parts[{number}]")
+            return self._urls[number]
+
+    def _body(self, number: int, sent: list[int]) -> Iterator[bytes]:
+        """The part's bytes, read from the file in pieces (counted into `sent` and the progress)."""
+        offset = (number - 1) * self.upload["part_size_bytes"]
+        left = self.part_size(number)
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            while left > 0:
+                if self._stop.is_set():
+                    raise UploadStopped(number)
+                piece = handle.read(min(PIECE_BYTES, left))
+                if not piece:
+                    raise CliError(
+                        f"{self.path} got shorter while uploading (part {number}); start again.",
+                        USAGE,
+                        field="file",
+                    )
+                if self.rate_limit:
+                    self.rate_limit.take(len(piece))
+                left -= len(piece)
+                yield piece
+                sent[0] += len(piece)
+                self.progress.advance(len(piece))
+
+    def send_part(self, number: int) -> str:
+        """PUT part `number` (retrying network errors, 5xx and an expired URL) and return its ETag."""
+        size = self.part_size(number)
+        fresh = False
+        for attempt in range(1, PART_ATTEMPTS + 1):
+            target = self._url(number, fresh=fresh)
+            url = target.url
+            headers = {**target.headers, "Content-Length": str(size)}
+            if self.upload.get("transport") == "conch" or url.startswith("/"):
+                # Folder storage: the part goes to Conch itself, with the token (never to a bucket's URL).
+                url = self.api.url + url if url.startswith("/") else url
+                headers["Authorization"] = f"Bearer {self.api.token}"
+            sent = [0]
+            call = f"{target.method} part {number}"
+            try:
+                response = self.storage.request(target.method, url, content=self._body(number, sent), headers=headers)
+            except httpx.HTTPError as exc:
+                self.progress.advance(-sent[0])
+                if attempt == PART_ATTEMPTS or self._stop.is_set():
+                    raise unavailable(exc, call, url.split("?", 1)[0]) from None
+                time.sleep(0.5 * 2**attempt)
+                continue
+            if response.status_code < 300:
+                etag = response.headers.get("ETag", "")
+                if not etag and response.headers.get("content-type", "").startswith("application/json"):
+                    etag = response.json().get("etag", "")
+                return etag
+            self.progress.advance(-sent[0])
+            error = error_from_response(response, call)
+            if "<Error>" in error.detail:  # S3's XML error: keep its code and message
+                error.detail = _s3_message(error.detail)
+            # An expired or refused signature: ask for a new URL; 5xx: try again; any other 4xx: give up.
+            if response.status_code in (400, 403) and "<Error>" in response.text:
+                fresh = True
+            elif response.status_code < 500 and response.status_code != 429:
+                error.detail = f"Part {number} was refused: {error.detail}"
+                error.field = error.field or f"parts[{number}]"
+                raise error
+            if attempt == PART_ATTEMPTS:
+                error.detail = f"Part {number} failed {PART_ATTEMPTS} times: {error.detail}"
+                raise error
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def send_missing(self) -> int:
+        """Send every missing part; return how many bytes were sent. Raises the first part's CliError."""
+        missing = self.missing()
+        self._pending = list(missing)
+        total = self.upload["size_bytes"]
+        self.progress.start(f"upload {self.path.name}", total, total - sum(self.part_size(n) for n in missing))
+        try:
+            with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="conch-part") as pool:
+                futures = {pool.submit(self.send_part, n): n for n in missing}
+                try:
+                    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                    failed = [f for f in done if f.exception() is not None]
+                    if failed:
+                        raise failed[0].exception()
+                except BaseException:
+                    # Parts not started are dropped and parts in flight end now; the store keeps the finished ones.
+                    self._stop.set()
+                    for future in futures:
+                        future.cancel()
+                    raise
+                for future, number in futures.items():
+                    self.etags[number] = future.result()
+        finally:
+            self.progress.finish()
+            self.storage.close()
+        return sum(self.part_size(n) for n in missing)
+
+
+def _s3_message(xml: str) -> str:
+    """`Code: Message` out of an S3 XML error body (the whole text when it has neither)."""
+
+    def tag(name: str) -> str:
+        start = xml.find(f"<{name}>")
+        end = xml.find(f"</{name}>")
+        return xml[start + len(name) + 2 : end] if 0 <= start < end else ""
+
+    code, message = tag("Code"), tag("Message")
+    return f"the object store answered {code}: {message}" if code else xml[:300]
+
+
+@dataclass
+class UploadResult:
+    """What `upload_file` did: the finished upload, the new version, bytes sent now and whether it resumed."""
+
+    upload: dict
+    version: dict
+    sent_bytes: int
+    resumed_parts: int
+    #: Seconds spent sending parts, and then waiting for the server's check (complete -> completed).
+    parts_s: float = 0.0
+    check_s: float = 0.0
+
+
+def upload_file(
+    api: ConchApi,
+    model_id: int,
+    path: Path,
+    *,
+    sha256: str,
+    build_options: dict,
+    parallel: int,
+    part_size: int | None,
+    progress: Progress,
+    rate_limit: RateLimit | None = None,
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> UploadResult:
+    """Upload `path` as the next version of model `model_id`, resuming the open upload of the same file.
+
+    Returns when the server has checked size and sha256 and made the version (its build is queued).
+    Raises CliError: NOT_FOUND when the server has no upload API, FAILED when the server's check failed
+    (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
+    """
+    base = f"/api/v1/models/{model_id}/uploads/"
+    body = {"filename": path.name, "size_bytes": path.stat().st_size, "sha256": sha256}
+    if part_size:
+        body["part_size_bytes"] = part_size
+    if build_options:
+        body["build_options"] = build_options
+    response = api.call("POST", base, json=body, expect=(200, 201, 404))
+    if response.status_code == 404:
+        check_upload_api(api, model_id, path)
+        raise error_from_response(response, f"POST {base}")
+    upload = response.json()
+    resumed = 0
+    if response.status_code == 200:
+        # The open upload of this very file: ask what the store holds now, and send the rest.
+        upload = api.get(f"{base}{upload['id']}/")
+        resumed = len(upload.get("parts") or [])
+        say(f"resuming upload {upload['id']}: {resumed} of {upload['part_count']} parts already stored")
+    sent = 0
+    started = time.monotonic()
+    if upload["status"] == "uploading":
+        sender = PartSender(api, upload, path, parallel=parallel, progress=progress, rate_limit=rate_limit)
+        sent = sender.send_missing()
+    sent_at = time.monotonic()
+    if upload["status"] == "uploading":
+        parts = [{"number": n, "etag": e} for n, e in sorted(sender.etags.items()) if e]
+        upload = api.post(f"{base}{upload['id']}/complete", {"parts": parts} if parts else {}, expect=(200, 202))
+    upload = wait_for_upload(api, upload, timeout_s=timeout_s)
+    version = api.get(f"/api/v1/versions/{upload['version']}/")
+    return UploadResult(
+        upload=upload,
+        version=version,
+        sent_bytes=sent,
+        resumed_parts=resumed,
+        parts_s=sent_at - started,
+        check_s=time.monotonic() - sent_at,
+    )
+
+
+def check_upload_api(api: ConchApi, model_id: int, path: Path) -> None:
+    """Raise CliError (NOT_FOUND) saying so when the server has no resumable upload API (an older Conch): the
+    model exists but its uploads list answers 404. Cheap, so `conch upload` asks before hashing a large file."""
+    base = f"/api/v1/models/{model_id}/uploads/"
+    if api.call("GET", base, expect=(200, 404)).status_code == 200:
+        return
+    if api.call("GET", f"/api/v1/models/{model_id}/", expect=(200, 404)).status_code == 200:
+        raise CliError(
+            f"This Conch server ({api.url}) has no resumable upload API (GET {base} answered 404). Upgrade "
+            f"Conch, or upload with curl: curl -H 'Authorization: Bearer …' -F file=@{path.name} "
+            f"{api.url}/api/v1/models/{model_id}/versions/",
+            NOT_FOUND,
+            status=404,
+            call=f"GET {base}",
+        )
+
+
+def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
+    """Poll the upload until it is completed (returned) or failed/aborted (CliError FAILED), at most `timeout_s`."""
+    path = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    while upload["status"] in OPEN_STATUSES:
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"Upload {upload['id']} is still {upload['status']!r} after {timeout_s:.0f} s; run the same command "
+                "again to keep waiting.",
+                UNAVAILABLE,
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+        upload = api.get(path)
+    if upload["status"] != "completed":
+        raise CliError(
+            f"Upload {upload['id']} {upload['status']}: {upload.get('error') or 'no reason given'}",
+            FAILED,
+            field=upload.get("error_field") or None,
+        )
+    return upload

@@ -1,0 +1,167 @@
+"""The `conch` CLI's commands on the existing API (models, builds, deployments, teams) against a live Conch:
+login and its config file, --json output, and the exit codes a pipeline branches on."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from tenancy.services import create_api_token
+from tests.conftest import make_caller
+
+
+def test_login_checks_the_token_and_saves_it_for_the_owner_only(cli, conch_env):
+    # when the user logs in with the URL and token (and no environment variables)
+    result = cli("login", "--url", conch_env.url + "/", "--token", conch_env.token, CONCH_URL=None, CONCH_TOKEN=None)
+    # then the config file holds them, readable by the user only, in a folder only they enter
+    assert result.code == 0, result.err
+    assert result.out.startswith(f"logged in to {conch_env.url} (teams: acme); saved in {conch_env.config}")
+    assert json.loads(conch_env.config.read_text()) == {"url": conch_env.url, "token": conch_env.token}
+    assert stat.S_IMODE(conch_env.config.stat().st_mode) == 0o600
+    assert stat.S_IMODE(conch_env.config.parent.stat().st_mode) == 0o700
+    # and later commands use it without any environment variable
+    listed = cli("models", "list", "--json", CONCH_URL=None, CONCH_TOKEN=None)
+    assert listed.code == 0 and listed.json() == []
+
+
+def test_login_with_a_bad_token_exits_2_and_saves_nothing(cli, conch_env):
+    result = cli("login", "--url", conch_env.url, "--token", "conch_nottherightone", "--json")
+    assert result.code == 2
+    error = result.json()["error"]
+    assert error["status"] == 401 and error["exit_code"] == 2
+    assert "token" in error["detail"].lower()
+    assert (
+        result.err.strip().splitlines()[-1].startswith("error: ") and "[HTTP 401 from GET /api/v1/teams/]" in result.err
+    )
+    assert not conch_env.config.exists()
+
+
+def test_environment_variables_override_the_config_file(cli, conch_env):
+    # given a config file pointing at a server that is not there
+    conch_env.config.parent.mkdir(mode=0o700)
+    conch_env.config.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "conch_stale"}))
+    # when CONCH_URL and CONCH_TOKEN are set, they win
+    assert cli("models", "list").code == 0
+    # and without them the file is used (nothing listens there: exit 6, server unavailable)
+    result = cli("models", "list", CONCH_URL=None, CONCH_TOKEN=None)
+    assert result.code == 6
+    assert "is Conch running at http://127.0.0.1:9?" in result.err
+
+
+def test_no_settings_at_all_is_an_auth_error_saying_how_to_log_in(cli):
+    result = cli("models", "list", CONCH_URL=None, CONCH_TOKEN=None)
+    assert result.code == 2
+    assert "conch login --url URL --token TOKEN" in result.err
+
+
+def test_models_create_list_and_the_json_they_print(cli):
+    created = cli("models", "create", "classifier", "--json")
+    assert created.code == 0, created.err
+    model = created.json()
+    assert (model["name"], model["team"], model["created"]) == ("classifier", "acme", True)
+    assert cli("models", "create", "other").out.strip().endswith("'other' in team acme (created)")
+    listed = cli("models", "list", "--json").json()
+    assert [(m["id"], m["name"]) for m in listed] == [(model["id"], "classifier"), (model["id"] + 1, "other")]
+    table = cli("models", "list").out.splitlines()
+    assert table[0].split() == ["ID", "NAME", "TEAM", "LATEST", "VERSION"]
+    assert table[1].split() == [str(model["id"]), "classifier", "acme"]
+
+
+def test_a_taken_name_is_a_conflict_unless_exist_ok(cli):
+    first = cli("models", "create", "dup", "--json").json()
+    # when the same name is registered again
+    again = cli("models", "create", "dup")
+    # then exit 4 with the server's detail and field
+    assert again.code == 4
+    assert "(field: name) [HTTP 409 from POST /api/v1/models/]" in again.err
+    # and with --exist-ok the existing model is returned
+    existing = cli("models", "create", "dup", "--exist-ok", "--json")
+    assert existing.code == 0
+    assert existing.json()["id"] == first["id"] and existing.json()["created"] is False
+
+
+def test_a_refused_quota_exits_4_with_the_quota_in_the_json(cli, settings):
+    settings.CONCH_QUOTA_MODELS = 1
+    assert cli("models", "create", "first").code == 0
+    refused = cli("models", "create", "second", "--json")
+    assert refused.code == 4
+    error = refused.json()["error"]
+    assert error["status"] == 409 and error["quota"] == {"limit": 1, "used": 1, "requested": 1}
+    assert "models" in error["detail"]
+
+
+def test_an_unknown_team_is_not_found(cli):
+    result = cli("models", "create", "x", "--team", "no-such-team")
+    assert result.code == 3
+    # (the last line: the live server, in this process, may log its "Not Found" to stderr before it)
+    assert result.err.strip().splitlines()[-1] == (
+        "error: Team 'no-such-team' does not exist or you are not a member of it. (field: team) "
+        "[HTTP 404 from POST /api/v1/models/]"
+    )
+
+
+def test_not_found_things_exit_3(cli, tmp_path):
+    model_file = tmp_path / "model.onnx"
+    model_file.write_bytes(b"x")
+    assert cli("upload", "no-such-model", model_file).code == 3
+    assert cli("status", "no-such-deployment").code == 3
+    assert cli("status", "424242").code == 3
+    assert cli("builds", "wait", "424242").code == 3
+    assert cli("infer", "nowhere", "--input", f"x={tmp_path / 'missing.npy'}").code == 1  # the file, before asking
+
+
+def test_a_revoked_token_and_a_missing_scope_exit_2(cli, conch_env):
+    # a read-only token may list but not create
+    reader = create_api_token(user=conch_env.caller.user, team=conch_env.caller.team, scopes=["read"]).secret
+    assert cli("models", "list", CONCH_TOKEN=reader).code == 0
+    refused = cli("models", "create", "x", CONCH_TOKEN=reader)
+    assert refused.code == 2 and "models:write" in refused.err
+    # a revoked one gets nothing
+    from tenancy.models import ApiToken
+
+    ApiToken.objects.filter(user=conch_env.caller.user).update(is_revoked=True)
+    assert cli("models", "list").code == 2
+
+
+def test_usage_errors_exit_1(cli, tmp_path):
+    assert cli("models", "lst").code == 1
+    assert cli("deploy", "m").code == 1  # --name is required
+    model_file = tmp_path / "m.onnx"
+    model_file.write_bytes(b"x")
+    bad = cli("upload", "m", model_file, "--build-option", "no-equals-sign", "--json")
+    assert bad.code == 1 and bad.json()["error"]["field"] == "--build-option"
+    assert cli("upload", "m", model_file, "--part-size", "lots").code == 1
+
+
+def test_builds_wait_exits_5_with_the_build_error_when_the_build_fails(cli, conch_env, eager_tasks):
+    # given a version whose build failed (the file is no ONNX model)
+    client = conch_env.caller.client
+    model_id = client.post("/api/v1/models/", {"name": "broken", "team": "acme"}, format="json").json()["id"]
+    response = client.post(
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"this is not onnx")}
+    )
+    version_id = response.json()["id"]
+    assert client.get(f"/api/v1/versions/{version_id}/").json()["status"] == "failed"
+    # when a pipeline waits for its build
+    result = cli("builds", "wait", version_id, "--json")
+    # then it exits 5 with the build's error
+    assert result.code == 5
+    error = result.json()["error"]
+    assert error["detail"].startswith(f"The build of version {version_id} failed: ")
+    assert error["exit_code"] == 5
+
+
+def test_deploy_of_a_version_number_the_model_lacks_is_not_found(cli):
+    cli("models", "create", "empty")
+    assert cli("deploy", "empty", "--name", "web").code == 3
+    assert cli("deploy", "empty:7", "--name", "web").code == 3
+    assert cli("deploy", "empty:seven", "--name", "web").code == 1
+
+
+def test_status_lists_deployments_of_the_token_only(cli, conch_env):
+    make_caller("bob", "globex")  # another team's things stay invisible
+    listed = cli("status", "--json")
+    assert listed.code == 0 and listed.json() == []
+    assert cli("status").out.split() == ["ID", "NAME", "TEAM", "MODEL", "RUNTIME", "STATUS"]

@@ -1,0 +1,185 @@
+"""`conch upload` against a live Conch with the resumable upload API, on folder storage and on S3 storage (the
+moto S3 server over HTTP: parts go straight to the bucket with presigned URLs): parts in parallel, sha256 checked
+by the server, an interrupted upload resumed by running the same command again, and the refusals' exit codes.
+
+Tasks run inline (eager): completing an upload checks it and makes the version, whose build then fails at once
+(these files are random bytes, not models), which `--wait` reports with exit 5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from conch_cli import transfer
+
+from models_registry.storage import get_object_store
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(params=["folder", "s3"])
+def storage(request, settings):
+    """Folder storage (the default of the tests) or an S3 bucket on the moto server."""
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        endpoint, bucket = request.getfixturevalue("s3_bucket")
+        settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
+        settings.CONCH_S3_ENDPOINT_URL = endpoint
+        settings.CONCH_S3_ACCESS_KEY_ID = server.access_key
+        settings.CONCH_S3_SECRET_ACCESS_KEY = server.secret_key
+    return request.param
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    """A 13 MiB file of random bytes (three parts of 5 MiB, the last one shorter) and its sha256."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(os.urandom(13 * MIB))
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def model(cli):
+    result = cli("models", "create", "big", "--json")
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def _stored_sha256(key: str) -> str:
+    digest = hashlib.sha256()
+    with get_object_store().open_reader(key) as handle:
+        while piece := handle.read(MIB):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def test_upload_sends_parts_and_the_server_checks_the_sha256(cli, storage, model, model_file, eager_tasks):
+    path, sha256 = model_file
+    # when the file is uploaded in 5 MiB parts
+    result = cli("upload", "big", path, "--part-size", "5M", "--json")
+    # then the upload completed through the storage's own transport, and the version holds the same bytes
+    assert result.code == 0, result.err
+    body = result.json()
+    upload, version = body["upload"], body["version"]
+    assert upload["status"] == "completed" and upload["transport"] == ("s3" if storage == "s3" else "conch")
+    assert (upload["sha256"], upload["size_bytes"], upload["part_count"]) == (sha256, 13 * MIB, 3)
+    assert upload["version"] == version["id"] and version["model"] == model["id"]
+    assert version["source"]["sha256"] == sha256 and version["source"]["size_bytes"] == 13 * MIB
+    assert _stored_sha256(version["source"]["key"]) == sha256
+    assert (body["sent_bytes"], body["resumed_parts"]) == (13 * MIB, 0)
+
+
+def test_upload_wait_exits_5_when_the_build_fails(cli, storage, model, model_file, eager_tasks):
+    path, _ = model_file
+    result = cli("upload", str(model["id"]), path, "--wait")
+    assert result.code == 5
+    assert result.out.startswith("version ")  # uploaded first
+    assert "error: The build of version " in result.err
+
+
+def test_an_upload_killed_midway_resumes_when_the_same_command_runs_again(
+    cli_process, conch_env, storage, model, tmp_path, eager_tasks
+):
+    # given a 40 MiB file sent one 5 MiB part at a time at 8 MiB/s
+    path = tmp_path / "model.onnx"
+    path.write_bytes(os.urandom(40 * MIB))
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    command = ["upload", "big", path, "--part-size", "5M", "--parallel", "1", "--limit-rate", "8M", "--json"]
+    uploads = f"/api/v1/models/{model['id']}/uploads/"
+    client = conch_env.caller.client
+    # when the CLI is killed once the store holds two parts
+    running = cli_process(*command, background=True)
+    deadline = time.monotonic() + 60
+    while True:
+        assert running.poll() is None, running.communicate()
+        assert time.monotonic() < deadline, "the store never held two parts"
+        listing = client.get(uploads).json()
+        open_uploads = listing["results"] if isinstance(listing, dict) else listing
+        if open_uploads:
+            upload = client.get(f"{uploads}{open_uploads[0]['id']}/").json()
+            if len(upload["parts"]) >= 2:
+                break
+        time.sleep(0.1)
+    running.send_signal(signal.SIGKILL)
+    running.communicate(timeout=30)
+    assert running.returncode == -signal.SIGKILL
+    stored_before = len(client.get(f"{uploads}{upload['id']}/").json()["parts"])
+    assert 2 <= stored_before < 8
+    # and the same command runs again
+    again = cli_process(*command)
+    # then it resumed that upload, sent only the missing parts, and the version has the file's sha256
+    assert again.code == 0, again.err
+    assert f"resuming upload {upload['id']}: {stored_before} of 8 parts already stored" in again.err
+    body = again.json()
+    assert body["upload"]["id"] == upload["id"] and body["resumed_parts"] == stored_before
+    assert body["sent_bytes"] == (8 - stored_before) * 5 * MIB
+    assert body["version"]["source"]["sha256"] == sha256
+    assert _stored_sha256(body["version"]["source"]["key"]) == sha256
+
+
+def test_a_part_that_keeps_failing_exits_6_and_the_next_run_sends_only_it(
+    cli, storage, model, model_file, monkeypatch, eager_tasks
+):
+    path, sha256 = model_file
+    # given the network drops every PUT of part 2 (and two tries per part)
+    monkeypatch.setattr(transfer, "PART_ATTEMPTS", 2)
+    real_request = httpx.Client.request
+
+    def flaky(self, method, url, *args, **kwargs):
+        text = str(url)
+        if method == "PUT" and ("partNumber=2&" in text or text.endswith("partNumber=2") or text.endswith("/parts/2")):
+            raise httpx.ConnectError("connection reset (test)")
+        return real_request(self, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "request", flaky)
+    # when the upload runs: exit 6 naming the part
+    failed = cli("upload", "big", path, "--part-size", "5M")
+    assert failed.code == 6
+    assert "part 2" in failed.err
+    # and runs again once the network is back: only part 2 goes, and the version has the right sha256
+    monkeypatch.setattr(httpx.Client, "request", real_request)
+    again = cli("upload", "big", path, "--part-size", "5M", "--json")
+    assert again.code == 0, again.err
+    body = again.json()
+    assert (body["resumed_parts"], body["sent_bytes"]) == (2, 5 * MIB)
+    assert body["version"]["source"]["sha256"] == sha256
+
+
+def test_a_file_over_the_storage_quota_is_refused_before_any_part_with_exit_4(
+    cli, storage, model, model_file, settings
+):
+    path, _ = model_file
+    settings.CONCH_QUOTA_STORAGE_BYTES = 10 * MIB
+    result = cli("upload", "big", path, "--json")
+    assert result.code == 4
+    error = result.json()["error"]
+    assert error["status"] == 409 and error["quota"]["limit"] == 10 * MIB
+    assert error["quota"]["requested"] >= 13 * MIB
+
+
+def test_a_file_over_the_upload_size_limit_exits_4_naming_size_bytes(cli, storage, model, model_file, settings):
+    path, _ = model_file
+    settings.CONCH_MAX_UPLOAD_BYTES = 8 * MIB
+    result = cli("upload", "big", path, "--json")
+    assert result.code == 4
+    assert result.json()["error"]["status"] == 413 and result.json()["error"]["field"] == "size_bytes"
+
+
+def test_a_conch_without_the_upload_api_gets_a_clear_error_and_exit_3(cli, model, model_file, settings):
+    # given a server from before the resumable upload API
+    settings.ROOT_URLCONF = "tests.cli.urls_without_uploads"
+    path, _ = model_file
+    # when the CLI uploads
+    result = cli("upload", "big", path)
+    # then it says so, and how to upload anyway, before hashing the file
+    assert result.code == 3
+    # (the last line: the live server's "Not Found" log may come before it in this process's stderr)
+    message = result.err.strip().splitlines()[-1]
+    assert message.startswith("error: This Conch server (http://")
+    assert "[HTTP 404 from GET /api/v1/models/" in message and "sha256" not in result.err
+    assert "has no resumable upload API" in message and "curl" in message
