@@ -25,11 +25,15 @@ def test_would_it_fit_refuses_with_the_create_s_own_answer(alice, built_classifi
     create = alice.client.post("/api/v1/deployments/", _body(alice, built_classifier, "two", instance_count=2))
     # then both refuse with the same body, and nothing was written by the check
     assert check.status_code == create.status_code == 409
-    assert check.json() == create.json() == {
-        "detail": "Model instance quota exceeded: team 'acme' uses 1 of 2 model instances; this deployment needs 2",
-        "field": "instances",
-        "quota": {"limit": 2, "used": 1, "requested": 2},
-    }
+    assert (
+        check.json()
+        == create.json()
+        == {
+            "detail": "Model instance quota exceeded: team 'acme' uses 1 of 2 model instances; this deployment needs 2",
+            "field": "instances",
+            "quota": {"limit": 2, "used": 1, "requested": 2},
+        }
+    )
     assert list(Deployment.objects.values_list("name", flat=True)) == ["one"]
 
 
