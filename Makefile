@@ -11,9 +11,18 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 # The cache (API rate-limit counters) follows the broker, throwaway or not: a CONCH_CACHE_URL of the shell is not used.
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_CACHE_URL= CONCH_VAR_DIR=$(CURDIR)/var/test
 
-.PHONY: venv venv-kserve demo test test-fast cluster bench lint clean
+.PHONY: venv venv-kserve assets demo test test-fast cluster bench lint clean
 
-venv: $(VENV)/.installed $(KSERVE_VENV)/.installed
+venv: $(VENV)/.installed $(KSERVE_VENV)/.installed assets
+
+# The console's third-party JavaScript (uPlot, htmx) from npm, pinned in package-lock.json, copied into the git-ignored
+# static/vendor/ that Django's staticfiles (WhiteNoise) serves. Nothing from node_modules is committed.
+assets: static/vendor/.installed
+
+static/vendor/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --ignore-scripts
+	npm run -s vendor
+	touch $@
 
 venv-kserve: $(KSERVE_VENV)/.installed
 
@@ -56,4 +65,4 @@ lint: venv
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf var
+	rm -rf var node_modules static/vendor

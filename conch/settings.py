@@ -109,6 +109,7 @@ INSTALLED_APPS = [
     "models_registry",
     "builds",
     "deployments",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -150,6 +151,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.context.console",
             ],
         },
     },
@@ -192,14 +194,14 @@ UNFOLD = {
     "SITE_TITLE": "Conch admin",
     "SITE_HEADER": "Conch",
     "SITE_SUBHEADER": "Teams, quotas, tokens, deployments, clusters",
-    "SITE_URL": "/deployments/",
+    "SITE_URL": "/",
     "SITE_SYMBOL": "hub",
     "SHOW_HISTORY": True,
     # Django's own admin login form, which refuses non-staff users (unfold's default accepts any active user and
     # only then finds they may not see the admin).
     "LOGIN": {"form": "django.contrib.admin.forms.AdminAuthenticationForm"},
 }
-LOGIN_REDIRECT_URL = "/deployments/"
+LOGIN_REDIRECT_URL = "/"
 
 # --- Sign-in throttling (django-axes, on the console's /accounts/login/ and the admin's login) ----------------
 # After CONCH_LOGIN_FAILURE_LIMIT failed sign-ins for one username from one client address, that pair is locked

@@ -5,7 +5,6 @@ from django.contrib import admin
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path, re_path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 api_v1 = [
@@ -40,6 +39,6 @@ urlpatterns = [
     re_path(r"^serve/(?P<rest>.*)$", gateway_elsewhere, name="serve"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("deployments/", include("deployments.urls")),
-    path("", RedirectView.as_view(url="/deployments/", permanent=False)),
+    # The console's pages: overview at /, models, deployments, teams, the wizard.
+    path("", include("console.urls")),
 ]

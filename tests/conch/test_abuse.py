@@ -80,7 +80,7 @@ def test_a_lockout_holds_one_username_from_one_address_only(settings):
     elsewhere = _sign_in(Client(), "alice", PASSWORD, REMOTE_ADDR="10.9.8.7")
     neighbour = _sign_in(Client(), "bob", PASSWORD)
     # then both get in
-    assert elsewhere.status_code == 302 and elsewhere["Location"] == "/deployments/"
+    assert elsewhere.status_code == 302 and elsewhere["Location"] == "/"
     assert neighbour.status_code == 302
 
 

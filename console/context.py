@@ -1,0 +1,52 @@
+"""Which team the console shows: the teams a signed-in user may see and the one chosen (kept in the session)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.http import HttpRequest
+
+from tenancy import services as tenancy
+from tenancy.choices import Role
+
+#: Session key holding the slug of the team the console shows.
+SESSION_TEAM = "console_team"
+
+
+@dataclass(frozen=True)
+class TeamContext:
+    """The teams the user sees (slug order), the current one (None: the user is in no team) and their role in it
+    (a `Role`, None without a team)."""
+
+    teams: list
+    team: object | None
+    role: object | None
+
+    @property
+    def can_write(self) -> bool:
+        """Whether the role is developer or stronger (deploy, scale, stop, upload, delete)."""
+        return self.role is not None and self.role.rank >= Role.DEVELOPER.rank
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether the role is admin (members and roles)."""
+        return self.role is not None and self.role == Role.ADMIN
+
+
+def team_context(request: HttpRequest) -> TeamContext:
+    """The current team of a signed-in request: the session's choice when still one of the user's teams, else the
+    first of them by slug."""
+    teams = list(tenancy.teams_for_user(user=request.user).order_by("slug"))
+    chosen = request.session.get(SESSION_TEAM)
+    team = next((t for t in teams if t.slug == chosen), teams[0] if teams else None)
+    role = tenancy.role_in_team(user=request.user, team=team) if team is not None else None
+    return TeamContext(teams=teams, team=team, role=role)
+
+
+def console(request: HttpRequest) -> dict:
+    """Template context processor: `console` (a TeamContext) on every page of a signed-in user."""
+    if not getattr(request, "user", None) or not request.user.is_authenticated:
+        return {}
+    if not hasattr(request, "_console_team"):
+        request._console_team = team_context(request)
+    return {"console": request._console_team}
