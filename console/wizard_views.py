@@ -56,6 +56,13 @@ DEPLOY_FIELDS = (
     "mig_profile",
 )
 PREPROCESSING_FIELDS = ("layout", "height", "width", "scale", "mean", "std")
+#: The steps, as the wizard's step list names them.
+WIZARD_STEPS = [(1, "Model"), (2, "Upload"), (3, "Build"), (4, "Deploy"), (5, "Status"), (6, "Test")]
+
+
+def _page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    """Render a wizard page (with the step list)."""
+    return render(request, template, {"wizard_steps": WIZARD_STEPS, **context}, status=status)
 
 
 def _version(request: HttpRequest, version_id: int):
@@ -95,7 +102,7 @@ def start(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("console:wizard:upload", model_id=model.pk)
     models = registry.visible_models(user=request.user).filter(team=console.team).order_by("name")
-    return render(
+    return _page(
         request,
         "console/wizard/start.html",
         {"models": models, "error": error, "name": name, "step": 1},
@@ -115,7 +122,7 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
     except NotFound as exc:
         raise Http404(exc.detail) from exc
     versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
-    return render(
+    return _page(
         request,
         "console/wizard/upload.html",
         {
@@ -165,7 +172,7 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
     context = _build_context(request, version)
     batching_on = version.config_pbtxt == "" or "dynamic_batching" in version.config_pbtxt
     context.update({"step": 3, "error": error, "values": values, "batching_on": batching_on})
-    return render(request, "console/wizard/build.html", context, status=400 if error else 200)
+    return _page(request, "console/wizard/build.html", context, status=400 if error else 200)
 
 
 @login_required
@@ -260,7 +267,7 @@ def deploy(request: HttpRequest, version_id: int) -> HttpResponse:
         "error": error,
         "fit": fit,
     }
-    return render(request, "console/wizard/deploy.html", context, status=400 if error else 200)
+    return _page(request, "console/wizard/deploy.html", context, status=400 if error else 200)
 
 
 def _fit(request: HttpRequest, version, team_slug: str, data) -> dict[str, Any]:
@@ -288,7 +295,7 @@ def deploy_check(request: HttpRequest, version_id: int) -> HttpResponse:
 def status(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Step 5: the deployment's status until it is ready (pods and their messages on Kubernetes)."""
     deployment = _deployment(request, deployment_id)
-    return render(request, "console/wizard/status.html", {"step": 5, **_status_context(deployment)})
+    return _page(request, "console/wizard/status.html", {"step": 5, **_status_context(deployment)})
 
 
 def _status_context(deployment) -> dict[str, Any]:
@@ -345,7 +352,7 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
             error = _error(exc)
         return render(request, "console/wizard/_infer_output.html", {"result": result, "error": error})
     image_field = form["inputs"][0] if form["image_input"] else None
-    return render(
+    return _page(
         request,
         "console/wizard/test.html",
         {
