@@ -26,6 +26,7 @@ from builds.services.review import (
     check_build_options,
     config_diff,
     current_option_values,
+    diff_configs,
     signature_rows,
 )
 from conch.errors import ConchError, InvalidInput, NotFound
@@ -195,7 +196,12 @@ def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
     fields.update({key: request.POST.get(key) for key in ("preferred_batch_size", "instance_count")})
     fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
     check = check_build_options(version=version, fields=fields)
-    return render(request, "console/wizard/_options_check.html", {"check": check, "version": version})
+    change = ""
+    if check.ok and check.config_pbtxt and version.config_pbtxt:
+        change = diff_configs(
+            version.config_pbtxt, check.config_pbtxt, before_label="as built", after_label="with these options"
+        )
+    return render(request, "console/wizard/_options_check.html", {"check": check, "version": version, "change": change})
 
 
 # --- 4. deploy -----------------------------------------------------------------------------------------------

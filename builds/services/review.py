@@ -34,6 +34,7 @@ __all__ = [
     "batching_reason",
     "check_build_options",
     "config_diff",
+    "diff_configs",
     "signature_rows",
 ]
 
@@ -215,14 +216,21 @@ def config_diff(version: ModelVersion, versions: Any) -> ConfigDiff:
     )
     if previous is None or not version.config_pbtxt:
         return ConfigDiff(previous_number=previous.number if previous else None, diff="", changed=False)
-    lines = difflib.unified_diff(
-        previous.config_pbtxt.splitlines(keepends=True),
-        version.config_pbtxt.splitlines(keepends=True),
-        fromfile=f"version {previous.number}/config.pbtxt",
-        tofile=f"version {version.number}/config.pbtxt",
+    text = diff_configs(
+        previous.config_pbtxt,
+        version.config_pbtxt,
+        before_label=f"version {previous.number}/config.pbtxt",
+        after_label=f"version {version.number}/config.pbtxt",
     )
-    text = "".join(lines)
     return ConfigDiff(previous_number=previous.number, diff=text, changed=bool(text))
+
+
+def diff_configs(before: str, after: str, *, before_label: str, after_label: str) -> str:
+    """A unified diff (difflib, 3 lines of context) of two config.pbtxt texts; "" when they are the same."""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=before_label, tofile=after_label
+    )
+    return "".join(lines)
 
 
 def _signature(version: ModelVersion) -> ModelSignature | None:

@@ -157,3 +157,13 @@ def test_the_status_partial_shows_pods_and_messages(alice):
     page = _client(alice).get(f"/wizard/deployments/{deployment.pk}/status/live").content.decode()
     assert 'data-status="starting"' in page and 'hx-trigger="every 1s"' in page
     assert "web-abc" in page and "0/3 nodes are available" in page and "waiting for a GPU" in page
+
+
+def test_the_options_partial_shows_what_a_rebuild_would_change(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/build/check", {"dynamic_batching": "on", "max_batch_size": "16"}
+    )
+    page = response.content.decode()
+    assert "A rebuild would change the configuration" in page
+    assert "-max_batch_size: 8\n+max_batch_size: 16" in page
