@@ -8,6 +8,7 @@ request that queued it, and a deployment's Triton starts within the deploy reque
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,63 @@ def test_a_viewer_cannot_see_the_deploy_button(console_browser, alice):
     page.goto(f"/wizard/versions/{version.pk}/deploy/")
     assert page.get_by_test_id("deploy-submit").count() == 0
     assert "deploying needs the developer role" in page.content()
+
+
+def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, alice, eager_tasks, screenshot, tmp_path):
+    # given alice on the wizard's first page
+    page = console_browser.page_for(alice.user)
+    page.goto("/")
+    page.get_by_test_id("start-wizard").click()
+    page.wait_for_url("**/wizard/")
+    # 1. she registers a model
+    page.get_by_label("Name").fill("orientation")
+    screenshot(page, "wizard-1-model")
+    page.get_by_test_id("wizard-next").click()
+    page.wait_for_url("**/upload/")
+    # 2. she drops the demo classifier on the page: checksum, parts, completion, then the build page
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(real_models.classifier()))
+        page.get_by_test_id("upload-progress").filter(has_text="parts").wait_for()
+        screenshot(page, "wizard-2-upload")
+    version = ModelVersion.objects.get(model__team=alice.team, model__name="orientation")
+    assert version.source_sha256 == hashlib.sha256(real_models.classifier().read_bytes()).hexdigest()
+    # 3 to 6
+    deploy_and_test(page, screenshot, version, write_image(tmp_path / "image.png"))
+
+
+def test_an_upload_interrupted_mid_part_resumes_after_a_reload(console_browser, alice, eager_tasks, tmp_path):
+    # given a 20 MiB file (three parts of the page's 8 MiB) and a connection that drops part 2 the first time
+    data = np.random.default_rng(5).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / "big.onnx"
+    path.write_bytes(data)
+    page = console_browser.page_for(alice.user)
+    model = alice.client.post("/api/v1/models/", {"name": "big", "team": "acme"}, format="json").json()
+    sent: list[str] = []
+    dropped: list[str] = []
+
+    def drop_part_2_once(route):
+        if not dropped:
+            dropped.append(route.request.url)
+            route.abort("connectionreset")
+        else:
+            route.continue_()
+
+    page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
+    page.route("**/parts/2", drop_part_2_once)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # when the upload runs into the dropped connection
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    page.get_by_test_id("upload-resume").wait_for(state="visible")
+    page.wait_for_function("!document.querySelector('[data-testid=upload-resume]').disabled", timeout=60_000)
+    page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
+    assert dropped and "connection dropped" in page.locator("#upload-error").inner_text()
+    # and the page is reloaded, and the same file chosen again
+    sent.clear()
+    page.reload()
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then only the missing part was sent again, and the stored file has the file's sha256
+    assert [url.rsplit("/", 1)[1] for url in sent] == ["2"]
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert version.source_size_bytes == len(data)
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()

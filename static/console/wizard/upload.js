@@ -25,6 +25,10 @@
   const HASH_CHUNK = 8 * 1024 * 1024;
   const PARALLEL_PARTS = 3;
   const SIGN_BATCH = 100; // the API signs at most 100 parts per call
+  const MIB = 1024 * 1024;
+  // Parts of 8 MiB (S3's least is 5 MiB) unless the file needs bigger ones to stay within 10,000 parts: a dropped
+  // connection loses at most one part's worth, and progress moves in small steps.
+  const partSizeFor = (size) => Math.max(8 * MIB, Math.ceil(size / 10000 / MIB) * MIB);
 
   const state = {
     file: null,
@@ -139,7 +143,12 @@
       }
       localStorage.removeItem(storageKey(file));
     }
-    const upload = await api("POST", uploadsUrl, { filename: file.name, size_bytes: file.size, sha256: state.sha256 });
+    const upload = await api("POST", uploadsUrl, {
+      filename: file.name,
+      size_bytes: file.size,
+      sha256: state.sha256,
+      part_size_bytes: partSizeFor(file.size),
+    });
     localStorage.setItem(storageKey(file), upload.id);
     return upload;
   }
@@ -252,10 +261,15 @@
     xhr.send(state.file.slice(begin, end));
   }
 
+  // A part that failed stops new parts from starting; the others in flight are let finish (their bytes count).
   function interrupt(message) {
-    if (state.paused || state.finished) return;
-    pause();
+    if (state.finished) return;
     showError(message);
+    if (state.paused) return;
+    state.paused = true;
+    setButtons({ pause: false, resume: true, cancel: true });
+    showProgress("Stopped");
+    wakeUp();
   }
 
   function pause() {
