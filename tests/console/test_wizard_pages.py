@@ -167,3 +167,59 @@ def test_the_options_partial_shows_what_a_rebuild_would_change(alice):
     page = response.content.decode()
     assert "A rebuild would change the configuration" in page
     assert "-max_batch_size: 8\n+max_batch_size: 16" in page
+
+
+KUBECONFIG = """
+apiVersion: v1
+kind: Config
+current-context: lab
+clusters:
+- name: lab
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+contexts:
+- name: lab
+  context: {cluster: lab, user: admin}
+users:
+- name: admin
+  user: {token: not-a-real-token}
+"""
+
+
+def use_an_unreachable_cluster(settings) -> None:
+    """S3 storage (only named: nothing here reaches it) and a registered cluster whose API does not answer."""
+    from deployments.services.clusters import register_cluster
+
+    settings.CONCH_STORAGE_URL = "s3://models/conch"
+    settings.CONCH_S3_ENDPOINT_URL = "http://127.0.0.1:1"
+    register_cluster(name="lab", namespace="conch", kubeconfig=KUBECONFIG)
+
+
+def test_the_deploy_page_offers_a_cluster_and_says_when_it_does_not_answer(alice, settings):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    use_an_unreachable_cluster(settings)
+    page = _client(alice).get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    assert '<option value="kubernetes">A Kubernetes cluster (Triton pods)</option>' in page
+    assert '<option value="lab">lab (namespace conch)</option>' in page
+    assert "GPUs on lab" in page and 'class="field-error"' in page
+
+
+def test_kubernetes_choices_on_a_cluster_are_checked_by_the_create_s_rules(alice, settings):
+    # given a built version and a cluster
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    use_an_unreachable_cluster(settings)
+    client = _client(alice)
+    url = f"/wizard/versions/{version.pk}/deploy/check"
+    form = {"name": "web", "runtime": "kubernetes", "cluster": "lab", "scaling": "autoscaling"}
+    # when autoscaling bounds are upside down
+    bounds = client.post(url, {**form, "min_replicas": "3", "max_replicas": "2"}).content.decode()
+    # then the field is named
+    assert 'data-field="autoscaling.min_replicas"' in bounds
+    # when the bounds are right but the team has no deployment left
+    set_quota(team=alice.team, limits={"deployments": 0})
+    refused = client.post(url, {**form, "min_replicas": "1", "max_replicas": "2"}).content.decode()
+    posted = client.post(
+        f"/wizard/versions/{version.pk}/deploy/", {**form, "min_replicas": "1", "max_replicas": "2"}
+    ).content.decode()
+    # then the check and the create say the same
+    message = "Deployment quota exceeded: team &#x27;acme&#x27; uses 0 of 0 deployments; this deployment needs 1"
+    assert message in refused and message in posted
