@@ -14,10 +14,10 @@ import json
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods, require_POST, require_safe
+from django.views.decorators.http import require_http_methods
 
 from builds import services as builds
 from builds.services.review import (
@@ -80,6 +80,19 @@ def _deployment(request: HttpRequest, deployment_id: int):
         raise Http404(exc.detail) from exc
 
 
+def _refuse_method(request: HttpRequest, allowed: tuple[str, ...]) -> HttpResponse | None:
+    """405 for a method `allowed` does not list; called after the object is found, so a caller outside its team
+    gets 404 whatever the method (nothing tells them the object exists)."""
+    if request.method in allowed or (request.method == "HEAD" and "GET" in allowed):
+        return None
+    return HttpResponseNotAllowed(list(allowed))
+
+
+GET = ("GET",)
+POST = ("POST",)
+GET_POST = ("GET", "POST")
+
+
 def _error(exc: ConchError) -> dict[str, Any]:
     return {"detail": exc.detail, "field": exc.field or "", "quota": getattr(exc, "quota", None)}
 
@@ -115,13 +128,14 @@ def start(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_safe
 def upload(request: HttpRequest, model_id: int) -> HttpResponse:
     """Step 2: the resumable upload page (the browser talks to the uploads API itself)."""
     try:
         model = registry.get_model(user=request.user, model_id=model_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
+    if refused := _refuse_method(request, GET):
+        return refused
     versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
     return _page(
         request,
@@ -152,11 +166,12 @@ def _build_context(request: HttpRequest, version) -> dict[str, Any]:
 
 
 @login_required
-@require_http_methods(["GET", "HEAD", "POST"])
 def build(request: HttpRequest, version_id: int) -> HttpResponse:
     """Step 3: the build live (steps and log lines), then the signature, config.pbtxt with its diff, and the options
     form (checked inline by the build's rules); POST rebuilds with the options."""
     version = _version(request, version_id)
+    if refused := _refuse_method(request, GET_POST):
+        return refused
     error = None
     values = current_option_values(version)
     if request.method == "POST":
@@ -177,10 +192,11 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
 
 
 @login_required
-@require_safe
 def build_status(request: HttpRequest, version_id: int) -> HttpResponse:
     """Partial: the build's steps and log lines (polled while it runs); once settled, the whole page reloads."""
     version = _version(request, version_id)
+    if refused := _refuse_method(request, GET):
+        return refused
     response = render(request, "console/wizard/_build_status.html", _build_context(request, version))
     if version.status in BUILD_SETTLED and request.GET.get("was") not in BUILD_SETTLED:
         response["HX-Refresh"] = "true"  # show the signature, config and options now that they exist
@@ -188,10 +204,11 @@ def build_status(request: HttpRequest, version_id: int) -> HttpResponse:
 
 
 @login_required
-@require_POST
 def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
     """Partial: the options form's errors by field and the configuration the options would give."""
     version = _version(request, version_id)
+    if refused := _refuse_method(request, POST):
+        return refused
     fields = {key: request.POST.get(key) for key in ("max_batch_size", "max_queue_delay_microseconds")}
     fields.update({key: request.POST.get(key) for key in ("preferred_batch_size", "instance_count")})
     fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
@@ -242,11 +259,12 @@ def _deploy_arguments(version, team_slug: str, data) -> dict[str, Any]:
 
 
 @login_required
-@require_http_methods(["GET", "HEAD", "POST"])
 def deploy(request: HttpRequest, version_id: int) -> HttpResponse:
     """Step 4: where and how many (runtime, cluster and GPUs, replicas or autoscaling), the team's quota, a check
     before submit; POST creates the deployment."""
     version = _version(request, version_id)
+    if refused := _refuse_method(request, GET_POST):
+        return refused
     team_slug = version.model.team.slug
     error = None
     values = {key: request.POST.get(key, "") for key in DEPLOY_FIELDS} if request.method == "POST" else {}
@@ -285,10 +303,11 @@ def _fit(request: HttpRequest, version, team_slug: str, data) -> dict[str, Any]:
 
 
 @login_required
-@require_POST
 def deploy_check(request: HttpRequest, version_id: int) -> HttpResponse:
     """Partial: would the deploy form's deployment be accepted now (the create's own checks), and if not, why."""
     version = _version(request, version_id)
+    if refused := _refuse_method(request, POST):
+        return refused
     fit = _fit(request, version, version.model.team.slug, request.POST)
     return render(request, "console/wizard/_deploy_check.html", {"fit": fit})
 
@@ -297,10 +316,11 @@ def deploy_check(request: HttpRequest, version_id: int) -> HttpResponse:
 
 
 @login_required
-@require_safe
 def status(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Step 5: the deployment's status until it is ready (pods and their messages on Kubernetes)."""
     deployment = _deployment(request, deployment_id)
+    if refused := _refuse_method(request, GET):
+        return refused
     return _page(request, "console/wizard/status.html", {"step": 5, **_status_context(deployment)})
 
 
@@ -316,10 +336,11 @@ def _status_context(deployment) -> dict[str, Any]:
 
 
 @login_required
-@require_safe
 def status_partial(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Partial: the status block, polled every second until the deployment settles."""
     deployment = _deployment(request, deployment_id)
+    if refused := _refuse_method(request, GET):
+        return refused
     return render(request, "console/wizard/_status.html", _status_context(deployment))
 
 
@@ -328,11 +349,12 @@ def status_partial(request: HttpRequest, deployment_id: int) -> HttpResponse:
 
 @accepts_body(INFERENCE_BODY)  # a JSON request for an image model is megabytes of numbers
 @login_required
-@require_http_methods(["GET", "HEAD", "POST"])
 def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Step 6: a form made from the signature (JSON editor; an image for an image model); POST (htmx) answers the
     output partial."""
     deployment = _deployment(request, deployment_id)
+    if refused := _refuse_method(request, GET_POST):
+        return refused
     form = inference_form(deployment)
     if request.method == "POST":
         result = error = None
