@@ -1,44 +1,139 @@
 """Console pages (login required): each view reads through the apps' services, scoped to the user's teams, and
-renders a template; a write calls one service, which checks the caller's role itself."""
+renders a template; a write (a POST form with Django's CSRF token) calls one service, which checks the caller's
+role itself. A refused or invalid write renders the page again with the service's sentence and its status
+(400, 403, 409); a done one redirects back with a message.
+
+Pages that name an object look it up before anything else, so a caller outside its team gets 404 whatever the
+method; then a wrong method gets 405.
+"""
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from conch.errors import InvalidInput, NotFound
+from conch.errors import ConchError, InvalidInput, NotFound
+from console import presenters
 from console.context import SESSION_TEAM, team_context
 from deployments import services as deployments
+from models_registry import deletion
 from models_registry import services as registry
+from tenancy import members as team_members
 from tenancy import services as tenancy
+from tenancy.choices import Role, Scope
+from tenancy.quotas import team_usage
 
-
-def _not_found(exc: NotFound) -> Http404:
-    return Http404(exc.detail)
+#: Session key of a token secret just created, shown once on the team page and then dropped.
+SESSION_NEW_TOKEN = "console_new_token"
+#: Versions shown under "recent builds" on the overview.
+RECENT_BUILDS = 8
+#: Rows of gateway usage (per day, token and deployment) on the team page.
+GATEWAY_USAGE_ROWS = 30
 
 
 def _read_only(request: HttpRequest) -> HttpResponse | None:
-    """405 for a method other than GET/HEAD on a page that names an object; called after the object is found, so
-    a caller outside its team gets 404 whatever the method (nothing tells them it exists)."""
+    """405 for a method other than GET/HEAD, after the page's object was found."""
     if request.method in ("GET", "HEAD"):
         return None
     return HttpResponseNotAllowed(["GET", "HEAD"])
 
 
+def _post_only(request: HttpRequest) -> HttpResponse | None:
+    """405 for a method other than POST, after the action's object was found."""
+    if request.method == "POST":
+        return None
+    return HttpResponseNotAllowed(["POST"])
+
+
+def _team_of(request: HttpRequest, slug: str):
+    try:
+        return tenancy.get_team_for_user(user=request.user, slug=slug)
+    except (InvalidInput, NotFound) as exc:
+        raise Http404(exc.detail) from exc
+
+
+def _deployment_of(request: HttpRequest, deployment_id: int):
+    try:
+        return deployments.get_deployment(user=request.user, deployment_id=deployment_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+
+
+def _model_of(request: HttpRequest, model_id: int):
+    try:
+        return registry.get_model(user=request.user, model_id=model_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+
+
+def _version_of(request: HttpRequest, model, version_id: int):
+    try:
+        version = registry.get_version(user=request.user, version_id=version_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    if version.model_id != model.pk:
+        raise Http404(f"Model {model.pk} has no version {version_id}.")
+    return version
+
+
+# --- overview ----------------------------------------------------------------------------
+
+
 @login_required
 @require_safe
 def overview(request: HttpRequest) -> HttpResponse:
-    """The current team's deployments with their status, its recent builds and its quota usage."""
+    """The current team's deployments (status, throughput sparkline), its recent builds and its quota usage."""
     console = team_context(request)
-    team_deployments = (
-        deployments.visible_deployments(user=request.user).filter(team=console.team).order_by("-created_at")
-        if console.team
-        else []
+    context: dict = {"deployments": [], "builds": [], "usage": []}
+    if console.team is not None:
+        context["deployments"] = (
+            deployments.visible_deployments(user=request.user).filter(team=console.team).order_by("-created_at")
+        )
+        context["builds"] = (
+            registry.visible_versions(user=request.user)
+            .filter(model__team=console.team)
+            .order_by("-created_at")[:RECENT_BUILDS]
+        )
+        context["usage"] = [_usage_line(line) for line in team_usage(team=console.team)]
+    return render(request, "console/overview.html", context)
+
+
+#: How the quota fields read on the pages.
+QUOTA_LABELS = {
+    "gpu": "GPUs",
+    "instances": "Model instances",
+    "storage_bytes": "Storage",
+    "models": "Models",
+    "deployments": "Deployments",
+}
+
+
+def _usage_line(line) -> dict:
+    """A quota line for a bar: field, its label, used and limit as text (bytes in KB/MB/GB), the raw numbers,
+    and the percentage filled (0..100, capped)."""
+    percent = (
+        100 if line.limit == 0 and line.used else (min(100, round(100 * line.used / line.limit)) if line.limit else 0)
     )
-    return render(request, "console/overview.html", {"deployments": team_deployments})
+    if "bytes" in line.field:
+        used_text, limit_text, unit = filesizeformat(line.used), filesizeformat(line.limit), ""
+    else:
+        used_text, limit_text, unit = str(line.used), str(line.limit), line.unit
+    return {
+        "field": line.field,
+        "label": QUOTA_LABELS.get(line.field, line.field.replace("_", " ").capitalize()),
+        "unit": unit,
+        "used": line.used,
+        "limit": line.limit,
+        "text": f"{used_text} of {limit_text} {unit}".strip(),
+        "percent": percent,
+    }
 
 
 @login_required
@@ -46,15 +141,15 @@ def overview(request: HttpRequest) -> HttpResponse:
 def switch_team(request: HttpRequest) -> HttpResponse:
     """Make the posted `team` (a slug of one of the user's teams) the one the console shows; back to `next`."""
     slug = request.POST.get("team", "")
-    try:
-        tenancy.get_team_for_user(user=request.user, slug=slug)
-    except (InvalidInput, NotFound) as exc:
-        raise Http404(exc.detail) from exc
+    _team_of(request, slug)
     request.session[SESSION_TEAM] = slug
     target = request.POST.get("next", "/")
     if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         target = "/"
     return redirect(target)
+
+
+# --- models ------------------------------------------------------------------------------
 
 
 @login_required
@@ -66,17 +161,73 @@ def model_list(request: HttpRequest) -> HttpResponse:
     return render(request, "console/models.html", {"models": models})
 
 
+def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = "") -> HttpResponse:
+    versions = []
+    for version in registry.visible_versions(user=request.user).filter(model=model).order_by("-number"):
+        batch = presenters.max_batch_size_of(version.config_pbtxt)
+        versions.append(
+            {
+                "row": version,
+                "max_batch_size": batch,
+                "tensors": presenters.signature_rows(version.signature, batching=batch > 0),
+            }
+        )
+    console = team_context(request)
+    role = tenancy.role_in_team(user=request.user, team=model.team)
+    return render(
+        request,
+        "console/model.html",
+        {
+            "model": model,
+            "versions": versions,
+            "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
+            "error": error,
+            "console": console,
+        },
+        status=status,
+    )
+
+
 @login_required
 def model_detail(request: HttpRequest, model_id: int) -> HttpResponse:
-    """One model and its versions."""
-    try:
-        model = registry.get_model(user=request.user, model_id=model_id)
-    except NotFound as exc:
-        raise _not_found(exc) from exc
+    """One model: its versions with status, size, sha256, signature, config.pbtxt, download and delete."""
+    model = _model_of(request, model_id)
     if refused := _read_only(request):
         return refused
-    versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")
-    return render(request, "console/model.html", {"model": model, "versions": versions})
+    return _model_page(request, model)
+
+
+@login_required
+def version_download(request: HttpRequest, model_id: int, version_id: int) -> HttpResponse:
+    """The version's uploaded model file, streamed from the object store as an attachment."""
+    model = _model_of(request, model_id)
+    version = _version_of(request, model, version_id)
+    if refused := _read_only(request):
+        return refused
+    try:
+        reader = registry.open_version_source(version=version)
+    except ConchError as exc:
+        return _model_page(request, model, status=exc.status_code, error=exc.detail)
+    name = version.source_filename or f"{model.name}-v{version.number}.onnx"
+    return FileResponse(reader, as_attachment=True, filename=name, content_type="application/octet-stream")
+
+
+@login_required
+def version_delete(request: HttpRequest, model_id: int, version_id: int) -> HttpResponse:
+    """Delete a version (developer role); one a deployment uses is refused with the 409 naming it."""
+    model = _model_of(request, model_id)
+    version = _version_of(request, model, version_id)
+    if refused := _post_only(request):
+        return refused
+    try:
+        deletion.delete_model_version(user=request.user, version=version)
+    except ConchError as exc:
+        return _model_page(request, model, status=exc.status_code, error=exc.detail)
+    messages.success(request, f"Version {version.number} of {model.name} deleted.")
+    return redirect("console:model", model_id=model.pk)
+
+
+# --- deployments -------------------------------------------------------------------------
 
 
 @login_required
@@ -87,34 +238,211 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     return render(request, "console/deployments.html", {"deployments": listed})
 
 
-@login_required
-def deployment_detail(request: HttpRequest, deployment_id: int) -> HttpResponse:
-    """Status, endpoints, model configuration, Triton's log and live charts."""
-    try:
-        deployment = deployments.get_deployment(user=request.user, deployment_id=deployment_id)
-    except NotFound as exc:
-        raise _not_found(exc) from exc
-    if refused := _read_only(request):
-        return refused
+def _deployment_page(request: HttpRequest, deployment, *, status: int = 200, error: str = "") -> HttpResponse:
+    version = deployment.model_version
+    batch = presenters.max_batch_size_of(deployment.config_pbtxt or version.config_pbtxt)
+    tensors = presenters.signature_rows(version.signature, batching=batch > 0)
+    gateway = f"{settings.CONCH_GATEWAY_URL}/serve/{deployment.team.slug}/{deployment.name}"
+    role = tenancy.role_in_team(user=request.user, team=deployment.team)
+    other_versions = (
+        registry.visible_versions(user=request.user)
+        .filter(model=version.model, status="built")
+        .exclude(pk=version.pk)
+        .order_by("-number")
+    )
     return render(
         request,
         "console/deployment.html",
         {
             "deployment": deployment,
             "endpoints": deployments.endpoints(deployment),
+            "gateway": gateway,
+            "curl": presenters.curl_snippet(
+                gateway_url=gateway, model_name=deployment.model_name, inputs=tensors["inputs"]
+            ),
+            "python": presenters.tritonclient_snippet(
+                gateway_url=gateway,
+                model_name=deployment.model_name,
+                inputs=tensors["inputs"],
+                outputs=tensors["outputs"],
+            ),
+            "events": deployments.deployment_events(deployment),
+            "pods": (deployment.observed or {}).get("pods") or [],
             "log_tail": deployments.log_tail(deployment),
+            "other_versions": other_versions,
+            "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
+            "running": deployment.desired_state == "running",
+            "error": error,
         },
+        status=status,
+    )
+
+
+@login_required
+def deployment_detail(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Status and its timeline, pods, endpoints with client snippets, actions, live charts, config, log."""
+    deployment = _deployment_of(request, deployment_id)
+    if refused := _read_only(request):
+        return refused
+    return _deployment_page(request, deployment)
+
+
+def _deployment_action(request: HttpRequest, deployment_id: int, act, done: str) -> HttpResponse:
+    deployment = _deployment_of(request, deployment_id)
+    if refused := _post_only(request):
+        return refused
+    try:
+        act(deployment)
+    except ConchError as exc:
+        return _deployment_page(request, deployment, status=exc.status_code, error=exc.detail)
+    messages.success(request, done)
+    return redirect("console:deployment", deployment_id=deployment.pk)
+
+
+def _whole_number(value: str, field: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{field}: give a whole number (got {value!r}).", field=field) from None
+
+
+@login_required
+def deployment_scale(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Set a Kubernetes deployment's replicas (developer role), through the same service as PATCH replicas."""
+
+    def act(deployment) -> None:
+        replicas = _whole_number(request.POST.get("replicas", ""), "replicas")
+        deployments.update_deployment(user=request.user, deployment=deployment, changes={"replicas": replicas})
+
+    return _deployment_action(request, deployment_id, act, "Scaling requested.")
+
+
+@login_required
+def deployment_switch_version(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Serve another built version of the model without a restart (the hot update; developer role)."""
+
+    def act(deployment) -> None:
+        chosen = _whole_number(request.POST.get("model_version", ""), "model_version")
+        deployments.update_deployment(user=request.user, deployment=deployment, changes={"model_version": chosen})
+
+    return _deployment_action(request, deployment_id, act, "Version switch queued; it shows as the update status.")
+
+
+@login_required
+def deployment_stop(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Stop the deployment (developer role); its Triton ends and its quota is freed."""
+
+    def act(deployment) -> None:
+        deployments.request_stop(user=request.user, deployment=deployment)
+
+    return _deployment_action(request, deployment_id, act, "Stop requested.")
+
+
+# --- teams -------------------------------------------------------------------------------
+
+
+def _team_page(request: HttpRequest, team, *, status: int = 200, error: str = "") -> HttpResponse:
+    role = tenancy.role_in_team(user=request.user, team=team)
+    is_admin = role == Role.ADMIN
+    members = team_members.list_members(user=request.user, slug=team.slug) if is_admin else []
+    tokens = tenancy.visible_tokens(user=request.user).filter(team=team).order_by("-created_at")
+    new_token = request.session.pop(SESSION_NEW_TOKEN, None) if status == 200 else None
+    gateway_rows = (
+        deployments.gateway_usage(user=request.user, team_slug=team.slug)[:GATEWAY_USAGE_ROWS] if is_admin else []
+    )
+    return render(
+        request,
+        "console/team.html",
+        {
+            "team": team,
+            "role": role,
+            "is_admin": is_admin,
+            "members": members,
+            "roles": Role.choices,
+            "scopes": Scope.choices,
+            "tokens": tokens,
+            "new_token": new_token,
+            "usage": [_usage_line(line) for line in team_usage(team=team)],
+            "gateway_usage": gateway_rows,
+            "error": error,
+        },
+        status=status,
     )
 
 
 @login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    """A team's members and roles, its API tokens and its usage."""
-    try:
-        team = tenancy.get_team_for_user(user=request.user, slug=slug)
-    except NotFound as exc:
-        raise _not_found(exc) from exc
+    """A team's members and roles (its admins edit them), API tokens (create, revoke) and usage."""
+    team = _team_of(request, slug)
     if refused := _read_only(request):
         return refused
-    members = team.memberships.select_related("user").order_by("user__username")
-    return render(request, "console/team.html", {"team": team, "members": members})
+    return _team_page(request, team)
+
+
+def _team_action(request: HttpRequest, slug: str, act, done: str) -> HttpResponse:
+    team = _team_of(request, slug)
+    if refused := _post_only(request):
+        return refused
+    try:
+        act(team)
+    except ConchError as exc:
+        return _team_page(request, team, status=exc.status_code, error=exc.detail)
+    if done:
+        messages.success(request, done)
+    return redirect(reverse("console:team", kwargs={"slug": team.slug}))
+
+
+@login_required
+def member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    """Give a member another role (team admin)."""
+
+    def act(team) -> None:
+        team_members.change_member_role(
+            user=request.user, slug=team.slug, username=username, role=request.POST.get("role", "")
+        )
+
+    return _team_action(request, slug, act, f"{username}'s role changed.")
+
+
+@login_required
+def member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    """Add an existing user to the team with a role (team admin)."""
+
+    def act(team) -> None:
+        team_members.add_member(
+            user=request.user,
+            slug=team.slug,
+            username=request.POST.get("username", "").strip(),
+            role=request.POST.get("role", ""),
+        )
+
+    return _team_action(request, slug, act, "Member added.")
+
+
+@login_required
+def token_create(request: HttpRequest, slug: str) -> HttpResponse:
+    """Create an API token of the user in the team; its secret is shown on the next page once, then never."""
+
+    def act(team) -> None:
+        days = request.POST.get("expires_in_days", "").strip()
+        issued = tenancy.create_api_token(
+            user=request.user,
+            team=team,
+            name=request.POST.get("name", "").strip(),
+            scopes=request.POST.getlist("scopes") or None,
+            expires_in_days=_whole_number(days, "expires_in_days") if days else None,
+        )
+        request.session[SESSION_NEW_TOKEN] = {"name": issued.token.name, "secret": issued.secret}
+
+    return _team_action(request, slug, act, "")
+
+
+@login_required
+def token_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Revoke a token of the team the user may manage (their own, or any as the team's admin)."""
+    team = _team_of(request, slug)
+    if not tenancy.visible_tokens(user=request.user).filter(team=team, pk=pk).exists():
+        raise Http404(f"Token {pk} does not exist or is not one you may manage.")
+    return _team_action(
+        request, slug, lambda team: tenancy.revoke_api_token(user=request.user, token_id=pk), "Token revoked."
+    )

@@ -151,6 +151,10 @@ class MetricSample(models.Model):
     compute_input_duration_us = models.FloatField(default=0)
     compute_infer_duration_us = models.FloatField(default=0)
     compute_output_duration_us = models.FloatField(default=0)
+    # Request latency quantiles (µs) of Triton's summary at the scrape (gauges over its recent requests, not
+    # counters); null while the summary held no request, or from a Triton without summaries.
+    request_p50_us = models.FloatField(null=True, blank=True)
+    request_p99_us = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["deployment_id", "scraped_at"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -24,10 +24,12 @@ from deployments.choices import DeploymentStatus
 from deployments.models import Deployment, MetricSample
 from deployments.services import serving_servers
 from tritonserving.client import TritonClient
-from tritonserving.metrics import COUNTERS, parse_triton_metrics
+from tritonserving.metrics import COUNTERS, QUANTILES, parse_triton_metrics
 
 log = logging.getLogger(__name__)
 FIELDS = list(COUNTERS.values())
+#: Gauge fields of a sample (latency quantiles): read as they are, never subtracted.
+QUANTILE_FIELDS = list(QUANTILES.values())
 # A chart needs about this many points; longer windows get a longer step (downsampled).
 MAX_POINTS = 60
 MIN_WINDOW_SECONDS = 10
@@ -80,7 +82,7 @@ def scrape_deployment(*, deployment: Deployment) -> int:
             server=server_name,
             model_name=c.model_name,
             model_version=c.model_version,
-            **{f: getattr(c, f) for f in FIELDS},
+            **{f: getattr(c, f) for f in FIELDS + QUANTILE_FIELDS},
         )
         for server_name, text in texts
         for c in parse_triton_metrics(text)
@@ -125,15 +127,19 @@ class Reading:
     at: datetime
     counters_since: datetime | None
     counters: dict[str, float]
+    #: Latency quantiles at the sample (QUANTILE_FIELDS; a value is None when Triton had none).
+    quantiles: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Interval:
-    """What a model did between `begin` and `end` (the sample that closes it): counter increases by field."""
+    """What a model did between `begin` and `end` (the sample that closes it): counter increases by field, and
+    the closing sample's latency quantiles."""
 
     begin: datetime
     end: datetime
     increase: dict[str, float]
+    quantiles: dict[str, float | None] = field(default_factory=dict)
 
 
 def interval_increase(previous: Reading, current: Reading) -> dict[str, float]:
@@ -170,10 +176,19 @@ def window_intervals(readings: list[Reading], *, start: datetime) -> list[Interv
         if i == 0:
             since = current.counters_since
             if since is not None and start <= since <= current.at:
-                intervals.append(Interval(begin=since, end=current.at, increase=dict(current.counters)))
+                intervals.append(
+                    Interval(begin=since, end=current.at, increase=dict(current.counters), quantiles=current.quantiles)
+                )
             continue
         previous = readings[i - 1]
-        intervals.append(Interval(begin=previous.at, end=current.at, increase=interval_increase(previous, current)))
+        intervals.append(
+            Interval(
+                begin=previous.at,
+                end=current.at,
+                increase=interval_increase(previous, current),
+                quantiles=current.quantiles,
+            )
+        )
     return intervals
 
 
@@ -200,9 +215,12 @@ def bucket_intervals(intervals: list[Interval], *, start: datetime, step_seconds
     An interval belongs to the bucket holding its end (bucket i is (start + i·step,
     start + (i+1)·step]). Each point: `time` (bucket end, ISO 8601), `samples` (intervals
     closed in it), the counts (inferences, requests, executions, failures), throughput
-    (inferences/s) and requests/s over the step, average request latency (µs: request
-    duration increase / request increase). Rates are null in a bucket without samples
-    (no data, not zero traffic); latency is null in one without requests.
+    (inferences/s) and requests/s over the step, average request latency, queue time and compute
+    time (µs per request: duration increases / request increase), average batch size (inferences
+    per execution), and request latency p50 and p99 (µs: the highest of the quantiles its samples
+    carry, as a quantile of several samples or pods cannot be added up). Rates are null in a bucket
+    without samples (no data, not zero traffic); averages are null in one without requests, batch
+    size without executions, the quantiles without a sample that has them.
     """
     members: list[list[Interval]] = [[] for _ in range(buckets)]
     for interval in intervals:
@@ -223,9 +241,24 @@ def bucket_intervals(intervals: list[Interval], *, start: datetime, step_seconds
                 "throughput_inferences_per_second": t["inference_count"] / step_seconds if group else None,
                 "requests_per_second": requests / step_seconds if group else None,
                 "average_request_latency_us": t["request_duration_us"] / requests if requests else None,
+                "average_queue_time_us": t["queue_duration_us"] / requests if requests else None,
+                "average_compute_time_us": (
+                    (t["compute_input_duration_us"] + t["compute_infer_duration_us"] + t["compute_output_duration_us"])
+                    / requests
+                    if requests
+                    else None
+                ),
+                "average_batch_size": (t["inference_count"] / t["execution_count"] if t["execution_count"] else None),
+                **{name: _highest(group, name) for name in QUANTILE_FIELDS},
             }
         )
     return points
+
+
+def _highest(intervals: list[Interval], name: str) -> float | None:
+    values = [interval.quantiles.get(name) for interval in intervals]
+    present = [value for value in values if value is not None]
+    return max(present) if present else None
 
 
 # --- summaries (read only) -------------------------------------------------------------
@@ -280,11 +313,17 @@ def _model_stats(key: tuple[str, str], intervals: list[Interval]) -> ModelWindow
     )
 
 
-_COLUMNS = ("model_name", "model_version", "server", "scraped_at", "counters_since", *FIELDS)
+_COLUMNS = ("model_name", "model_version", "server", "scraped_at", "counters_since", *FIELDS, *QUANTILE_FIELDS)
 
 
 def _reading(row: tuple) -> Reading:
-    return Reading(at=row[3], counters_since=row[4], counters=dict(zip(FIELDS, row[5:], strict=True)))
+    counters_end = 5 + len(FIELDS)
+    return Reading(
+        at=row[3],
+        counters_since=row[4],
+        counters=dict(zip(FIELDS, row[5:counters_end], strict=True)),
+        quantiles=dict(zip(QUANTILE_FIELDS, row[counters_end:], strict=True)),
+    )
 
 
 def summarize(*, deployment: Deployment, window_seconds: int) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -96,6 +96,21 @@ def get_version(*, user: AbstractBaseUser, version_id: int, token: TokenGrant | 
     if version is None:
         raise NotFound(f"Model version {version_id} does not exist or is not in one of your teams.")
     return version
+
+
+def open_version_source(*, version: ModelVersion) -> BinaryIO:
+    """Open the uploaded model file of `version` (one the caller may see: `get_version`) for reading, streamed
+    from the object store. Raises Conflict (field `status`) while it is uploading or being deleted (no complete
+    file), NotFound when the store holds no file, Unavailable when the store fails."""
+    if version.status in (VersionStatus.UPLOADING, VersionStatus.DELETING) or not version.source_key:
+        raise Conflict(
+            f"Model version {version.pk} is '{version.status}'; its file can be downloaded once uploaded.",
+            field="status",
+        )
+    store = get_object_store()
+    if not store.exists(version.source_key):
+        raise NotFound(f"The file of model version {version.pk} is missing from the object store.")
+    return store.open_reader(version.source_key)
 
 
 def create_model(

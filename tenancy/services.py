@@ -440,6 +440,17 @@ def change_team_quota(
 # --- audit log ----------------------------------------------------------------------
 
 
+def object_history(*, team: Team, object_type: str, object_id: object, limit: int = 50) -> list[AuditEntry]:
+    """The audit entries of one object of `team` (`object_type` as `record_audit` names it: "deployment",
+    "model", "version", …), newest first, at most `limit`.
+
+    For a page that shows an object's history to the members who may see the object: the caller checks that
+    first (this reads no caller). The team's whole log stays for its admins (`visible_audit_entries`).
+    """
+    entries = AuditEntry.objects.filter(team=team, object_type=object_type, object_id=str(object_id))
+    return list(entries.order_by("-created_at", "-id")[:limit])
+
+
 def visible_audit_entries(
     *, user: AbstractBaseUser, token: TokenGrant | None = None, team_slug: str = ""
 ) -> QuerySet[AuditEntry]:

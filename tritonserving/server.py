@@ -40,6 +40,7 @@ import psutil
 
 from conch.errors import InvalidInput, Unavailable
 from tritonserving.access import api_key_from_flags, restricted_api_flags
+from tritonserving.metrics import LATENCY_SUMMARIES
 
 # Our Python-based backends (`<name>/model.py`), copied into every backend directory we build.
 BACKENDS_SOURCE = Path(__file__).resolve().parent.parent / "triton_backends"
@@ -359,6 +360,9 @@ def start_server(
         "--allow-gpu-metrics=false",
         f"--metrics-address={bind_address}",
         f"--metrics-port={metrics_port}",
+        # Request latency quantiles (p50, p99) per model as Prometheus summaries (`nv_inference_request_summary_us`);
+        # off by default ("Metrics" doc, "Summaries").
+        f"--metrics-config={LATENCY_SUMMARIES}",
         f"--exit-timeout-secs={exit_timeout_s}",
     ]
     with log_path.open("ab") as log:

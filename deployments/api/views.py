@@ -281,7 +281,9 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         "CONCH_METRICS_SCRAPE_INTERVAL_SECONDS); this request does not scrape. Figures are sums of the increases "
         "of Triton's cumulative counters between consecutive samples (an interval in which Triton restarted counts "
         "from zero). `series` holds, per model, one point per `step_seconds` (window/60 rounded up to whole scrape "
-        "intervals) with the counts closed in that step, their rates and latency; the counts add up to `models`.",
+        "intervals) with the counts closed in that step, their rates, average latency, queue and compute time, batch "
+        "size, and request latency p50/p99 (Triton's latency summaries; the highest in the step); the counts add up "
+        "to `models`.",
     )
     @action(detail=True, methods=["get"], url_path="metrics")
     def metrics(self, request: Request, pk: str) -> Response:

@@ -27,7 +27,7 @@ from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
 from tenancy.quotas import reserve_quota
-from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
+from tenancy.services import TokenGrant, get_team_for_user, object_history, require_role, teams_for_user
 from tritonserving.config import ModelConfig, config_from_pbtxt, config_to_pbtxt
 
 if TYPE_CHECKING:
@@ -83,6 +83,13 @@ def require_deployment_access(
         scope=scope,
         deployment_name=deployment.name,
     )
+
+
+def deployment_events(deployment: Deployment, limit: int = 50) -> list[Any]:
+    """The deployment's history, newest first: its audit entries (created, scaled, version updates, failed,
+    degraded, recovered, restarted, stop requested), at most `limit`; `tenancy.models.AuditEntry` rows. The
+    caller has checked that the deployment is visible to whoever sees them (`get_deployment`)."""
+    return object_history(team=deployment.team, object_type="deployment", object_id=deployment.pk, limit=limit)
 
 
 def log_tail(deployment: Deployment, lines: int = LOG_TAIL_LINES) -> list[str]:

@@ -78,6 +78,37 @@ def test_parse_triton_metrics_sums_labels_per_model_version():
     assert counters.compute_infer_duration_us == 30000
 
 
+SUMMARY_TEXT = """\
+# HELP nv_inference_request_summary_us Summary of inference request duration in microseconds
+# TYPE nv_inference_request_summary_us summary
+nv_inference_request_summary_us_count{model="classifier",version="1"} 10
+nv_inference_request_summary_us_sum{model="classifier",version="1"} 50000
+nv_inference_request_summary_us{model="classifier",version="1",quantile="0.5"} 4200
+nv_inference_request_summary_us{model="classifier",version="1",quantile="0.9"} 8000
+nv_inference_request_summary_us{model="classifier",version="1",quantile="0.99"} 9900
+nv_inference_request_summary_us_count{model="idle",version="1"} 0
+# TYPE nv_inference_exec_count counter
+nv_inference_exec_count{model="idle",version="1"} 0
+nv_inference_request_summary_us_sum{model="idle",version="1"} 0
+nv_inference_request_summary_us{model="idle",version="1",quantile="0.5"} NaN
+nv_inference_request_summary_us{model="idle",version="1",quantile="0.99"} NaN
+"""
+
+
+def test_parse_triton_metrics_reads_the_latency_quantiles_of_the_summaries():
+    classifier, idle = parse_triton_metrics(TRITON_TEXT + SUMMARY_TEXT)
+    assert (classifier.model_name, classifier.request_p50_us, classifier.request_p99_us) == ("classifier", 4200, 9900)
+    # the summary's count and sum are not taken for the request counter
+    assert classifier.success_count == 10
+    # a summary without requests (NaN) is no quantile, not zero
+    assert (idle.model_name, idle.request_p50_us, idle.request_p99_us) == ("idle", None, None)
+
+
+def test_parse_triton_metrics_without_summaries_has_no_quantiles():
+    [counters] = parse_triton_metrics(TRITON_TEXT)
+    assert (counters.request_p50_us, counters.request_p99_us) == (None, None)
+
+
 @pytest.fixture
 def deployment(built_classifier, alice):
     return Deployment.objects.create(
@@ -249,6 +280,53 @@ def test_summary_uses_counter_deltas_over_the_window(deployment):
     assert stats["failures"] == 2
 
 
+def test_series_points_carry_queue_compute_batch_and_the_highest_quantiles(deployment):
+    # given a baseline, then two samples in one 5 s step (two pods' worth of quantiles) and one in a later step
+    now = timezone.now()
+    _sample(deployment, 100, now=now)
+    _sample(
+        deployment,
+        52,
+        now=now,
+        success_count=4,
+        inference_count=12,
+        execution_count=3,
+        request_duration_us=4000,
+        queue_duration_us=400,
+        compute_infer_duration_us=2000,
+        request_p50_us=900,
+        request_p99_us=1500,
+    )
+    _sample(
+        deployment,
+        51,
+        now=now,
+        success_count=6,
+        inference_count=16,
+        execution_count=4,
+        request_duration_us=6000,
+        queue_duration_us=1000,
+        compute_infer_duration_us=3000,
+        compute_input_duration_us=100,
+        compute_output_duration_us=100,
+        request_p50_us=800,
+        request_p99_us=2500,
+    )
+    # when the series is read
+    points = summarize(deployment=deployment, window_seconds=300)["series"][0]["points"]
+    [busy] = [p for p in points if p["samples"] and p["request_count"]]
+    # then the step's averages come from its counter increases, its quantiles are the highest it saw
+    assert busy["request_count"] == 6
+    assert busy["average_queue_time_us"] == pytest.approx(1000 / 6)
+    assert busy["average_compute_time_us"] == pytest.approx(3200 / 6)
+    assert busy["average_batch_size"] == pytest.approx(16 / 4)
+    assert (busy["request_p50_us"], busy["request_p99_us"]) == (900, 2500)
+    # and a step without samples has no value, not zero
+    empty = points[0]
+    assert empty["samples"] == 0
+    assert [empty[k] for k in ("average_queue_time_us", "average_batch_size", "request_p50_us")] == [None] * 3
+
+
 @pytest.mark.django_db
 def test_summary_restarts_deltas_after_a_counter_reset(deployment):
     _sample(deployment, 100, success_count=500, inference_count=500, execution_count=500)
@@ -395,4 +473,7 @@ def test_metrics_window_across_a_real_triton_restart_counts_every_request(
     [stats] = summary["models"]
     assert (stats["request_count"], stats["inference_count"]) == (7, 7)
     assert sum(p["request_count"] for p in summary["series"][0]["points"]) == 7
+    # and the Triton Conch started keeps latency summaries: the scrape stored a p50 and a p99
+    latest = MetricSample.objects.filter(deployment=row).latest("scraped_at")
+    assert 0 < latest.request_p50_us <= latest.request_p99_us
     services.stop_deployment(deployment_id=row.pk)

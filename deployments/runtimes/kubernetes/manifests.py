@@ -35,6 +35,7 @@ from typing import Any
 
 from conch.errors import InvalidInput
 from tritonserving.access import restricted_api_flags_for
+from tritonserving.metrics import LATENCY_SUMMARIES
 
 __all__ = [
     "API_KEY_ENV",
@@ -183,6 +184,7 @@ def triton_args(spec: TritonPodSpec) -> list[str]:
         f"--grpc-port={GRPC_PORT}",
         "--allow-metrics=true",
         f"--metrics-port={METRICS_PORT}",
+        f"--metrics-config={LATENCY_SUMMARIES}",
         "--exit-timeout-secs=30",
     ]
 

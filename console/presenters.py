@@ -1,0 +1,129 @@
+"""What the console's pages show, computed from plain data: signature tables and client snippets (pure)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from conch.errors import InvalidInput
+from tritonserving.config import config_from_pbtxt
+
+#: Triton datatype -> the numpy dtype name a Python client builds its arrays with (Triton "Datatypes" table).
+NUMPY_DTYPES = {
+    "BOOL": "bool_",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+    "BYTES": "object_",
+}
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One row of a signature table: the tensor's name, Triton datatype, and its axes as text, each an int size
+    or `?` (sized per request, with its symbolic name when the file has one); `batch_axis` says whether axis 0
+    is the batch axis Triton adds (the model batches, max_batch_size > 0)."""
+
+    name: str
+    datatype: str
+    axes: tuple[str, ...]
+    batch_axis: bool
+
+    @property
+    def example_shape(self) -> list[int]:
+        """A shape a request may send: 1 for the batch axis and for every axis sized per request."""
+        return [int(axis) if axis.isdigit() else 1 for axis in self.axes]
+
+
+def max_batch_size_of(config_pbtxt: str) -> int:
+    """`max_batch_size` of a model configuration in text form (0: the model does not batch, or no config yet)."""
+    if not config_pbtxt.strip():
+        return 0
+    try:
+        return config_from_pbtxt(config_pbtxt).max_batch_size
+    except InvalidInput:
+        return 0
+
+
+def signature_rows(signature: dict[str, Any] | None, *, batching: bool) -> dict[str, list[TensorRow]]:
+    """{"inputs": [TensorRow], "outputs": [TensorRow]} of a version's inspected signature
+    (`ModelSignature.to_dict()`; None before inspection gives empty lists). With `batching`, axis 0 of every
+    tensor is the batch axis."""
+    rows: dict[str, list[TensorRow]] = {"inputs": [], "outputs": []}
+    for kind in rows:
+        for tensor in (signature or {}).get(kind, []):
+            dims = list(tensor.get("dims", []))
+            names = list(tensor.get("dim_names") or [None] * len(dims))
+            axes = tuple(
+                str(size) if size >= 0 else (f"? ({name})" if name else "?")
+                for size, name in zip(dims, names, strict=False)
+            )
+            rows[kind].append(
+                TensorRow(
+                    name=tensor["name"],
+                    datatype=tensor["datatype"],
+                    axes=axes,
+                    batch_axis=batching and bool(dims),
+                )
+            )
+    return rows
+
+
+def curl_snippet(*, gateway_url: str, model_name: str, inputs: list[TensorRow]) -> str:
+    """A shell snippet that checks the deployment through the inference gateway and sends one inference read
+    from request.json (its inputs' names, shapes and datatypes filled in, the data left to the user: a flat
+    list of shape-product numbers). `$CONCH_TOKEN` stands for an API token with the `infer` scope."""
+    body = {
+        "inputs": [
+            {"name": row.name, "shape": row.example_shape, "datatype": row.datatype, "data": []} for row in inputs
+        ]
+    }
+    sizes = ", ".join(f"{row.name}: {math.prod(row.example_shape)}" for row in inputs)
+    return (
+        f'curl -H "Authorization: Bearer $CONCH_TOKEN" {gateway_url}/v2/models/{model_name}\n'
+        f"# request.json: fill each data list with its shape's count of values ({sizes or 'no inputs'})\n"
+        f"cat > request.json <<'JSON'\n{json.dumps(body)}\nJSON\n"
+        f'curl -X POST -H "Authorization: Bearer $CONCH_TOKEN" -H "Content-Type: application/json" \\\n'
+        f"  --data @request.json {gateway_url}/v2/models/{model_name}/infer"
+    )
+
+
+def tritonclient_snippet(
+    *, gateway_url: str, model_name: str, inputs: list[TensorRow], outputs: list[TensorRow]
+) -> str:
+    """A Python snippet with NVIDIA's `tritonclient` sending one inference of zeros through the gateway (which
+    takes the URL without its scheme); `CONCH_TOKEN` in the environment stands for the token."""
+    address = gateway_url.split("://", 1)[-1]
+    lines = [
+        "import os",
+        "",
+        "import numpy as np",
+        "import tritonclient.http as httpclient",
+        "",
+        f'client = httpclient.InferenceServerClient(url="{address}")',
+        'headers = {"Authorization": f"Bearer {os.environ[\'CONCH_TOKEN\']}"}',
+        "inputs = []",
+    ]
+    for row in inputs:
+        dtype = NUMPY_DTYPES.get(row.datatype, "float32")
+        lines += [
+            f'tensor = httpclient.InferInput("{row.name}", {row.example_shape}, "{row.datatype}")',
+            f"tensor.set_data_from_numpy(np.zeros({row.example_shape}, dtype=np.{dtype}))",
+            "inputs.append(tensor)",
+        ]
+    lines += [
+        "# a new dict of headers per call: tritonclient writes into it",
+        f'result = client.infer("{model_name}", inputs, headers=dict(headers))',
+    ]
+    lines += [f'print(result.as_numpy("{row.name}"))' for row in outputs]
+    return "\n".join(lines)

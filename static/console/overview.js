@@ -1,0 +1,32 @@
+// Throughput sparklines of the overview's deployments (uPlot), from each one's metrics over the last 15 minutes,
+// refreshed every 15 s.
+(function () {
+  "use strict";
+  const charts = window.conchCharts;
+  const cells = Array.from(document.querySelectorAll("[data-sparkline]"));
+  const views = new Map(cells.map((el) => [el, charts.timeSeries(el, [{ label: "inf/s" }], {
+    width: 160, height: 36, axes: false, legend: false, cursor: false,
+  })]));
+
+  async function refresh() {
+    for (const [el, view] of views) {
+      const id = el.dataset.sparkline;
+      try {
+        const response = await fetch(`/api/v1/deployments/${id}/metrics?window=900`,
+          { credentials: "same-origin", headers: { Accept: "application/json" } });
+        if (!response.ok) continue;
+        const body = await response.json();
+        const points = body.series.length ? body.series[0].points : [];
+        view.update(points.map((p) => Date.parse(p.time) / 1000),
+          [points.map((p) => (p.samples ? p.throughput_inferences_per_second : null))]);
+        const model = body.models[0];
+        document.getElementById(`spark-value-${id}`).textContent =
+          model ? `${model.throughput_inferences_per_second.toFixed(2)} inf/s` : "no data";
+      } catch (err) {
+        // A deployment whose metrics cannot be read keeps its empty sparkline.
+      }
+    }
+  }
+  refresh();
+  setInterval(refresh, 15000);
+})();

@@ -1,0 +1,142 @@
+"""The deployment page in a browser: live charts of a real local deployment, role-checked actions, the keyboard."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from playwright.sync_api import expect
+
+from builds.model_config import BuildOptions
+from deployments.models import Deployment
+from deployments.observe import scrape_ready_deployments
+from tests import real_models
+from tests.deployments.conftest import write_built_version
+from tests.flows import deploy_ready
+from tests.tiny_models import add_constant
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+
+def _chart_points(page, testid: str) -> int:
+    return int(page.get_by_test_id(testid).get_attribute("data-points"))
+
+
+def test_charts_show_points_after_inferences_on_a_real_deployment(
+    page, alice, eager_tasks, django_capture_on_commit_callbacks, screenshot
+):
+    # given the demo classifier deployed on a real local Triton
+    version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version.pk)
+    # and inferences between two scrapes
+    x = np.random.default_rng(3).standard_normal((2, 3, 224, 224), dtype=np.float32)
+    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    assert scrape_ready_deployments() == 1
+    for _ in range(3):
+        response = alice.client.post(f"/api/v1/deployments/{deployment['id']}/infer", body, format="json")
+        assert response.status_code == 200, response.content
+    assert scrape_ready_deployments() == 1
+    # when alice opens the deployment's page
+    page.goto(f"/deployments/{deployment['id']}/")
+    # then its status is shown, and the throughput and latency charts draw points (uPlot canvases)
+    assert page.get_by_test_id("deployment-status").inner_text() == "ready"
+    page.wait_for_function(
+        "['chart-throughput', 'chart-latency'].every("
+        "id => Number(document.querySelector(`[data-testid=${id}]`).dataset.points) > 0)"
+    )
+    assert _chart_points(page, "chart-throughput") > 0
+    assert _chart_points(page, "chart-latency") > 0
+    assert page.locator("[data-testid=chart-throughput] canvas").count() == 1
+    assert "Throughput: " in page.locator("#summary").inner_text()
+    # and a wider range reads the same samples again
+    page.get_by_label("Time range").select_option("3600")
+    page.wait_for_function("Number(document.querySelector('[data-testid=chart-throughput]').dataset.points) > 0")
+    # and the snippets name the gateway URL of this deployment
+    assert f"/serve/{alice.team.slug}/web/v2/models/classifier/infer" in page.locator("#snippet-curl").inner_text()
+    assert 'httpclient.InferInput("x", [1, 3, 224, 224], "FP32")' in page.locator("#snippet-python").inner_text()
+    screenshot(page, "console-deployment-charts")
+    # and the overview draws the deployment's throughput sparkline from the same samples
+    page.goto("/")
+    page.wait_for_function(
+        f"Number(document.querySelector('[data-sparkline=\"{deployment['id']}\"]').dataset.points) > 0"
+    )
+    assert page.locator(f"#spark-value-{deployment['id']}").inner_text().endswith("inf/s")
+    screenshot(page, "console-overview")
+
+
+@pytest.fixture
+def two_versions(alice, tmp_path):
+    """Versions 1 and 2 of model `adder` (built rows, no Triton) and a ready local deployment of version 1."""
+    versions = [
+        write_built_version(alice.team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions())
+        for n in (1, 2)
+    ]
+    deployment = Deployment.objects.create(
+        team=alice.team, name="adder", model_version=versions[0], status="ready", config_pbtxt=versions[0].config_pbtxt
+    )
+    return versions, deployment
+
+
+def test_a_viewer_does_not_see_the_deployment_controls(console_browser, alice, two_versions, screenshot):
+    from tests.factories import MembershipFactory, UserFactory
+
+    _, deployment = two_versions
+    viewer = UserFactory(username="vera")
+    MembershipFactory(user=viewer, team=alice.team, role="viewer")
+    # when a viewer and a developer of the team open the page
+    seen = console_browser.page_for(viewer)
+    seen.goto(f"/deployments/{deployment.pk}/")
+    developer = console_browser.page_for(alice.user)
+    developer.goto(f"/deployments/{deployment.pk}/")
+    # then only the developer has the actions
+    assert seen.get_by_test_id("deployment-status").inner_text() == "ready"
+    assert seen.get_by_test_id("deployment-actions").count() == 0
+    assert seen.get_by_role("button", name="Stop deployment").count() == 0
+    assert developer.get_by_test_id("deployment-actions").is_visible()
+    assert developer.get_by_role("button", name="Stop deployment").is_visible()
+    screenshot(seen, "console-deployment-viewer")
+
+
+def test_a_developer_stops_a_deployment_from_its_page(page, two_versions):
+    _, deployment = two_versions
+    page.goto(f"/deployments/{deployment.pk}/")
+    page.get_by_role("button", name="Stop deployment").click()
+    expect(page.locator(".messages")).to_contain_text("Stop requested.")
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "stopped"
+    assert page.get_by_test_id("deployment-status").inner_text() in ("stopping", "stopped")
+    # and a stopped deployment offers no actions any more
+    assert page.get_by_test_id("deployment-actions").count() == 0
+
+
+def test_the_deployment_page_works_from_the_keyboard(page, two_versions):
+    _, deployment = two_versions
+    page.goto(f"/deployments/{deployment.pk}/")
+    # every form control has a label (its own <label>, or aria-label)
+    unlabelled = page.evaluate(
+        """() => Array.from(document.querySelectorAll('input:not([type=hidden]), select, textarea, button'))
+            .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                          && !el.textContent.trim())
+            .map(el => el.outerHTML)"""
+    )
+    assert unlabelled == []
+    # and Tab reaches the main controls in order
+    reached = []
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        reached.append(
+            page.evaluate(
+                """() => { const el = document.activeElement;
+                    return (el.labels && el.labels.length ? el.labels[0].textContent : '')
+                           || el.getAttribute('aria-label') || el.textContent.trim(); }"""
+            )
+        )
+    for name in ("Skip to content", "Serve version", "Switch version", "Stop deployment", "Time range"):
+        assert name in reached, (name, reached)
+    # the version switch is usable without a mouse: focus the select, choose, press Enter on the button
+    page.get_by_label("Serve version").focus()
+    page.keyboard.press("ArrowDown")
+    page.get_by_role("button", name="Switch version").focus()
+    page.keyboard.press("Enter")
+    # then the hot update's service answers: this deployment row was made without its own model repository, so
+    # it refuses (409), and the page says why
+    expect(page.get_by_test_id("page-error")).to_contain_text("stop it and deploy the version again")

@@ -1,0 +1,183 @@
+"""Console views through Django's test client: scoping, methods, role checks, errors with their status, the token
+secret shown once, the download; and the pure presenters."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from django.test import Client
+
+from builds.model_config import BuildOptions
+from console import presenters
+from deployments.models import Deployment
+from tests import real_models
+from tests.deployments.conftest import write_built_version
+from tests.factories import MembershipFactory, TeamFactory, UserFactory
+from tests.tiny_models import add_constant
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def session(alice) -> Client:
+    client = Client()
+    client.force_login(alice.user)
+    return client
+
+
+@pytest.fixture
+def adder(alice, tmp_path):
+    version = write_built_version(alice.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions())
+    deployment = Deployment.objects.create(
+        team=alice.team, name="adder", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    return version, deployment
+
+
+def test_pages_need_a_session(client):
+    for url in ("/", "/models/", "/deployments/", "/teams/acme/"):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/"), url
+
+
+def test_the_overview_shows_the_current_teams_deployments_builds_and_quota(session, adder):
+    html = session.get("/").content.decode()
+    assert 'data-testid="start-wizard"' in html and 'href="/wizard/"' in html
+    assert f'href="/deployments/{adder[1].pk}/"' in html
+    assert f'data-sparkline="{adder[1].pk}"' in html
+    assert "Recent builds" in html and "adder" in html
+    assert 'id="quota-deployments"' in html and "1 of 10 deployments" in html
+
+
+def test_switching_team_changes_the_overview_and_refuses_a_team_not_ones_own(session, alice):
+    other = TeamFactory(slug="initech", name="Initech")
+    MembershipFactory(user=alice.user, team=other, role="viewer")
+    TeamFactory(slug="hooli", name="Hooli")
+    assert session.post("/switch-team/", {"team": "initech", "next": "/models/"})["Location"] == "/models/"
+    assert "<h1>Initech</h1>" in session.get("/").content.decode()
+    # a team she is not in is 404, and an outside `next` goes home
+    assert session.post("/switch-team/", {"team": "hooli"}).status_code == 404
+    assert session.post("/switch-team/", {"team": "acme", "next": "https://evil.example/"})["Location"] == "/"
+
+
+def test_another_teams_objects_are_404_for_every_method(bob, adder):
+    version, deployment = adder
+    client = Client()
+    client.force_login(bob.user)
+    urls = [
+        f"/models/{version.model_id}/",
+        f"/models/{version.model_id}/versions/{version.pk}/download/",
+        f"/models/{version.model_id}/versions/{version.pk}/delete/",
+        f"/deployments/{deployment.pk}/",
+        f"/deployments/{deployment.pk}/stop/",
+        "/teams/acme/",
+        "/teams/acme/tokens/",
+    ]
+    for url in urls:
+        for method in ("get", "post"):
+            assert getattr(client, method)(url).status_code == 404, (method, url)
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"
+
+
+def test_a_page_answers_405_to_a_wrong_method_of_its_owner(session, adder):
+    version, deployment = adder
+    assert session.post(f"/deployments/{deployment.pk}/").status_code == 405
+    assert session.get(f"/deployments/{deployment.pk}/stop/").status_code == 405
+    assert session.get(f"/models/{version.model_id}/versions/{version.pk}/delete/").status_code == 405
+
+
+def test_a_viewer_gets_no_controls_and_a_403_naming_the_role_when_posting(alice, adder):
+    _, deployment = adder
+    viewer = UserFactory(username="vera")
+    MembershipFactory(user=viewer, team=alice.team, role="viewer")
+    client = Client()
+    client.force_login(viewer)
+    assert 'data-testid="deployment-actions"' not in client.get(f"/deployments/{deployment.pk}/").content.decode()
+    response = client.post(f"/deployments/{deployment.pk}/stop/")
+    assert response.status_code == 403
+    assert "needs the developer role" in response.content.decode()
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"
+
+
+def test_scaling_a_local_deployment_is_400_naming_the_field(session, adder):
+    response = session.post(f"/deployments/{adder[1].pk}/scale/", {"replicas": "3"})
+    assert response.status_code == 400
+    assert "replicas applies to kubernetes deployments" in response.content.decode()
+    response = session.post(f"/deployments/{adder[1].pk}/scale/", {"replicas": "many"})
+    assert response.status_code == 400
+    assert "replicas: give a whole number" in response.content.decode()
+
+
+def test_deleting_a_used_version_is_409_naming_the_deployment_and_an_unused_one_goes(session, alice, adder, tmp_path):
+    version, deployment = adder
+    response = session.post(f"/models/{version.model_id}/versions/{version.pk}/delete/")
+    assert response.status_code == 409
+    assert "used by 1 deployment not stopped: &#x27;adder&#x27;" in response.content.decode()
+    spare = write_built_version(alice.team, "adder", add_constant(tmp_path / "v2.onnx", 2.0), BuildOptions())
+    response = session.post(f"/models/{version.model_id}/versions/{spare.pk}/delete/")
+    assert response.status_code == 302
+    assert not type(spare).objects.filter(pk=spare.pk).exists()
+
+
+def test_download_streams_the_uploaded_file(session, alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    response = session.get(f"/models/{version.model_id}/versions/{version.pk}/download/")
+    assert response.status_code == 200
+    assert response["Content-Disposition"].startswith("attachment;")
+    body = b"".join(response.streaming_content)
+    assert hashlib.sha256(body).hexdigest() == hashlib.sha256(real_models.classifier().read_bytes()).hexdigest()
+
+
+def test_a_token_secret_is_shown_once_and_bad_input_names_the_field(session, alice):
+    response = session.post("/teams/acme/tokens/", {"name": "ci", "scopes": ["infer"]})
+    assert response.status_code == 302
+    first = session.get("/teams/acme/").content.decode()
+    assert 'data-testid="new-token-secret">conch_' in first
+    assert 'data-testid="new-token-secret"' not in session.get("/teams/acme/").content.decode()
+    response = session.post("/teams/acme/tokens/", {"name": "ci", "scopes": ["root"]})
+    assert response.status_code == 400 and "root" in response.content.decode()
+    response = session.post("/teams/acme/tokens/", {"name": "ci", "expires_in_days": "soon"})
+    assert response.status_code == 400 and "expires_in_days: give a whole number" in response.content.decode()
+
+
+def test_only_a_team_admin_edits_roles(session, alice):
+    bob = UserFactory(username="bobby")
+    MembershipFactory(user=bob, team=alice.team, role="developer")
+    response = session.post("/teams/acme/members/bobby/role/", {"role": "viewer"})
+    assert response.status_code == 403 and "needs the admin role" in response.content.decode()
+    alice.user.memberships.filter(team=alice.team).update(role="admin")
+    assert session.post("/teams/acme/members/bobby/role/", {"role": "viewer"}).status_code == 302
+    assert bob.memberships.get().role == "viewer"
+    response = session.post("/teams/acme/members/bobby/role/", {"role": "owner"})
+    assert response.status_code == 400
+
+
+def test_signature_rows_mark_the_batch_axis_and_dynamic_axes():
+    signature = {
+        "inputs": [{"name": "ids", "datatype": "INT64", "dims": [-1, -1], "dim_names": ["batch", "sequence"]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 384], "dim_names": [None, None]}],
+    }
+    rows = presenters.signature_rows(signature, batching=True)
+    assert rows["inputs"][0].axes == ("? (batch)", "? (sequence)") and rows["inputs"][0].batch_axis
+    assert rows["inputs"][0].example_shape == [1, 1]
+    assert rows["outputs"][0].example_shape == [1, 384]
+    assert not presenters.signature_rows(signature, batching=False)["inputs"][0].batch_axis
+    assert presenters.signature_rows(None, batching=True) == {"inputs": [], "outputs": []}
+
+
+def test_snippets_use_the_gateway_and_a_token_placeholder():
+    [row] = presenters.signature_rows(
+        {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}], "outputs": []}, batching=True
+    )["inputs"]
+    curl = presenters.curl_snippet(gateway_url="http://gw:8001/serve/acme/web", model_name="adder", inputs=[row])
+    assert "$CONCH_TOKEN" in curl and "http://gw:8001/serve/acme/web/v2/models/adder/infer" in curl
+    assert '"shape": [1, 4], "datatype": "FP32"' in curl
+    python = presenters.tritonclient_snippet(
+        gateway_url="http://gw:8001/serve/acme/web", model_name="adder", inputs=[row], outputs=[]
+    )
+    assert 'InferenceServerClient(url="gw:8001/serve/acme/web")' in python
+    assert "np.zeros([1, 4], dtype=np.float32)" in python
+    compile(python, "snippet", "exec")
