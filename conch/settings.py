@@ -317,6 +317,11 @@ CONCH_BUILD_QUEUED_STALE_SECONDS = env("CONCH_BUILD_QUEUED_STALE_SECONDS", 300.0
 CONCH_UPLOAD_HEARTBEAT_SECONDS = env("CONCH_UPLOAD_HEARTBEAT_SECONDS", 5.0, cast=float)
 # An upload with no bytes for this long is given up: row, stored object and open multipart upload removed.
 CONCH_UPLOAD_STALE_SECONDS = env("CONCH_UPLOAD_STALE_SECONDS", 600.0, cast=float)
+# A resumable upload (POST /api/v1/models/{id}/uploads/) left unfinished this many hours after its last part was
+# signed or received is aborted by the sweeper; its quota reservation ends then.
+CONCH_UPLOAD_EXPIRES_HOURS = env("CONCH_UPLOAD_EXPIRES_HOURS", 24.0, cast=float)
+# Presigned part URLs of uploads straight to the bucket are valid this long.
+CONCH_UPLOAD_PART_URL_SECONDS = env("CONCH_UPLOAD_PART_URL_SECONDS", 3600, cast=int)
 # A model or version deletion that has not ended this long after it started (the object store failed, or its
 # process died) is finished by the sweeper.
 CONCH_DELETION_RETRY_SECONDS = env("CONCH_DELETION_RETRY_SECONDS", 60.0, cast=float)
@@ -324,6 +329,11 @@ CONCH_DELETION_RETRY_SECONDS = env("CONCH_DELETION_RETRY_SECONDS", 60.0, cast=fl
 CONCH_REPOSITORY_GC_GRACE_SECONDS = env("CONCH_REPOSITORY_GC_GRACE_SECONDS", 3600.0, cast=float)
 if not CONCH_BUILD_HEARTBEAT_SECONDS < CONCH_BUILD_STALE_SECONDS:
     raise ImproperlyConfigured("CONCH_BUILD_HEARTBEAT_SECONDS must be smaller than CONCH_BUILD_STALE_SECONDS.")
+if CONCH_UPLOAD_EXPIRES_HOURS <= 0 or not 60 <= CONCH_UPLOAD_PART_URL_SECONDS <= 7 * 86400:
+    raise ImproperlyConfigured(
+        "CONCH_UPLOAD_EXPIRES_HOURS must be above 0 and CONCH_UPLOAD_PART_URL_SECONDS from 60 to 604800 (S3's "
+        "longest presigned URL)."
+    )
 if CONCH_BUILD_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured("CONCH_BUILD_MAX_ATTEMPTS must be at least 1.")
 
@@ -339,6 +349,8 @@ CONCH_S3_ENDPOINT_URL = env("CONCH_S3_ENDPOINT_URL", "")
 CONCH_S3_REGION = env("CONCH_S3_REGION", "us-east-1")
 CONCH_S3_ACCESS_KEY_ID = env("CONCH_S3_ACCESS_KEY_ID", "")
 CONCH_S3_SECRET_ACCESS_KEY = env("CONCH_S3_SECRET_ACCESS_KEY", "")
+# The S3 endpoint as browsers and the CLI reach it, for presigned upload URLs (empty: CONCH_S3_ENDPOINT_URL).
+CONCH_S3_PUBLIC_ENDPOINT_URL = env("CONCH_S3_PUBLIC_ENDPOINT_URL", "")
 # --- Request body limits (bytes; conch.limits). A body over its endpoint's limit is refused with 413 naming it.
 # Inference requests (POST /api/v1/deployments/{id}/infer and the /serve/ gateway), read into memory.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env("CONCH_MAX_REQUEST_BODY_BYTES", 64 * 1024**2, cast=int)

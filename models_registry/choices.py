@@ -12,3 +12,20 @@ class VersionStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     # Being deleted: its objects are being removed from the store; the row goes last (see services.deletion).
     DELETING = "deleting", "Deleting"
+
+
+class UploadStatus(models.TextChoices):
+    # Parts are arriving; the promised size is reserved in the team's storage quota until expires_at.
+    UPLOADING = "uploading", "Uploading"
+    # Every part is in the store; a worker joins them and checks size and SHA-256, then makes the version.
+    COMPLETING = "completing", "Completing"
+    COMPLETED = "completed", "Completed"
+    ABORTED = "aborted", "Aborted"
+    FAILED = "failed", "Failed"
+
+
+class UploadTransport(models.TextChoices):
+    # Clients PUT parts to presigned URLs of the bucket; the bytes never pass through Conch.
+    S3 = "s3", "Straight to the S3 bucket"
+    # Clients PUT parts to Conch, which streams them to the store's folder.
+    CONCH = "conch", "Through Conch (folder storage)"

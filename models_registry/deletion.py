@@ -28,6 +28,7 @@ from django.utils import timezone
 from conch.errors import Conflict, InUse, Unavailable
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
+from models_registry.resumable import abort_uploads_of_model
 from models_registry.services import model_root, source_key, version_root
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
@@ -207,7 +208,12 @@ def _refuse_if_busy(versions: list[ModelVersion], what: str) -> None:
 def _finish_version(model_id: int, version_id: int, number: int) -> None:
     store = get_object_store()
     store.abort_multipart_uploads(source_key(model_id=model_id, number=number))
-    removed = store.delete_prefix(version_root(model_id=model_id, number=number) + "/")
+    root = version_root(model_id=model_id, number=number)
+    removed = store.delete_prefix(root + "/")
+    # A version made from a resumable upload keeps its file where the upload joined it, outside its folder.
+    key = ModelVersion.objects.filter(pk=version_id).values_list("source_key", flat=True).first()
+    if key and not key.startswith(root + "/"):
+        store.delete(key)
     _forget([version_id])
     with transaction.atomic():
         ModelVersion.objects.filter(pk=version_id, status=VersionStatus.DELETING).delete()
@@ -219,6 +225,7 @@ def _finish_model(model_id: int) -> None:
     version_ids = list(ModelVersion.objects.filter(model_id=model_id).values_list("pk", flat=True))
     for number in ModelVersion.objects.filter(model_id=model_id).values_list("number", flat=True):
         store.abort_multipart_uploads(source_key(model_id=model_id, number=number))
+    abort_uploads_of_model(model_id=model_id)
     removed = store.delete_prefix(model_root(model_id=model_id) + "/")
     _forget(version_ids)
     with transaction.atomic():

@@ -157,9 +157,7 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
         locked = RegisteredModel.objects.select_for_update().filter(pk=model.pk).first()
         if locked is None or locked.deletion_requested_at is not None:
             raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
-        # Never a number a deleted version had: a deployment's repository may still hold that version's folder.
-        number = max(locked.last_version_number, model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
-        RegisteredModel.objects.filter(pk=model.pk).update(last_version_number=number)
+        number = allocate_version_number(model=locked)
         version = ModelVersion.objects.create(
             model=model,
             number=number,
@@ -172,6 +170,16 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
             action=AuditAction.VERSION_CREATED, team=model.team, target=version, after={"status": version.status}
         )
         return version
+
+
+def allocate_version_number(*, model: RegisteredModel) -> int:
+    """Take the next version number of `model`, whose row the caller's transaction has locked (select_for_update).
+
+    Never a number a deleted version had: a deployment's repository may still hold that version's folder.
+    """
+    number = max(model.last_version_number, model.versions.aggregate(top=Max("number"))["top"] or 0) + 1
+    RegisteredModel.objects.filter(pk=model.pk).update(last_version_number=number)
+    return number
 
 
 def check_upload_room(*, model: RegisteredModel, declared_bytes: int | None) -> QuotaRoom:

@@ -24,6 +24,7 @@ import re
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from conch.errors import ConchError, InvalidInput, NotFound, PayloadTooLarge, Unavailable
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,12 @@ _TEMP_MARKER = ".conch-tmp-"
 # Characters of the target file name kept in a temp file's name (the rest of a 255-byte name is mkstemp's).
 _TEMP_NAME_CHARS = 100
 _MAX_KEY_BYTES = 1024
+# Resumable uploads of a FileObjectStore: `<root>/.conch-tmp-uploads/<upload id>/<number>-<sha256 hex>`.
+_STAGING_FOLDER = f"{_TEMP_MARKER}uploads"
+_FOLDER_UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
+_PART_FILE_RE = re.compile(r"(?P<number>[0-9]{5})-(?P<etag>[0-9a-f]{64})")
+# S3's largest part (S3 API reference, "UploadPart"): 5 GiB.
+MAX_PART_SIZE_BYTES = 5 * 1024 * MIB
 _COPY_BUFFER_BYTES = 1 * MIB
 
 # What Triton's S3 filesystem accepts (triton-inference-server/core, src/filesystem/
@@ -98,6 +105,28 @@ class StoredObject:
     key: str
     size_bytes: int
     sha256_hex: str
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    """One part of an unfinished multipart upload as the store holds it: its `number` (1-based), `size_bytes`
+    and `etag` (S3's ETag, quotes included; a folder store's own tag)."""
+
+    number: int
+    size_bytes: int
+    etag: str
+
+
+@dataclass(frozen=True)
+class PartTarget:
+    """Where a client sends the bytes of one part itself: an HTTP `method` on `url` with `headers`, valid until
+    `expires_in_s` seconds from when it was made. Only stores whose parts bypass Conch give one (S3)."""
+
+    number: int
+    method: str
+    url: str
+    headers: dict[str, str]
+    expires_in_s: int
 
 
 def check_key(key: str) -> str:
@@ -289,6 +318,43 @@ class ObjectStore(abc.ABC):
         still running for `key` loses its partial upload too, and its `commit()` then raises Unavailable.
         The object `key` itself, if committed, is not touched (see `delete`).
         """
+
+    # --- Resumable uploads: a multipart upload the client fills part by part ---------------------------
+    #: "s3": clients PUT parts straight to the store (`presign_part`); "conch": through Conch (`write_part`).
+    transport: str = ""
+
+    @abc.abstractmethod
+    def start_multipart(self, key: str) -> str:
+        """Start a multipart upload that will become object `key`; return its id (the store's reference to it)."""
+
+    @abc.abstractmethod
+    def presign_part(self, key: str, upload_id: str, number: int, *, expires_in_s: int) -> PartTarget | None:
+        """Return where a client PUTs part `number` of upload `upload_id` itself, or None when this store takes
+        parts through Conch (`write_part`). Makes no request."""
+
+    @abc.abstractmethod
+    def write_part(self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int) -> StoredPart:
+        """Store part `number` from `stream`: exactly `size_bytes` bytes read in chunks, never the whole part in
+        memory; replaces an earlier copy of the part. Raises InvalidInput (field `size_bytes`) when the stream
+        ends early, NotFound when the upload is gone, Conflict for a store whose clients write parts themselves.
+        """
+
+    @abc.abstractmethod
+    def list_parts(self, key: str, upload_id: str) -> list[StoredPart]:
+        """Return the parts the store holds of upload `upload_id`, by number. Raises NotFound when it is gone."""
+
+    @abc.abstractmethod
+    def complete_multipart(self, key: str, upload_id: str, parts: list[StoredPart]) -> None:
+        """Join `parts` (numbers 1..n, in order) into object `key` atomically and end the upload.
+
+        Idempotent: when the upload is already gone and `key` exists, it was completed before and nothing is done.
+        Raises NotFound when the upload is gone and no object is there, InvalidInput (field `parts`) when the
+        store refuses the parts (a part other than the last under 5 MiB on S3, an ETag that does not match).
+        """
+
+    @abc.abstractmethod
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """End upload `upload_id` and drop its parts; one already gone is not an error. `key` is not touched."""
 
     @abc.abstractmethod
     def triton_repository_location(self, prefix: str) -> str:
@@ -502,7 +568,9 @@ class FileObjectStore(ObjectStore):
         """Return the keys of the files under folder `prefix`, sorted (in-progress writes excluded)."""
         folder = self._folder(prefix)
         keys = []
-        for dirpath, _dirnames, filenames in os.walk(folder):
+        for dirpath, dirnames, filenames in os.walk(folder):
+            # The staging folder of resumable uploads (`.conch-tmp-uploads`) holds no objects.
+            dirnames[:] = [name for name in dirnames if not name.startswith(_TEMP_MARKER)]
             base = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:
                 if name.startswith(_TEMP_MARKER):
@@ -537,6 +605,123 @@ class FileObjectStore(ObjectStore):
         if leftovers:
             self._prune_empty_parents(target)
         return len(leftovers)
+
+    # --- Resumable uploads: parts are files `<number>-<sha256>` in `<root>/.conch-tmp-uploads/<upload id>/`.
+    transport = "conch"
+
+    def _staging(self, upload_id: str) -> Path:
+        if not _FOLDER_UPLOAD_ID_RE.fullmatch(upload_id or ""):
+            raise InvalidInput(f"{upload_id!r} is not an upload id of this store.", field="upload_id")
+        return self.root / _STAGING_FOLDER / upload_id
+
+    def start_multipart(self, key: str) -> str:
+        """Make the upload's staging folder; return its id (32 hex digits). Raises Unavailable."""
+        self._path(key)
+        upload_id = uuid.uuid4().hex
+        try:
+            self._staging(upload_id).mkdir(parents=True)
+        except OSError as exc:
+            raise Unavailable(f"Cannot create the staging folder of an upload in {self.root}: {exc}.") from exc
+        return upload_id
+
+    def presign_part(self, key: str, upload_id: str, number: int, *, expires_in_s: int) -> PartTarget | None:
+        """Return None: parts of a folder store come through Conch (`write_part`)."""
+        return None
+
+    def write_part(self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int) -> StoredPart:
+        """Stream exactly `size_bytes` bytes of `stream` into the part's file (a temp file renamed into place).
+
+        Reads `_COPY_BUFFER_BYTES` at a time; the part's tag is the SHA-256 of its bytes. Raises InvalidInput
+        (field `size_bytes`) when the stream ends before `size_bytes`, NotFound when the upload is gone,
+        Unavailable when the disk fails.
+        """
+        folder = self._staging(upload_id)
+        if not folder.is_dir():
+            raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id")
+        digest = hashlib.sha256()
+        received = 0
+        try:
+            fd, temp_name = tempfile.mkstemp(dir=folder, prefix=f"{_TEMP_MARKER}{number:05d}.", suffix=".part")
+        except OSError as exc:
+            raise Unavailable(f"Cannot write a part in {folder}: {exc.strerror or exc}.") from exc
+        temp_path = Path(temp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while received < size_bytes:
+                    chunk = stream.read(min(_COPY_BUFFER_BYTES, size_bytes - received))
+                    if not chunk:
+                        raise InvalidInput(
+                            f"Part {number} ended after {received} of its {size_bytes} bytes; send the part again "
+                            "whole.",
+                            field="size_bytes",
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+                    received += len(chunk)
+            for old in folder.glob(f"{number:05d}-*"):
+                old.unlink(missing_ok=True)
+            etag = digest.hexdigest()
+            os.replace(temp_path, folder / f"{number:05d}-{etag}")
+        except OSError as exc:
+            temp_path.unlink(missing_ok=True)
+            raise Unavailable(f"Cannot write part {number} in {folder}: {exc.strerror or exc}.") from exc
+        except BaseException:
+            temp_path.unlink(missing_ok=True)
+            raise
+        return StoredPart(number=number, size_bytes=received, etag=etag)
+
+    def list_parts(self, key: str, upload_id: str) -> list[StoredPart]:
+        """Return the finished part files of the upload, by number. Raises NotFound when the upload is gone."""
+        folder = self._staging(upload_id)
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id") from None
+        except OSError as exc:
+            raise Unavailable(f"Cannot list {folder}: {exc.strerror or exc}.") from exc
+        parts = []
+        for entry in entries:
+            match = _PART_FILE_RE.fullmatch(entry.name)
+            if match:
+                size = entry.stat().st_size
+                parts.append(StoredPart(number=int(match["number"]), size_bytes=size, etag=match["etag"]))
+        return sorted(parts, key=lambda part: part.number)
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list[StoredPart]) -> None:
+        """Concatenate the part files into object `key` (a temp file renamed into place), then drop the staging
+        folder. Reads and writes a megabyte at a time."""
+        folder = self._staging(upload_id)
+        target = self._path(key)
+        if not folder.is_dir():
+            if target.is_file():
+                return
+            raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id")
+        for expected, part in enumerate(parts, start=1):
+            if part.number != expected:
+                raise InvalidInput(f"Part {expected} is missing; send it, then complete again.", field="parts")
+        with _atomic_local_file(target) as out:
+            for part in parts:
+                path = folder / f"{part.number:05d}-{part.etag}"
+                try:
+                    with open(path, "rb") as reader:
+                        shutil.copyfileobj(reader, out, _COPY_BUFFER_BYTES)
+                except FileNotFoundError:
+                    raise InvalidInput(
+                        f"Part {part.number} with tag {part.etag} is not in the store any more; list the parts "
+                        "and send the missing ones again.",
+                        field="parts",
+                    ) from None
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Delete the upload's staging folder with its parts (missing is fine). Raises Unavailable."""
+        folder = self._staging(upload_id)
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise Unavailable(f"Cannot delete {folder}: {exc.strerror or exc}.") from exc
 
     def triton_repository_location(self, prefix: str) -> str:
         """Return the absolute local path of folder `prefix`, without a trailing slash.
@@ -732,12 +917,14 @@ class S3ObjectStore(ObjectStore):
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        public_endpoint_url: str = "",
     ) -> None:
         """Configure the client; no request is made here.
 
         `part_size_bytes` (>= 5 MiB) is the multipart part size; `max_concurrency` parts upload
-        at once. Raises ObjectStoreConfigError for an empty bucket, a malformed endpoint, a
-        part size under 5 MiB, or only one of access key / secret key.
+        at once. `public_endpoint_url` is the endpoint as clients outside Conch reach it (a browser, the CLI),
+        used in presigned part URLs; empty: `endpoint_url`. Raises ObjectStoreConfigError for an empty bucket,
+        a malformed endpoint, a part size under 5 MiB, or only one of access key / secret key.
         """
         if not bucket:
             raise ObjectStoreConfigError("The S3 bucket name is empty; set CONCH_STORAGE_URL=s3://bucket/prefix.")
@@ -750,12 +937,14 @@ class S3ObjectStore(ObjectStore):
                 "Set both CONCH_S3_ACCESS_KEY_ID and CONCH_S3_SECRET_ACCESS_KEY, or neither "
                 "(to use boto3's default credential chain)."
             )
-        if endpoint_url:
-            parts = urlsplit(endpoint_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ObjectStoreConfigError(
-                    f"CONCH_S3_ENDPOINT_URL={endpoint_url!r} must look like http://host:port or https://host."
-                )
+        for variable, url in (
+            ("CONCH_S3_ENDPOINT_URL", endpoint_url),
+            ("CONCH_S3_PUBLIC_ENDPOINT_URL", public_endpoint_url),
+        ):
+            if url:
+                parts = urlsplit(url)
+                if parts.scheme not in ("http", "https") or not parts.hostname:
+                    raise ObjectStoreConfigError(f"{variable}={url!r} must look like http://host:port or https://host.")
         normalised_prefix = check_prefix(prefix.strip("/")) if prefix.strip("/") else ""
         self.bucket = bucket
         self.prefix = normalised_prefix.rstrip("/")
@@ -791,6 +980,14 @@ class S3ObjectStore(ObjectStore):
         )
         self._client = session.client("s3", endpoint_url=endpoint_url or None, config=config)
         self.region = self._client.meta.region_name or FALLBACK_REGION
+        # Presigned URLs name the host clients reach; a SigV4 signature covers that host, so they are made by a
+        # client of the public endpoint (it never sends a request itself).
+        self.public_endpoint_url = (public_endpoint_url or endpoint_url).rstrip("/")
+        self._presign_client = (
+            session.client("s3", endpoint_url=public_endpoint_url, config=config)
+            if public_endpoint_url and public_endpoint_url.rstrip("/") != self.endpoint_url
+            else self._client
+        )
         self._transfer_config = TransferConfig(
             multipart_threshold=part_size_bytes,
             multipart_chunksize=part_size_bytes,
@@ -978,6 +1175,96 @@ class S3ObjectStore(ObjectStore):
             aborted += 1
         return aborted
 
+    # --- Resumable uploads: an S3 multipart upload whose parts clients PUT to presigned URLs -----------------
+    transport = "s3"
+
+    def _no_such_upload(self, exc: BaseException) -> bool:
+        return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "NoSuchUpload"
+
+    def start_multipart(self, key: str) -> str:
+        """CreateMultipartUpload for `key`; return its UploadId. Raises Unavailable."""
+        with self._errors("start an upload to", key):
+            response = self._client.create_multipart_upload(Bucket=self.bucket, Key=self._object_key(key))
+        return response["UploadId"]
+
+    def presign_part(self, key: str, upload_id: str, number: int, *, expires_in_s: int) -> PartTarget | None:
+        """Presign UploadPart of part `number` (boto3 `generate_presigned_url`, SigV4 in the query string).
+
+        The client PUTs exactly the part's bytes to the URL and keeps the ETag response header (a browser reads
+        it only where the bucket's CORS rule exposes it: README, "Uploads straight to the bucket").
+        """
+        with self._errors("sign an upload part of", key):
+            url = self._presign_client.generate_presigned_url(
+                "upload_part",
+                Params={
+                    "Bucket": self.bucket,
+                    "Key": self._object_key(key),
+                    "UploadId": upload_id,
+                    "PartNumber": number,
+                },
+                ExpiresIn=expires_in_s,
+                HttpMethod="PUT",
+            )
+        return PartTarget(number=number, method="PUT", url=url, headers={}, expires_in_s=expires_in_s)
+
+    def write_part(self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int) -> StoredPart:
+        """Refuse: clients PUT the parts of an S3 upload to the bucket themselves (Conflict, field `number`)."""
+        raise Conflict(
+            "This upload goes straight to the bucket: PUT each part to the URL that POST .../parts/ gives, "
+            "not to Conch.",
+            field="number",
+        )
+
+    def list_parts(self, key: str, upload_id: str) -> list[StoredPart]:
+        """ListParts of the upload, every page (1,000 parts a page). Raises NotFound when it is gone."""
+        parts = []
+        try:
+            paginator = self._client.get_paginator("list_parts")
+            pages = paginator.paginate(Bucket=self.bucket, Key=self._object_key(key), UploadId=upload_id)
+            for page in pages:
+                for part in page.get("Parts", ()):
+                    parts.append(
+                        StoredPart(number=int(part["PartNumber"]), size_bytes=int(part["Size"]), etag=part["ETag"])
+                    )
+        except _S3_ERRORS as exc:
+            if self._no_such_upload(exc):
+                raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id") from exc
+            raise self._translate(exc, "list the parts of", key) from exc
+        return sorted(parts, key=lambda part: part.number)
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list[StoredPart]) -> None:
+        """CompleteMultipartUpload with `parts`' numbers and ETags; see ObjectStore.complete_multipart."""
+        try:
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=self._object_key(key),
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": part.number, "ETag": part.etag} for part in parts]},
+            )
+        except _S3_ERRORS as exc:
+            if self._no_such_upload(exc):
+                if self.exists(key):
+                    return
+                raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id") from exc
+            code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+            if code in ("EntityTooSmall", "InvalidPart", "InvalidPartOrder"):
+                message = exc.response.get("Error", {}).get("Message", "")
+                raise InvalidInput(
+                    f"The object store refused the parts ({code}: {message}); every part but the last must be at "
+                    "least 5 MiB. Start a new upload with a larger part size.",
+                    field="parts",
+                ) from exc
+            raise self._translate(exc, "finish the upload of", key) from exc
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """AbortMultipartUpload (S3 frees the parts); an upload already gone is fine. Raises Unavailable."""
+        try:
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=self._object_key(key), UploadId=upload_id)
+        except _S3_ERRORS as exc:
+            if self._no_such_upload(exc):
+                return
+            raise self._translate(exc, "abort the upload of", key) from exc
+
     def triton_repository_location(self, prefix: str) -> str:
         """Return the S3 location Triton reads the repository at folder `prefix` from.
 
@@ -1076,8 +1363,8 @@ _cached: tuple[tuple[str, ...], ObjectStore] | None = None
 def get_object_store() -> ObjectStore:
     """Return the store configured in Django settings (built once per distinct configuration).
 
-    Reads CONCH_STORAGE_URL, CONCH_S3_ENDPOINT_URL, CONCH_S3_REGION, CONCH_S3_ACCESS_KEY_ID and
-    CONCH_S3_SECRET_ACCESS_KEY at call time, so tests may override them. Raises
+    Reads CONCH_STORAGE_URL, CONCH_S3_ENDPOINT_URL, CONCH_S3_REGION, CONCH_S3_ACCESS_KEY_ID,
+    CONCH_S3_SECRET_ACCESS_KEY and CONCH_S3_PUBLIC_ENDPOINT_URL at call time, so tests may override them. Raises
     ObjectStoreConfigError when CONCH_STORAGE_URL is missing or malformed.
     """
     from django.conf import settings
@@ -1089,14 +1376,16 @@ def get_object_store() -> ObjectStore:
         getattr(settings, "CONCH_S3_REGION", "") or "",
         getattr(settings, "CONCH_S3_ACCESS_KEY_ID", "") or "",
         getattr(settings, "CONCH_S3_SECRET_ACCESS_KEY", "") or "",
+        getattr(settings, "CONCH_S3_PUBLIC_ENDPOINT_URL", "") or "",
     )
     if not configuration[0]:
         raise ObjectStoreConfigError("CONCH_STORAGE_URL is not set; see .env.example.")
     with _cache_lock:
         if _cached is None or _cached[0] != configuration:
-            url, endpoint_url, region, access_key, secret_key = configuration
+            url, endpoint_url, region, access_key, secret_key, public_endpoint_url = configuration
+            tuning = {"public_endpoint_url": public_endpoint_url} if url.startswith("s3:") else {}
             store = build_object_store(
-                url, endpoint_url=endpoint_url, region=region, access_key=access_key, secret_key=secret_key
+                url, endpoint_url=endpoint_url, region=region, access_key=access_key, secret_key=secret_key, **tuning
             )
             _cached = (configuration, store)
         return _cached[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from builds.model_config import (
@@ -14,7 +15,7 @@ from builds.model_config import (
     MAX_QUEUE_DELAY_MICROSECONDS,
 )
 from builds.models import BuildStep
-from models_registry.models import ModelVersion
+from models_registry.models import ModelVersion, Upload
 
 _SAMPLE_INPUTS_HELP = (
     "Optional .npz of named arrays (numpy.savez('samples.npz', input_name=array, ...)), each in the shape the model "
@@ -187,3 +188,112 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "sha256": obj.source_sha256,
             "key": obj.source_key,
         }
+
+
+# --- Resumable uploads (README, "Resumable uploads") -------------------------------------------------------------
+
+
+class UploadBuildOptionsSerializer(serializers.Serializer):
+    """Build options of a resumable upload: the version upload's fields as a JSON object."""
+
+    max_batch_size = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=MAX_MAX_BATCH_SIZE
+    )
+    max_queue_delay_microseconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS
+    )
+    preferred_batch_size = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_MAX_BATCH_SIZE),
+        required=False,
+        allow_null=True,
+        max_length=MAX_MAX_BATCH_SIZE,
+    )
+    instance_count = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=MAX_INSTANCE_COUNT
+    )
+
+
+class StartUploadSerializer(serializers.Serializer):
+    """Body of POST /models/{model_id}/uploads/: what the file is, promised before any byte is sent."""
+
+    filename = serializers.CharField(max_length=255, help_text="The file's name, e.g. model.onnx.")
+    size_bytes = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The file's size in bytes.")
+    sha256 = serializers.CharField(min_length=64, max_length=64, help_text="The file's SHA-256, 64 hex digits.")
+    part_size_bytes = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="Bytes per part, 5 MiB to 5 GiB, at most 10,000 parts; left out, Conch chooses (64 MiB or more).",
+    )
+    build_options = UploadBuildOptionsSerializer(required=False, allow_null=True)
+
+
+class StoredPartSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    size_bytes = serializers.IntegerField()
+    etag = serializers.CharField()
+
+
+class UploadSerializer(serializers.ModelSerializer):
+    """A resumable upload; `parts` are those the object store holds now (context `parts`: {upload id: parts})."""
+
+    model = serializers.PrimaryKeyRelatedField(read_only=True)
+    sha256 = serializers.CharField(read_only=True)
+    parts = serializers.SerializerMethodField()
+    version = serializers.PrimaryKeyRelatedField(read_only=True)
+
+    class Meta:
+        model = Upload
+        fields = [
+            "id",
+            "model",
+            "filename",
+            "size_bytes",
+            "sha256",
+            "part_size_bytes",
+            "part_count",
+            "status",
+            "transport",
+            "parts",
+            "created_at",
+            "expires_at",
+            "version",
+            "error",
+            "error_field",
+        ]
+
+    @extend_schema_field(StoredPartSerializer(many=True))
+    def get_parts(self, obj: Upload) -> list[dict]:
+        parts = self.context.get("parts", {}).get(obj.pk, [])
+        return [{"number": part.number, "size_bytes": part.size_bytes, "etag": part.etag} for part in parts]
+
+
+class SignPartsSerializer(serializers.Serializer):
+    numbers = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**31 - 1),
+        min_length=1,
+        max_length=100,
+        help_text="Part numbers (1-based) to send now, at most 100.",
+    )
+
+
+class PartTargetSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    method = serializers.CharField()
+    url = serializers.CharField(help_text="Presigned S3 URL, or Conch's own part URL with folder storage.")
+    headers = serializers.DictField(child=serializers.CharField(), help_text="Headers to send besides the bytes.")
+    expires_at = serializers.DateTimeField()
+
+
+class SignedPartsSerializer(serializers.Serializer):
+    parts = PartTargetSerializer(many=True)
+
+
+class CompletePartSerializer(serializers.Serializer):
+    number = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
+    etag = serializers.CharField(max_length=200)
+
+
+class CompleteUploadSerializer(serializers.Serializer):
+    parts = CompletePartSerializer(many=True, required=False, help_text="Optional: the ETags the client kept.")

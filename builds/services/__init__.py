@@ -22,6 +22,12 @@ from builds.services.pipeline import (
     run_build,
 )
 from builds.services.recovery import collect_repository_garbage, sweep_stalled_versions
+from builds.services.resumable import (
+    complete_resumable_upload,
+    finish_upload,
+    start_resumable_upload,
+    sweep_uploads,
+)
 from builds.services.samples import make_version_sample
 from builds.services.submission import queue_build, request_rebuild, submit_upload
 from builds.services.verify_servers import (
@@ -37,15 +43,19 @@ __all__ = [
     "BuildSuperseded",
     "StepLog",
     "collect_repository_garbage",
+    "complete_resumable_upload",
     "fail_build_after_retries",
+    "finish_upload",
     "make_version_sample",
     "queue_build",
     "request_rebuild",
     "reset_steps",
     "run_build",
+    "start_resumable_upload",
     "stop_verify_servers",
     "stop_warm_verify_server",
     "submit_upload",
     "sweep_stalled_versions",
+    "sweep_uploads",
     "warm_up_verify_server",
 ]

@@ -22,6 +22,7 @@ from models_registry.storage import get_object_store
 if TYPE_CHECKING:
     pass
 from builds.services.pipeline import finish_step, skip_remaining_steps
+from builds.services.resumable import sweep_uploads
 from builds.services.storage import forget_repository
 from builds.services.submission import building_stale_before, queue_build, queued_stale_before
 
@@ -47,6 +48,9 @@ def sweep_stalled_versions() -> dict[str, int]:
       multipart upload are removed. (`aborted_uploads`)
     - models and versions whose deletion started CONCH_DELETION_RETRY_SECONDS ago and did not end (the object
       store failed, or the process died): the deletion is finished. (`finished_deletions`)
+    - resumable uploads left `uploading` past their `expires_at`: aborted in the store, quota freed
+      (`expired_uploads`); `completing` ones whose checking worker stopped (no sign for CONCH_UPLOAD_STALE_SECONDS):
+      the check is queued again (`requeued_upload_checks`).
     """
     counts = {"requeued": 0, "failed": 0, "requeued_unclaimed": 0, "aborted_uploads": 0, "finished_deletions": 0}
     building_before = building_stale_before()
@@ -97,6 +101,7 @@ def sweep_stalled_versions() -> dict[str, int]:
     counts["finished_deletions"] = finish_stalled_deletions(
         started_before=timezone.now() - timedelta(seconds=settings.CONCH_DELETION_RETRY_SECONDS)
     )
+    counts.update(sweep_uploads())
     return counts
 
 

@@ -32,7 +32,15 @@ from tests import real_models
 pytestmark = [pytest.mark.django_db]
 
 LONG_AGO = timedelta(hours=2)
-NOTHING_DONE = {"requeued": 0, "failed": 0, "requeued_unclaimed": 0, "aborted_uploads": 0, "finished_deletions": 0}
+NOTHING_DONE = {
+    "requeued": 0,
+    "failed": 0,
+    "requeued_unclaimed": 0,
+    "aborted_uploads": 0,
+    "finished_deletions": 0,
+    "expired_uploads": 0,
+    "requeued_upload_checks": 0,
+}
 
 
 def _queued_version(caller, capture, *, name: str = "classifier") -> ModelVersion:

@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from builds.services import start_resumable_upload
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
 from deployments.models import GatewayUsage
@@ -34,6 +35,7 @@ class TeamWorld:
     model: object
     version: object
     deployment: object
+    upload: object
 
     def token_client(self) -> APIClient:
         client = APIClient()
@@ -48,7 +50,8 @@ class TeamWorld:
 
 def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
     """A team `team_slug` whose admin `username` has a token, a model `adder`, its built version 1 (with build step
-    rows), a deployment `adder` of it (local runtime, queued) and a day of gateway use of it by the token."""
+    rows), a deployment `adder` of it (local runtime, queued), a day of gateway use of it by the token and an open
+    resumable upload of the model."""
     caller = make_caller(username, team_slug, role=Role.ADMIN)
     version = write_built_version(caller.team, "adder", add_constant(folder / f"{team_slug}.onnx", 1.0))
     reset_steps(version=version)
@@ -56,6 +59,10 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
         user=caller.user, team_slug=team_slug, name="adder", model_version_id=version.pk, runtime="local"
     )
     token_id = caller.user.api_tokens.get().pk
+    # an open resumable upload of the next version (folder storage: its parts come through Conch)
+    upload, _ = start_resumable_upload(
+        user=caller.user, model=version.model, filename="next.onnx", size_bytes=6 * 1024 * 1024, sha256="c" * 64
+    )
     # a day of its use through the inference gateway (listed to team admins and in the admin)
     GatewayUsage.objects.create(
         token_id=token_id, team=caller.team, deployment=deployment, day=dt.date(2026, 11, 30), requests=3
@@ -68,6 +75,7 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
         model=version.model,
         version=version,
         deployment=deployment,
+        upload=upload,
     )
 
 

@@ -2,8 +2,9 @@
 
 It runs every operation of `/api/v1/schema/` through its phases (coverage, fuzzing, stateful) on a live server, as
 a member of one team with a bearer token, with the `not_a_server_error` check. The team holds a model, a built
-version, a ready deployment on a real Triton (inference gets fuzzed KServe requests; some reach Triton) and a
-pending one (for DELETE), so about half the requests name objects that exist and reach the code behind the 404s.
+version, a ready deployment on a real Triton (inference gets fuzzed KServe requests; some reach Triton), a
+pending one (for DELETE) and an open resumable upload, so about half the requests name objects that exist and
+reach the code behind the 404s.
 
 Bounded: a fixed seed and a fixed number of examples per operation (about a minute here). For a longer hunt:
 `CONCH_FUZZ_EXAMPLES=500 CONCH_FUZZ_SEED=<any> make test PYTEST_ARGS=tests/conch/test_api_fuzz.py`.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from builds import services as builds
 from deployments import services as deployments
 from tests import real_models
 from tests.conftest import make_caller
@@ -27,7 +29,7 @@ SEED = os.environ.get("CONCH_FUZZ_SEED", "20260501")
 EXAMPLES = os.environ.get("CONCH_FUZZ_EXAMPLES", "40")
 
 
-def _config(*, model: int, version: int, ready: int, pending: int, team: str) -> str:
+def _config(*, model: int, version: int, ready: int, pending: int, team: str, upload: str) -> str:
     """schemathesis.toml: ids of existing objects, used for half of the generated path parameters."""
     return f"""
 [dictionaries.models]
@@ -40,11 +42,14 @@ values = ["{ready}"]
 values = ["{pending}"]
 [dictionaries.teams]
 values = ["{team}"]
+[dictionaries.uploads]
+values = ["{upload}"]
 
 [parameters]
 "path.model_id" = {{ dictionary = "models", probability = 0.5 }}
 "path.version_id" = {{ dictionary = "versions", probability = 0.5 }}
 "path.slug" = {{ dictionary = "teams", probability = 0.5 }}
+"path.upload_id" = {{ dictionary = "uploads", probability = 0.5 }}
 
 [[operations]]
 include-path-regex = "^/api/v1/deployments/"
@@ -99,9 +104,20 @@ def test_schemathesis_gets_no_server_error_from_any_operation(
         max_batch_size=None,
         max_queue_delay_microseconds=None,
     )
+    # and an open resumable upload of the model (folder storage: its parts come through Conch)
+    upload, _ = builds.start_resumable_upload(
+        user=caller.user, model=version.model, filename="next.onnx", size_bytes=6 * 1024 * 1024, sha256="d" * 64
+    )
     config = tmp_path / "schemathesis.toml"
     config.write_text(
-        _config(model=version.model_id, version=version.pk, ready=ready.pk, pending=pending.pk, team=caller.team.slug)
+        _config(
+            model=version.model_id,
+            version=version.pk,
+            ready=ready.pk,
+            pending=pending.pk,
+            team=caller.team.slug,
+            upload=str(upload.pk),
+        )
     )
 
     # when schemathesis runs every operation of the schema; stopping deployments last, so the ready one serves
@@ -119,8 +135,8 @@ def test_schemathesis_gets_no_server_error_from_any_operation(
     for returncode, output in outputs:
         print(output)  # shown with -s, and by pytest when the test fails
         assert returncode == 0, output[-12000:]
-    assert "30 selected / 32 total" in outputs[0][1]
-    assert "1 selected / 32 total" in outputs[1][1] and "1 selected / 32 total" in outputs[2][1]
+    assert "37 selected / 39 total" in outputs[0][1]
+    assert "1 selected / 39 total" in outputs[1][1] and "1 selected / 39 total" in outputs[2][1]
 
 
 def _schemathesis(url: str, token: str, config: Path, workdir: Path, *selection: str) -> tuple[int, str]:

@@ -1,0 +1,220 @@
+"""REST views of resumable uploads (README, "Resumable uploads"): start, list, sign parts, receive a part (folder
+storage only), complete, abort. They translate HTTP to service calls: `models_registry.resumable` holds the rules,
+`builds.services` queues the worker's check of a completed upload.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.urls import reverse
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from builds import services as builds
+from builds.api.serializers import (
+    CompleteUploadSerializer,
+    SignedPartsSerializer,
+    SignPartsSerializer,
+    StartUploadSerializer,
+    StoredPartSerializer,
+    UploadSerializer,
+)
+from conch.api import ErrorSerializer
+from conch.limits import STREAMED, accepts_body
+from models_registry import resumable, services
+from models_registry.uploads import HeaderCsrfSessionAuthentication
+from tenancy.authentication import BearerTokenAuthentication
+
+_ERRORS = {400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer}
+_STORE_DOWN = {503: ErrorSerializer}
+
+
+def _render(uploads: list, *, many: bool = False) -> dict | list:
+    """Serialize uploads with the parts the store holds now."""
+    parts = {upload.pk: resumable.stored_parts(upload=upload) for upload in uploads}
+    data = UploadSerializer(uploads, many=True, context={"parts": parts}).data
+    return data if many else data[0]
+
+
+class ModelUploadsView(APIView):
+    """GET lists a model's open resumable uploads; POST starts one (or gives back the open one of the same file)."""
+
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        responses={200: UploadSerializer(many=True), **_ERRORS, **_STORE_DOWN},
+        description="The model's uploads still `uploading` (not expired) or `completing`, oldest first, each with "
+        "the parts the object store holds now.",
+    )
+    def get(self, request: Request, model_id: int) -> Response:
+        model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
+        return Response(_render(resumable.open_uploads(model=model), many=True))
+
+    @extend_schema(
+        request=StartUploadSerializer,
+        responses={
+            201: UploadSerializer,
+            200: OpenApiResponse(UploadSerializer, description="The open upload of the same file, to resume."),
+            **_ERRORS,
+            413: ErrorSerializer,
+            **_STORE_DOWN,
+        },
+        description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. The size "
+        "is checked against CONCH_MAX_UPLOAD_BYTES (413 naming size_bytes) and reserved in the team's storage quota "
+        "(409 with `quota`) before anything starts in the object store; the reservation lasts until the upload "
+        "completes, is aborted or expires. The same file (model, filename, size, sha256) while an upload of it is "
+        "open gives that upload back (200), so a client that stopped resumes. Then ask for part URLs "
+        "(POST .../parts/), send the parts, and POST .../complete.",
+    )
+    def post(self, request: Request, model_id: int) -> Response:
+        model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
+        form = StartUploadSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        upload, created = builds.start_resumable_upload(
+            user=request.user,
+            model=model,
+            filename=data["filename"],
+            size_bytes=data["size_bytes"],
+            sha256=data["sha256"],
+            part_size_bytes=data.get("part_size_bytes"),
+            build_options={k: v for k, v in (data.get("build_options") or {}).items() if v is not None},
+            token=request.auth,
+        )
+        return Response(_render([upload]), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class UploadDetailView(APIView):
+    """GET one upload with the parts the store holds; DELETE aborts it."""
+
+    @extend_schema(
+        responses={200: UploadSerializer, **_ERRORS, **_STORE_DOWN},
+        description="The upload, with `parts` listed fresh from the object store: resume by sending the others. "
+        "Poll it after POST .../complete until `completed` (`version` is then the new version, its build queued) or "
+        "`failed` (`error` says why and what to do).",
+    )
+    def get(self, request: Request, model_id: int, upload_id: str) -> Response:
+        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        return Response(_render([upload]))
+
+    @extend_schema(
+        request=None,
+        responses={204: None, **_ERRORS, **_STORE_DOWN},
+        description="Abort the upload: the object store drops its parts and the team's storage reservation ends. "
+        "409 while it is `completing` or once `completed`; an aborted or failed upload stays as it is.",
+    )
+    def delete(self, request: Request, model_id: int, upload_id: str) -> Response:
+        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        resumable.abort_upload(user=request.user, upload=upload, token=request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class UploadPartsView(APIView):
+    """POST gives where to send each of some parts."""
+
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=SignPartsSerializer,
+        responses={200: SignedPartsSerializer, **_ERRORS, **_STORE_DOWN},
+        description="Where to PUT each part (up to 100 numbers a call). With S3 storage: presigned UploadPart URLs "
+        "of the bucket: PUT exactly the part's bytes there and keep the ETag response header; the bytes never pass "
+        "through Conch. With folder storage: Conch's own part URL (send your usual Authorization). Each part is "
+        "`part_size_bytes` bytes (the last one what is left). Asking pushes the upload's `expires_at`.",
+    )
+    def post(self, request: Request, model_id: int, upload_id: str) -> Response:
+        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        form = SignPartsSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        numbers = form.validated_data["numbers"]
+        targets = resumable.sign_parts(user=request.user, upload=upload, numbers=numbers, token=request.auth)
+        now = timezone.now()
+        parts = []
+        for number, target in zip(numbers, targets, strict=True):
+            if target is None:
+                path = reverse(
+                    "model-upload-part", kwargs={"model_id": model_id, "upload_id": upload.pk, "number": number}
+                )
+                parts.append(
+                    {
+                        "number": number,
+                        "method": "PUT",
+                        "url": request.build_absolute_uri(path),
+                        "headers": {"Content-Type": "application/octet-stream"},
+                        "expires_at": upload.expires_at,
+                    }
+                )
+            else:
+                parts.append(
+                    {
+                        "number": target.number,
+                        "method": target.method,
+                        "url": target.url,
+                        "headers": target.headers,
+                        "expires_at": now + timedelta(seconds=target.expires_in_s),
+                    }
+                )
+        return Response(SignedPartsSerializer({"parts": parts}).data)
+
+
+class UploadPartView(APIView):
+    """PUT receives one part of a folder-storage upload, streamed to disk."""
+
+    # The body is the part's raw bytes, read as a stream: no parser, and a CSRF check that never reads it.
+    parser_classes: list = []
+    authentication_classes = [BearerTokenAuthentication, HeaderCsrfSessionAuthentication]
+
+    @extend_schema(
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={200: StoredPartSerializer, **_ERRORS, **_STORE_DOWN},
+        description="Folder storage only (404 for an upload straight to the bucket): the body is exactly part "
+        "`number`'s bytes, Content-Length equal to its size (400 naming the part otherwise). Streamed to the "
+        "store's staging folder a megabyte at a time; sending a part again replaces it.",
+    )
+    @accepts_body(STREAMED)
+    def put(self, request: Request, model_id: int, upload_id: str, number: str) -> Response:
+        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        try:
+            length: int | None = int(request.META.get("CONTENT_LENGTH") or "")
+        except ValueError:
+            length = None
+        part = resumable.receive_part(
+            user=request.user,
+            upload=upload,
+            number=int(number),
+            stream=request._request,
+            content_length=length,
+            token=request.auth,
+        )
+        return Response({"number": part.number, "size_bytes": part.size_bytes, "etag": part.etag})
+
+
+class UploadCompleteView(APIView):
+    """POST asks Conch to join the parts and check the file."""
+
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=CompleteUploadSerializer,
+        responses={202: UploadSerializer, **_ERRORS, **_STORE_DOWN},
+        description="Every part must be in the object store at its size (409 naming the first missing or "
+        "wrong-sized part). The upload becomes `completing`: a worker joins the parts, checks the size and SHA-256 "
+        "promised at the start (reading the object from the store), then makes the model's next version and queues "
+        "its build (`completed`, `version` set); on a mismatch the upload is `failed`, `error` naming sha256 or "
+        "size_bytes with expected and got values, the object deleted and the quota freed. Poll GET the upload.",
+    )
+    def post(self, request: Request, model_id: int, upload_id: str) -> Response:
+        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        form = CompleteUploadSerializer(data=request.data or {})
+        form.is_valid(raise_exception=True)
+        upload = builds.complete_resumable_upload(
+            user=request.user, upload=upload, client_parts=form.validated_data.get("parts"), token=request.auth
+        )
+        return Response(_render([upload]), status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,732 @@
+"""Resumable uploads: a model file sent part by part into a multipart upload of the object store, then checked.
+
+The life of an `Upload` (API contract: UPLOAD-API in the README's "Resumable uploads"):
+
+1. `start_upload`: the promised size is reserved in the team's storage quota (under the team's lock, before
+   anything is started in the store), then the store starts a multipart upload (`ObjectStore.start_multipart`).
+2. Parts: with S3 storage `sign_parts` gives presigned UploadPart URLs and the client PUTs the bytes straight to
+   the bucket (they never pass through Conch); with folder storage the client PUTs them to Conch, which streams
+   them to the store's staging folder (`receive_part`). `stored_parts` lists what the store holds, so a client
+   that stopped sends only the rest.
+3. `request_completion` checks that the store holds every part at its size and marks the upload `completing`;
+   the builds app queues a worker, which joins the parts (`assemble_upload`), checks size and SHA-256 by
+   streaming the object from the store, and makes the version (`create_version_from_upload`), or fails the
+   upload (`fail_upload`: the object is deleted).
+4. An upload left `uploading` past `expires_at` is aborted by the sweeper (`abort_expired_uploads`); a
+   `completing` one whose worker stopped is checked again (`stalled_upload_checks`, `requeue_upload_check`).
+
+Quota: an upload counts `size_bytes` in storage while `uploading` and not expired, and while `completing`; its
+version counts the same bytes from the transaction that ends the upload, so nothing is counted twice or missed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, BinaryIO
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
+
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from conch.limits import describe_bytes
+from models_registry.choices import UploadStatus, UploadTransport, VersionStatus
+from models_registry.models import ModelVersion, RegisteredModel, Upload
+from models_registry.services import allocate_version_number
+from models_registry.storage import (
+    MAX_PART_SIZE_BYTES,
+    MAX_PARTS,
+    MIB,
+    MIN_PART_SIZE_BYTES,
+    PartTarget,
+    StoredObject,
+    StoredPart,
+    get_object_store,
+)
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction, Role, Scope
+from tenancy.quotas import reserve_quota
+from tenancy.services import TokenGrant, require_role, teams_for_user
+
+log = logging.getLogger(__name__)
+
+#: Part size when the client names none: large enough for few requests, small enough to resend cheaply.
+DEFAULT_PART_SIZE_BYTES = 64 * MIB
+#: Most part numbers one `sign_parts` call takes.
+MAX_PARTS_PER_CALL = 100
+#: Bytes read from the store at a time while the worker hashes the joined object.
+HASH_CHUNK_BYTES = 8 * MIB
+OPEN_STATUSES = (UploadStatus.UPLOADING, UploadStatus.COMPLETING)
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def upload_key(*, model_id: int, upload_id: uuid.UUID | str) -> str:
+    """Object-store key the joined file of an upload gets (under the model's folder; the version's `source_key`)."""
+    return f"models/{model_id}/uploads/{upload_id}/model.onnx"
+
+
+def plan_parts(*, size_bytes: int, part_size_bytes: int | None = None) -> tuple[int, int]:
+    """Return (part size, part count) for a file of `size_bytes` (> 0) bytes.
+
+    Without `part_size_bytes` the part size is DEFAULT_PART_SIZE_BYTES, or larger (whole MiB) when the file
+    would need more than MAX_PARTS parts. A given part size must be 5 MiB to 5 GiB (S3's limits on every part
+    but the last) and give at most 10,000 parts. Raises InvalidInput (field `part_size_bytes`).
+    """
+    if part_size_bytes is None:
+        least = math.ceil(size_bytes / MAX_PARTS)
+        part_size_bytes = max(DEFAULT_PART_SIZE_BYTES, math.ceil(least / MIB) * MIB)
+    elif not MIN_PART_SIZE_BYTES <= part_size_bytes <= MAX_PART_SIZE_BYTES:
+        raise InvalidInput(
+            f"part_size_bytes must be from {MIN_PART_SIZE_BYTES} (5 MiB) to {MAX_PART_SIZE_BYTES} (5 GiB), got "
+            f"{part_size_bytes}; leave it out to let Conch choose.",
+            field="part_size_bytes",
+        )
+    count = math.ceil(size_bytes / part_size_bytes)
+    if count > MAX_PARTS:
+        raise InvalidInput(
+            f"A file of {size_bytes} bytes in parts of {part_size_bytes} bytes needs {count} parts, more than the "
+            f"{MAX_PARTS} allowed; use parts of at least {math.ceil(size_bytes / MAX_PARTS)} bytes.",
+            field="part_size_bytes",
+        )
+    return part_size_bytes, count
+
+
+def part_range(upload: Upload, number: int) -> tuple[int, int]:
+    """(first byte, byte after the last) of part `number` (1-based) in the file; the last part may be shorter."""
+    start = (number - 1) * upload.part_size_bytes
+    return start, min(upload.size_bytes, start + upload.part_size_bytes)
+
+
+def _expiry() -> datetime:
+    return timezone.now() + timedelta(hours=settings.CONCH_UPLOAD_EXPIRES_HOURS)
+
+
+def _require_writer(*, user: AbstractBaseUser, token: TokenGrant | None, team: Any, action: str) -> None:
+    require_role(user=user, team=team, role=Role.DEVELOPER, action=action, token=token, scope=Scope.MODELS_WRITE)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def visible_uploads(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Upload]:
+    """Uploads of models of the caller's teams (of the token's team, for a team-bound token)."""
+    teams = teams_for_user(user=user, token=token)
+    return Upload.objects.filter(model__team__in=teams).select_related("model__team")
+
+
+def get_upload(
+    *, user: AbstractBaseUser, model_id: int, upload_id: str | uuid.UUID, token: TokenGrant | None = None
+) -> Upload:
+    """Return upload `upload_id` of model `model_id` if the caller may see it. Raises NotFound."""
+    try:
+        key = uuid.UUID(str(upload_id))
+    except ValueError:
+        raise NotFound(f"Upload {upload_id} does not exist or is not in one of your teams.") from None
+    upload = visible_uploads(user=user, token=token).filter(pk=key, model_id=model_id).first()
+    if upload is None:
+        raise NotFound(f"Upload {upload_id} does not exist or is not in one of your teams.")
+    return upload
+
+
+def open_uploads(*, model: RegisteredModel) -> list[Upload]:
+    """The model's uploads still `uploading` (not expired) or `completing`, oldest first."""
+    now = timezone.now()
+    uploads = Upload.objects.filter(model=model).filter(
+        Q(status=UploadStatus.UPLOADING, expires_at__gt=now) | Q(status=UploadStatus.COMPLETING)
+    )
+    return list(uploads.select_related("model__team").order_by("created_at"))
+
+
+def stored_parts(*, upload: Upload) -> list[StoredPart]:
+    """The parts the store holds of an `uploading` upload, by number ([] in any other status).
+
+    Raises Unavailable when the store cannot be reached.
+    """
+    if upload.status != UploadStatus.UPLOADING or not upload.store_upload_id:
+        return []
+    try:
+        return get_object_store().list_parts(upload.object_key, upload.store_upload_id)
+    except NotFound:
+        return []
+
+
+# --- starting ----------------------------------------------------------------------------------
+
+
+def start_upload(
+    *,
+    user: AbstractBaseUser,
+    model: RegisteredModel,
+    filename: str,
+    size_bytes: int,
+    sha256: str,
+    part_size_bytes: int | None = None,
+    build_options: dict[str, Any] | None = None,
+    token: TokenGrant | None = None,
+) -> tuple[Upload, bool]:
+    """Start a resumable upload of a file into `model`; return (upload, whether it is new).
+
+    `build_options` are already validated (the builds app parses them). The same model, filename, size and
+    SHA-256 while an upload of them is `uploading` gives that upload back (new: False), so a client re-run
+    resumes. Otherwise the size is reserved in the team's storage quota under the team's lock, and only then is
+    the multipart upload started in the store. Raises Forbidden (role developer, token scope `models:write`),
+    InvalidInput naming `filename`, `size_bytes`, `sha256` or `part_size_bytes`, PayloadTooLarge (field
+    `size_bytes`) over CONCH_MAX_UPLOAD_BYTES, Conflict when the model is being deleted, QuotaExceeded (field
+    `storage_bytes`), Unavailable when the store cannot be reached (the upload is then aborted).
+    """
+    _require_writer(user=user, token=token, team=model.team, action="Uploading a model version")
+    name = (filename or "").replace("\\", "/").rsplit("/", 1)[-1].strip()
+    if not name or len(name) > 255 or any(ord(char) < 32 for char in name):
+        raise InvalidInput(
+            "filename must be the file's name: 1 to 255 characters, no control characters.", field="filename"
+        )
+    digest = (sha256 or "").strip().lower()
+    if not _SHA256_RE.fullmatch(digest):
+        raise InvalidInput("sha256 must be the file's SHA-256 as 64 hex digits (sha256sum FILE).", field="sha256")
+    max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
+    if size_bytes > max_bytes:
+        raise PayloadTooLarge(
+            f"size_bytes {size_bytes} is larger than the {describe_bytes(max_bytes)} ({max_bytes} bytes) a model file "
+            "may be; an administrator can raise it with the CONCH_MAX_UPLOAD_BYTES setting.",
+            field="size_bytes",
+        )
+    if size_bytes < 1:
+        raise InvalidInput(
+            "size_bytes must be the file's size in bytes, at least 1 (the file is empty).", field="size_bytes"
+        )
+    part_size, part_count = plan_parts(size_bytes=size_bytes, part_size_bytes=part_size_bytes)
+    store = get_object_store()
+    now = timezone.now()
+    with transaction.atomic():
+        locked = RegisteredModel.objects.select_for_update().select_related("team").filter(pk=model.pk).first()
+        if locked is None or locked.deletion_requested_at is not None:
+            raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
+        same = Upload.objects.filter(
+            model=locked, filename=name, size_bytes=size_bytes, sha256=digest, status=UploadStatus.UPLOADING
+        )
+        existing = same.filter(expires_at__gt=now).exclude(store_upload_id="").order_by("-created_at").first()
+        if existing is not None:
+            return existing, False
+        reserve_quota(team=locked.team, requested={"storage_bytes": size_bytes}, what="this upload")
+        upload_id = uuid.uuid4()
+        upload = Upload.objects.create(
+            id=upload_id,
+            model=locked,
+            filename=name,
+            size_bytes=size_bytes,
+            sha256=digest,
+            part_size_bytes=part_size,
+            part_count=part_count,
+            transport=store.transport,
+            object_key=upload_key(model_id=locked.pk, upload_id=upload_id),
+            build_options=dict(build_options or {}),
+            expires_at=_expiry(),
+            created_by=user,
+        )
+        record_audit(
+            action=AuditAction.UPLOAD_STARTED,
+            team=locked.team,
+            target=upload,
+            after={"filename": name, "size_bytes": size_bytes, "sha256": digest, "part_count": part_count},
+        )
+    try:
+        store_upload_id = store.start_multipart(upload.object_key)
+    except ConchError as error:
+        _end(upload.pk, UploadStatus.ABORTED, error=f"The object store could not start the upload: {error.detail}")
+        raise
+    Upload.objects.filter(pk=upload.pk).update(store_upload_id=store_upload_id)
+    upload.store_upload_id = store_upload_id
+    log.info("upload.started", extra={"upload_id": str(upload.pk), "size_bytes": size_bytes, "parts": part_count})
+    return upload, True
+
+
+# --- parts ------------------------------------------------------------------------------------
+
+
+def _require_uploading(upload: Upload) -> None:
+    if upload.status != UploadStatus.UPLOADING:
+        raise Conflict(
+            f"This upload is '{upload.status}', it takes no more parts"
+            + (f" ({upload.error})" if upload.error else "")
+            + "; start a new upload with POST /api/v1/models/{id}/uploads/ if you still need one.",
+            field="status",
+        )
+    if upload.expires_at <= timezone.now():
+        raise Conflict(
+            f"This upload expired at {upload.expires_at.isoformat()} (no part for CONCH_UPLOAD_EXPIRES_HOURS); its "
+            "parts are being discarded. Start a new upload with POST /api/v1/models/{id}/uploads/.",
+            field="expires_at",
+        )
+
+
+def _check_number(upload: Upload, number: Any) -> int:
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= upload.part_count:
+        last = upload.size_bytes - (upload.part_count - 1) * upload.part_size_bytes
+        raise InvalidInput(
+            f"Part number {number!r} is out of range: this upload has parts 1 to {upload.part_count} "
+            f"({upload.part_size_bytes} bytes each, the last {last}).",
+            field="number",
+        )
+    return number
+
+
+def _extend(upload: Upload) -> None:
+    """Push the expiry of an upload that is being worked on."""
+    upload.expires_at = _expiry()
+    Upload.objects.filter(pk=upload.pk, status=UploadStatus.UPLOADING).update(expires_at=upload.expires_at)
+
+
+def sign_parts(
+    *, user: AbstractBaseUser, upload: Upload, numbers: Sequence[int], token: TokenGrant | None = None
+) -> list[PartTarget | None]:
+    """Return where the client sends each of parts `numbers`: a presigned URL (S3), or None for Conch's own.
+
+    Up to MAX_PARTS_PER_CALL distinct numbers from 1 to `part_count`. Makes no request to the store; pushes the
+    upload's expiry. Raises Forbidden, InvalidInput (field `numbers`), Conflict when the upload is not
+    `uploading` or has expired (field `expires_at`).
+    """
+    _require_writer(user=user, token=token, team=upload.model.team, action="Uploading a model version")
+    _require_uploading(upload)
+    if not numbers or len(numbers) > MAX_PARTS_PER_CALL:
+        raise InvalidInput(f"numbers must list 1 to {MAX_PARTS_PER_CALL} part numbers.", field="numbers")
+    if len(set(numbers)) != len(numbers):
+        raise InvalidInput("numbers lists a part number twice; list each part once.", field="numbers")
+    for number in numbers:
+        try:
+            _check_number(upload, number)
+        except InvalidInput as error:
+            raise InvalidInput(error.detail, field="numbers") from None
+    if not upload.store_upload_id:
+        raise Conflict("This upload is still starting in the object store; ask again in a moment.", field="status")
+    store = get_object_store()
+    expires_in_s = settings.CONCH_UPLOAD_PART_URL_SECONDS
+    targets = [
+        store.presign_part(upload.object_key, upload.store_upload_id, number, expires_in_s=expires_in_s)
+        for number in numbers
+    ]
+    _extend(upload)
+    return targets
+
+
+def receive_part(
+    *,
+    user: AbstractBaseUser,
+    upload: Upload,
+    number: int,
+    stream: BinaryIO,
+    content_length: int | None,
+    token: TokenGrant | None = None,
+) -> StoredPart:
+    """Stream part `number` of a folder-storage upload from `stream` (the request body) into the store.
+
+    The body must be exactly the part's bytes (`content_length`, the declared Content-Length): the part size, or
+    what is left for the last part. Raises NotFound for an upload straight to the bucket (its parts go to S3),
+    Forbidden, Conflict (not `uploading`, expired), InvalidInput naming `number` (out of range) or `size_bytes`
+    (a length that is not the part's, or a body that ends early), Unavailable when the disk fails.
+    """
+    _require_writer(user=user, token=token, team=upload.model.team, action="Uploading a model version")
+    if upload.transport != UploadTransport.CONCH:
+        raise NotFound(
+            "This upload goes straight to the bucket: PUT its parts to the URLs POST .../parts/ gives.", field="number"
+        )
+    _require_uploading(upload)
+    _check_number(upload, number)
+    start, end = part_range(upload, number)
+    expected = end - start
+    if content_length != expected:
+        sent = "no Content-Length" if content_length is None else f"{content_length} bytes"
+        raise InvalidInput(
+            f"Part {number} must be exactly {expected} bytes (bytes {start} to {end - 1} of the file); this request "
+            f"sends {sent}. Send that slice of the file as the body, with its Content-Length.",
+            field="size_bytes",
+        )
+    part = get_object_store().write_part(upload.object_key, upload.store_upload_id, number, stream, expected)
+    _extend(upload)
+    return part
+
+
+# --- completing --------------------------------------------------------------------------------
+
+
+def _check_parts(upload: Upload, parts: list[StoredPart], client_parts: Sequence[dict[str, Any]] | None) -> None:
+    by_number = {part.number: part for part in parts}
+    for number in range(1, upload.part_count + 1):
+        part = by_number.get(number)
+        if part is None:
+            raise Conflict(
+                f"Part {number} of {upload.part_count} is missing from the object store; send it (POST .../parts/ "
+                "gives its URL), then complete again.",
+                field="parts",
+            )
+        start, end = part_range(upload, number)
+        if part.size_bytes != end - start:
+            raise Conflict(
+                f"Part {number} holds {part.size_bytes} bytes in the object store; it must hold {end - start} (bytes "
+                f"{start} to {end - 1} of the file). Send part {number} again, then complete again.",
+                field="parts",
+            )
+    for given in client_parts or ():
+        number, etag = given.get("number"), str(given.get("etag") or "")
+        stored = by_number.get(number) if isinstance(number, int) else None
+        if stored is not None and etag and etag.strip('"') != stored.etag.strip('"'):
+            raise Conflict(
+                f"Part {number} in the object store has ETag {stored.etag}, not {etag}: another copy of the part "
+                "arrived last. Send it again, then complete again.",
+                field="parts",
+            )
+
+
+def request_completion(
+    *,
+    user: AbstractBaseUser,
+    upload: Upload,
+    client_parts: Sequence[dict[str, Any]] | None = None,
+    token: TokenGrant | None = None,
+) -> Upload:
+    """Check that the store holds every part at its size, and mark the upload `completing` for a worker.
+
+    The caller queues the worker's check (`builds`) in the same transaction. `client_parts`, when given, are
+    the client's `{"number", "etag"}`: an ETag that differs from the store's refuses the completion. Asking
+    again while `completing` changes nothing. Raises Forbidden, Conflict naming `parts` (the first missing part
+    or a part of the wrong size), `status` or `expires_at`, Unavailable when the store cannot be reached.
+    """
+    _require_writer(user=user, token=token, team=upload.model.team, action="Uploading a model version")
+    if upload.status == UploadStatus.COMPLETING:
+        return upload
+    _require_uploading(upload)
+    parts = stored_parts(upload=upload)
+    _check_parts(upload, parts, client_parts)
+    with transaction.atomic():
+        locked = Upload.objects.select_for_update(of=("self",)).select_related("model__team").get(pk=upload.pk)
+        if locked.status == UploadStatus.COMPLETING:
+            return locked
+        _require_uploading(locked)
+        locked.status = UploadStatus.COMPLETING
+        locked.heartbeat_at = timezone.now()
+        locked.check_started_at = None
+        locked.save(update_fields=["status", "heartbeat_at", "check_started_at"])
+        record_audit(
+            action=AuditAction.UPLOAD_COMPLETION_REQUESTED,
+            team=locked.model.team,
+            target=locked,
+            before={"status": UploadStatus.UPLOADING},
+            after={"status": locked.status, "parts": upload.part_count},
+        )
+    return locked
+
+
+def claim_upload_check(*, upload_id: uuid.UUID | str, stale_before: datetime) -> Upload | None:
+    """Take the check of a `completing` upload for this worker (heartbeat now) and return it.
+
+    None when it is not `completing` any more, or another worker holds it (heartbeat at or after
+    `stale_before`): a duplicate message must not check it twice at once.
+    """
+    with transaction.atomic():
+        upload = (
+            Upload.objects.select_for_update(of=("self",)).select_related("model__team").filter(pk=upload_id).first()
+        )
+        if upload is None or upload.status != UploadStatus.COMPLETING:
+            return None
+        if upload.check_started_at is not None and upload.heartbeat_at and upload.heartbeat_at >= stale_before:
+            log.warning("upload.check.busy", extra={"upload_id": str(upload_id)})
+            return None
+        upload.check_started_at = upload.heartbeat_at = timezone.now()
+        upload.save(update_fields=["check_started_at", "heartbeat_at"])
+    return upload
+
+
+def touch_upload_check(*, upload_id: uuid.UUID | str) -> None:
+    """Record that the worker checking a `completing` upload is alive."""
+    Upload.objects.filter(pk=upload_id, status=UploadStatus.COMPLETING).update(heartbeat_at=timezone.now())
+
+
+def release_upload_check(*, upload_id: uuid.UUID | str) -> None:
+    """Give the check back after a transient failure (the store unreachable): the sweeper queues it again."""
+    Upload.objects.filter(pk=upload_id, status=UploadStatus.COMPLETING).update(check_started_at=None)
+
+
+def assemble_upload(*, upload: Upload, heartbeat: Callable[[], None] | None = None) -> StoredObject:
+    """Join the upload's parts into its object and check the object's size and SHA-256 against the promise.
+
+    Run by a worker: the object is read back from the store in HASH_CHUNK_BYTES chunks (never in the web
+    process). Idempotent: an upload the store already joined is only checked. `heartbeat` is called about
+    every 5 s while hashing. Raises InvalidInput naming `size_bytes` or `sha256` (expected and got, and what to
+    do) or `parts` (the store refused them, or they are gone) — permanent: fail the upload —, Unavailable when
+    the store cannot be reached (transient).
+    """
+    store = get_object_store()
+    try:
+        parts = store.list_parts(upload.object_key, upload.store_upload_id)
+    except NotFound:
+        if not store.exists(upload.object_key):
+            raise InvalidInput(
+                "The upload's parts are no longer in the object store; upload the file again.", field="parts"
+            ) from None
+        parts = None
+    if parts is not None:
+        try:
+            store.complete_multipart(upload.object_key, upload.store_upload_id, parts[: upload.part_count])
+        except NotFound:
+            raise InvalidInput(
+                "The upload's parts are no longer in the object store; upload the file again.", field="parts"
+            ) from None
+    try:
+        size = store.size(upload.object_key)
+        got = _sha256_of(store, upload.object_key, heartbeat) if size == upload.size_bytes else ""
+    except NotFound:
+        raise InvalidInput(
+            "The joined file is no longer in the object store; upload the file again.", field="parts"
+        ) from None
+    if size != upload.size_bytes:
+        raise InvalidInput(
+            f"The joined file is {size} bytes, not the {upload.size_bytes} bytes promised (size_bytes): expected "
+            f"{upload.size_bytes}, got {size}. Check the file and upload it again.",
+            field="size_bytes",
+        )
+    if got != upload.sha256:
+        raise InvalidInput(
+            f"The joined file's SHA-256 is {got}, not the {upload.sha256} promised (sha256): expected "
+            f"{upload.sha256}, got {got}. The file changed or a part was sent wrongly; check the file "
+            "(sha256sum FILE) and upload it again.",
+            field="sha256",
+        )
+    return StoredObject(key=upload.object_key, size_bytes=size, sha256_hex=got)
+
+
+def _sha256_of(store: Any, key: str, heartbeat: Callable[[], None] | None) -> str:
+    """SHA-256 hex of object `key`, read from the store HASH_CHUNK_BYTES at a time (heartbeat about every 5 s)."""
+    digest = hashlib.sha256()
+    last_beat = time.monotonic()
+    with store.open_reader(key) as reader:
+        while chunk := reader.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+            if heartbeat is not None and time.monotonic() - last_beat >= 5.0:
+                heartbeat()
+                last_beat = time.monotonic()
+    return digest.hexdigest()
+
+
+def _drop_from_store(upload: Upload, *, delete_object: bool) -> bool:
+    """Abort the store's upload (and delete the joined object); False when the store failed (logged)."""
+    store = get_object_store()
+    try:
+        if upload.store_upload_id:
+            store.abort_multipart(upload.object_key, upload.store_upload_id)
+        if delete_object:
+            store.delete(upload.object_key)
+    except ConchError as error:
+        log.warning("upload.store_cleanup_failed", extra={"upload_id": str(upload.pk), "error": error.detail})
+        return False
+    return True
+
+
+def _end(upload_id: Any, status: str, *, error: str = "", field: str = "", reason: str = "") -> bool:
+    """Move an open upload to `status` (failed, aborted), audited; False when it had left the open statuses."""
+    with transaction.atomic():
+        upload = (
+            Upload.objects.select_for_update(of=("self",)).select_related("model__team").filter(pk=upload_id).first()
+        )
+        if upload is None or upload.status not in OPEN_STATUSES:
+            return False
+        before = upload.status
+        upload.status = status
+        upload.error = error
+        upload.error_field = field
+        upload.finished_at = timezone.now()
+        upload.save(update_fields=["status", "error", "error_field", "finished_at"])
+        record_audit(
+            action=AuditAction.UPLOAD_FAILED if status == UploadStatus.FAILED else AuditAction.UPLOAD_ABORTED,
+            team=upload.model.team,
+            target=upload,
+            before={"status": before},
+            after={"status": status, "error": error.splitlines()[0] if error else "", "reason": reason},
+        )
+    return True
+
+
+def fail_upload(*, upload_id: uuid.UUID | str, error: str, field: str) -> None:
+    """Mark an open upload `failed` with `error` naming `field`, and delete its object and parts from the store.
+
+    Its quota reservation ends with the status. A store that fails leaves the object behind (logged).
+    """
+    upload = Upload.objects.filter(pk=upload_id).first()
+    if upload is None:
+        return
+    if _end(upload_id, UploadStatus.FAILED, error=error, field=field, reason="check failed"):
+        _drop_from_store(upload, delete_object=True)
+        log.warning("upload.failed", extra={"upload_id": str(upload_id), "field": field})
+
+
+def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObject) -> ModelVersion | None:
+    """Make the model's next version from a checked upload, `queued` for build attempt 1, and end the upload.
+
+    Call inside the transaction that queues the build (`builds`). The version is recorded as an ordinary
+    upload records it (source key, filename, size, SHA-256, the upload's build options); the upload becomes
+    `completed` and names it. The storage quota was reserved when the upload started: the version's bytes are
+    counted from the same commit that ends the upload's reservation. Returns None when the upload is not
+    `completing` any more (another worker finished it). Raises Conflict (field `model`) when the model is being
+    deleted.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("create_version_from_upload must run inside the transaction that queues the build")
+    upload = Upload.objects.select_for_update(of=("self",)).filter(pk=upload_id).first()
+    if upload is None or upload.status != UploadStatus.COMPLETING:
+        return None
+    model = RegisteredModel.objects.select_for_update().select_related("team").get(pk=upload.model_id)
+    if model.deletion_requested_at is not None:
+        raise Conflict(f"Model '{model.name}' is being deleted; no version is made from this upload.", field="model")
+    number = allocate_version_number(model=model)
+    version = ModelVersion.objects.create(
+        model=model,
+        number=number,
+        status=VersionStatus.QUEUED,
+        source_key=stored.key,
+        source_filename=upload.filename,
+        source_size_bytes=stored.size_bytes,
+        source_sha256=stored.sha256_hex,
+        build_options=upload.build_options,
+        build_attempt=1,
+        heartbeat_at=timezone.now(),
+        created_by=upload.created_by,
+    )
+    upload.status = UploadStatus.COMPLETED
+    upload.version = version
+    upload.finished_at = timezone.now()
+    upload.save(update_fields=["status", "version", "finished_at"])
+    record_audit(action=AuditAction.VERSION_CREATED, team=model.team, target=version, after={"upload": str(upload.pk)})
+    record_audit(
+        action=AuditAction.VERSION_UPLOADED,
+        team=model.team,
+        target=version,
+        after={
+            "status": version.status,
+            "filename": version.source_filename,
+            "size_bytes": version.source_size_bytes,
+            "sha256": version.source_sha256,
+            "attempt": version.build_attempt,
+        },
+    )
+    record_audit(
+        action=AuditAction.UPLOAD_COMPLETED,
+        team=model.team,
+        target=upload,
+        before={"status": UploadStatus.COMPLETING},
+        after={"status": upload.status, "version": version.pk},
+    )
+    log.info("upload.completed", extra={"upload_id": str(upload.pk), "version_id": version.pk})
+    return version
+
+
+# --- aborting and sweeping ---------------------------------------------------------------------------
+
+
+def abort_upload(*, user: AbstractBaseUser, upload: Upload, token: TokenGrant | None = None) -> None:
+    """Abort an `uploading` upload: the store drops its parts, the quota reservation ends.
+
+    An upload already aborted or failed is left as it is (no error). Raises Forbidden, Conflict (field
+    `status`) while `completing` or once `completed`, Unavailable when the store cannot be reached (the upload
+    stays `uploading`; send the DELETE again).
+    """
+    _require_writer(user=user, token=token, team=upload.model.team, action="Aborting an upload")
+    if upload.status in (UploadStatus.ABORTED, UploadStatus.FAILED):
+        return
+    if upload.status != UploadStatus.UPLOADING:
+        raise Conflict(
+            f"This upload is '{upload.status}' and can no longer be aborted"
+            + ("; delete its version instead." if upload.status == UploadStatus.COMPLETED else "; wait for its check."),
+            field="status",
+        )
+    if upload.store_upload_id:
+        get_object_store().abort_multipart(upload.object_key, upload.store_upload_id)
+    _end(upload.pk, UploadStatus.ABORTED, error="Aborted by its client.", reason="aborted by its client")
+
+
+def abort_expired_uploads(*, now: datetime | None = None) -> int:
+    """Abort `uploading` uploads past their `expires_at`; return how many.
+
+    Each one's multipart upload is aborted in the store (its parts freed), then it becomes `aborted` with an
+    error naming `expires_at`. A store that fails leaves it for the next sweep (logged); its quota reservation
+    ended at `expires_at` anyway.
+    """
+    now = now or timezone.now()
+    aborted = 0
+    for upload in Upload.objects.filter(status=UploadStatus.UPLOADING, expires_at__lte=now).order_by("expires_at"):
+        if not _drop_from_store(upload, delete_object=False):
+            continue
+        error = (
+            f"The upload expired at {upload.expires_at.isoformat()}: no part arrived for "
+            f"{settings.CONCH_UPLOAD_EXPIRES_HOURS:g} hours (CONCH_UPLOAD_EXPIRES_HOURS), so its parts were "
+            "discarded. Upload the file again."
+        )
+        if _end(upload.pk, UploadStatus.ABORTED, error=error, field="expires_at", reason="expired"):
+            aborted += 1
+            log.warning("upload.expired", extra={"upload_id": str(upload.pk)})
+    return aborted
+
+
+def stalled_upload_checks(*, stale_before: datetime) -> list[uuid.UUID]:
+    """Ids of `completing` uploads with no sign of a worker since `stale_before`, oldest first."""
+    stalled = Upload.objects.filter(status=UploadStatus.COMPLETING).filter(
+        Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True)
+    )
+    return list(stalled.order_by("heartbeat_at").values_list("pk", flat=True))
+
+
+def requeue_upload_check(*, upload_id: uuid.UUID | str, stale_before: datetime) -> bool:
+    """Put the check of a stalled `completing` upload back in the queue (heartbeat now, no worker holds it).
+
+    The caller sends the check task in the same transaction. False when it is no longer stalled.
+    """
+    with transaction.atomic():
+        upload = Upload.objects.select_for_update().filter(pk=upload_id).first()
+        if upload is None or upload.status != UploadStatus.COMPLETING:
+            return False
+        if upload.heartbeat_at is not None and upload.heartbeat_at >= stale_before:
+            return False
+        upload.heartbeat_at = timezone.now()
+        upload.check_started_at = None
+        upload.save(update_fields=["heartbeat_at", "check_started_at"])
+    return True
+
+
+def abort_uploads_of_model(*, model_id: int) -> int:
+    """Abort in the store every unfinished multipart upload of the model's open uploads (its deletion)."""
+    store = get_object_store()
+    uploads = Upload.objects.filter(model_id=model_id, status__in=OPEN_STATUSES).exclude(store_upload_id="")
+    count = 0
+    for upload in uploads:
+        store.abort_multipart(upload.object_key, upload.store_upload_id)
+        count += 1
+    return count
+
+
+# --- quota ---------------------------------------------------------------------------------------
+
+
+def count_teams_upload_reservations(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """The `storage_bytes` quota's part of open uploads, per team, in one query: the promised sizes of uploads
+    `uploading` (not expired) or `completing` ({team id: {"bytes of storage": n}})."""
+    now = timezone.now()
+    rows = (
+        Upload.objects.filter(model__team_id__in=team_ids)
+        .filter(Q(status=UploadStatus.UPLOADING, expires_at__gt=now) | Q(status=UploadStatus.COMPLETING))
+        .order_by()
+        .values("model__team_id")
+        .annotate(total=Sum("size_bytes"))
+        .values_list("model__team_id", "total")
+    )
+    return {team_id: {"bytes of storage": total or 0} for team_id, total in rows}
+
+
+def count_team_upload_reservations(team: Any) -> dict[str, int]:
+    """`count_teams_upload_reservations` of one team."""
+    return count_teams_upload_reservations([team.pk]).get(team.pk, {"bytes of storage": 0})

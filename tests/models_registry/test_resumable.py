@@ -1,0 +1,528 @@
+"""Resumable uploads through the REST API, on a real S3 protocol server (parts PUT to presigned URLs with plain
+`requests`, so the bytes never pass through Conch) and on the folder store (parts PUT to Conch, streamed to disk):
+start, resume, complete, the worker's check, failures, quota, expiry, other teams, and two starts at once."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+import requests
+from django.db import connection
+from django.utils import timezone
+
+from builds import services as builds
+from builds.tasks import finish_upload
+from models_registry import resumable
+from models_registry.models import ModelVersion, Upload
+from models_registry.storage import get_object_store
+from tenancy.models import AuditEntry
+from tenancy.quotas import set_quota, team_usage
+from tests.conftest import make_caller
+
+pytestmark = pytest.mark.django_db
+
+MIB = 1024 * 1024
+PART = 5 * MIB
+
+
+@pytest.fixture
+def s3(settings, s3_server, s3_bucket, s3_client):
+    """Conch's object store is a bucket of the S3 protocol server; returns a function telling what it holds."""
+    endpoint, bucket = s3_bucket
+    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
+    settings.CONCH_S3_ENDPOINT_URL = endpoint
+    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
+    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
+
+    def held() -> dict[str, list]:
+        keys = [item["Key"] for item in s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+        pending = [item["Key"] for item in s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+        return {"keys": keys, "pending": pending}
+
+    held.endpoint = endpoint
+    return held
+
+
+def _model(caller, name: str = "blob") -> int:
+    response = caller.client.post("/api/v1/models/", {"name": name, "team": caller.team.slug}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def _start(caller, model_id: int, data: bytes, **extra):
+    body = {"filename": "model.onnx", "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), **extra}
+    return caller.client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json")
+
+
+def _urls(caller, model_id: int, upload_id: str, numbers: list[int]) -> list[dict]:
+    response = caller.client.post(
+        f"/api/v1/models/{model_id}/uploads/{upload_id}/parts/", {"numbers": numbers}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    return response.json()["parts"]
+
+
+def _storage_used(team) -> int:
+    return next(line.used for line in team_usage(team=team) if line.field == "storage_bytes")
+
+
+def _usage_of_open_uploads(team) -> int:
+    return resumable.count_team_upload_reservations(team)["bytes of storage"]
+
+
+def test_a_file_goes_straight_to_the_bucket_then_becomes_a_version(alice, s3, django_capture_on_commit_callbacks):
+    # given a 12 MiB file in parts of 5 MiB, and build options
+    data = os.urandom(12 * MIB + 123)
+    model_id = _model(alice)
+    # when an upload starts
+    started = _start(alice, model_id, data, part_size_bytes=PART, build_options={"max_batch_size": 4})
+    # then it is an S3 multipart upload of three parts, the size reserved in the quota
+    assert started.status_code == 201, started.content
+    upload = started.json()
+    assert {k: upload[k] for k in ("transport", "status", "part_size_bytes", "part_count", "parts", "version")} == {
+        "transport": "s3",
+        "status": "uploading",
+        "part_size_bytes": PART,
+        "part_count": 3,
+        "parts": [],
+        "version": None,
+    }
+    assert _storage_used(alice.team) == len(data)
+    assert len(s3()["pending"]) == 1
+    # when the client PUTs each part to its presigned URL with plain requests (no Conch credentials, not Conch's host)
+    targets = _urls(alice, model_id, upload["id"], [1, 2, 3])
+    etags = []
+    for target in targets:
+        assert target["method"] == "PUT" and target["url"].startswith(s3.endpoint + "/")
+        start = (target["number"] - 1) * PART
+        answer = requests.put(target["url"], data=data[start : start + PART], headers=target["headers"], timeout=30)
+        assert answer.status_code == 200, answer.text
+        etags.append(answer.headers["ETag"])
+    # then GET lists the parts the bucket holds
+    listed = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()["parts"]
+    assert listed == [
+        {"number": 1, "size_bytes": PART, "etag": etags[0]},
+        {"number": 2, "size_bytes": PART, "etag": etags[1]},
+        {"number": 3, "size_bytes": 2 * MIB + 123, "etag": etags[2]},
+    ]
+    # when the client completes it (naming the ETags it kept)
+    with django_capture_on_commit_callbacks() as queued:
+        completed = alice.client.post(
+            f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete",
+            {"parts": [{"number": n + 1, "etag": etag} for n, etag in enumerate(etags)]},
+            format="json",
+        )
+    assert completed.status_code == 202, completed.content
+    assert completed.json()["status"] == "completing"
+    assert len(queued) == 1  # the worker's check
+    # and the worker's check runs (its own build is only queued here)
+    with django_capture_on_commit_callbacks() as build_queued:
+        assert finish_upload.apply(args=(upload["id"],)).get() == "completed"
+    assert len(build_queued) == 1
+    # then the upload names its version, made as an ordinary upload makes one, its build queued
+    done = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
+    assert done["status"] == "completed" and done["error"] == ""
+    version = ModelVersion.objects.get(pk=done["version"])
+    assert (version.number, version.status, version.build_attempt) == (1, "queued", 1)
+    assert (version.source_filename, version.source_size_bytes) == ("model.onnx", len(data))
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+    assert version.source_key == f"models/{model_id}/uploads/{upload['id']}/model.onnx"
+    assert version.build_options["max_batch_size"] == 4
+    assert get_object_store().read_bytes(version.source_key) == data
+    assert s3() == {"keys": [f"conch/{version.source_key}"], "pending": []}
+    # and the bytes are counted once: the version's, the reservation ended
+    assert _storage_used(alice.team) == len(data)
+    assert _usage_of_open_uploads(alice.team) == 0
+    # and the steps are in the audit log
+    actions = list(AuditEntry.objects.filter(team=alice.team).values_list("action", flat=True))
+    assert {"upload.started", "upload.completion_requested", "upload.completed", "version.uploaded"} <= set(actions)
+    # and a second run of the check (a duplicate message) changes nothing
+    assert finish_upload.apply(args=(upload["id"],)).get() == "skipped"
+
+
+def test_a_stopped_upload_resumes_where_it_stopped_through_conch_with_folder_storage(
+    alice, django_capture_on_commit_callbacks
+):
+    # given a 11 MiB file in parts of 5 MiB on the folder store, its first part sent
+    data = os.urandom(11 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    assert upload["transport"] == "conch"
+    (first,) = _urls(alice, model_id, upload["id"], [1])
+    assert first["url"] == f"http://testserver/api/v1/models/{model_id}/uploads/{upload['id']}/parts/1"
+    sent = alice.client.put(first["url"], data=data[:PART], content_type="application/octet-stream")
+    assert sent.status_code == 200, sent.content
+    assert sent.json() == {"number": 1, "size_bytes": PART, "etag": hashlib.sha256(data[:PART]).hexdigest()}
+    # when the client is run again: the same file is started again
+    again = _start(alice, model_id, data, part_size_bytes=PART)
+    # then it gets the open upload back, with the part it already sent
+    assert again.status_code == 200, again.content
+    assert again.json()["id"] == upload["id"]
+    assert [part["number"] for part in again.json()["parts"]] == [1]
+    assert Upload.objects.count() == 1
+    # and the open uploads of the model are listed
+    listed = alice.client.get(f"/api/v1/models/{model_id}/uploads/").json()
+    assert [item["id"] for item in listed] == [upload["id"]]
+    # when it sends the rest and completes
+    for target in _urls(alice, model_id, upload["id"], [2, 3]):
+        start = (target["number"] - 1) * PART
+        chunk = data[start : start + PART]
+        assert alice.client.put(target["url"], data=chunk, content_type="application/octet-stream").status_code == 200
+    with django_capture_on_commit_callbacks():
+        assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    # then the joined file is the file, and the staging folder is gone
+    version = Upload.objects.get(pk=upload["id"]).version
+    assert get_object_store().read_bytes(version.source_key) == data
+    root = get_object_store().root
+    assert not any((root / ".conch-tmp-uploads").iterdir())
+    assert get_object_store().list_keys("") == [version.source_key]
+
+
+def test_a_part_of_the_wrong_size_is_refused_naming_the_part(alice):
+    # given a folder-store upload of 8 MiB in parts of 5 MiB
+    data = os.urandom(8 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    url = f"/api/v1/models/{model_id}/uploads/{upload['id']}/parts/2"
+    # when the last part is sent with a byte too many
+    response = alice.client.put(url, data=data[PART:] + b"x", content_type="application/octet-stream")
+    # then
+    assert response.status_code == 400, response.content
+    assert response.json() == {
+        "detail": f"Part 2 must be exactly {3 * MIB} bytes (bytes {PART} to {8 * MIB - 1} of the file); this "
+        f"request sends {3 * MIB + 1} bytes. Send that slice of the file as the body, with its Content-Length.",
+        "field": "size_bytes",
+    }
+    # and a part number past the last is refused too
+    response = alice.client.put(url[:-1] + "3", data=b"x", content_type="application/octet-stream")
+    assert response.status_code == 400
+    assert response.json()["field"] == "number"
+    assert "out of range: this upload has parts 1 to 2" in response.json()["detail"]
+    assert get_object_store().list_parts(Upload.objects.get().object_key, Upload.objects.get().store_upload_id) == []
+
+
+def test_completing_with_a_part_missing_names_the_first_missing_part(alice, s3):
+    data = os.urandom(11 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    for target in _urls(alice, model_id, upload["id"], [1, 3]):
+        start = (target["number"] - 1) * PART
+        assert requests.put(target["url"], data=data[start : start + PART], timeout=30).status_code == 200
+    # when
+    response = alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete", {}, format="json")
+    # then
+    assert response.status_code == 409, response.content
+    assert response.json() == {
+        "detail": "Part 2 of 3 is missing from the object store; send it (POST .../parts/ gives its URL), then "
+        "complete again.",
+        "field": "parts",
+    }
+    assert Upload.objects.get().status == "uploading"
+
+
+def test_a_checksum_mismatch_fails_the_upload_deletes_the_object_and_frees_the_quota(
+    alice, s3, django_capture_on_commit_callbacks
+):
+    # given an upload whose promised SHA-256 is not the file's
+    data = os.urandom(6 * MIB)
+    promised = hashlib.sha256(b"another file").hexdigest()
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART, sha256=promised).json()
+    for target in _urls(alice, model_id, upload["id"], [1, 2]):
+        start = (target["number"] - 1) * PART
+        assert requests.put(target["url"], data=data[start : start + PART], timeout=30).status_code == 200
+    assert _storage_used(alice.team) == len(data)
+    # when it completes and the worker checks it
+    with django_capture_on_commit_callbacks() as queued:
+        assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+        assert builds.finish_upload(upload_id=upload["id"]) == "failed"
+    # then the upload failed, naming sha256 with both values and what to do; no version, nothing queued
+    failed = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
+    got = hashlib.sha256(data).hexdigest()
+    assert (failed["status"], failed["error_field"], failed["version"]) == ("failed", "sha256", None)
+    assert failed["error"] == (
+        f"The joined file's SHA-256 is {got}, not the {promised} promised (sha256): expected {promised}, got {got}. "
+        "The file changed or a part was sent wrongly; check the file (sha256sum FILE) and upload it again."
+    )
+    assert len(queued) == 1  # the check only
+    assert not ModelVersion.objects.exists()
+    # and the object is gone and the quota freed
+    assert s3() == {"keys": [], "pending": []}
+    assert _storage_used(alice.team) == 0
+    assert AuditEntry.objects.filter(action="upload.failed").count() == 1
+
+
+def test_a_start_that_does_not_fit_the_quota_is_refused_before_anything_starts(alice, s3):
+    set_quota(team=alice.team, limits={"storage_bytes": 10 * MIB})
+    model_id = _model(alice)
+    body = {"filename": "big.onnx", "size_bytes": 20 * MIB, "sha256": "a" * 64}
+    # when
+    response = alice.client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json")
+    # then
+    assert response.status_code == 409, response.content
+    assert response.json() == {
+        "detail": f"Storage quota exceeded: team 'acme' uses 0 of {10 * MIB} bytes of storage; this upload needs "
+        f"{20 * MIB}",
+        "field": "storage_bytes",
+        "quota": {"limit": 10 * MIB, "used": 0, "requested": 20 * MIB},
+    }
+    assert not Upload.objects.exists()
+    assert s3() == {"keys": [], "pending": []}
+    # and an open upload holds its reservation: a second one that fits alone does not fit beside it
+    assert _start(alice, model_id, b"\1" * (6 * MIB)).status_code == 201
+    refused = _start(alice, model_id, b"\2" * (6 * MIB))
+    assert refused.status_code == 409
+    assert refused.json()["quota"] == {"limit": 10 * MIB, "used": 6 * MIB, "requested": 6 * MIB}
+
+
+def test_a_file_over_the_upload_limit_is_refused_naming_size_bytes(alice, settings):
+    settings.CONCH_MAX_UPLOAD_BYTES = 10 * MIB
+    model_id = _model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/",
+        {"filename": "m.onnx", "size_bytes": 10 * MIB + 1, "sha256": "a" * 64},
+        format="json",
+    )
+    assert response.status_code == 413, response.content
+    assert response.json()["field"] == "size_bytes"
+    assert "CONCH_MAX_UPLOAD_BYTES" in response.json()["detail"]
+    assert not Upload.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"sha256": "xyz" * 21 + "a"}, "sha256"),
+        ({"part_size_bytes": MIB}, "part_size_bytes"),
+        ({"size_bytes": 0}, "size_bytes"),
+        ({"build_options": {"max_batch_size": -1}}, "build_options.max_batch_size"),
+        (
+            {"build_options": {"max_queue_delay_microseconds": 100, "max_batch_size": 0}},
+            "build_options.max_queue_delay_microseconds",
+        ),
+        ({"filename": "../"}, "filename"),
+    ],
+)
+def test_bad_start_fields_are_refused_naming_them(alice, body, field):
+    model_id = _model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/",
+        {"filename": "m.onnx", "size_bytes": 10, "sha256": "a" * 64, **body},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == field
+    assert not Upload.objects.exists()
+
+
+def test_the_sweeper_aborts_an_expired_upload_and_frees_its_quota(alice, s3):
+    # given an upload with one part in the bucket, abandoned past its expiry
+    data = os.urandom(6 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data[:PART], timeout=30).status_code == 200
+    Upload.objects.filter(pk=upload["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    # then its reservation ended with its expiry, and it takes no more parts
+    assert _storage_used(alice.team) == 0
+    refused = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/{upload['id']}/parts/", {"numbers": [2]}, format="json"
+    )
+    assert refused.status_code == 409
+    assert refused.json()["field"] == "expires_at"
+    assert "expired" in refused.json()["detail"] and "Start a new upload" in refused.json()["detail"]
+    # when the sweeper runs
+    counts = builds.sweep_stalled_versions()
+    # then the multipart upload is aborted in the bucket and the upload says why
+    assert counts["expired_uploads"] == 1
+    assert s3() == {"keys": [], "pending": []}
+    swept = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
+    assert (swept["status"], swept["error_field"]) == ("aborted", "expires_at")
+    assert "CONCH_UPLOAD_EXPIRES_HOURS" in swept["error"]
+    assert builds.sweep_stalled_versions()["expired_uploads"] == 0
+
+
+def test_the_sweeper_queues_again_the_check_of_an_upload_whose_worker_stopped(
+    alice, s3, settings, django_capture_on_commit_callbacks
+):
+    data = os.urandom(1000)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data).json()
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data, timeout=30).status_code == 200
+    with django_capture_on_commit_callbacks():
+        assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+    # given a worker took the check, then stopped (no heartbeat for longer than CONCH_UPLOAD_STALE_SECONDS)
+    assert resumable.claim_upload_check(upload_id=upload["id"], stale_before=timezone.now()) is not None
+    long_ago = timezone.now() - timedelta(seconds=settings.CONCH_UPLOAD_STALE_SECONDS + 1)
+    Upload.objects.filter(pk=upload["id"]).update(heartbeat_at=long_ago)
+    # when the sweeper runs
+    with django_capture_on_commit_callbacks() as queued:
+        counts = builds.sweep_stalled_versions()
+    # then the check is queued again, and the next worker finishes it
+    assert counts["requeued_upload_checks"] == 1
+    assert len(queued) == 1
+    with django_capture_on_commit_callbacks():
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    assert Upload.objects.get(pk=upload["id"]).version.source_size_bytes == 1000
+
+
+def test_a_client_can_abort_its_upload(alice, s3):
+    model_id = _model(alice)
+    upload = _start(alice, model_id, os.urandom(100)).json()
+    assert alice.client.delete(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").status_code == 204
+    assert Upload.objects.get().status == "aborted"
+    assert s3() == {"keys": [], "pending": []}
+    assert _storage_used(alice.team) == 0
+    assert alice.client.get(f"/api/v1/models/{model_id}/uploads/").json() == []
+    assert AuditEntry.objects.filter(action="upload.aborted").count() == 1
+
+
+def test_parts_of_an_upload_to_the_bucket_are_not_taken_by_conch(alice, s3):
+    model_id = _model(alice)
+    upload = _start(alice, model_id, b"x" * 100).json()
+    response = alice.client.put(
+        f"/api/v1/models/{model_id}/uploads/{upload['id']}/parts/1", data=b"x" * 100, content_type="application/json"
+    )
+    assert response.status_code == 404
+    assert response.json()["field"] == "number"
+
+
+def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
+    model_id = _model(alice)
+    upload = _start(alice, model_id, b"x" * 100).json()
+    base = f"/api/v1/models/{model_id}/uploads/"
+    # another team's member sees nothing of it
+    for method, url, body in [
+        ("get", base, None),
+        ("post", base, {"filename": "m.onnx", "size_bytes": 100, "sha256": "a" * 64}),
+        ("get", f"{base}{upload['id']}/", None),
+        ("delete", f"{base}{upload['id']}/", None),
+        ("post", f"{base}{upload['id']}/parts/", {"numbers": [1]}),
+        ("put", f"{base}{upload['id']}/parts/1", None),
+        ("post", f"{base}{upload['id']}/complete", {}),
+    ]:
+        response = getattr(bob.client, method)(url, body, format="json") if body else getattr(bob.client, method)(url)
+        assert response.status_code == 404, (method, url, response.content)
+    # a token of alice's team without models:write reads, but may not write
+    reader = make_caller("reader", "acme-readers")
+    from tenancy.services import create_api_token, ensure_membership
+
+    ensure_membership(team=alice.team, user=reader.user, role="developer")
+    narrow = create_api_token(user=reader.user, team=alice.team, name="read", scopes=["read"]).secret
+    reader.client.credentials(HTTP_AUTHORIZATION=f"Bearer {narrow}")
+    assert reader.client.get(f"{base}{upload['id']}/").status_code == 200
+    refused = reader.client.post(f"{base}{upload['id']}/parts/", {"numbers": [1]}, format="json")
+    assert refused.status_code == 403
+    assert "models:write" in refused.json()["detail"]
+    assert Upload.objects.get().status == "uploading"
+
+
+def test_an_unreachable_store_is_a_503_and_leaves_no_reservation(alice, settings):
+    settings.CONCH_STORAGE_URL = "s3://nowhere/conch"
+    settings.CONCH_S3_ENDPOINT_URL = "http://127.0.0.1:9"  # the discard port: nothing listens
+    settings.CONCH_S3_ACCESS_KEY_ID, settings.CONCH_S3_SECRET_ACCESS_KEY = "k", "s"
+    model_id = _model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/",
+        {"filename": "m.onnx", "size_bytes": 100, "sha256": "a" * 64},
+        format="json",
+    )
+    assert response.status_code == 503, response.content
+    assert "object store" in response.json()["detail"]
+    assert Upload.objects.get().status == "aborted"
+    assert _storage_used(alice.team) == 0
+
+
+def test_the_parts_of_a_long_upload_are_listed_past_one_page(s3_store, s3_client):
+    # given an S3 multipart upload holding 1,001 parts (ListParts answers 1,000 a page)
+    key = f"models/1/uploads/{uuid.uuid4()}/model.onnx"
+    upload_id = s3_store.start_multipart(key)
+    for number in range(1, 1002):
+        s3_client.upload_part(
+            Bucket=s3_store.bucket, Key=f"conch/{key}", UploadId=upload_id, PartNumber=number, Body=b"p"
+        )
+    # when
+    parts = s3_store.list_parts(key, upload_id)
+    # then
+    assert [part.number for part in parts] == list(range(1, 1002))
+    s3_store.abort_multipart(key, upload_id)
+    s3_store.abort_multipart(key, upload_id)  # an upload already gone is fine
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_starts_against_a_quota_that_fits_one_give_exactly_one_upload():
+    # given room for one 6 MiB upload
+    caller = make_caller("ada", "acme")
+    set_quota(team=caller.team, limits={"storage_bytes": 10 * MIB})
+    model_id = _model(caller)
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def start(name: str) -> None:
+        try:
+            client = make_client(caller.token)
+            barrier.wait()
+            body = {"filename": name, "size_bytes": 6 * MIB, "sha256": "b" * 64}
+            statuses.append(client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json").status_code)
+        finally:
+            connection.close()
+
+    # when two clients start different files at the same time
+    threads = [threading.Thread(target=start, args=(name,)) for name in ("a.onnx", "b.onnx")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # then exactly one started
+    assert sorted(statuses) == [201, 409]
+    assert Upload.objects.filter(status="uploading").count() == 1
+
+
+def make_client(token: str):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def _completed_version(caller, model_id: int, data: bytes, capture) -> ModelVersion:
+    upload = _start(caller, model_id, data).json()
+    (target,) = _urls(caller, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data, timeout=30).status_code == 200
+    with capture():
+        assert caller.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    return Upload.objects.get(pk=upload["id"]).version
+
+
+def test_deleting_a_version_made_from_an_upload_deletes_its_file(alice, s3, django_capture_on_commit_callbacks):
+    model_id = _model(alice)
+    version = _completed_version(alice, model_id, os.urandom(2000), django_capture_on_commit_callbacks)
+    ModelVersion.objects.filter(pk=version.pk).update(status="built")  # its build is not run here
+    # when
+    assert alice.client.delete(f"/api/v1/versions/{version.pk}/").status_code == 204
+    # then its file, kept where the upload joined it, is gone with it
+    assert s3() == {"keys": [], "pending": []}
+    assert _storage_used(alice.team) == 0
+
+
+def test_deleting_a_model_aborts_its_open_uploads_in_the_store(alice, s3):
+    model_id = _model(alice)
+    data = os.urandom(6 * MIB)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data[:PART], timeout=30).status_code == 200
+    # when
+    assert alice.client.delete(f"/api/v1/models/{model_id}/").status_code == 204
+    # then no part is left stored (and billed) in the bucket, and the rows are gone with the model
+    assert s3() == {"keys": [], "pending": []}
+    assert not Upload.objects.exists()
+    assert _storage_used(alice.team) == 0
