@@ -163,21 +163,6 @@ def test_a_viewer_cannot_see_the_deploy_button(console_browser, alice):
     assert "deploying needs the developer role" in page.content()
 
 
-def _uploads_api_missing() -> bool:
-    from django.urls import Resolver404, resolve
-
-    try:
-        resolve("/api/v1/models/1/uploads/")
-    except Resolver404:
-        return True
-    return False
-
-
-#: Until the resumable uploads API (docs: /api/v1/models/{id}/uploads/) is merged into this branch.
-needs_uploads_api = pytest.mark.skipif(_uploads_api_missing(), reason="the resumable uploads API is not here yet")
-
-
-@needs_uploads_api
 def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, alice, eager_tasks, screenshot, tmp_path):
     # given alice on the wizard's first page
     page = console_browser.page_for(alice.user)
@@ -200,8 +185,9 @@ def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, al
     deploy_and_test(page, screenshot, version, write_image(tmp_path / "image.png"))
 
 
-@needs_uploads_api
-def test_an_upload_interrupted_mid_part_resumes_after_a_reload(console_browser, alice, eager_tasks, tmp_path):
+def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
+    console_browser, alice, eager_tasks, screenshot, tmp_path
+):
     # given a 20 MiB file (three parts of the page's 8 MiB) and a connection that drops part 2 the first time
     data = np.random.default_rng(5).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
     path = tmp_path / "big.onnx"
@@ -227,6 +213,7 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(console_browser, 
     page.wait_for_function("!document.querySelector('[data-testid=upload-resume]').disabled", timeout=60_000)
     page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
     assert dropped and "connection dropped" in page.locator("#upload-error").inner_text()
+    screenshot(page, "wizard-2-upload-interrupted")
     # and the page is reloaded, and the same file chosen again
     sent.clear()
     page.reload()
