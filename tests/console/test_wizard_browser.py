@@ -224,3 +224,53 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     version = ModelVersion.objects.get(model_id=model["id"])
     assert version.source_size_bytes == len(data)
     assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+
+
+def _interrupted_upload(console_browser, alice, tmp_path, name: str):
+    """A page whose upload of a 20 MiB file lost part 2 to a dropped connection (the others stored); returns
+    (page, file bytes, model id)."""
+    data = np.random.default_rng(9).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": name, "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    dropped: list[str] = []
+
+    def drop_part_2_once(route):
+        if dropped:
+            route.continue_()
+        else:
+            dropped.append(route.request.url)
+            route.abort("connectionreset")
+
+    page.route("**/parts/2", drop_part_2_once)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
+    assert page.get_by_test_id("upload-resume").is_enabled()
+    return page, data, model["id"]
+
+
+def test_resume_goes_on_without_a_reload(console_browser, alice, eager_tasks, tmp_path):
+    # given an upload stopped by a dropped connection
+    page, data, model_id = _interrupted_upload(console_browser, alice, tmp_path, "resumed")
+    # when Resume is pressed
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-resume").click()
+    # then the upload completes with the file's sha256
+    version = ModelVersion.objects.get(model_id=model_id)
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path):
+    from models_registry.models import Upload
+
+    # given an upload stopped by a dropped connection
+    page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "cancelled")
+    # when Cancel is pressed
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_test_id("upload-progress").filter(has_text="Cancelled").wait_for()
+    # then the upload is aborted, no version made, and the page forgot it
+    assert list(Upload.objects.filter(model_id=model_id).values_list("status", flat=True)) == ["aborted"]
+    assert not ModelVersion.objects.filter(model_id=model_id).exists()
+    assert page.evaluate("Object.keys(localStorage).filter((k) => k.startsWith('conch.upload:'))") == []
