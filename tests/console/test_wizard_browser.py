@@ -8,6 +8,7 @@ request that queued it, and a deployment's Triton starts within the deploy reque
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from pathlib import Path
 
@@ -38,6 +39,24 @@ def write_image(path: Path, seed: int = 11) -> Path:
     pixels = np.clip(pixels + rng.normal(0, 20, pixels.shape), 0, 255).astype(np.uint8)
     Image.fromarray(pixels).save(path, format="PNG")
     return path
+
+
+def drop_file(page, selector: str, path: Path) -> None:
+    """Drop `path` on `selector` as a user dragging it from their desktop does (a drop event with a DataTransfer
+    holding the file), not through the file input."""
+    transfer = page.evaluate_handle(
+        """([b64, name]) => {
+            const text = atob(b64);
+            const bytes = new Uint8Array(text.length);
+            for (let i = 0; i < text.length; i += 1) bytes[i] = text.charCodeAt(i);
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name));
+            return transfer;
+        }""",
+        [base64.b64encode(path.read_bytes()).decode(), path.name],
+    )
+    page.dispatch_event(selector, "dragenter", {"dataTransfer": transfer})
+    page.dispatch_event(selector, "drop", {"dataTransfer": transfer})
 
 
 def onnxruntime_top_class(image: Path) -> int:
@@ -176,7 +195,7 @@ def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, al
     page.wait_for_url("**/upload/")
     # 2. she drops the demo classifier on the page: checksum, parts, completion, then the build page
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
-        page.get_by_test_id("upload-file-input").set_input_files(str(real_models.classifier()))
+        drop_file(page, "#dropzone", real_models.classifier())
         page.get_by_test_id("upload-progress").filter(has_text="parts").wait_for()
         screenshot(page, "wizard-2-upload")
     version = ModelVersion.objects.get(model__team=alice.team, model__name="orientation")
