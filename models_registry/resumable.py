@@ -137,13 +137,13 @@ def get_upload(
     return upload
 
 
-def open_uploads(*, model: RegisteredModel) -> list[Upload]:
+def open_uploads(*, model: RegisteredModel) -> QuerySet[Upload]:
     """The model's uploads still `uploading` (not expired) or `completing`, oldest first."""
     now = timezone.now()
     uploads = Upload.objects.filter(model=model).filter(
         Q(status=UploadStatus.UPLOADING, expires_at__gt=now) | Q(status=UploadStatus.COMPLETING)
     )
-    return list(uploads.select_related("model__team").order_by("created_at"))
+    return uploads.select_related("model__team").order_by("created_at", "pk")
 
 
 def stored_parts(*, upload: Upload) -> list[StoredPart]:
@@ -376,7 +376,13 @@ def _check_parts(upload: Upload, parts: list[StoredPart], client_parts: Sequence
             )
     for given in client_parts or ():
         number, etag = given.get("number"), str(given.get("etag") or "")
-        stored = by_number.get(number) if isinstance(number, int) else None
+        if not isinstance(number, int) or not 1 <= number <= upload.part_count:
+            raise InvalidInput(
+                f"parts names part {number!r}, which this upload does not have: its parts are 1 to "
+                f"{upload.part_count}. Send the numbers and ETags of those parts, or no `parts` at all.",
+                field="parts",
+            )
+        stored = by_number.get(number)
         if stored is not None and etag and etag.strip('"') != stored.etag.strip('"'):
             raise Conflict(
                 f"Part {number} in the object store has ETag {stored.etag}, not {etag}: another copy of the part "
@@ -396,8 +402,9 @@ def request_completion(
 
     The caller queues the worker's check (`builds`) in the same transaction. `client_parts`, when given, are
     the client's `{"number", "etag"}`: an ETag that differs from the store's refuses the completion. Asking
-    again while `completing` changes nothing. Raises Forbidden, Conflict naming `parts` (the first missing part
-    or a part of the wrong size), `status` or `expires_at`, Unavailable when the store cannot be reached.
+    again while `completing` changes nothing. Raises Forbidden, Conflict naming `parts` (the first missing part,
+    a part of the wrong size or another ETag), `status` or `expires_at`, InvalidInput (field `parts`) for a client
+    part number the upload does not have, Unavailable when the store cannot be reached.
     """
     _require_writer(user=user, token=token, team=upload.model.team, action="Uploading a model version")
     if upload.status == UploadStatus.COMPLETING:

@@ -26,13 +26,16 @@ from builds.api.serializers import (
     StoredPartSerializer,
     UploadSerializer,
 )
-from conch.api import ErrorSerializer
-from conch.limits import STREAMED, accepts_body
+from conch.api import BoundedLimitOffsetPagination, ErrorSerializer
+from conch.limits import BodyLimit, accepts_body
 from models_registry import resumable, services
 from models_registry.uploads import HeaderCsrfSessionAuthentication
 from tenancy.authentication import BearerTokenAuthentication
 
 _ERRORS = {400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer}
+#: A part's body: no part is larger than a whole file may be (413 before a byte is read); the exact part size is
+#: checked by the view (400 naming the part).
+PART_BODY = BodyLimit(setting="CONCH_MAX_UPLOAD_BYTES", variable="CONCH_MAX_UPLOAD_BYTES", field="size_bytes")
 _STORE_DOWN = {503: ErrorSerializer}
 
 
@@ -47,15 +50,19 @@ class ModelUploadsView(APIView):
     """GET lists a model's open resumable uploads; POST starts one (or gives back the open one of the same file)."""
 
     parser_classes = [JSONParser]
+    # Used by `get` (an APIView pages nothing by itself); drf-spectacular documents the page from it.
+    pagination_class = BoundedLimitOffsetPagination
 
     @extend_schema(
         responses={200: UploadSerializer(many=True), **_ERRORS, **_STORE_DOWN},
-        description="The model's uploads still `uploading` (not expired) or `completing`, oldest first, each with "
-        "the parts the object store holds now.",
+        description="The model's uploads still `uploading` (not expired) or `completing`, oldest first, a page at a "
+        "time (`limit`, `offset`), each with the parts the object store holds now.",
     )
     def get(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
-        return Response(_render(resumable.open_uploads(model=model), many=True))
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(resumable.open_uploads(model=model), request, view=self)
+        return paginator.get_paginated_response(_render(page, many=True))
 
     @extend_schema(
         request=StartUploadSerializer,
@@ -173,12 +180,13 @@ class UploadPartView(APIView):
 
     @extend_schema(
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={200: StoredPartSerializer, **_ERRORS, **_STORE_DOWN},
+        responses={200: StoredPartSerializer, **_ERRORS, 413: ErrorSerializer, **_STORE_DOWN},
         description="Folder storage only (404 for an upload straight to the bucket): the body is exactly part "
-        "`number`'s bytes, Content-Length equal to its size (400 naming the part otherwise). Streamed to the "
+        "`number`'s bytes, Content-Length equal to its size (400 naming the part otherwise; 413 past "
+        "CONCH_MAX_UPLOAD_BYTES). Streamed to the "
         "store's staging folder a megabyte at a time; sending a part again replaces it.",
     )
-    @accepts_body(STREAMED)
+    @accepts_body(PART_BODY)
     def put(self, request: Request, model_id: int, upload_id: str, number: str) -> Response:
         upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         try:

@@ -5,10 +5,13 @@ start, resume, complete, the worker's check, failures, quota, expiry, other team
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
+import tracemalloc
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import requests
@@ -45,6 +48,7 @@ def s3(settings, s3_server, s3_bucket, s3_client):
         return {"keys": keys, "pending": pending}
 
     held.endpoint = endpoint
+    held.bucket = bucket
     return held
 
 
@@ -167,7 +171,8 @@ def test_a_stopped_upload_resumes_where_it_stopped_through_conch_with_folder_sto
     assert Upload.objects.count() == 1
     # and the open uploads of the model are listed
     listed = alice.client.get(f"/api/v1/models/{model_id}/uploads/").json()
-    assert [item["id"] for item in listed] == [upload["id"]]
+    assert listed["count"] == 1
+    assert [item["id"] for item in listed["results"]] == [upload["id"]]
     # when it sends the rest and completes
     for target in _urls(alice, model_id, upload["id"], [2, 3]):
         start = (target["number"] - 1) * PART
@@ -380,7 +385,7 @@ def test_a_client_can_abort_its_upload(alice, s3):
     assert Upload.objects.get().status == "aborted"
     assert s3() == {"keys": [], "pending": []}
     assert _storage_used(alice.team) == 0
-    assert alice.client.get(f"/api/v1/models/{model_id}/uploads/").json() == []
+    assert alice.client.get(f"/api/v1/models/{model_id}/uploads/").json()["results"] == []
     assert AuditEntry.objects.filter(action="upload.aborted").count() == 1
 
 
@@ -526,3 +531,122 @@ def test_deleting_a_model_aborts_its_open_uploads_in_the_store(alice, s3):
     assert s3() == {"keys": [], "pending": []}
     assert not Upload.objects.exists()
     assert _storage_used(alice.team) == 0
+
+
+def test_a_part_sent_again_with_other_bytes_after_complete_fails_the_size_check(
+    alice, s3, django_capture_on_commit_callbacks
+):
+    # given a 6 MiB upload whose two parts are in the bucket and whose completion was accepted
+    data = os.urandom(6 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART).json()
+    targets = _urls(alice, model_id, upload["id"], [1, 2])
+    for target in targets:
+        start = (target["number"] - 1) * PART
+        assert requests.put(target["url"], data=data[start : start + PART], timeout=30).status_code == 200
+    with django_capture_on_commit_callbacks():
+        assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+    # when a client sends part 2 again, a byte longer, before the worker joins the parts
+    assert requests.put(targets[1]["url"], data=data[PART:] + b"!", timeout=30).status_code == 200
+    with django_capture_on_commit_callbacks() as queued:
+        assert builds.finish_upload(upload_id=upload["id"]) == "failed"
+    # then the joined object's size (HeadObject) does not match: the upload fails naming size_bytes, no version
+    failed = Upload.objects.get(pk=upload["id"])
+    assert (failed.status, failed.error_field) == ("failed", "size_bytes")
+    assert failed.error == (
+        f"The joined file is {6 * MIB + 1} bytes, not the {6 * MIB} bytes promised (size_bytes): expected {6 * MIB}, "
+        f"got {6 * MIB + 1}. Check the file and upload it again."
+    )
+    assert queued == [] and not ModelVersion.objects.exists()
+    assert s3() == {"keys": [], "pending": []}
+    assert _storage_used(alice.team) == 0
+
+
+def test_the_bucket_cors_rule_of_the_readme_lets_a_browser_put_parts_and_read_the_etag(alice, s3, s3_client):
+    # given the bucket configured with the rule the README documents, for the console's origin
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rule = json.loads(readme.split('```json\n{"CORSRules"', 1)[1].split("```", 1)[0].join(['{"CORSRules"', ""]))
+    origin = rule["CORSRules"][0]["AllowedOrigins"][0]
+    s3_client.put_bucket_cors(Bucket=s3.bucket, CORSConfiguration=rule)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, b"m" * 100).json()
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    # when a browser on the console's origin asks before its PUT (the preflight), then PUTs
+    preflight = requests.options(
+        target["url"], headers={"Origin": origin, "Access-Control-Request-Method": "PUT"}, timeout=30
+    )
+    put = requests.put(target["url"], data=b"m" * 100, headers={"Origin": origin}, timeout=30)
+    # then both are allowed, and the ETag header is exposed to the page's script
+    assert preflight.status_code == 200
+    assert preflight.headers["Access-Control-Allow-Origin"] == origin
+    assert put.status_code == 200
+    assert put.headers["Access-Control-Allow-Origin"] == origin
+    assert "ETag" in put.headers["Access-Control-Expose-Headers"].split(", ")
+    assert put.headers["ETag"]
+
+
+class _GeneratedBody:
+    """A request body of `size` bytes made as it is read (a repeated 1 MiB block), so the test holds no copy."""
+
+    def __init__(self, size: int) -> None:
+        self.block = os.urandom(MIB)
+        self.left = size
+        self.sha256 = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size < 0 else min(size, self.left)
+        out = (self.block * (size // MIB + 1))[:size] if size > MIB else self.block[:size]
+        self.left -= len(out)
+        self.sha256.update(out)
+        return out
+
+    def readline(self, size: int = -1) -> bytes:  # a WSGI input stream has one; a raw body is never read by lines
+        raise AssertionError("the part's body was read by lines")
+
+
+def test_a_part_through_conch_streams_to_disk_without_holding_the_part(alice):
+    # given a 32 MiB part of a folder-store upload, its bytes made only as the server reads them
+    model_id = _model(alice)
+    upload = _start(alice, model_id, b"z" * (40 * MIB), part_size_bytes=32 * MIB).json()
+    body = _GeneratedBody(32 * MIB)
+    url = f"/api/v1/models/{model_id}/uploads/{upload['id']}/parts/1"
+    # when it is PUT, memory allocated by Python is traced
+    tracemalloc.start()
+    try:
+        response = alice.client.put(
+            url,
+            data=b"",
+            content_type="application/octet-stream",
+            CONTENT_LENGTH=str(32 * MIB),
+            **{"wsgi.input": body},
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # then the part went to disk a megabyte at a time: the peak is a few MiB, not the part's 32
+    assert response.status_code == 200, response.content
+    assert peak < 8 * MIB, peak
+    assert body.left == 0
+    assert response.json() == {"number": 1, "size_bytes": 32 * MIB, "etag": body.sha256.hexdigest()}
+
+
+def test_completing_with_an_unknown_part_number_or_another_etag_is_refused_naming_the_part(alice):
+    data = os.urandom(100)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data).json()
+    url = f"/api/v1/models/{model_id}/uploads/{upload['id']}/"
+    sent = alice.client.put(f"{url}parts/1", data=data, content_type="application/octet-stream").json()
+    # when the client names a part the upload does not have
+    unknown = alice.client.post(f"{url}complete", {"parts": [{"number": 2, "etag": "x"}]}, format="json")
+    # then
+    assert unknown.status_code == 400
+    assert unknown.json() == {
+        "detail": "parts names part 2, which this upload does not have: its parts are 1 to 1. Send the numbers and "
+        "ETags of those parts, or no `parts` at all.",
+        "field": "parts",
+    }
+    # and an ETag other than the stored part's is refused, naming the part
+    other = alice.client.post(f"{url}complete", {"parts": [{"number": 1, "etag": "0" * 64}]}, format="json")
+    assert other.status_code == 409
+    assert other.json()["detail"].startswith(f"Part 1 in the object store has ETag {sent['etag']}, not {'0' * 64}")
+    assert Upload.objects.get().status == "uploading"
