@@ -22,6 +22,7 @@ from django.views.decorators.http import require_http_methods
 from builds import services as builds
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
+    OPTION_NAMES,
     batching_reason,
     check_build_options,
     config_diff,
@@ -186,7 +187,7 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
         else:
             return redirect("console:wizard:build", version_id=version.pk)
     context = _build_context(request, version)
-    batching_on = version.config_pbtxt == "" or "dynamic_batching" in version.config_pbtxt
+    batching_on = not version.config_pbtxt or any(row.batch_axis for row in context["rows"])
     context.update({"step": 3, "error": error, "values": values, "batching_on": batching_on})
     return _page(request, "console/wizard/build.html", context, status=400 if error else 200)
 
@@ -209,8 +210,7 @@ def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
     version = _version(request, version_id)
     if refused := _refuse_method(request, POST):
         return refused
-    fields = {key: request.POST.get(key) for key in ("max_batch_size", "max_queue_delay_microseconds")}
-    fields.update({key: request.POST.get(key) for key in ("preferred_batch_size", "instance_count")})
+    fields = {key: request.POST.get(key) for key in OPTION_NAMES}
     fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
     check = check_build_options(version=version, fields=fields)
     change = ""
