@@ -223,3 +223,32 @@ def test_kubernetes_choices_on_a_cluster_are_checked_by_the_create_s_rules(alice
     # then the check and the create say the same
     message = "Deployment quota exceeded: team &#x27;acme&#x27; uses 0 of 0 deployments; this deployment needs 1"
     assert message in refused and message in posted
+
+
+def test_the_build_partial_shows_steps_live_and_reloads_the_page_once_built(alice):
+    from builds.models import BuildStep
+
+    # given a version being built, its inspect step done
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    version.status = "building"
+    version.save()
+    BuildStep.objects.create(
+        version=version, name="inspect", position=0, status="succeeded", log=["12:00:00 input x: FP32 [-1, 3]"]
+    )
+    BuildStep.objects.create(version=version, name="configure", position=1, status="running")
+    url = f"/wizard/versions/{version.pk}/build/status"
+    client = _client(alice)
+    # when the page polls
+    live = client.get(f"{url}?was=building")
+    # then it shows the steps with their log lines, and polls again
+    page = live.content.decode()
+    assert 'data-status="building"' in page and 'hx-trigger="every 1s"' in page
+    assert "12:00:00 input x: FP32 [-1, 3]" in page and "status-running" in page
+    assert "HX-Refresh" not in live
+    # when the build has finished
+    version.status = "built"
+    version.save()
+    done = client.get(f"{url}?was=building")
+    # then the whole page reloads (to show the signature, configuration and options) and polling stops
+    assert done["HX-Refresh"] == "true"
+    assert 'hx-trigger="every 1s"' not in done.content.decode()
