@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,18 @@ def drop_file(page, selector: str, path: Path) -> None:
     )
     page.dispatch_event(selector, "dragenter", {"dataTransfer": transfer})
     page.dispatch_event(selector, "drop", {"dataTransfer": transfer})
+
+
+def watch_progress(page):
+    """Keep every text the upload's progress line shows from now on; returns a handle to that list."""
+    return page.evaluate_handle(
+        """() => {
+            const seen = [];
+            const line = document.querySelector('[data-testid=upload-progress]');
+            new MutationObserver(() => seen.push(line.textContent)).observe(line, {childList: true, subtree: true});
+            return seen;
+        }"""
+    )
 
 
 def onnxruntime_top_class(image: Path) -> int:
@@ -226,12 +239,15 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
     page.route("**/parts/2", drop_part_2_once)
     page.goto(f"/wizard/models/{model['id']}/upload/")
+    shown = watch_progress(page)
     # when the upload runs into the dropped connection
     page.get_by_test_id("upload-file-input").set_input_files(str(path))
     page.get_by_test_id("upload-resume").wait_for(state="visible")
     page.wait_for_function("!document.querySelector('[data-testid=upload-resume]').disabled", timeout=60_000)
     page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
     assert dropped and "connection dropped" in page.locator("#upload-error").inner_text()
+    # (while parts were moving, the progress said how fast and how long still)
+    assert any(re.search(r"parts, [0-9.]+ (bytes|KiB|MiB|GiB)/s, .+ left$", text) for text in shown.json_value())
     screenshot(page, "wizard-2-upload-interrupted")
     # and the page is reloaded, and the same file chosen again
     sent.clear()
@@ -293,3 +309,33 @@ def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path)
     assert list(Upload.objects.filter(model_id=model_id).values_list("status", flat=True)) == ["aborted"]
     assert not ModelVersion.objects.filter(model_id=model_id).exists()
     assert page.evaluate("Object.keys(localStorage).filter((k) => k.startsWith('conch.upload:'))") == []
+
+
+def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
+    console_browser, alice, eager_tasks, settings, s3_server, s3_bucket, s3_client, live_server, tmp_path
+):
+    # given S3 storage on the test S3 server, its bucket letting the console's origin PUT parts (README's rule)
+    endpoint, bucket = s3_bucket
+    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
+    settings.CONCH_S3_ENDPOINT_URL = endpoint
+    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
+    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
+    rule = {"AllowedOrigins": [live_server.url], "AllowedMethods": ["PUT"], "AllowedHeaders": ["*"]}
+    s3_client.put_bucket_cors(
+        Bucket=bucket, CORSConfiguration={"CORSRules": [{**rule, "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 60}]}
+    )
+    data = np.random.default_rng(3).integers(0, 256, 10 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / "s3.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "stored", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    puts: list[str] = []
+    page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
+    # when the file is uploaded through the wizard
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then both parts went to the bucket, not to Conch, and the stored file has the file's sha256
+    assert len(puts) == 2 and all(url.startswith(f"{endpoint}/{bucket}/") for url in puts), puts
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()
