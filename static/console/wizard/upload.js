@@ -22,7 +22,7 @@
   const uploadsUrl = root.dataset.uploadsUrl;
   const buildUrl = root.dataset.buildUrl;
   const csrf = root.dataset.csrf;
-  const HASH_CHUNK = 8 * 1024 * 1024;
+  const HASH_CHUNK = 2 * 1024 * 1024;
   const PARALLEL_PARTS = 3;
   const SIGN_BATCH = 100; // the API signs at most 100 parts per call
   const MIB = 1024 * 1024;
