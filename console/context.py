@@ -35,18 +35,20 @@ class TeamContext:
 
 def team_context(request: HttpRequest) -> TeamContext:
     """The current team of a signed-in request: the session's choice when still one of the user's teams, else the
-    first of them by slug."""
+    first of them by slug. Worked out once per request (views and the context processor share it)."""
+    cached = getattr(request, "_console_team", None)
+    if cached is not None:
+        return cached
     teams = list(tenancy.teams_for_user(user=request.user).order_by("slug"))
     chosen = request.session.get(SESSION_TEAM)
     team = next((t for t in teams if t.slug == chosen), teams[0] if teams else None)
     role = tenancy.role_in_team(user=request.user, team=team) if team is not None else None
-    return TeamContext(teams=teams, team=team, role=role)
+    request._console_team = TeamContext(teams=teams, team=team, role=role)
+    return request._console_team
 
 
 def console(request: HttpRequest) -> dict:
     """Template context processor: `console` (a TeamContext) on every page of a signed-in user."""
     if not getattr(request, "user", None) or not request.user.is_authenticated:
         return {}
-    if not hasattr(request, "_console_team"):
-        request._console_team = team_context(request)
-    return {"console": request._console_team}
+    return {"console": team_context(request)}

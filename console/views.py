@@ -172,7 +172,6 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
                 "tensors": presenters.signature_rows(version.signature, batching=batch > 0),
             }
         )
-    console = team_context(request)
     role = tenancy.role_in_team(user=request.user, team=model.team)
     return render(
         request,
@@ -182,7 +181,6 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
             "versions": versions,
             "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
             "error": error,
-            "console": console,
         },
         status=status,
     )
@@ -285,6 +283,23 @@ def deployment_detail(request: HttpRequest, deployment_id: int) -> HttpResponse:
     if refused := _read_only(request):
         return refused
     return _deployment_page(request, deployment)
+
+
+@login_required
+def deployment_live(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """The deployment page's pods and status timeline as an HTML fragment (htmx polls it)."""
+    deployment = _deployment_of(request, deployment_id)
+    if refused := _read_only(request):
+        return refused
+    return render(
+        request,
+        "console/_deployment_live.html",
+        {
+            "deployment": deployment,
+            "events": deployments.deployment_events(deployment),
+            "pods": (deployment.observed or {}).get("pods") or [],
+        },
+    )
 
 
 def _deployment_action(request: HttpRequest, deployment_id: int, act, done: str) -> HttpResponse:
@@ -402,6 +417,16 @@ def member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
         )
 
     return _team_action(request, slug, act, f"{username}'s role changed.")
+
+
+@login_required
+def member_remove(request: HttpRequest, slug: str, username: str) -> HttpResponse:
+    """Take a member out of the team and revoke their tokens of it (team admin; never the last admin)."""
+
+    def act(team) -> None:
+        team_members.remove_member(user=request.user, slug=team.slug, username=username)
+
+    return _team_action(request, slug, act, f"{username} removed from the team.")
 
 
 @login_required

@@ -20,7 +20,8 @@
       height,
       legend: { show: options.legend !== false },
       cursor: { show: options.cursor !== false },
-      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max || 0, options.minMax || 1e-9) * 1.1] } },
+      // From zero up; an empty or all-zero chart gets 0..1 (not a stack of zero ticks).
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
       axes: options.axes === false ? [{ show: false }, { show: false }] : [{}, { size: 60 }],
       series: [{}].concat(series.map((s, i) => ({
         label: s.label,

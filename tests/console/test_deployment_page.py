@@ -140,3 +140,43 @@ def test_the_deployment_page_works_from_the_keyboard(page, two_versions):
     # then the hot update's service answers: this deployment row was made without its own model repository, so
     # it refuses (409), and the page says why
     expect(page.get_by_test_id("page-error")).to_contain_text("stop it and deploy the version again")
+
+
+def test_the_status_timeline_updates_without_a_reload(page, alice, two_versions):
+    from deployments.services import request_stop
+
+    _, deployment = two_versions
+    page.goto(f"/deployments/{deployment.pk}/")
+    expect(page.get_by_test_id("deployment-timeline")).not_to_contain_text("deployment.stop_requested")
+    # when the deployment is stopped elsewhere (the API, another tab)
+    request_stop(user=alice.user, deployment=deployment)
+    # then htmx's poll of the fragment shows the event on the open page
+    expect(page.get_by_test_id("deployment-timeline")).to_contain_text("deployment.stop_requested", timeout=15_000)
+
+
+def test_switching_version_from_the_page_hot_updates_a_real_deployment(
+    page, alice, tmp_path, eager_tasks, django_capture_on_commit_callbacks
+):
+    from tests.deployments.conftest import write_adder_versions
+
+    # given version 1 of `adder` (y = x + 1) serving on a real local Triton, and a built version 2 (y = x + 2)
+    v1, v2 = write_adder_versions(alice.team, tmp_path)
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, v1.pk, name="adder")
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0, 0.0, 0.0, 0.0]}]}
+
+    def answer() -> float:
+        response = alice.client.post(f"/api/v1/deployments/{deployment['id']}/infer", body, format="json")
+        assert response.status_code == 200, response.content
+        return response.json()["outputs"][0]["data"][0]
+
+    assert answer() == 1.0
+    # when alice picks version 2 on the page and switches (the update task runs inline: eager Celery)
+    page.goto(f"/deployments/{deployment['id']}/")
+    page.get_by_label("Serve version").select_option(str(v2.pk))
+    page.get_by_role("button", name="Switch version").click()
+    # then the page reports the update, and the same deployment answers with version 2
+    expect(page.locator(".messages")).to_contain_text("Version switch queued")
+    expect(page.get_by_text("Version update: succeeded")).to_be_visible()
+    assert answer() == 2.0
+    row = Deployment.objects.get(pk=deployment["id"])
+    assert (row.model_version_id, row.update_status) == (v2.pk, "succeeded")

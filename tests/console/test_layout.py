@@ -39,3 +39,20 @@ def test_the_team_switcher_changes_the_team_shown(page, alice):
     # then the overview shows it
     page.wait_for_load_state()
     assert page.locator("h1").inner_text() == "Initech"
+
+
+def test_the_wizard_link_and_the_nav_are_reached_with_the_keyboard(page):
+    page.goto("/")
+    reached = []
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        reached.append(
+            page.evaluate("() => document.activeElement.dataset.testid || document.activeElement.textContent")
+        )
+    assert "Skip to content" in reached[0]
+    for name in ("Overview", "Models", "Deployments", "Team", "start-wizard"):
+        assert name in reached, (name, reached)
+    # Enter on the focused wizard link follows it
+    page.get_by_test_id("start-wizard").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/wizard/")

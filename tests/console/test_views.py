@@ -181,3 +181,43 @@ def test_snippets_use_the_gateway_and_a_token_placeholder():
     assert 'InferenceServerClient(url="gw:8001/serve/acme/web")' in python
     assert "np.zeros([1, 4], dtype=np.float32)" in python
     compile(python, "snippet", "exec")
+
+
+def test_scaling_a_kubernetes_deployment_sets_its_replicas_and_lists_its_pods(session, alice, adder):
+    from deployments.models import Cluster
+
+    # given a kubernetes deployment with a pod observed
+    version, _ = adder
+    cluster = Cluster.objects.create(name="gpu-east", namespace="conch", in_cluster=True)
+    pod = {"name": "adder-7d9-x", "node": "n1", "phase": "Running", "ready": True, "restarts": 0, "message": ""}
+    deployment = Deployment.objects.create(
+        team=alice.team,
+        name="adder-k8s",
+        model_version=version,
+        runtime="kubernetes",
+        cluster=cluster,
+        replicas=1,
+        status="ready",
+        observed={"pods": [pod], "replicas": {"desired": 1, "ready": 1}},
+        config_pbtxt=version.config_pbtxt,
+    )
+    html = session.get(f"/deployments/{deployment.pk}/").content.decode()
+    assert 'id="scale-replicas"' in html and "<code>adder-7d9-x</code>" in html
+    assert "<code>adder-7d9-x</code>" in session.get(f"/deployments/{deployment.pk}/live/").content.decode()
+    # when alice scales it to 3
+    response = session.post(f"/deployments/{deployment.pk}/scale/", {"replicas": "3"})
+    # then the deployment wants 3 pods
+    assert response.status_code == 302
+    deployment.refresh_from_db()
+    assert deployment.replicas == 3
+
+
+def test_a_team_admin_removes_a_member_but_not_the_last_admin(session, alice):
+    bob = UserFactory(username="bobby")
+    MembershipFactory(user=bob, team=alice.team, role="developer")
+    alice.user.memberships.filter(team=alice.team).update(role="admin")
+    assert session.post("/teams/acme/members/bobby/remove/").status_code == 302
+    assert not bob.memberships.exists()
+    response = session.post("/teams/acme/members/alice/remove/")
+    assert response.status_code == 409
+    assert alice.user.memberships.filter(team=alice.team).exists()
