@@ -6,7 +6,8 @@ What uses a version lives in apps above this one (deployments), which this app m
 
 Retry-safe in three steps: (1) under row locks, check and mark: the versions become `deleting` (the model gets
 `deletion_requested_at`), so nothing new starts using them (`services.lock_built_version`, `reserve_version`,
-`mark_rebuild` refuse); (2) delete the objects (every key under the version's or model's folder) and let each
+`mark_rebuild`, `resumable.start_upload` refuse); (2) delete the objects (every key under the version's or model's
+folder, the file of a version made from a resumable upload, and the parts of the model's open uploads) and let each
 `VersionUser` forget what only remembers the versions (stopped deployments: their repositories, then their rows);
 (3) delete the rows. Each step may run again: deleting what is gone is no error. When the store fails in (2) the
 rows stay, marked, still counted in the storage quota; `DELETE` again, or the sweeper (`finish_stalled_deletions`,

@@ -9,8 +9,10 @@ may serve, is never deleted or changed), and a redelivered task simply does the 
 No build stays stuck: a running build writes a heartbeat (at each step and from a small thread
 in between), and `sweep_stalled_versions` (a periodic task) starts the next attempt of a build
 whose heartbeat stopped (its worker died), of a queued build no worker claimed (its message was
-lost), and aborts uploads whose bytes stopped arriving. `collect_repository_garbage` deletes the
-repositories of attempts nothing uses any more.
+lost), and aborts uploads whose bytes stopped arriving or whose resumable upload expired.
+`collect_repository_garbage` deletes the repositories of attempts nothing uses any more. Resumable uploads
+(`resumable`): the build options are checked when one starts, and a worker turns a completed one into a
+version whose build it queues.
 """
 
 from builds.services.pipeline import (

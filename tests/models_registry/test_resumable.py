@@ -17,6 +17,7 @@ import pytest
 import requests
 from django.db import connection
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from builds import services as builds
 from builds.tasks import finish_upload
@@ -25,6 +26,8 @@ from models_registry.models import ModelVersion, Upload
 from models_registry.storage import get_object_store
 from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota, team_usage
+from tenancy.services import create_api_token, ensure_membership
+from tests import real_models
 from tests.conftest import make_caller
 
 pytestmark = pytest.mark.django_db
@@ -417,8 +420,6 @@ def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
         assert response.status_code == 404, (method, url, response.content)
     # a token of alice's team without models:write reads, but may not write
     reader = make_caller("reader", "acme-readers")
-    from tenancy.services import create_api_token, ensure_membership
-
     ensure_membership(team=alice.team, user=reader.user, role="developer")
     narrow = create_api_token(user=reader.user, team=alice.team, name="read", scopes=["read"]).secret
     reader.client.credentials(HTTP_AUTHORIZATION=f"Bearer {narrow}")
@@ -490,9 +491,7 @@ def test_two_starts_against_a_quota_that_fits_one_give_exactly_one_upload():
     assert Upload.objects.filter(status="uploading").count() == 1
 
 
-def make_client(token: str):
-    from rest_framework.test import APIClient
-
+def make_client(token: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return client
@@ -650,3 +649,27 @@ def test_completing_with_an_unknown_part_number_or_another_etag_is_refused_namin
     assert other.status_code == 409
     assert other.json()["detail"].startswith(f"Part 1 in the object store has ETag {sent['etag']}, not {'0' * 64}")
     assert Upload.objects.get().status == "uploading"
+
+
+def test_a_real_model_sent_straight_to_the_bucket_is_built_like_an_ordinary_upload(
+    alice, s3, eager_tasks, django_capture_on_commit_callbacks
+):
+    # given the demo classifier, in parts of 5 MiB, with build options
+    data = real_models.classifier().read_bytes()
+    model_id = _model(alice, "classifier")
+    upload = _start(alice, model_id, data, part_size_bytes=PART, build_options={"max_batch_size": 8}).json()
+    targets = _urls(alice, model_id, upload["id"], list(range(1, upload["part_count"] + 1)))
+    for target in targets:
+        start = (target["number"] - 1) * PART
+        assert requests.put(target["url"], data=data[start : start + PART], timeout=30).status_code == 200
+    # when it completes, and the check and then the build run inline (eager Celery, on commit)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete")
+    assert response.status_code == 202, response.content
+    # then the upload made a version, built from the bytes that went to the bucket
+    done = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
+    assert done["status"] == "completed", done["error"]
+    version = alice.client.get(f"/api/v1/versions/{done['version']}/").json()
+    assert version["status"] == "built", version["error"]
+    assert version["source"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert "max_batch_size: 8" in version["config_pbtxt"]

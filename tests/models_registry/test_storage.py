@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import random
 import re
 import socket
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
 from models_registry import storage
@@ -478,3 +480,81 @@ def test_commit_after_abort_multipart_uploads_raises_unavailable(store):
     with pytest.raises(Unavailable):
         writer.commit()
     assert store.exists("models/1/source/model.onnx") is False
+
+
+# --- Resumable uploads: multipart uploads filled part by part ---------------------------------------------------
+
+
+def _send_part(store: ObjectStore, key: str, upload_id: str, number: int, data: bytes) -> None:
+    """Send a part as a client would: through the store (folder) or to its presigned URL (S3)."""
+    target = store.presign_part(key, upload_id, number, expires_in_s=60)
+    if target is None:
+        store.write_part(key, upload_id, number, io.BytesIO(data), len(data))
+    else:
+        assert requests.put(target.url, data=data, headers=target.headers, timeout=30).status_code == 200
+
+
+def test_a_multipart_upload_is_listed_joined_once_and_ends(store, request):
+    # given an upload of two parts, sent out of order
+    key = "models/1/uploads/u/model.onnx"
+    first, second = payload(5 * MIB, seed=1), payload(1000, seed=2)
+    upload_id = store.start_multipart(key)
+    _send_part(store, key, upload_id, 2, second)
+    _send_part(store, key, upload_id, 1, first)
+    # when its parts are listed
+    parts = store.list_parts(key, upload_id)
+    # then they come by number with their sizes
+    assert [(part.number, part.size_bytes) for part in parts] == [(1, 5 * MIB), (2, 1000)]
+    assert not store.exists(key)
+    # when it is completed, twice (a redelivered task)
+    store.complete_multipart(key, upload_id, parts)
+    store.complete_multipart(key, upload_id, parts)
+    # then the object is the parts joined, and nothing of the upload is left
+    assert store.read_bytes(key) == first + second
+    assert store.list_keys("") == [key]
+    assert pending_uploads(store, request) == []
+    with pytest.raises(NotFound):
+        store.list_parts(key, upload_id)
+    store.abort_multipart(key, upload_id)  # gone already: no error
+    assert store.read_bytes(key) == first + second
+
+
+def test_an_aborted_multipart_upload_leaves_nothing(store, request):
+    key = "models/1/uploads/v/model.onnx"
+    upload_id = store.start_multipart(key)
+    _send_part(store, key, upload_id, 1, b"part")
+    store.abort_multipart(key, upload_id)
+    assert pending_uploads(store, request) == []
+    assert store.list_keys("") == []
+    assert files_on_disk(store) == []
+    with pytest.raises(NotFound):
+        store.list_parts(key, upload_id)
+
+
+def test_a_folder_part_that_ends_early_is_refused_and_leaves_no_file(tmp_path):
+    store = FileObjectStore(tmp_path / "store")
+    key = "models/1/uploads/w/model.onnx"
+    upload_id = store.start_multipart(key)
+    with pytest.raises(InvalidInput) as refused:
+        store.write_part(key, upload_id, 3, io.BytesIO(b"x" * 10), 11)
+    assert refused.value.field == "size_bytes"
+    assert refused.value.detail == "Part 3 ended after 10 of its 11 bytes; send the part again whole."
+    assert store.list_parts(key, upload_id) == []
+    assert files_on_disk(store) == []
+
+
+def test_presigned_part_urls_name_the_public_endpoint(s3_server, s3_bucket):
+    endpoint, bucket = s3_bucket
+    store = S3ObjectStore(
+        bucket,
+        "p",
+        endpoint,
+        s3_server.region,
+        s3_server.access_key,
+        s3_server.secret_key,
+        public_endpoint_url="http://s3.example.test:9000",
+    )
+    target = store.presign_part("k", "upload-1", 7, expires_in_s=120)
+    assert target.method == "PUT" and target.expires_in_s == 120
+    assert target.url.startswith(f"http://s3.example.test:9000/{bucket}/p/k?")
+    assert "partNumber=7" in target.url and "uploadId=upload-1" in target.url
