@@ -200,7 +200,8 @@ def preprocess_image(data: bytes, preprocessing: Preprocessing) -> np.ndarray:
 @dataclass(frozen=True)
 class TrialResult:
     """A test inference's answer, readable: per output its name, datatype, shape, and either `top` (for a
-    classifier-shaped output [1, K], K >= 2: the TOP_K classes with score and softmax probability) or `values`
+    classifier-shaped output [1, K], K >= 2: the TOP_K classes with score and probability, and `softmax`: whether
+    the probabilities are the softmax of the scores or the scores themselves) or `values`
     (the first SHOWN_VALUES values) with `summary` (min, max, mean). `request`: what was sent, per input
     {name, shape, datatype}."""
 
@@ -374,6 +375,7 @@ def _readable(output: Mapping[str, Any]) -> dict[str, Any]:
     readable: dict[str, Any] = {"name": output.get("name"), "datatype": datatype, "shape": shape}
     if datatype.startswith("FP") and len(shape) == 2 and shape[0] == 1 and shape[1] >= 2 and len(data) == shape[1]:
         readable["top"] = top_classes(data, TOP_K)
+        readable["softmax"] = not are_probabilities(data)
         return readable
     numbers = data if datatype != "BYTES" else []
     readable["values"] = list(data[:SHOWN_VALUES])
@@ -388,6 +390,12 @@ def _readable(output: Mapping[str, Any]) -> dict[str, Any]:
     return readable
 
 
+def are_probabilities(scores: Sequence[float]) -> bool:
+    """True when one row of scores already is a probability distribution: each in [0, 1], summing to 1 (±1e-3)."""
+    values = np.asarray(scores, dtype=np.float64)
+    return bool(values.min() >= 0 and values.max() <= 1 and abs(values.sum() - 1) < 1e-3)
+
+
 def top_classes(scores: Sequence[float], k: int) -> list[dict[str, float]]:
     """The `k` highest-scoring classes of one row of scores: [{"index", "score", "probability"}], best first.
 
@@ -395,7 +403,7 @@ def top_classes(scores: Sequence[float], k: int) -> list[dict[str, float]]:
     (each in [0, 1], summing to 1 within 1e-3), they are shown as they are.
     """
     values = np.asarray(scores, dtype=np.float64)
-    if values.min() >= 0 and values.max() <= 1 and abs(values.sum() - 1) < 1e-3:
+    if are_probabilities(scores):
         probabilities = values
     else:
         shifted = np.exp(values - values.max())

@@ -15,6 +15,7 @@ from conch.errors import InvalidInput
 from deployments.models import Deployment
 from deployments.services.trial import (
     Preprocessing,
+    are_probabilities,
     inference_form,
     parse_preprocessing,
     preprocess_image,
@@ -99,6 +100,7 @@ def test_top_classes_take_softmax_of_scores_and_keep_probabilities():
     assert [row["index"] for row in scores] == [1, 2]
     np.testing.assert_allclose([row["probability"] for row in scores], expected)
     assert kept == [{"index": 1, "score": 0.7, "probability": 0.7}]
+    assert are_probabilities([0.1, 0.7, 0.2]) and not are_probabilities([1.0, 3.0, 2.0, 0.0])
 
 
 def test_an_image_test_inference_gives_onnxruntime_s_top_class(
