@@ -231,8 +231,9 @@ def version_delete(request: HttpRequest, model_id: int, version_id: int) -> Http
 @login_required
 @require_safe
 def deployment_list(request: HttpRequest) -> HttpResponse:
-    """All deployments of the user's teams."""
-    listed = deployments.visible_deployments(user=request.user).order_by("-created_at")
+    """The current team's deployments (the one the header's team switcher shows)."""
+    console = team_context(request)
+    listed = deployments.visible_deployments(user=request.user).filter(team=console.team).order_by("-created_at")
     return render(request, "console/deployments.html", {"deployments": listed})
 
 

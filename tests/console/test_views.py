@@ -221,3 +221,16 @@ def test_a_team_admin_removes_a_member_but_not_the_last_admin(session, alice):
     response = session.post("/teams/acme/members/alice/remove/")
     assert response.status_code == 409
     assert alice.user.memberships.filter(team=alice.team).exists()
+
+
+def test_the_deployments_list_shows_only_the_current_teams_deployments(session, alice, adder):
+    other = TeamFactory(slug="initech", name="Initech")
+    MembershipFactory(user=alice.user, team=other, role="developer")
+    theirs = Deployment.objects.create(
+        team=other, name="elsewhere", model_version=adder[0], status="ready", config_pbtxt=adder[0].config_pbtxt
+    )
+    html = session.get("/deployments/").content.decode()
+    assert f'href="/deployments/{adder[1].pk}/"' in html and f'href="/deployments/{theirs.pk}/"' not in html
+    session.post("/switch-team/", {"team": "initech"})
+    html = session.get("/deployments/").content.decode()
+    assert f'href="/deployments/{theirs.pk}/"' in html and f'href="/deployments/{adder[1].pk}/"' not in html
