@@ -17,6 +17,23 @@ from tests.factories import MembershipFactory, UserFactory
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 
+def test_a_refused_token_keeps_what_was_entered_and_shows_the_status(page, alice):
+    # given alice on her team's page
+    page.goto(f"/teams/{alice.team.slug}/")
+    # when she asks for a token that expires after too many days
+    page.get_by_label("Name").fill("nightly")
+    page.get_by_label("infer", exact=False).check()
+    page.get_by_label("Expires after").fill("5000")
+    page.get_by_test_id("token-create").click()
+    # then the refusal shows the sentence with its status, and the form keeps her name, scope and days
+    expect(page.get_by_test_id("page-error")).to_contain_text("expires_in_days must be a whole number")
+    expect(page.get_by_test_id("page-error-status")).to_have_text("(400 Bad Request)")
+    expect(page.get_by_label("Name")).to_have_value("nightly")
+    expect(page.get_by_label("infer", exact=False)).to_be_checked()
+    expect(page.get_by_label("Expires after")).to_have_value("5000")
+    assert not ApiToken.objects.filter(name="nightly").exists()
+
+
 def test_a_token_created_on_the_team_page_is_shown_once_and_revoked_there(page, alice, screenshot):
     # given alice on her team's page
     page.goto(f"/teams/{alice.team.slug}/")
