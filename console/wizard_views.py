@@ -173,7 +173,7 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
     version = _version(request, version_id)
     if refused := _refuse_method(request, GET_POST):
         return refused
-    error = None
+    error = check = None
     values = current_option_values(version)
     if request.method == "POST":
         fields = {key: request.POST.get(key) for key in (*values, DYNAMIC_BATCHING_FIELD)}
@@ -184,11 +184,14 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
         except ConchError as exc:
             error = _error(exc)
             values = {key: request.POST.get(key, "") for key in values}
+            # the service stops at the first bad option; the form lists every one, as the live check does
+            options_check = check_build_options(version=version, fields=fields)
+            check = options_check if not options_check.ok else None
         else:
             return redirect("console:wizard:build", version_id=version.pk)
     context = _build_context(request, version)
     batching_on = not version.config_pbtxt or any(row.batch_axis for row in context["rows"])
-    context.update({"step": 3, "error": error, "values": values, "batching_on": batching_on})
+    context.update({"step": 3, "error": error, "check": check, "values": values, "batching_on": batching_on})
     return _page(request, "console/wizard/build.html", context, status=400 if error else 200)
 
 
