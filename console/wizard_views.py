@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
@@ -31,7 +32,7 @@ from builds.services.review import (
     signature_rows,
 )
 from conch.errors import ConchError, InvalidInput, NotFound
-from conch.limits import INFERENCE_BODY, accepts_body
+from conch.limits import INFERENCE_BODY, accepts_body, describe_bytes
 from console.context import team_context
 from deployments import services as deployments
 from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
@@ -146,6 +147,9 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             "versions": versions,
             "step": 2,
             "uploads_url": f"/api/v1/models/{model.pk}/uploads/",
+            # the server's limit, so the page can refuse a file that is too big before hashing it
+            "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
+            "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
         },
     )
