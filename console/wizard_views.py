@@ -367,8 +367,8 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
         result = error = None
         image = request.FILES.get(IMAGE_FIELD)
         try:
-            if request.POST.get("mode") == "image" and image is not None:
-                if image.size > MAX_IMAGE_BYTES:
+            if request.POST.get("mode") == "image":
+                if image is not None and image.size > MAX_IMAGE_BYTES:
                     raise InvalidInput(
                         f"The image is {image.size} bytes; send one of at most {MAX_IMAGE_BYTES // 2**20} MiB.",
                         field=IMAGE_FIELD,
@@ -376,7 +376,7 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
                 result = run_trial_inference(
                     user=request.user,
                     deployment=deployment,
-                    image=image.read(),
+                    image=image.read() if image is not None else b"",  # none chosen: the service names the input
                     preprocessing_fields={key: request.POST.get(key) for key in PREPROCESSING_FIELDS},
                 )
             else:

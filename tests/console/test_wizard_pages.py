@@ -272,3 +272,15 @@ def test_a_refused_rebuild_lists_every_bad_option_without_repeating_the_field_na
     # a sentence that begins with its field is not prefixed with it again
     assert "max_batch_size</strong>: max_batch_size" not in page and "max_batch_size: max_batch_size" not in page
     assert "max_batch_size must be" in page
+
+
+def test_a_test_inference_in_image_mode_without_an_image_names_the_input(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    deployment = Deployment.objects.create(
+        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    name = version.signature["inputs"][0]["name"]
+    response = _client(alice).post(f"/wizard/deployments/{deployment.pk}/test/", {"mode": "image"})
+    page = response.content.decode()
+    assert 'data-field="image"' in page
+    assert f"Choose an image for input &#x27;{name}&#x27;." in page and "values but shape" not in page
