@@ -102,3 +102,18 @@ def test_the_model_page_shows_the_signature_and_refuses_deleting_a_used_version(
     expect(page.get_by_test_id("page-error")).to_contain_text("'web'")
     version.refresh_from_db()
     assert version.status == "built"
+
+
+def test_a_failed_versions_long_error_wraps_and_is_readable_whole(page, alice):
+    # given a version whose build failed with a long sentence
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    sentence = "The uploaded file is not an ONNX model: " + "an ONNX file begins with a protobuf header, " * 6
+    version.status, version.error = "failed", sentence + "but this file begins with the bytes of a ZIP archive."
+    version.save(update_fields=["status", "error"])
+    # when alice opens the model
+    page.goto(f"/models/{version.model_id}/")
+    box = page.get_by_test_id("version-error")
+    # then the whole sentence is inside the box, wrapped over lines, nothing clipped or scrolled away
+    expect(box).to_contain_text("begins with the bytes of a ZIP archive.")
+    assert box.evaluate("(el) => el.scrollWidth <= el.clientWidth")
+    assert box.evaluate("(el) => el.getBoundingClientRect().height") > 40
