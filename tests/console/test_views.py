@@ -234,3 +234,19 @@ def test_the_deployments_list_shows_only_the_current_teams_deployments(session, 
     session.post("/switch-team/", {"team": "initech"})
     html = session.get("/deployments/").content.decode()
     assert f'href="/deployments/{theirs.pk}/"' in html and f'href="/deployments/{adder[1].pk}/"' not in html
+
+
+def test_the_team_page_says_a_or_an_before_the_role_and_is_titled_with_the_team_name(session, alice):
+    html = session.get("/teams/acme/").content.decode()
+    assert "You are a <b>developer</b> of" in html
+    assert f"<h1>{alice.team.name}</h1>" in html and "<h1>Team " not in html
+    alice.team.memberships.filter(user=alice.user).update(role="admin")
+    assert "You are an <b>admin</b> of" in session.get("/teams/acme/").content.decode()
+
+
+def test_quota_amounts_read_in_singular_and_plural():
+    from console.templatetags.console_tags import quota_amount
+
+    assert quota_amount(1, "deployments") == "1 deployment"
+    assert quota_amount(2, "instances") == "2 instances"
+    assert quota_amount(1, "gpu") == "1 GPU" and quota_amount(0, "gpu") == "0 GPUs"

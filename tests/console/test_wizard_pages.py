@@ -120,7 +120,11 @@ def test_the_deploy_check_partial_says_it_fits(alice):
     response = _client(alice).post(
         f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "2"}
     )
-    assert "It fits: this deployment takes 1 deployments, 2 instances." in response.content.decode()
+    assert "It fits: this deployment takes 1 deployment, 2 instances." in response.content.decode()
+    one = _client(alice).post(
+        f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "1"}
+    )
+    assert "It fits: this deployment takes 1 deployment, 1 instance." in one.content.decode()
 
 
 def test_a_viewer_sees_no_deploy_button(alice):
