@@ -9,6 +9,8 @@ method; then a wrong method gets 405.
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -81,6 +83,14 @@ def _version_of(request: HttpRequest, model, version_id: int):
     if version.model_id != model.pk:
         raise Http404(f"Model {model.pk} has no version {version_id}.")
     return version
+
+
+def _status_text(status: int) -> str:
+    """An HTTP status as the page-error shows it: "400 Bad Request"; the bare number for an unknown code."""
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
 
 
 # --- overview ----------------------------------------------------------------------------
@@ -181,6 +191,7 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
             "versions": versions,
             "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
             "error": error,
+            "error_status": _status_text(status),
         },
         status=status,
     )
@@ -231,8 +242,9 @@ def version_delete(request: HttpRequest, model_id: int, version_id: int) -> Http
 @login_required
 @require_safe
 def deployment_list(request: HttpRequest) -> HttpResponse:
-    """All deployments of the user's teams."""
-    listed = deployments.visible_deployments(user=request.user).order_by("-created_at")
+    """The current team's deployments (the one the header's team switcher shows)."""
+    console = team_context(request)
+    listed = deployments.visible_deployments(user=request.user).filter(team=console.team).order_by("-created_at")
     return render(request, "console/deployments.html", {"deployments": listed})
 
 
@@ -271,6 +283,7 @@ def _deployment_page(request: HttpRequest, deployment, *, status: int = 200, err
             "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
             "running": deployment.desired_state == "running",
             "error": error,
+            "error_status": _status_text(status),
         },
         status=status,
     )
@@ -356,7 +369,9 @@ def deployment_stop(request: HttpRequest, deployment_id: int) -> HttpResponse:
 # --- teams -------------------------------------------------------------------------------
 
 
-def _team_page(request: HttpRequest, team, *, status: int = 200, error: str = "") -> HttpResponse:
+def _team_page(
+    request: HttpRequest, team, *, status: int = 200, error: str = "", token_form: dict | None = None
+) -> HttpResponse:
     role = tenancy.role_in_team(user=request.user, team=team)
     is_admin = role == Role.ADMIN
     members = team_members.list_members(user=request.user, slug=team.slug) if is_admin else []
@@ -377,9 +392,11 @@ def _team_page(request: HttpRequest, team, *, status: int = 200, error: str = ""
             "scopes": Scope.choices,
             "tokens": tokens,
             "new_token": new_token,
+            "token_form": token_form or {"name": "", "scopes": [], "expires_in_days": ""},
             "usage": [_usage_line(line) for line in team_usage(team=team)],
             "gateway_usage": gateway_rows,
             "error": error,
+            "error_status": _status_text(status),
         },
         status=status,
     )
@@ -394,14 +411,14 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return _team_page(request, team)
 
 
-def _team_action(request: HttpRequest, slug: str, act, done: str) -> HttpResponse:
+def _team_action(request: HttpRequest, slug: str, act, done: str, *, token_form: dict | None = None) -> HttpResponse:
     team = _team_of(request, slug)
     if refused := _post_only(request):
         return refused
     try:
         act(team)
     except ConchError as exc:
-        return _team_page(request, team, status=exc.status_code, error=exc.detail)
+        return _team_page(request, team, status=exc.status_code, error=exc.detail, token_form=token_form)
     if done:
         messages.success(request, done)
     return redirect(reverse("console:team", kwargs={"slug": team.slug}))
@@ -459,7 +476,13 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
         )
         request.session[SESSION_NEW_TOKEN] = {"name": issued.token.name, "secret": issued.secret}
 
-    return _team_action(request, slug, act, "")
+    # what the user entered, shown again in the form when the service refuses it
+    entered = {
+        "name": request.POST.get("name", ""),
+        "scopes": request.POST.getlist("scopes"),
+        "expires_in_days": request.POST.get("expires_in_days", ""),
+    }
+    return _team_action(request, slug, act, "", token_form=entered)
 
 
 @login_required

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
@@ -31,7 +32,7 @@ from builds.services.review import (
     signature_rows,
 )
 from conch.errors import ConchError, InvalidInput, NotFound
-from conch.limits import INFERENCE_BODY, accepts_body
+from conch.limits import INFERENCE_BODY, accepts_body, describe_bytes
 from console.context import team_context
 from deployments import services as deployments
 from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
@@ -146,6 +147,9 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             "versions": versions,
             "step": 2,
             "uploads_url": f"/api/v1/models/{model.pk}/uploads/",
+            # the server's limit, so the page can refuse a file that is too big before hashing it
+            "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
+            "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
         },
     )
@@ -173,7 +177,7 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
     version = _version(request, version_id)
     if refused := _refuse_method(request, GET_POST):
         return refused
-    error = None
+    error = check = None
     values = current_option_values(version)
     if request.method == "POST":
         fields = {key: request.POST.get(key) for key in (*values, DYNAMIC_BATCHING_FIELD)}
@@ -184,11 +188,14 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
         except ConchError as exc:
             error = _error(exc)
             values = {key: request.POST.get(key, "") for key in values}
+            # the service stops at the first bad option; the form lists every one, as the live check does
+            options_check = check_build_options(version=version, fields=fields)
+            check = options_check if not options_check.ok else None
         else:
             return redirect("console:wizard:build", version_id=version.pk)
     context = _build_context(request, version)
     batching_on = not version.config_pbtxt or any(row.batch_axis for row in context["rows"])
-    context.update({"step": 3, "error": error, "values": values, "batching_on": batching_on})
+    context.update({"step": 3, "error": error, "check": check, "values": values, "batching_on": batching_on})
     return _page(request, "console/wizard/build.html", context, status=400 if error else 200)
 
 
@@ -360,8 +367,8 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
         result = error = None
         image = request.FILES.get(IMAGE_FIELD)
         try:
-            if request.POST.get("mode") == "image" and image is not None:
-                if image.size > MAX_IMAGE_BYTES:
+            if request.POST.get("mode") == "image":
+                if image is not None and image.size > MAX_IMAGE_BYTES:
                     raise InvalidInput(
                         f"The image is {image.size} bytes; send one of at most {MAX_IMAGE_BYTES // 2**20} MiB.",
                         field=IMAGE_FIELD,
@@ -369,7 +376,7 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
                 result = run_trial_inference(
                     user=request.user,
                     deployment=deployment,
-                    image=image.read(),
+                    image=image.read() if image is not None else b"",  # none chosen: the service names the input
                     preprocessing_fields={key: request.POST.get(key) for key in PREPROCESSING_FIELDS},
                 )
             else:

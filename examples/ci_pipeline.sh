@@ -12,13 +12,15 @@
 # code: 1 usage or input refused, 2 authentication, 3 not found, 4 conflict or quota, 5 build or deployment
 # failed, 6 Conch unavailable or timed out (`conch --help`).
 set -euo pipefail
-: "${CONCH_URL:?set CONCH_URL (printed by make demo)}" "${CONCH_TOKEN:?set CONCH_TOKEN}"
 usage="usage: ci_pipeline.sh MODEL.onnx NAME TEAM INPUT=FILE.npy…"
-model_file=${1:?$usage}
-name=${2:?$usage}
-team=${3:?$usage}
+# Missing arguments or settings: one clean line on stderr and exit 1 (usage), as the CLI does.
+(( $# >= 4 )) || { echo "$usage" >&2; exit 1; }
+[[ -n ${CONCH_URL:-} ]] || { echo "error: set CONCH_URL (printed by make demo)" >&2; exit 1; }
+[[ -n ${CONCH_TOKEN:-} ]] || { echo "error: set CONCH_TOKEN" >&2; exit 1; }
+model_file=$1
+name=$2
+team=$3
 shift 3
-(( $# > 0 )) || { echo "$usage" >&2; exit 1; }
 [[ -r $model_file ]] || { echo "error: cannot read the model file $model_file" >&2; exit 1; }
 inputs=()
 for input in "$@"; do inputs+=(--input "$input"); done

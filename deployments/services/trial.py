@@ -223,7 +223,8 @@ def run_trial_inference(
     Either `request_json` (a KServe v2 request body as text, as the form's JSON editor holds it) or `image` with
     `preprocessing_fields` (for a model whose one input is image-shaped; see `parse_preprocessing`). The image
     tensor goes as binary tensor data (Triton "Binary Tensor Data Extension"); outputs come back as JSON. Raises
-    InvalidInput naming the field (`request`, `image`, a preprocessing field, or Triton's own complaint), plus
+    InvalidInput naming the field (`request`, `image` — also when `image` is empty: no image chosen —, a
+    preprocessing field, or Triton's own complaint), plus
     what `infer` raises (Forbidden, Conflict when not ready, Unavailable).
     """
     form = inference_form(deployment)
@@ -233,6 +234,8 @@ def run_trial_inference(
                 "This model does not take one image-shaped input; send the request as JSON.", field=IMAGE_FIELD
             )
         spec = form["inputs"][0]
+        if not image:
+            raise InvalidInput(f"Choose an image for input {spec.name!r}.", field=IMAGE_FIELD)
         array = preprocess_image(image, parse_preprocessing(preprocessing_fields or {}, default=spec))
         payload = array.tobytes()
         header = {

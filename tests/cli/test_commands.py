@@ -3,13 +3,19 @@ login and its config file, --json output, and the exit codes a pipeline branches
 
 from __future__ import annotations
 
+import http.server
 import json
 import stat
+import threading
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from builds.model_config import BuildOptions
+from deployments.models import Deployment
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
+from tests.deployments.conftest import write_built_version
+from tests.tiny_models import add_constant
 
 
 def test_login_checks_the_token_and_saves_it_for_the_owner_only(cli, conch_env):
@@ -50,9 +56,9 @@ def test_environment_variables_override_the_config_file(cli, conch_env):
     assert "is Conch running at http://127.0.0.1:9?" in result.err
 
 
-def test_no_settings_at_all_is_an_auth_error_saying_how_to_log_in(cli):
+def test_no_settings_at_all_is_a_usage_error_saying_how_to_log_in(cli):
     result = cli("models", "list", CONCH_URL=None, CONCH_TOKEN=None)
-    assert result.code == 2
+    assert result.code == 1
     assert "conch login --url URL --token TOKEN" in result.err
 
 
@@ -165,3 +171,45 @@ def test_status_lists_deployments_of_the_token_only(cli, conch_env):
     listed = cli("status", "--json")
     assert listed.code == 0 and listed.json() == []
     assert cli("status").out.split() == ["ID", "NAME", "TEAM", "MODEL", "RUNTIME", "STATUS"]
+
+
+def test_json_errors_carry_the_http_status_only_when_there_was_one(cli):
+    by_name = cli("status", "no-such-deployment", "--json")
+    assert by_name.code == 3 and "status" not in by_name.json()["error"]
+    by_id = cli("status", "424242", "--json")
+    assert by_id.code == 3 and by_id.json()["error"]["status"] == 404
+
+
+def test_a_url_that_answers_html_is_said_not_to_be_conch(cli):
+    # given a plain web server (Python's http.server) where Conch was expected
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = cli("models", "list", CONCH_URL=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    # then the CLI says so, with the status and content type, and prints no page
+    said = " ".join(result.err.split())
+    assert f"{url} does not look like a Conch server (HTTP 404, text/html); check the URL (conch login)" in said
+    assert "<html" not in result.err.lower() and "<!doctype" not in result.err.lower()
+
+
+def test_stop_says_what_became_of_the_deployment_once(cli, conch_env, tmp_path):
+    version = write_built_version(
+        conch_env.caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions()
+    )
+    deployment = Deployment.objects.create(
+        team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    result = cli("stop", "web")
+    assert result.code == 0, result.err
+    said = " ".join(result.out.split())
+    assert said.startswith(f"deployment {deployment.pk} (web) is ")
+    assert "stopped stopped" not in said and "stopping stopping" not in said

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import time
 
@@ -183,3 +184,31 @@ def test_a_conch_without_the_upload_api_gets_a_clear_error_and_exit_3(cli, model
     assert message.startswith("error: This Conch server (http://")
     assert "[HTTP 404 from GET /api/v1/models/" in message and "sha256" not in result.err
     assert "has no resumable upload API" in message and "curl" in message
+
+
+def test_ctrl_c_during_an_upload_says_how_to_resume_and_exits_130(cli_process, conch_env, model, tmp_path):
+    # given a 40 MiB file sent one 5 MiB part at a time at 8 MiB/s
+    path = tmp_path / "model.onnx"
+    path.write_bytes(os.urandom(40 * MIB))
+    command = ["upload", "big", path, "--part-size", "5M", "--parallel", "1", "--limit-rate", "8M"]
+    uploads = f"/api/v1/models/{model['id']}/uploads/"
+    client = conch_env.caller.client
+    running = cli_process(*command, background=True)
+    # when Ctrl-C (SIGINT) comes once the store holds two parts
+    deadline = time.monotonic() + 60
+    while True:
+        assert running.poll() is None, running.communicate()
+        assert time.monotonic() < deadline, "the store never held two parts"
+        listing = client.get(uploads).json()
+        open_uploads = listing["results"] if isinstance(listing, dict) else listing
+        if open_uploads and len(client.get(f"{uploads}{open_uploads[0]['id']}/").json()["parts"]) >= 2:
+            break
+        time.sleep(0.1)
+    running.send_signal(signal.SIGINT)
+    _, err = running.communicate(timeout=60)
+    # then it exits 130 saying how to go on and how many parts the store keeps
+    assert running.returncode == 130, err
+    said = " ".join(err.split())
+    found = re.search(r"interrupted; run the same command again to resume \((\d+) of 8 parts stored\)", said)
+    assert found, said
+    assert 2 <= int(found.group(1)) < 8

@@ -17,6 +17,23 @@ from tests.factories import MembershipFactory, UserFactory
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 
+def test_a_refused_token_keeps_what_was_entered_and_shows_the_status(page, alice):
+    # given alice on her team's page
+    page.goto(f"/teams/{alice.team.slug}/")
+    # when she asks for a token that expires after too many days
+    page.get_by_label("Name").fill("nightly")
+    page.get_by_label("infer", exact=False).check()
+    page.get_by_label("Expires after").fill("5000")
+    page.get_by_test_id("token-create").click()
+    # then the refusal shows the sentence with its status, and the form keeps her name, scope and days
+    expect(page.get_by_test_id("page-error")).to_contain_text("expires_in_days must be a whole number")
+    expect(page.get_by_test_id("page-error-status")).to_have_text("(400 Bad Request)")
+    expect(page.get_by_label("Name")).to_have_value("nightly")
+    expect(page.get_by_label("infer", exact=False)).to_be_checked()
+    expect(page.get_by_label("Expires after")).to_have_value("5000")
+    assert not ApiToken.objects.filter(name="nightly").exists()
+
+
 def test_a_token_created_on_the_team_page_is_shown_once_and_revoked_there(page, alice, screenshot):
     # given alice on her team's page
     page.goto(f"/teams/{alice.team.slug}/")
@@ -85,3 +102,18 @@ def test_the_model_page_shows_the_signature_and_refuses_deleting_a_used_version(
     expect(page.get_by_test_id("page-error")).to_contain_text("'web'")
     version.refresh_from_db()
     assert version.status == "built"
+
+
+def test_a_failed_versions_long_error_wraps_and_is_readable_whole(page, alice):
+    # given a version whose build failed with a long sentence
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    sentence = "The uploaded file is not an ONNX model: " + "an ONNX file begins with a protobuf header, " * 6
+    version.status, version.error = "failed", sentence + "but this file begins with the bytes of a ZIP archive."
+    version.save(update_fields=["status", "error"])
+    # when alice opens the model
+    page.goto(f"/models/{version.model_id}/")
+    box = page.get_by_test_id("version-error")
+    # then the whole sentence is inside the box, wrapped over lines, nothing clipped or scrolled away
+    expect(box).to_contain_text("begins with the bytes of a ZIP archive.")
+    assert box.evaluate("(el) => el.scrollWidth <= el.clientWidth")
+    assert box.evaluate("(el) => el.getBoundingClientRect().height") > 40

@@ -221,3 +221,32 @@ def test_a_team_admin_removes_a_member_but_not_the_last_admin(session, alice):
     response = session.post("/teams/acme/members/alice/remove/")
     assert response.status_code == 409
     assert alice.user.memberships.filter(team=alice.team).exists()
+
+
+def test_the_deployments_list_shows_only_the_current_teams_deployments(session, alice, adder):
+    other = TeamFactory(slug="initech", name="Initech")
+    MembershipFactory(user=alice.user, team=other, role="developer")
+    theirs = Deployment.objects.create(
+        team=other, name="elsewhere", model_version=adder[0], status="ready", config_pbtxt=adder[0].config_pbtxt
+    )
+    html = session.get("/deployments/").content.decode()
+    assert f'href="/deployments/{adder[1].pk}/"' in html and f'href="/deployments/{theirs.pk}/"' not in html
+    session.post("/switch-team/", {"team": "initech"})
+    html = session.get("/deployments/").content.decode()
+    assert f'href="/deployments/{theirs.pk}/"' in html and f'href="/deployments/{adder[1].pk}/"' not in html
+
+
+def test_the_team_page_says_a_or_an_before_the_role_and_is_titled_with_the_team_name(session, alice):
+    html = session.get("/teams/acme/").content.decode()
+    assert "You are a <b>developer</b> of" in html
+    assert f"<h1>{alice.team.name}</h1>" in html and "<h1>Team " not in html
+    alice.team.memberships.filter(user=alice.user).update(role="admin")
+    assert "You are an <b>admin</b> of" in session.get("/teams/acme/").content.decode()
+
+
+def test_quota_amounts_read_in_singular_and_plural():
+    from console.templatetags.console_tags import quota_amount
+
+    assert quota_amount(1, "deployments") == "1 deployment"
+    assert quota_amount(2, "instances") == "2 instances"
+    assert quota_amount(1, "gpu") == "1 GPU" and quota_amount(0, "gpu") == "0 GPUs"

@@ -339,3 +339,40 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
     assert len(puts) == 2 and all(url.startswith(f"{endpoint}/{bucket}/") for url in puts), puts
     version = ModelVersion.objects.get(model_id=model["id"])
     assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_hashed(console_browser, alice, settings, tmp_path):
+    # given a server that takes model files of at most 2 KiB, and a 4 KiB file
+    settings.CONCH_MAX_UPLOAD_BYTES = 2048
+    path = tmp_path / "large.onnx"
+    path.write_bytes(b"\x01" * 4096)
+    model = alice.client.post("/api/v1/models/", {"name": "large", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    calls: list[str] = []
+    page.on("request", lambda request: calls.append(request.url) if "/uploads/" in request.url else None)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    shown = watch_progress(page)
+    # when the file is chosen
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page says it is too big, naming the server's limit, without hashing it or calling the API
+    error = page.locator("#upload-error")
+    error.filter(has_text="larger than the").wait_for()
+    assert error.inner_text().startswith("large.onnx is 4.0 KiB (4096 bytes), larger than the 2 KiB (2048 bytes)")
+    assert not any("checksum" in text for text in shown.json_value())
+    assert calls == []
+
+
+def test_the_servers_refusal_is_not_prefixed_with_a_field_it_already_names(console_browser, alice, settings, tmp_path):
+    # given the upload page loaded while the limit was large, then the server's limit lowered
+    path = tmp_path / "large.onnx"
+    path.write_bytes(b"\x01" * 4096)
+    model = alice.client.post("/api/v1/models/", {"name": "large", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    settings.CONCH_MAX_UPLOAD_BYTES = 2048
+    # when the file is chosen, the server answers 413 naming size_bytes
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    error = page.locator("#upload-error")
+    error.filter(has_text="is larger than").wait_for()
+    # then its sentence is shown once, not "size_bytes: size_bytes …"
+    assert error.inner_text().startswith("size_bytes 4096 is larger than the 2 KiB")

@@ -120,7 +120,11 @@ def test_the_deploy_check_partial_says_it_fits(alice):
     response = _client(alice).post(
         f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "2"}
     )
-    assert "It fits: this deployment takes 1 deployments, 2 instances." in response.content.decode()
+    assert "It fits: this deployment takes 1 deployment, 2 instances." in response.content.decode()
+    one = _client(alice).post(
+        f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "1"}
+    )
+    assert "It fits: this deployment takes 1 deployment, 1 instance." in one.content.decode()
 
 
 def test_a_viewer_sees_no_deploy_button(alice):
@@ -252,3 +256,35 @@ def test_the_build_partial_shows_steps_live_and_reloads_the_page_once_built(alic
     # then the whole page reloads (to show the signature, configuration and options) and polling stops
     assert done["HX-Refresh"] == "true"
     assert 'hx-trigger="every 1s"' not in done.content.decode()
+
+
+def test_a_refused_rebuild_lists_every_bad_option_without_repeating_the_field_name(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/build/",
+        {
+            "dynamic_batching": "on",
+            "max_batch_size": "abc",
+            "preferred_batch_size": "4, 99",
+            "instance_count": "-1",
+        },
+    )
+    page = response.content.decode()
+    assert response.status_code == 400
+    for field in ("max_batch_size", "preferred_batch_size", "instance_count"):
+        assert f'data-field="{field}"' in page, field
+    # a sentence that begins with its field is not prefixed with it again
+    assert "max_batch_size</strong>: max_batch_size" not in page and "max_batch_size: max_batch_size" not in page
+    assert "max_batch_size must be" in page
+
+
+def test_a_test_inference_in_image_mode_without_an_image_names_the_input(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    deployment = Deployment.objects.create(
+        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    name = version.signature["inputs"][0]["name"]
+    response = _client(alice).post(f"/wizard/deployments/{deployment.pk}/test/", {"mode": "image"})
+    page = response.content.decode()
+    assert 'data-field="image"' in page
+    assert f"Choose an image for input &#x27;{name}&#x27;." in page and "values but shape" not in page

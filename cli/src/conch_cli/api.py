@@ -35,6 +35,14 @@ def error_from_response(response: httpx.Response, call: str) -> CliError:
         detail = body.get("detail") or body.get("error")
         field = body.get("field")
         extra = {k: v for k, v in body.items() if k not in ("detail", "field", "error")}
+    content_type = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if body is None and content_type == "text/html":
+        # Not Conch's API (a web page: a wrong URL, a proxy's or another server's page): never print the page.
+        where = f"{response.url.scheme}://{response.url.netloc.decode()}"
+        detail = (
+            f"{where} does not look like a Conch server (HTTP {response.status_code}, {content_type}); check the URL "
+            "(conch login)"
+        )
     if not detail:
         text = response.text.strip()
         detail = text[:500] if text else f"HTTP {response.status_code} {response.reason_phrase}"

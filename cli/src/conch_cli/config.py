@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from conch_cli.errors import AUTH, USAGE, CliError
+from conch_cli.errors import USAGE, CliError
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def read_config_file() -> dict:
 def load_settings() -> Settings:
     """Return the URL and token to use: `CONCH_URL`/`CONCH_TOKEN`, else the config file's.
 
-    Raises CliError (AUTH) when either is missing, saying how to set them.
+    Raises CliError (USAGE: nothing to authenticate with yet) when either is missing, saying how to set them.
     """
     stored = read_config_file()
     url = os.environ.get("CONCH_URL") or stored.get("url") or ""
@@ -67,7 +67,7 @@ def load_settings() -> Settings:
         raise CliError(
             f"No Conch {missing} configured: run `conch login --url URL --token TOKEN`, or set CONCH_URL and "
             "CONCH_TOKEN.",
-            AUTH,
+            USAGE,
         )
     return Settings(url=normalize_url(url), token=token)
 

@@ -9,6 +9,9 @@
 | 4    | conflict or limit: a name in use, a quota or size limit refused          | 409, 413                 |
 | 5    | the job ran and failed: upload check, build or deployment failed          |                          |
 | 6    | server unavailable: no answer, a timeout, 5xx, rate limited              | 429, 5xx, network errors |
+| 130  | interrupted (Ctrl-C)                                                     |                          |
+
+A missing URL or token (no `conch login`, no CONCH_URL/CONCH_TOKEN) is a usage error (1).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ NOT_FOUND = 3
 CONFLICT = 4
 FAILED = 5
 UNAVAILABLE = 6
+INTERRUPTED = 130
 
 
 def exit_code_for_status(status: int) -> int:
@@ -62,7 +66,11 @@ class CliError(Exception):
         return text
 
     def as_json(self) -> dict:
-        """The error as `--json` prints it: `{"error": {detail, field, status, exit_code, ...}}`."""
-        body = {"detail": self.detail, "field": self.field, "status": self.status, "exit_code": self.exit_code}
+        """The error as `--json` prints it: `{"error": {detail, field, status, exit_code, ...}}`; `status` (the
+        HTTP status) only when the server answered one."""
+        body: dict = {"detail": self.detail, "field": self.field}
+        if self.status is not None:
+            body["status"] = self.status
+        body["exit_code"] = self.exit_code
         body.update(self.extra)
         return {"error": body}

@@ -18,12 +18,13 @@ import typer
 from conch_cli import __version__, output, tensors
 from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
-from conch_cli.errors import FAILED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
+from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
 from conch_cli.transfer import RateLimit, check_upload_api, file_sha256, upload_file
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 done; 1 usage error or input the server refused; 2 authentication or permission; 3 not found; "
-    "4 conflict or quota/size limit; 5 upload check, build or deployment failed; 6 server unavailable or timed out."
+    "Exit codes: 0 done; 1 usage error (also: no URL or token configured) or input the server refused; "
+    "2 authentication or permission; 3 not found; 4 conflict or quota/size limit; 5 upload check, build or "
+    "deployment failed; 6 server unavailable or timed out; 130 interrupted (Ctrl-C)."
 )
 
 app = typer.Typer(
@@ -488,7 +489,11 @@ def stop(
     if as_json:
         output.emit_json(stopped)
     else:
-        output.line(f"deployment {stopped['id']} {stopped['status']}")
+        name = f"deployment {stopped['id']} ({stopped.get('name') or found.get('name')})"
+        if stopped["status"] == "stopped":
+            output.line(f"{name} is stopped")
+        else:
+            output.line(f"{name} is {stopped['status']}; `conch stop --wait` waits until it is stopped")
 
 
 @app.command()
@@ -546,7 +551,7 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
         output.note("interrupted")
-        return 130
+        return INTERRUPTED
     except CliError as exc:
         _report(exc, json_mode)
         return exc.exit_code

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from conch_cli.api import CONNECT_TIMEOUT_S, ConchApi, error_from_response, unavailable
-from conch_cli.errors import FAILED, NOT_FOUND, UNAVAILABLE, USAGE, CliError
+from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, UNAVAILABLE, USAGE, CliError
 
 PIECE_BYTES = 1024 * 1024
 #: Part numbers per request for part URLs (the API's limit).
@@ -259,10 +259,14 @@ class PartSender:
                     if failed:
                         raise failed[0].exception()
                 except BaseException:
-                    # Parts not started are dropped and parts in flight end now; the store keeps the finished ones.
+                    # Parts not started are dropped and parts in flight end now; the store keeps the finished ones
+                    # (counted in `etags`, so an interruption can say how many are stored).
                     self._stop.set()
                     for future in futures:
                         future.cancel()
+                    for future, number in futures.items():
+                        if future.done() and not future.cancelled() and future.exception() is None:
+                            self.etags[number] = future.result()
                     raise
                 for future, number in futures.items():
                     self.etags[number] = future.result()
@@ -338,7 +342,14 @@ def upload_file(
     started = time.monotonic()
     if upload["status"] == "uploading":
         sender = PartSender(api, upload, path, parallel=parallel, progress=progress, rate_limit=rate_limit)
-        sent = sender.send_missing()
+        try:
+            sent = sender.send_missing()
+        except KeyboardInterrupt:
+            stored = upload["part_count"] - len(sender.missing()) + len(sender.etags)
+            raise CliError(
+                f"interrupted; run the same command again to resume ({stored} of {upload['part_count']} parts stored)",
+                INTERRUPTED,
+            ) from None
     sent_at = time.monotonic()
     if upload["status"] == "uploading":
         parts = [{"number": n, "etag": e} for n, e in sorted(sender.etags.items()) if e]

@@ -3,7 +3,8 @@
 // part URL (folder storage), a few at a time, with progress, speed and time left; pause, resume, cancel; the
 // upload's id kept in localStorage (model + file name + size), so after a reload the same file, chosen again,
 // goes on from the parts the store already has. Every rule (sizes, quota, checksum) is the server's: this file
-// only moves bytes and shows what the API answers.
+// only moves bytes and shows what the API answers; the one thing it checks first is the file's size against the
+// server's limit, which the page carries (data-max-bytes), so a file too big is refused before it is hashed.
 (() => {
   "use strict";
 
@@ -22,6 +23,8 @@
   const uploadsUrl = root.dataset.uploadsUrl;
   const buildUrl = root.dataset.buildUrl;
   const csrf = root.dataset.csrf;
+  const maxBytes = Number(root.dataset.maxBytes);
+  const maxText = root.dataset.maxText;
   const HASH_CHUNK = 2 * 1024 * 1024;
   const PARALLEL_PARTS = 3;
   const SIGN_BATCH = 100; // the API signs at most 100 parts per call
@@ -118,6 +121,16 @@
     state.samples = [];
     fileName.textContent = `${file.name}, ${describeBytes(file.size)}`;
     setButtons({ pause: false, resume: false, cancel: false });
+    if (maxBytes > 0 && file.size > maxBytes) {
+      state.upload = null;
+      progress.textContent = "Not uploaded.";
+      showError(
+        `${file.name} is ${describeBytes(file.size)} (${file.size} bytes), larger than the ${maxText} ` +
+          `(${maxBytes} bytes) a model file may be; an administrator can raise it with the ` +
+          "CONCH_MAX_UPLOAD_BYTES setting.",
+      );
+      return;
+    }
     try {
       state.sha256 = await computeSha256(file);
       state.upload = await openUpload(file);
@@ -334,7 +347,9 @@
   function failed(error) {
     state.paused = true;
     setButtons({ pause: false, resume: !!state.upload && !state.finished, cancel: !!state.upload && !state.finished });
-    showError(error.field ? `${error.field}: ${error.message}` : error.message);
+    // "field: sentence", unless the sentence already begins with its field
+    const prefixed = error.field && !error.message.startsWith(error.field);
+    showError(prefixed ? `${error.field}: ${error.message}` : error.message);
   }
 
   function sentBytes() {
