@@ -143,6 +143,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "filename": obj.source_filename,
             "size_bytes": obj.source_size_bytes,
             "sha256": obj.source_sha256,
+            "sha256_checked": obj.source_checked,
             "key": obj.source_key,
         }
 
