@@ -1,6 +1,7 @@
 """`conch upload` against a live Conch with the resumable upload API, on folder storage and on S3 storage (the
 moto S3 server over HTTP: parts go straight to the bucket with presigned URLs): parts in parallel, sha256 checked
-by the server, an interrupted upload resumed by running the same command again, and the refusals' exit codes.
+by the server (the version's build), an interrupted upload resumed by running the same command again, and the
+refusals' exit codes.
 
 Tasks run inline (eager): completing an upload checks it and makes the version, whose build then fails at once
 (these files are random bytes, not models), which `--wait` reports with exit 5.
