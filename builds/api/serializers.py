@@ -182,7 +182,7 @@ class StartUploadSerializer(serializers.Serializer):
         allow_null=True,
         min_value=1,
         max_value=2**63 - 1,
-        help_text="Bytes per part, 5 MiB to 5 GiB, at most 10,000 parts; left out, Conch chooses (64 MiB or more).",
+        help_text="Bytes per part, 5 MiB to 5 GiB, at most 10,000 parts; left out, Conch chooses (16 MiB or more).",
     )
     build_options = UploadBuildOptionsSerializer(required=False, allow_null=True)
 

@@ -715,3 +715,16 @@ def test_a_real_model_sent_straight_to_the_bucket_is_built_like_an_ordinary_uplo
         "checking sha256 … ok",
     ]
     assert "max_batch_size: 8" in version["config_pbtxt"]
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "planned"),
+    [
+        (1, (16 * MIB, 1)),
+        (2**30, (16 * MIB, 64)),  # 1 GiB: 64 parts of 16 MiB
+        (2**30 + 1, (16 * MIB, 65)),
+        (200 * 2**30, (21 * MIB, 9753)),  # past 10,000 parts of 16 MiB: the next whole MiB that fits
+    ],
+)
+def test_without_a_part_size_conch_plans_16_mib_parts_or_the_least_whole_mib_under_10000_parts(size_bytes, planned):
+    assert resumable.plan_parts(size_bytes=size_bytes) == planned
