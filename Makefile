@@ -56,6 +56,7 @@ cluster: venv
 bench: venv
 	$(BIN)/python bench/serving.py
 	$(BIN)/python bench/upload.py
+	$(BIN)/python bench/browser_upload.py
 	$(BIN)/python bench/time_to_serve.py
 	$(BIN)/python bench/reconcile.py
 

@@ -77,8 +77,51 @@ class UploadVersionSerializer(serializers.Serializer):
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
 
 
-class RebuildSerializer(serializers.Serializer):
-    """Optional body of a rebuild: new sample inputs for the verify step (documented for the OpenAPI schema)."""
+class BuildOptionsSerializer(serializers.Serializer):
+    """Build options as a rebuild or an options check takes them (documented for the OpenAPI schema; the build's
+    own rules check the values)."""
+
+    max_batch_size = serializers.JSONField(required=False, help_text="0..1024; 0 turns batching off.")
+    max_queue_delay_microseconds = serializers.JSONField(required=False, help_text="0..1000000, needs batching.")
+    preferred_batch_size = serializers.JSONField(required=False, help_text="A list, or text such as '4, 8'.")
+    instance_count = serializers.JSONField(required=False, help_text="1..16 model instances.")
+    dynamic_batching = serializers.JSONField(
+        required=False, help_text="false (or 'off') is max_batch_size 0: no dynamic batcher."
+    )
+
+
+class OptionsCheckSerializer(serializers.Serializer):
+    """The answer of an options check: every field at fault, and the configuration the options would give."""
+
+    errors = serializers.ListField(child=serializers.DictField(child=serializers.CharField()))
+    config_pbtxt = serializers.CharField()
+
+
+class SignatureRowSerializer(serializers.Serializer):
+    role = serializers.CharField()
+    name = serializers.CharField()
+    datatype = serializers.CharField()
+    dims = serializers.ListField(child=serializers.IntegerField())
+    dim_names = serializers.ListField(child=serializers.CharField(allow_null=True))
+    shape = serializers.CharField(help_text="E.g. [batch*, 3, 224, 224]; * marks Triton's batch axis.")
+    batch_axis = serializers.BooleanField()
+
+
+class VersionReviewSerializer(serializers.Serializer):
+    """What a build found and wrote, for review (documented for the OpenAPI schema)."""
+
+    version = serializers.IntegerField()
+    status = serializers.CharField()
+    signature = SignatureRowSerializer(many=True)
+    batching_reason = serializers.CharField()
+    config_pbtxt = serializers.CharField()
+    previous_version_number = serializers.IntegerField(allow_null=True)
+    config_diff = serializers.CharField()
+
+
+class RebuildSerializer(BuildOptionsSerializer):
+    """Optional body of a rebuild: new sample inputs for the verify step and new build options (documented for
+    the OpenAPI schema)."""
 
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)

@@ -11,6 +11,10 @@ urlpatterns = [
         r"^models/(?P<model_id>[0-9]+)/versions/?$", views.ModelVersionListUploadView.as_view(), name="model-versions"
     ),
     re_path(r"^versions/(?P<version_id>[0-9]+)/rebuild/?$", views.RebuildView.as_view(), name="version-rebuild"),
+    re_path(
+        r"^versions/(?P<version_id>[0-9]+)/check-options/?$", views.CheckOptionsView.as_view(), name="version-check"
+    ),
+    re_path(r"^versions/(?P<version_id>[0-9]+)/review/?$", views.VersionReviewView.as_view(), name="version-review"),
     # Resumable uploads (README, "Resumable uploads").
     re_path(r"^models/(?P<model_id>[0-9]+)/uploads/?$", uploads.ModelUploadsView.as_view(), name="model-uploads"),
     re_path(

@@ -20,7 +20,22 @@ from rest_framework.views import APIView
 from rest_framework.viewsets import GenericViewSet
 
 from builds import services as builds
-from builds.api.serializers import ModelVersionSerializer, RebuildSerializer, UploadVersionSerializer
+from builds.api.serializers import (
+    BuildOptionsSerializer,
+    ModelVersionSerializer,
+    OptionsCheckSerializer,
+    RebuildSerializer,
+    UploadVersionSerializer,
+    VersionReviewSerializer,
+)
+from builds.services.review import (
+    DYNAMIC_BATCHING_FIELD,
+    OPTION_NAMES,
+    batching_reason,
+    check_build_options,
+    config_diff,
+    signature_rows,
+)
 from builds.verification import MAX_SAMPLE_INPUTS_BYTES, SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD
 from conch.api import BoundedLimitOffsetPagination, ErrorSerializer
 from conch.errors import InvalidInput, UnsupportedMediaType
@@ -191,7 +206,11 @@ class RebuildView(APIView):
         },
         description="Build the version again. `sample_inputs` (an .npz file) and `sample_values` (text such as "
         "`sr=16000`, or a JSON object) replace the version's sample inputs for the verify step; leave them out to "
-        "keep what the version has.",
+        "keep what the version has. Build options (`max_batch_size`, `max_queue_delay_microseconds`, "
+        "`preferred_batch_size`, `instance_count`, and `dynamic_batching` false for max_batch_size 0): when any is "
+        "sent they replace the version's options (one left out goes back to the model's default), checked first "
+        "by the build's rules (400 naming the option; `POST /versions/{id}/check-options` lists every field at "
+        "fault).",
     )
     @accepts_body(REBUILD_BODY)
     def post(self, request: Request, version_id: int) -> Response:
@@ -218,14 +237,61 @@ class RebuildView(APIView):
                     field=SAMPLE_VALUES_FIELD,
                 )
             samples = files.get(SAMPLE_INPUTS_FIELD)
+            option_keys = [key for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD) if key in data]
             version = builds.request_rebuild(
                 user=request.user,
                 token=request.auth,
                 version=version,
                 sample_inputs=samples.stored if samples is not None else None,
                 sample_values=data.get(SAMPLE_VALUES_FIELD) if SAMPLE_VALUES_FIELD in data else None,
+                options={key: data.get(key) for key in option_keys} if option_keys else None,
             )
         except BaseException:
             handler.discard()  # the incoming samples are never left behind
             raise
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
+
+
+class CheckOptionsView(APIView):
+    """POST checks build options for a version by the build's own rules, without building (inline validation)."""
+
+    parser_classes = [JSONParser, FormParser]
+
+    @extend_schema(
+        request=BuildOptionsSerializer,
+        responses={200: OptionsCheckSerializer, 404: ErrorSerializer},
+        description="Check build options as a rebuild would (the same rules as the configure step, against the "
+        "version's inspected signature). 200 with `errors`: every option at fault as {field, detail} (empty when "
+        "all is well), and `config_pbtxt`: the configuration these options would give. Nothing is changed.",
+    )
+    def post(self, request: Request, version_id: int) -> Response:
+        version = services.get_version(user=request.user, version_id=version_id, token=request.auth)
+        if not isinstance(request.data, Mapping):
+            raise InvalidInput("Send the build options as a JSON object.", field="max_batch_size")
+        check = check_build_options(version=version, fields=request.data)
+        return Response({"errors": check.errors, "config_pbtxt": check.config_pbtxt})
+
+
+class VersionReviewView(APIView):
+    """GET what a build found and wrote: signature rows with the batch axis, why batching is on or off, the diff."""
+
+    @extend_schema(
+        responses={200: VersionReviewSerializer, 404: ErrorSerializer},
+        description="The inspected signature as rows (role, name, datatype, dims, shape text with the batch axis "
+        "marked `batch*`), the build's reason for batching or not (from its log), the generated config.pbtxt and "
+        "its unified diff against the previous built version of the same model.",
+    )
+    def get(self, request: Request, version_id: int) -> Response:
+        version = services.get_version(user=request.user, version_id=version_id, token=request.auth)
+        diff = config_diff(version, services.visible_versions(user=request.user, token=request.auth))
+        return Response(
+            {
+                "version": version.pk,
+                "status": version.status,
+                "signature": [row.__dict__ for row in signature_rows(version)],
+                "batching_reason": batching_reason(version),
+                "config_pbtxt": version.config_pbtxt,
+                "previous_version_number": diff.previous_number,
+                "config_diff": diff.diff,
+            }
+        )

@@ -13,7 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from builds.model_config import parse_build_options
+from builds.services.review import check_build_options
 from builds.verification import describe_sample_arrays, parse_sample_values, read_sample_arrays
+from conch.errors import InvalidInput
 from models_registry import services as registry
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
 from tenancy.choices import Role, Scope
@@ -72,8 +74,10 @@ def request_rebuild(
     sample_inputs: StoredObject | None = None,
     sample_values: Any = None,
     token: TokenGrant | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> ModelVersion:
-    """Build a version again from its stored file (after a fix in Conch, a transient failure, or to add samples).
+    """Build a version again from its stored file (after a fix in Conch, a transient failure, to add samples, or
+    with other build options).
 
     `user` needs the developer role in the version's team and, with a `token`, the `models:write` scope
     (Forbidden otherwise; nothing changes then).
@@ -84,6 +88,11 @@ def request_rebuild(
     CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it. Raises InvalidInput (field `sample_inputs` or
     `sample_values`) for bad samples, Conflict while the upload is unfinished or a build is queued or running
     normally; the version's samples are unchanged then.
+
+    `options` (the four build option fields, and `dynamic_batching`; see `review.option_fields`), when given,
+    replace the version's build options: a field left out or empty goes back to the model's default. They are
+    checked first by the build's own rules against the version's signature (`review.check_build_options`):
+    InvalidInput naming the first option at fault, and nothing changes.
     """
     require_role(
         user=user,
@@ -95,6 +104,12 @@ def request_rebuild(
     )
     store = get_object_store()
     build_options = dict(version.build_options or {})
+    if options is not None:
+        check = check_build_options(version=version, fields=options)
+        if not check.ok:
+            first = check.errors[0]
+            raise InvalidInput(first["detail"], field=first["field"])
+        build_options.update(check.options.to_dict())
     previous = build_options.get("samples") or {}
     samples = _accept_samples(store, version, previous, sample_inputs, sample_values, move=False)
     build_options.pop("samples", None)

@@ -608,14 +608,26 @@ def _inferences(summary, route: Route) -> int:
     return 1
 
 
+#: Triton protocol extensions a client can use through the gateway (Triton docs, "Protocol extensions"); the
+#: server metadata lists only these.
+SERVED_EXTENSIONS = frozenset(
+    {"classification", "sequence", "model_configuration", "binary_tensor_data", "parameters", "schedule_policy"}
+)
+
+
 def _renamed_server_metadata(payload: bytes, name: str) -> bytes:
-    """Triton's server metadata with the deployment's name as the server's (Triton's own id is internal)."""
+    """Triton's server metadata with the deployment's name as the server's (Triton's own id is internal) and
+    only the extensions the gateway serves (SERVED_EXTENSIONS)."""
     try:
         metadata = json.loads(payload)
     except ValueError:
         return payload
     if isinstance(metadata, dict) and "name" in metadata:
         metadata["name"] = name
+        if isinstance(metadata.get("extensions"), list):
+            # Only what a client can use through the gateway: no repository, shared-memory, statistics, trace
+            # or logging API is served here.
+            metadata["extensions"] = [item for item in metadata["extensions"] if item in SERVED_EXTENSIONS]
         return json.dumps(metadata, separators=(",", ":")).encode()
     return payload
 

@@ -116,6 +116,28 @@ def _header_length(request: Request) -> int | None:
     return int(raw)
 
 
+def _create_arguments(request: Request) -> dict[str, Any]:
+    """The keyword arguments of `create_deployment` from a create (or check) body."""
+    form = CreateDeploymentSerializer(data=request.data)
+    form.is_valid(raise_exception=True)
+    v = form.validated_data
+    return {
+        "team_slug": v["team"],
+        "name": v["name"],
+        "model_version_id": v["model_version"],
+        "runtime": v["runtime"],
+        "instance_count": v["instance_count"],
+        "max_batch_size": v["max_batch_size"],
+        "max_queue_delay_microseconds": v["max_queue_delay_microseconds"],
+        "cluster": v["cluster"],
+        "replicas": v["replicas"],
+        "autoscaling": v["autoscaling"],
+        "gpu": v["gpu"],
+        "cpu": v["cpu"],
+        "memory": v["memory"],
+    }
+
+
 class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     """Deployments of your teams. PATCH changes one while it serves; DELETE stops one (its Triton ends, its ports
     are freed)."""
@@ -138,27 +160,40 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         },
     )
     def create(self, request: Request) -> Response:
-        form = CreateDeploymentSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        v = form.validated_data
-        deployment = services.create_deployment(
-            user=request.user,
-            token=request.auth,
-            team_slug=v["team"],
-            name=v["name"],
-            model_version_id=v["model_version"],
-            runtime=v["runtime"],
-            instance_count=v["instance_count"],
-            max_batch_size=v["max_batch_size"],
-            max_queue_delay_microseconds=v["max_queue_delay_microseconds"],
-            cluster=v["cluster"],
-            replicas=v["replicas"],
-            autoscaling=v["autoscaling"],
-            gpu=v["gpu"],
-            cpu=v["cpu"],
-            memory=v["memory"],
-        )
+        deployment = services.create_deployment(user=request.user, token=request.auth, **_create_arguments(request))
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=CreateDeploymentSerializer,
+        responses={
+            200: OpenApiTypes.OBJECT,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+        },
+        description="Would this deployment be accepted now? The same body as POST /deployments/, checked by the "
+        'create\'s own rules and quota reservation, writing nothing: 200 `{"fits": true, "requested": …}`, '
+        "or the very error the create would answer (409 with `quota` when the team's quota has no room).",
+    )
+    @action(detail=False, methods=["post"], url_path="check")
+    def check(self, request: Request) -> Response:
+        fit = services.check_deployment_fits(user=request.user, token=request.auth, **_create_arguments(request))
+        return Response({"fits": True, **fit})
+
+    @extend_schema(
+        parameters=[OpenApiParameter("team", str, required=True, description="Slug of one of your teams.")],
+        responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 404: ErrorSerializer},
+        description="What the team can deploy on: runtimes (available or why not), registered clusters with the "
+        "GPUs their Nodes offer (product, resource, MIG profile, most on one node, total), and the team's quota "
+        "use (limit, used, free per field and unit).",
+    )
+    @action(detail=False, methods=["get"], url_path="offers")
+    def offers(self, request: Request) -> Response:
+        team = request.query_params.get("team", "")
+        if not team:
+            raise InvalidInput("Name the team: ?team=<slug>.", field="team")
+        return Response(services.deployment_offers(user=request.user, team_slug=team, token=request.auth))
 
     @extend_schema(
         request=UpdateDeploymentSerializer,

@@ -18,9 +18,12 @@ from deployments.services.lifecycle import (
     stop_all_local_servers,
     stop_deployment,
 )
+from deployments.services.offers import deployment_offers
 from deployments.services.records import (
     ENABLED_RUNTIMES,
     LOG_TAIL_LINES,
+    DeploymentPlan,
+    check_deployment_fits,
     create_deployment,
     deployment_events,
     effective_settings,
@@ -28,6 +31,7 @@ from deployments.services.records import (
     get_deployment,
     internal_url,
     log_tail,
+    plan_deployment,
     request_stop,
     rescale_deployment,
     serving_servers,
@@ -44,6 +48,8 @@ from deployments.services.updates import (
 __all__ = [
     "ENABLED_RUNTIMES",
     "LOG_TAIL_LINES",
+    "DeploymentPlan",
+    "check_deployment_fits",
     "collect_repository_garbage",
     "gateway_usage",
     "create_deployment",
@@ -51,6 +57,7 @@ __all__ = [
     "describe_cluster",
     "get_cluster",
     "list_clusters",
+    "deployment_offers",
     "deployment_repository_prefix",
     "deployment_spec",
     "effective_settings",
@@ -60,6 +67,7 @@ __all__ = [
     "ensure_model_version_updated",
     "ensure_servers_serve_current_version",
     "get_deployment",
+    "plan_deployment",
     "infer",
     "internal_url",
     "log_tail",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
@@ -17,7 +18,7 @@ from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
-from deployments.services.placement import parse_placement, parse_scaling
+from deployments.services.placement import Placement, parse_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
@@ -27,10 +28,11 @@ from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
 from tenancy.quotas import reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, object_history, require_role, teams_for_user
-from tritonserving.config import config_from_pbtxt, config_to_pbtxt
+from tritonserving.config import ModelConfig, config_from_pbtxt, config_to_pbtxt
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
+    from tenancy.models import Team
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +171,111 @@ def create_deployment(
     Needs the developer role in the team and, with a `token`, the `deployments:write` scope and (for a token
     limited to named deployments) `name` among them: Forbidden otherwise.
     """
+    plan = plan_deployment(
+        user=user,
+        token=token,
+        team_slug=team_slug,
+        name=name,
+        model_version_id=model_version_id,
+        runtime=runtime,
+        instance_count=instance_count,
+        max_batch_size=max_batch_size,
+        max_queue_delay_microseconds=max_queue_delay_microseconds,
+        cluster=cluster,
+        replicas=replicas,
+        autoscaling=autoscaling,
+        gpu=gpu,
+        cpu=cpu,
+        memory=memory,
+    )
+    team, version, placement, config = plan.team, plan.version, plan.placement, plan.config
+    version_id = version.pk
+    instance_count, max_batch_size, delay = plan.instance_count, plan.max_batch_size, plan.max_queue_delay_microseconds
+    requested = plan.requested
+    try:
+        with transaction.atomic():
+            reserve_quota(team=team, requested=requested, what="this deployment")
+            lock_built_version(version_id=version.pk)  # a deletion of the version either ran first or waits
+            deployment = Deployment.objects.create(
+                team=team,
+                name=name,
+                model_version=version,
+                runtime=runtime,
+                cluster=placement.cluster,
+                replicas=placement.replicas,
+                autoscaling=placement.autoscaling,
+                gpu=placement.gpu,
+                cpu=placement.cpu,
+                memory=placement.memory,
+                instance_count=instance_count or 1,
+                max_batch_size=max_batch_size,
+                max_queue_delay_microseconds=delay,
+                config_pbtxt=config_to_pbtxt(config),
+                repository_prefix=version.repository_prefix,
+                created_by=user,
+            )
+            record_audit(
+                action=AuditAction.DEPLOYMENT_CREATED,
+                team=team,
+                target=deployment,
+                after={
+                    "model_version": version_id,
+                    "runtime": runtime,
+                    "cluster": placement.cluster.name if placement.cluster else None,
+                    "replicas": placement.replicas,
+                    "autoscaling": placement.autoscaling,
+                    "gpu": placement.gpu,
+                    "instance_count": deployment.instance_count,
+                },
+            )
+            _queue_start(deployment.pk)
+    except IntegrityError:
+        raise Conflict(f"Team '{team.slug}' already has an active deployment named '{name}'.", field="name") from None
+    log.info("deployment.created", extra={"deployment_id": deployment.pk})
+    return deployment
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """A deployment request checked by every rule but the quota: what `create_deployment` would write.
+
+    `requested`: what it would take from the team's quotas ({"deployments": 1, "instances": n} for local,
+    {"deployments": 1, "gpu": {resource: count}} for kubernetes), as `reserve_quota` takes it.
+    """
+
+    team: Team
+    version: ModelVersion
+    placement: Placement
+    config: ModelConfig
+    instance_count: int | None
+    max_batch_size: int | None
+    max_queue_delay_microseconds: int | None
+    requested: dict[str, Any]
+
+
+def plan_deployment(
+    *,
+    user: AbstractBaseUser,
+    token: TokenGrant | None = None,
+    team_slug: str,
+    name: str,
+    model_version_id: Any,
+    runtime: str = RuntimeName.LOCAL,
+    instance_count: Any = None,
+    max_batch_size: Any = None,
+    max_queue_delay_microseconds: Any = None,
+    cluster: Any = None,
+    replicas: Any = None,
+    autoscaling: Any = None,
+    gpu: Any = None,
+    cpu: Any = None,
+    memory: Any = None,
+) -> DeploymentPlan:
+    """Check a deployment request by every rule of `create_deployment` except the quota, writing nothing.
+
+    Same arguments and errors as `create_deployment` (InvalidInput naming the field, NotFound, Conflict for a
+    version that is not built, Forbidden without the developer role), except QuotaExceeded and the duplicate name.
+    """
     validate_model_name(name)
     team = get_team_for_user(user=user, slug=team_slug, token=token)
     require_role(
@@ -233,47 +340,34 @@ def create_deployment(
         requested["gpu"] = gpu_request(
             replicas=placement.replicas, autoscaling=placement.autoscaling, gpu=placement.gpu
         )
-    try:
-        with transaction.atomic():
-            reserve_quota(team=team, requested=requested, what="this deployment")
-            lock_built_version(version_id=version.pk)  # a deletion of the version either ran first or waits
-            deployment = Deployment.objects.create(
-                team=team,
-                name=name,
-                model_version=version,
-                runtime=runtime,
-                cluster=placement.cluster,
-                replicas=placement.replicas,
-                autoscaling=placement.autoscaling,
-                gpu=placement.gpu,
-                cpu=placement.cpu,
-                memory=placement.memory,
-                instance_count=instance_count or 1,
-                max_batch_size=max_batch_size,
-                max_queue_delay_microseconds=delay,
-                config_pbtxt=config_to_pbtxt(config),
-                repository_prefix=version.repository_prefix,
-                created_by=user,
-            )
-            record_audit(
-                action=AuditAction.DEPLOYMENT_CREATED,
-                team=team,
-                target=deployment,
-                after={
-                    "model_version": version_id,
-                    "runtime": runtime,
-                    "cluster": placement.cluster.name if placement.cluster else None,
-                    "replicas": placement.replicas,
-                    "autoscaling": placement.autoscaling,
-                    "gpu": placement.gpu,
-                    "instance_count": deployment.instance_count,
-                },
-            )
-            _queue_start(deployment.pk)
-    except IntegrityError:
-        raise Conflict(f"Team '{team.slug}' already has an active deployment named '{name}'.", field="name") from None
-    log.info("deployment.created", extra={"deployment_id": deployment.pk})
-    return deployment
+    return DeploymentPlan(
+        team=team,
+        version=version,
+        placement=placement,
+        config=config,
+        instance_count=instance_count,
+        max_batch_size=max_batch_size,
+        max_queue_delay_microseconds=delay,
+        requested=requested,
+    )
+
+
+def check_deployment_fits(**request: Any) -> dict[str, Any]:
+    """Say whether a deployment would be accepted now, by the same checks as `create_deployment`, writing nothing.
+
+    Takes `create_deployment`'s keyword arguments. Runs `plan_deployment`, then the same quota reservation
+    (`reserve_quota`, under the team's lock) in a transaction that writes nothing, so a refusal here is the one the
+    create would give at this moment: QuotaExceeded (409) with the same message, field and numbers, or the same
+    InvalidInput / NotFound / Conflict / Forbidden. A name already used by an active deployment of the team is a
+    Conflict (field `name`), as the create's unique constraint would say. Returns {"requested": …} when it fits.
+    """
+    plan = plan_deployment(**request)
+    with transaction.atomic():
+        reserve_quota(team=plan.team, requested=plan.requested, what="this deployment")
+    name = request["name"]
+    if Deployment.objects.filter(team=plan.team, name=name).exclude(status=DeploymentStatus.STOPPED).exists():
+        raise Conflict(f"Team '{plan.team.slug}' already has an active deployment named '{name}'.", field="name")
+    return {"requested": plan.requested}
 
 
 def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: TokenGrant | None = None) -> Deployment:

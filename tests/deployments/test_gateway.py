@@ -182,6 +182,11 @@ def test_server_metadata_names_the_deployment_not_the_internal_server(served):
     metadata = client.get_server_metadata(headers=headers)
     assert metadata["name"] == "adder"
     assert metadata["version"].startswith("2.")
+    # what the gateway refuses is not advertised (Triton itself lists model_repository, statistics, trace, …)
+    assert "binary_tensor_data" in metadata["extensions"]
+    assert not {"model_repository", "statistics", "system_shared_memory", "trace", "logging"} & set(
+        metadata["extensions"]
+    )
     client.close()
 
 

@@ -388,6 +388,8 @@ class Command(AuditedCommand):
         port = chosen
         url = f"http://127.0.0.1:{port}"
         gateway_port = _free_port(port + 1)
+        if gateway_port != port + 1:
+            self._say(f"port {port + 1} is in use; the inference gateway uses {gateway_port}")
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         # The web process shows the gateway's address on each deployment (endpoints.gateway).
         os.environ["CONCH_GATEWAY_BIND"] = f"127.0.0.1:{gateway_port}"

@@ -1,0 +1,247 @@
+"""What a user reviews after a build: the inspected signature as rows, the generated configuration against the
+previous version's, and a check of new build options by the build's own rules before a rebuild.
+
+Nothing here has rules of its own: options are checked by `builds.model_config.parse_build_options` and
+`build_model_config` (the same calls the configure step makes), and the reason batching is on or off is the one
+the build wrote in its log (`builds.verify_step.describe_batching_plan` in the configure step, and the verify step
+when it proved batching unsafe).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from builds.choices import StepName
+from builds.inspection import ModelSignature, TensorSpec
+from builds.model_config import BuildOptions, build_model_config, parse_build_options
+from builds.models import BuildStep
+from conch.errors import InvalidInput
+from models_registry.choices import VersionStatus
+from tritonserving.config import config_from_pbtxt, config_to_pbtxt
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
+
+__all__ = [
+    "OPTION_NAMES",
+    "ConfigDiff",
+    "OptionsCheck",
+    "SignatureRow",
+    "batching_reason",
+    "check_build_options",
+    "config_diff",
+    "diff_configs",
+    "signature_rows",
+]
+
+#: The build options a user may change (the fields `parse_build_options` reads).
+OPTION_NAMES = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+#: Form field that turns the dynamic batcher off: the same as asking for max_batch_size 0.
+DYNAMIC_BATCHING_FIELD = "dynamic_batching"
+
+# A log line is "HH:MM:SS message" (builds.services.pipeline.StepLog).
+_STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
+
+
+@dataclass(frozen=True)
+class OptionsCheck:
+    """The result of checking build options: every field at fault, and the configuration they would give.
+
+    `errors`: [{"field": option name, "detail": what is wrong and what to do}], at most one per field, in the
+    order the build's rules found them. `options`: the options as parsed (None when any field is at fault).
+    `config_pbtxt`: the configuration the configure step would write with these options ("" when the version
+    has no signature yet or an option is at fault).
+    """
+
+    errors: list[dict[str, str]] = field(default_factory=list)
+    options: BuildOptions | None = None
+    config_pbtxt: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when no field is at fault."""
+        return not self.errors
+
+
+def option_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The option fields of a form or JSON body, with the dynamic batching switch turned into max_batch_size 0.
+
+    `dynamic_batching` off ("off", "false", "0", False) means max_batch_size 0, as Triton has it (Triton "Model
+    Configuration" -> "Maximum Batch Size": 0 turns batching, and so the dynamic batcher, off). Other keys are left
+    out.
+    """
+    chosen = {name: fields.get(name) for name in OPTION_NAMES}
+    switch = fields.get(DYNAMIC_BATCHING_FIELD)
+    if switch is not None and str(switch).strip().lower() in ("off", "false", "0", "no"):
+        chosen["max_batch_size"] = 0
+    return chosen
+
+
+def check_build_options(*, version: ModelVersion, fields: Mapping[str, Any]) -> OptionsCheck:
+    """Check build options for `version` with the build's own rules and say what each field at fault breaks.
+
+    `fields`: form fields (strings) or JSON values for OPTION_NAMES (others ignored; see `option_fields` for the
+    dynamic batching switch). The rules are `parse_build_options` (each option alone and against the others) and,
+    when the version has been inspected, `build_model_config` with its signature (options the model cannot take,
+    such as max_batch_size > 0 with a fixed axis 0). To report every field at fault rather than the first one, a
+    field found at fault is set aside (as if left empty) and the rules run again.
+
+    Returns an `OptionsCheck`; raises nothing for bad values.
+    """
+    remaining = option_fields(fields)
+    signature = _signature(version)
+    errors: list[dict[str, str]] = []
+    for _ in range(len(OPTION_NAMES) + 1):
+        try:
+            options = parse_build_options(remaining)
+            config = (
+                build_model_config(name=version.model.name, signature=signature, options=options)
+                if signature is not None
+                else None
+            )
+        except InvalidInput as exc:
+            errors.append({"field": exc.field or "", "detail": exc.detail})
+            if exc.field not in remaining or remaining[exc.field] in (None, ""):
+                break  # a rule of the model as a whole: nothing more to set aside
+            remaining[exc.field] = None
+            continue
+        if errors:
+            return OptionsCheck(errors=errors)
+        return OptionsCheck(options=options, config_pbtxt=config_to_pbtxt(config) if config is not None else "")
+    return OptionsCheck(errors=errors)
+
+
+def current_option_values(version: ModelVersion) -> dict[str, Any]:
+    """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8"."""
+    stored = version.build_options or {}
+    values = {name: stored.get(name) for name in OPTION_NAMES}
+    if values["preferred_batch_size"]:
+        values["preferred_batch_size"] = ", ".join(str(size) for size in values["preferred_batch_size"])
+    return values
+
+
+@dataclass(frozen=True)
+class SignatureRow:
+    """One input or output of a built model, as the wizard's table shows it.
+
+    `role` "input"/"output"; `datatype` the Triton datatype ("FP32"); `shape` the model's full shape as text with
+    the batch axis marked ("[batch*, 3, 224, 224]" when Triton batches along axis 0; another dynamic axis shows
+    the name the file gives it, else -1); `batch_axis` True when axis 0 is Triton's batch axis.
+    """
+
+    role: str
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    dim_names: tuple[str | None, ...]
+    shape: str
+    batch_axis: bool
+
+
+def signature_rows(version: ModelVersion) -> list[SignatureRow]:
+    """The inspected tensors of `version` (empty before inspection), inputs first, with the batch axis marked.
+
+    Axis 0 is marked as the batch axis when the version's generated configuration batches (max_batch_size > 0:
+    Triton then uses axis 0 of every tensor as the batch axis, Triton "Model Configuration" -> "Maximum Batch
+    Size").
+    """
+    signature = _signature(version)
+    if signature is None:
+        return []
+    batching = bool(version.config_pbtxt) and config_from_pbtxt(version.config_pbtxt).max_batch_size > 0
+    rows = []
+    for role, specs in (("input", signature.inputs), ("output", signature.outputs)):
+        for spec in specs:
+            rows.append(
+                SignatureRow(
+                    role=role,
+                    name=spec.name,
+                    datatype=spec.datatype,
+                    dims=spec.dims,
+                    dim_names=spec.dim_names,
+                    shape=_shape_text(spec, batching),
+                    batch_axis=batching and bool(spec.dims),
+                )
+            )
+    return rows
+
+
+def batching_reason(version: ModelVersion) -> str:
+    """Why the version's build batches or not, in the build's own words ("" before the configure step).
+
+    The configure step logs its plan (`describe_batching_plan`: "batching: …" or "batching off: …") and the
+    verify step logs its proof or the reason it turned batching off; the latest such line is the one in force.
+    """
+    steps = BuildStep.objects.filter(version_id=version.pk, name__in=[StepName.CONFIGURE, StepName.VERIFY]).order_by(
+        "position"
+    )
+    reason = ""
+    for step in steps:
+        for line in step.log or ():
+            text = _STAMP.sub("", line)
+            if text.startswith("batching"):
+                reason = text
+    return reason
+
+
+@dataclass(frozen=True)
+class ConfigDiff:
+    """The version's config.pbtxt against the previous built version's of the same model.
+
+    `previous_number`: that version's number (None when there is none: the diff is then empty). `diff`: a
+    unified diff (difflib), "" when the two are the same or there is nothing to compare. `changed`: whether any
+    line differs.
+    """
+
+    previous_number: int | None
+    diff: str
+    changed: bool
+
+
+def config_diff(version: ModelVersion, versions: Any) -> ConfigDiff:
+    """Diff `version`'s generated config.pbtxt against the previous built version's of its model.
+
+    `versions`: a queryset of versions the caller may see (`models_registry.services.visible_versions`); the
+    previous one is the highest-numbered built version of the same model below `version`'s number.
+    """
+    previous = (
+        versions.filter(model_id=version.model_id, number__lt=version.number, status=VersionStatus.BUILT)
+        .exclude(config_pbtxt="")
+        .order_by("-number")
+        .first()
+    )
+    if previous is None or not version.config_pbtxt:
+        return ConfigDiff(previous_number=previous.number if previous else None, diff="", changed=False)
+    text = diff_configs(
+        previous.config_pbtxt,
+        version.config_pbtxt,
+        before_label=f"version {previous.number}/config.pbtxt",
+        after_label=f"version {version.number}/config.pbtxt",
+    )
+    return ConfigDiff(previous_number=previous.number, diff=text, changed=bool(text))
+
+
+def diff_configs(before: str, after: str, *, before_label: str, after_label: str) -> str:
+    """A unified diff (difflib, 3 lines of context) of two config.pbtxt texts; "" when they are the same."""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=before_label, tofile=after_label
+    )
+    return "".join(lines)
+
+
+def _signature(version: ModelVersion) -> ModelSignature | None:
+    return ModelSignature.from_dict(version.signature) if version.signature else None
+
+
+def _shape_text(spec: TensorSpec, batching: bool) -> str:
+    parts = []
+    for axis, (dim, name) in enumerate(zip(spec.dims, spec.dim_names, strict=True)):
+        text = str(dim) if dim >= 0 else (name or "-1")
+        if axis == 0 and batching:
+            text = "batch*"
+        parts.append(text)
+    return "[" + ", ".join(parts) + "]"

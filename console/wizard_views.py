@@ -1,0 +1,394 @@
+"""The upload-and-deploy wizard: choose or create a model, upload (resumable, in the browser), watch the build,
+deploy, watch it come up, send a test inference.
+
+Each page reads through the apps' services and each write calls one service, which checks the caller's role
+itself. The rules live in those services: option checks (`builds.services.review.check_build_options`), the
+"would it fit" check (`deployments.services.check_deployment_fits`, the create's own checks), image preprocessing
+(`deployments.services.trial`). The small htmx partials (`…/status`, `…/check`) answer 200 with the error in
+the page, so htmx swaps them in.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+
+from builds import services as builds
+from builds.services.review import (
+    DYNAMIC_BATCHING_FIELD,
+    OPTION_NAMES,
+    batching_reason,
+    check_build_options,
+    config_diff,
+    current_option_values,
+    diff_configs,
+    signature_rows,
+)
+from conch.errors import ConchError, InvalidInput, NotFound
+from conch.limits import INFERENCE_BODY, accepts_body
+from console.context import team_context
+from deployments import services as deployments
+from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
+from models_registry import services as registry
+
+#: Deployment statuses the status page stops polling at.
+SETTLED = ("ready", "failed", "stopped", "degraded")
+#: Version statuses the build page stops polling at.
+BUILD_SETTLED = ("built", "failed")
+#: Fields of the deploy form (the create_deployment arguments the wizard offers).
+DEPLOY_FIELDS = (
+    "name",
+    "runtime",
+    "instance_count",
+    "cluster",
+    "scaling",
+    "replicas",
+    "min_replicas",
+    "max_replicas",
+    "target_queue_time_us",
+    "gpu_kind",
+    "gpu_product",
+    "gpu_count",
+    "mig_profile",
+)
+PREPROCESSING_FIELDS = ("layout", "height", "width", "scale", "mean", "std")
+#: The steps, as the wizard's step list names them.
+WIZARD_STEPS = [(1, "Model"), (2, "Upload"), (3, "Build"), (4, "Deploy"), (5, "Status"), (6, "Test")]
+
+
+def _page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    """Render a wizard page (with the step list)."""
+    return render(request, template, {"wizard_steps": WIZARD_STEPS, **context}, status=status)
+
+
+def _version(request: HttpRequest, version_id: int):
+    try:
+        return registry.get_version(user=request.user, version_id=version_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+
+
+def _deployment(request: HttpRequest, deployment_id: int):
+    try:
+        return deployments.get_deployment(user=request.user, deployment_id=deployment_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+
+
+def _refuse_method(request: HttpRequest, allowed: tuple[str, ...]) -> HttpResponse | None:
+    """405 for a method `allowed` does not list; called after the object is found, so a caller outside its team
+    gets 404 whatever the method (nothing tells them the object exists)."""
+    if request.method in allowed or (request.method == "HEAD" and "GET" in allowed):
+        return None
+    return HttpResponseNotAllowed(list(allowed))
+
+
+GET = ("GET",)
+POST = ("POST",)
+GET_POST = ("GET", "POST")
+
+
+def _error(exc: ConchError) -> dict[str, Any]:
+    return {"detail": exc.detail, "field": exc.field or "", "quota": getattr(exc, "quota", None)}
+
+
+# --- 1. choose or create a model -------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def start(request: HttpRequest) -> HttpResponse:
+    """Step 1: the current team's models to choose from, and a form registering a new one."""
+    console = team_context(request)
+    error = None
+    name = ""
+    if request.method == "POST" and console.team is not None:
+        name = request.POST.get("name", "").strip()
+        try:
+            model = registry.create_model(user=request.user, team_slug=console.team.slug, name=name)
+        except ConchError as exc:
+            error = _error(exc)
+        else:
+            return redirect("console:wizard:upload", model_id=model.pk)
+    models = registry.visible_models(user=request.user).filter(team=console.team).order_by("name")
+    return _page(
+        request,
+        "console/wizard/start.html",
+        {"models": models, "error": error, "name": name, "step": 1},
+        status=400 if error else 200,
+    )
+
+
+# --- 2. upload ---------------------------------------------------------------------------------------------------
+
+
+@login_required
+def upload(request: HttpRequest, model_id: int) -> HttpResponse:
+    """Step 2: the resumable upload page (the browser talks to the uploads API itself)."""
+    try:
+        model = registry.get_model(user=request.user, model_id=model_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    if refused := _refuse_method(request, GET):
+        return refused
+    versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
+    return _page(
+        request,
+        "console/wizard/upload.html",
+        {
+            "model": model,
+            "versions": versions,
+            "step": 2,
+            "uploads_url": f"/api/v1/models/{model.pk}/uploads/",
+            "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
+        },
+    )
+
+
+# --- 3. build ------------------------------------------------------------------------------------------------
+
+
+def _build_context(request: HttpRequest, version) -> dict[str, Any]:
+    steps = sorted(version.build_steps.all(), key=lambda step: step.position)
+    return {
+        "version": version,
+        "steps": steps,
+        "settled": version.status in BUILD_SETTLED,
+        "rows": signature_rows(version),
+        "batching_reason": batching_reason(version),
+        "diff": config_diff(version, registry.visible_versions(user=request.user)),
+    }
+
+
+@login_required
+def build(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Step 3: the build live (steps and log lines), then the signature, config.pbtxt with its diff, and the options
+    form (checked inline by the build's rules); POST rebuilds with the options."""
+    version = _version(request, version_id)
+    if refused := _refuse_method(request, GET_POST):
+        return refused
+    error = None
+    values = current_option_values(version)
+    if request.method == "POST":
+        fields = {key: request.POST.get(key) for key in (*values, DYNAMIC_BATCHING_FIELD)}
+        if DYNAMIC_BATCHING_FIELD not in request.POST:
+            fields[DYNAMIC_BATCHING_FIELD] = "off"  # an unticked checkbox is not sent
+        try:
+            builds.request_rebuild(user=request.user, version=version, options=fields)
+        except ConchError as exc:
+            error = _error(exc)
+            values = {key: request.POST.get(key, "") for key in values}
+        else:
+            return redirect("console:wizard:build", version_id=version.pk)
+    context = _build_context(request, version)
+    batching_on = not version.config_pbtxt or any(row.batch_axis for row in context["rows"])
+    context.update({"step": 3, "error": error, "values": values, "batching_on": batching_on})
+    return _page(request, "console/wizard/build.html", context, status=400 if error else 200)
+
+
+@login_required
+def build_status(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Partial: the build's steps and log lines (polled while it runs); once settled, the whole page reloads."""
+    version = _version(request, version_id)
+    if refused := _refuse_method(request, GET):
+        return refused
+    response = render(request, "console/wizard/_build_status.html", _build_context(request, version))
+    if version.status in BUILD_SETTLED and request.GET.get("was") not in BUILD_SETTLED:
+        response["HX-Refresh"] = "true"  # show the signature, config and options now that they exist
+    return response
+
+
+@login_required
+def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Partial: the options form's errors by field and the configuration the options would give."""
+    version = _version(request, version_id)
+    if refused := _refuse_method(request, POST):
+        return refused
+    fields = {key: request.POST.get(key) for key in OPTION_NAMES}
+    fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
+    check = check_build_options(version=version, fields=fields)
+    change = ""
+    if check.ok and check.config_pbtxt and version.config_pbtxt:
+        change = diff_configs(
+            version.config_pbtxt, check.config_pbtxt, before_label="as built", after_label="with these options"
+        )
+    return render(request, "console/wizard/_options_check.html", {"check": check, "version": version, "change": change})
+
+
+# --- 4. deploy -----------------------------------------------------------------------------------------------
+
+
+def _deploy_arguments(version, team_slug: str, data) -> dict[str, Any]:
+    """create_deployment's arguments from the deploy form (text fields; empty means the default)."""
+
+    def text(key: str) -> str:
+        return (data.get(key) or "").strip()
+
+    runtime = text("runtime") or "local"
+    arguments: dict[str, Any] = {
+        "team_slug": team_slug,
+        "name": text("name"),
+        "model_version_id": version.pk,
+        "runtime": runtime,
+    }
+    if runtime == "local":
+        arguments["instance_count"] = text("instance_count") or None
+        return arguments
+    arguments["cluster"] = text("cluster") or None
+    if text("scaling") == "autoscaling":
+        scaling: dict[str, Any] = {"min_replicas": text("min_replicas"), "max_replicas": text("max_replicas")}
+        scaling["target_queue_time_us"] = text("target_queue_time_us") or "2000"
+        arguments["autoscaling"] = scaling
+    else:
+        arguments["replicas"] = text("replicas") or None
+    kind = text("gpu_kind")
+    if kind == "gpu":
+        arguments["gpu"] = {
+            "count": text("gpu_count") or "1",
+            **({"product": text("gpu_product")} if text("gpu_product") else {}),
+        }
+    elif kind == "mig":
+        arguments["gpu"] = {"mig_profile": text("mig_profile")}
+    return arguments
+
+
+@login_required
+def deploy(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Step 4: where and how many (runtime, cluster and GPUs, replicas or autoscaling), the team's quota, a check
+    before submit; POST creates the deployment."""
+    version = _version(request, version_id)
+    if refused := _refuse_method(request, GET_POST):
+        return refused
+    team_slug = version.model.team.slug
+    error = None
+    values = {key: request.POST.get(key, "") for key in DEPLOY_FIELDS} if request.method == "POST" else {}
+    if request.method == "POST":
+        try:
+            deployment = deployments.create_deployment(
+                user=request.user, **_deploy_arguments(version, team_slug, request.POST)
+            )
+        except ConchError as exc:
+            error = _error(exc)
+        else:
+            return redirect("console:wizard:status", deployment_id=deployment.pk)
+    else:
+        values = {"name": version.model.name, "runtime": "local", "instance_count": "", "scaling": "replicas"}
+    offers = deployments.deployment_offers(user=request.user, team_slug=team_slug)
+    fit = None
+    if error is None and version.status == "built":
+        fit = _fit(request, version, team_slug, values)
+    context = {
+        "step": 4,
+        "version": version,
+        "offers": offers,
+        "values": values,
+        "error": error,
+        "fit": fit,
+    }
+    return _page(request, "console/wizard/deploy.html", context, status=400 if error else 200)
+
+
+def _fit(request: HttpRequest, version, team_slug: str, data) -> dict[str, Any]:
+    try:
+        fit = deployments.check_deployment_fits(user=request.user, **_deploy_arguments(version, team_slug, data))
+    except ConchError as exc:
+        return {"fits": False, "error": _error(exc)}
+    return {"fits": True, "requested": fit["requested"]}
+
+
+@login_required
+def deploy_check(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Partial: would the deploy form's deployment be accepted now (the create's own checks), and if not, why."""
+    version = _version(request, version_id)
+    if refused := _refuse_method(request, POST):
+        return refused
+    fit = _fit(request, version, version.model.team.slug, request.POST)
+    return render(request, "console/wizard/_deploy_check.html", {"fit": fit})
+
+
+# --- 5. live status --------------------------------------------------------------------------------------------
+
+
+@login_required
+def status(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Step 5: the deployment's status until it is ready (pods and their messages on Kubernetes)."""
+    deployment = _deployment(request, deployment_id)
+    if refused := _refuse_method(request, GET):
+        return refused
+    return _page(request, "console/wizard/status.html", {"step": 5, **_status_context(deployment)})
+
+
+def _status_context(deployment) -> dict[str, Any]:
+    observed = deployment.observed or {}
+    return {
+        "deployment": deployment,
+        "settled": deployment.status in SETTLED,
+        "pods": observed.get("pods") or [],
+        "replicas": observed.get("replicas") or {},
+        "log_tail": deployments.log_tail(deployment) if deployment.status in ("failed", "starting") else [],
+    }
+
+
+@login_required
+def status_partial(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Partial: the status block, polled every second until the deployment settles."""
+    deployment = _deployment(request, deployment_id)
+    if refused := _refuse_method(request, GET):
+        return refused
+    return render(request, "console/wizard/_status.html", _status_context(deployment))
+
+
+# --- 6. test inference -------------------------------------------------------------------------------------------
+
+
+@accepts_body(INFERENCE_BODY)  # a JSON request for an image model is megabytes of numbers
+@login_required
+def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Step 6: a form made from the signature (JSON editor; an image for an image model); POST (htmx) answers the
+    output partial."""
+    deployment = _deployment(request, deployment_id)
+    if refused := _refuse_method(request, GET_POST):
+        return refused
+    form = inference_form(deployment)
+    if request.method == "POST":
+        result = error = None
+        image = request.FILES.get(IMAGE_FIELD)
+        try:
+            if request.POST.get("mode") == "image" and image is not None:
+                if image.size > MAX_IMAGE_BYTES:
+                    raise InvalidInput(
+                        f"The image is {image.size} bytes; send one of at most {MAX_IMAGE_BYTES // 2**20} MiB.",
+                        field=IMAGE_FIELD,
+                    )
+                result = run_trial_inference(
+                    user=request.user,
+                    deployment=deployment,
+                    image=image.read(),
+                    preprocessing_fields={key: request.POST.get(key) for key in PREPROCESSING_FIELDS},
+                )
+            else:
+                result = run_trial_inference(
+                    user=request.user, deployment=deployment, request_json=request.POST.get("request", "")
+                )
+        except ConchError as exc:
+            error = _error(exc)
+        return render(request, "console/wizard/_infer_output.html", {"result": result, "error": error})
+    image_field = form["inputs"][0] if form["image_input"] else None
+    return _page(
+        request,
+        "console/wizard/test.html",
+        {
+            "step": 6,
+            "deployment": deployment,
+            "form": form,
+            "image_field": image_field,
+            "example_json": form["example_json"],
+            "outputs_json": json.dumps(form["outputs"]),
+        },
+    )

@@ -1,0 +1,390 @@
+// The wizard's resumable upload: sha256 in the browser (hash-wasm, chunk by chunk), then Conch's resumable
+// uploads API (/api/v1/models/{id}/uploads/): parts PUT straight to the URLs it signs (S3) or to Conch's own
+// part URL (folder storage), a few at a time, with progress, speed and time left; pause, resume, cancel; the
+// upload's id kept in localStorage (model + file name + size), so after a reload the same file, chosen again,
+// goes on from the parts the store already has. Every rule (sizes, quota, checksum) is the server's: this file
+// only moves bytes and shows what the API answers.
+(() => {
+  "use strict";
+
+  const root = document.getElementById("upload");
+  if (!root) return;
+  const input = document.getElementById("upload-file");
+  const dropzone = document.getElementById("dropzone");
+  const bar = document.getElementById("upload-bar");
+  const progress = document.getElementById("upload-progress");
+  const fileName = document.getElementById("upload-file-name");
+  const errorBox = document.getElementById("upload-error");
+  const pauseButton = document.getElementById("upload-pause");
+  const resumeButton = document.getElementById("upload-resume");
+  const cancelButton = document.getElementById("upload-cancel");
+
+  const uploadsUrl = root.dataset.uploadsUrl;
+  const buildUrl = root.dataset.buildUrl;
+  const csrf = root.dataset.csrf;
+  const HASH_CHUNK = 2 * 1024 * 1024;
+  const PARALLEL_PARTS = 3;
+  const SIGN_BATCH = 100; // the API signs at most 100 parts per call
+  const MIB = 1024 * 1024;
+  // Parts of 8 MiB (S3's least is 5 MiB) unless the file needs bigger ones to stay within 10,000 parts: a dropped
+  // connection loses at most one part's worth, and progress moves in small steps.
+  const partSizeFor = (size) => Math.max(8 * MIB, Math.ceil(size / 10000 / MIB) * MIB);
+
+  const state = {
+    file: null,
+    sha256: "",
+    upload: null, // the API's Upload object
+    done: new Map(), // part number -> etag
+    inflight: new Map(), // part number -> {xhr, loaded}
+    paused: false,
+    finished: false,
+    samples: [], // [time ms, bytes sent] for the speed over the last seconds
+  };
+
+  const storageKey = (file) => `conch.upload:${root.dataset.model}:${file.name}:${file.size}`;
+
+  function showError(message) {
+    errorBox.textContent = message;
+    errorBox.hidden = !message;
+  }
+
+  function setButtons({ pause, resume, cancel }) {
+    pauseButton.disabled = !pause;
+    resumeButton.disabled = !resume;
+    cancelButton.disabled = !cancel;
+  }
+
+  function describeBytes(n) {
+    const units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) {
+      n /= 1024;
+      i += 1;
+    }
+    return `${i === 0 ? n : n.toFixed(1)} ${units[i]}`;
+  }
+
+  function describeSeconds(s) {
+    if (!Number.isFinite(s)) return "—";
+    s = Math.max(0, Math.round(s));
+    const m = Math.floor(s / 60);
+    return m > 0 ? `${m} min ${s % 60} s` : `${s} s`;
+  }
+
+  async function api(method, url, body) {
+    const response = await fetch(url, {
+      method,
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf, Accept: "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await response.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch (_) {
+      data = { detail: text };
+    }
+    if (!response.ok) {
+      const error = new Error((data && data.detail) || `HTTP ${response.status}`);
+      error.status = response.status;
+      error.field = data && data.field;
+      throw error;
+    }
+    return data;
+  }
+
+  // --- sha256, chunk by chunk (never the whole file in memory) ----------------------------------------------
+  async function computeSha256(file) {
+    const hasher = await hashwasm.createSHA256();
+    hasher.init();
+    for (let offset = 0; offset < file.size; offset += HASH_CHUNK) {
+      const chunk = new Uint8Array(await file.slice(offset, offset + HASH_CHUNK).arrayBuffer());
+      hasher.update(chunk);
+      const share = Math.min(1, (offset + chunk.length) / file.size);
+      bar.value = share * 100;
+      progress.textContent = `Computing the checksum: ${(share * 100).toFixed(0)} %`;
+    }
+    return hasher.digest("hex");
+  }
+
+  // --- the upload ------------------------------------------------------------------------------------------------
+  async function start(file) {
+    showError("");
+    state.file = file;
+    state.finished = false;
+    state.paused = false;
+    state.done = new Map();
+    state.samples = [];
+    fileName.textContent = `${file.name}, ${describeBytes(file.size)}`;
+    setButtons({ pause: false, resume: false, cancel: false });
+    try {
+      state.sha256 = await computeSha256(file);
+      state.upload = await openUpload(file);
+      await refreshParts();
+      setButtons({ pause: true, resume: false, cancel: true });
+      await pump();
+    } catch (error) {
+      failed(error);
+    }
+  }
+
+  async function openUpload(file) {
+    const remembered = localStorage.getItem(storageKey(file));
+    if (remembered) {
+      try {
+        const upload = await api("GET", `${uploadsUrl}${remembered}/`);
+        if (upload.status === "uploading" && upload.sha256 === state.sha256 && upload.size_bytes === file.size) {
+          progress.textContent = "Resuming the upload where it stopped…";
+          return upload;
+        }
+      } catch (_) {
+        // gone (aborted, expired): start a new one
+      }
+      localStorage.removeItem(storageKey(file));
+    }
+    const upload = await api("POST", uploadsUrl, {
+      filename: file.name,
+      size_bytes: file.size,
+      sha256: state.sha256,
+      part_size_bytes: partSizeFor(file.size),
+    });
+    localStorage.setItem(storageKey(file), upload.id);
+    return upload;
+  }
+
+  async function refreshParts() {
+    const upload = await api("GET", `${uploadsUrl}${state.upload.id}/`);
+    state.upload = upload;
+    state.done = new Map(upload.parts.map((part) => [part.number, part.etag]));
+    showProgress();
+  }
+
+  function partRange(number) {
+    const size = state.upload.part_size_bytes;
+    const begin = (number - 1) * size;
+    return [begin, Math.min(begin + size, state.file.size)];
+  }
+
+  function missingParts() {
+    const missing = [];
+    for (let n = 1; n <= state.upload.part_count; n += 1) {
+      if (!state.done.has(n) && !state.inflight.has(n)) missing.push(n);
+    }
+    return missing;
+  }
+
+  let generation = 0;
+  async function pump() {
+    const mine = ++generation; // a pump left over from before a pause stops at its next turn
+    while (!state.paused && !state.finished && mine === generation) {
+      const missing = missingParts();
+      if (missing.length === 0 && state.inflight.size === 0) {
+        await complete();
+        return;
+      }
+      const free = PARALLEL_PARTS - state.inflight.size;
+      if (missing.length === 0 || free <= 0) {
+        await waitForAPart();
+        continue;
+      }
+      const batch = missing.slice(0, Math.min(free, SIGN_BATCH));
+      const signed = await api("POST", `${uploadsUrl}${state.upload.id}/parts/`, { numbers: batch });
+      if (state.paused || mine !== generation) return;
+      for (const part of signed.parts) {
+        if (!state.done.has(part.number) && !state.inflight.has(part.number)) sendPart(part);
+      }
+    }
+  }
+
+  let wake = null;
+  function waitForAPart() {
+    return new Promise((resolve) => {
+      wake = resolve;
+    });
+  }
+  function wakeUp() {
+    if (wake) {
+      const resolve = wake;
+      wake = null;
+      resolve();
+    }
+  }
+
+  function sendPart(part) {
+    const [begin, end] = partRange(part.number);
+    const xhr = new XMLHttpRequest();
+    const entry = { xhr, loaded: 0 };
+    state.inflight.set(part.number, entry);
+    xhr.open(part.method || "PUT", part.url);
+    const conchUrl = new URL(part.url, window.location.href).origin === window.location.origin;
+    for (const [name, value] of Object.entries(part.headers || {})) {
+      if (name.toLowerCase() !== "content-length" && name.toLowerCase() !== "host") xhr.setRequestHeader(name, value);
+    }
+    if (conchUrl) xhr.setRequestHeader("X-CSRFToken", csrf); // Conch's own part URL: the session's credentials
+    xhr.withCredentials = conchUrl;
+    xhr.upload.onprogress = (event) => {
+      entry.loaded = event.loaded;
+      showProgress();
+    };
+    xhr.onload = () => {
+      state.inflight.delete(part.number);
+      if (xhr.status >= 200 && xhr.status < 300) {
+        let etag = xhr.getResponseHeader("ETag") || "";
+        try {
+          etag = JSON.parse(xhr.responseText).etag || etag;
+        } catch (_) {
+          // S3 answers with an empty body; the ETag header is the etag
+        }
+        state.done.set(part.number, etag);
+        showProgress();
+      } else {
+        let detail = `part ${part.number}: HTTP ${xhr.status}`;
+        try {
+          detail = JSON.parse(xhr.responseText).detail || detail;
+        } catch (_) {
+          // S3's errors are XML; the status says enough
+        }
+        interrupt(`The upload stopped (${detail}). Press Resume to go on.`);
+      }
+      wakeUp();
+    };
+    xhr.onerror = () => {
+      state.inflight.delete(part.number);
+      interrupt(`The connection dropped while sending part ${part.number}. Press Resume to go on from the parts stored.`);
+      wakeUp();
+    };
+    xhr.onabort = () => {
+      state.inflight.delete(part.number);
+      wakeUp();
+    };
+    xhr.send(state.file.slice(begin, end));
+  }
+
+  // A part that failed stops new parts from starting; the others in flight are let finish (their bytes count).
+  function interrupt(message) {
+    if (state.finished) return;
+    showError(message);
+    if (state.paused) return;
+    state.paused = true;
+    setButtons({ pause: false, resume: true, cancel: true });
+    showProgress("Stopped");
+    wakeUp();
+  }
+
+  function pause() {
+    state.paused = true;
+    for (const { xhr } of state.inflight.values()) xhr.abort();
+    state.inflight.clear();
+    setButtons({ pause: false, resume: true, cancel: true });
+    showProgress("Paused");
+    wakeUp();
+  }
+
+  async function resume() {
+    if (!state.file || !state.upload) return;
+    showError("");
+    state.paused = false;
+    state.samples = [];
+    setButtons({ pause: true, resume: false, cancel: true });
+    try {
+      await refreshParts();
+      await pump();
+    } catch (error) {
+      failed(error);
+    }
+  }
+
+  async function cancel() {
+    state.paused = true;
+    state.finished = true;
+    for (const { xhr } of state.inflight.values()) xhr.abort();
+    state.inflight.clear();
+    setButtons({ pause: false, resume: false, cancel: false });
+    try {
+      if (state.upload) await api("DELETE", `${uploadsUrl}${state.upload.id}/`);
+    } catch (error) {
+      showError(error.message);
+    }
+    if (state.file) localStorage.removeItem(storageKey(state.file));
+    state.upload = null;
+    bar.value = 0;
+    progress.textContent = "Cancelled: nothing was kept. Choose a file to start again.";
+  }
+
+  async function complete() {
+    state.finished = true;
+    setButtons({ pause: false, resume: false, cancel: false });
+    progress.textContent = "All parts sent; Conch is checking the size and sha256…";
+    let upload = await api("POST", `${uploadsUrl}${state.upload.id}/complete`, {});
+    while (upload.status === "completing" || upload.status === "uploading") {
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      upload = await api("GET", `${uploadsUrl}${state.upload.id}/`);
+    }
+    localStorage.removeItem(storageKey(state.file));
+    if (upload.status !== "completed") {
+      state.upload = null;
+      throw Object.assign(new Error(upload.error || `The upload ended ${upload.status}.`), { field: upload.error_field });
+    }
+    bar.value = 100;
+    progress.textContent = `Uploaded and checked (sha256 ${state.sha256}). Building version…`;
+    window.location.assign(buildUrl.replace("{id}", upload.version));
+  }
+
+  function failed(error) {
+    state.paused = true;
+    setButtons({ pause: false, resume: !!state.upload && !state.finished, cancel: !!state.upload && !state.finished });
+    showError(error.field ? `${error.field}: ${error.message}` : error.message);
+  }
+
+  function sentBytes() {
+    let bytes = 0;
+    for (const number of state.done.keys()) {
+      const [begin, end] = partRange(number);
+      bytes += end - begin;
+    }
+    for (const { loaded } of state.inflight.values()) bytes += loaded;
+    return bytes;
+  }
+
+  function showProgress(prefix) {
+    if (!state.upload || !state.file) return;
+    const sent = sentBytes();
+    const total = state.file.size || 1;
+    const now = performance.now();
+    state.samples.push([now, sent]);
+    while (state.samples.length > 2 && now - state.samples[0][0] > 5000) state.samples.shift();
+    const [t0, b0] = state.samples[0];
+    const speed = now > t0 ? ((sent - b0) * 1000) / (now - t0) : 0;
+    const left = speed > 0 ? (total - sent) / speed : Infinity;
+    bar.value = (sent / total) * 100;
+    const parts = `${state.done.size} of ${state.upload.part_count} parts`;
+    const head = prefix ? `${prefix}: ` : "";
+    progress.textContent =
+      `${head}${describeBytes(sent)} of ${describeBytes(total)} (${((sent / total) * 100).toFixed(1)} %), ${parts}` +
+      (state.paused ? "" : `, ${describeBytes(speed)}/s, ${describeSeconds(left)} left`);
+    progress.dataset.sentBytes = String(sent);
+  }
+
+  // --- wiring -------------------------------------------------------------------------------------------------
+  input.addEventListener("change", () => {
+    if (input.files && input.files[0]) start(input.files[0]);
+  });
+  for (const name of ["dragenter", "dragover"]) {
+    dropzone.addEventListener(name, (event) => {
+      event.preventDefault();
+      dropzone.classList.add("dragging");
+    });
+  }
+  for (const name of ["dragleave", "drop"]) {
+    dropzone.addEventListener(name, () => dropzone.classList.remove("dragging"));
+  }
+  dropzone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    const file = event.dataTransfer && event.dataTransfer.files[0];
+    if (file) start(file);
+  });
+  pauseButton.addEventListener("click", pause);
+  resumeButton.addEventListener("click", resume);
+  cancelButton.addEventListener("click", cancel);
+})();

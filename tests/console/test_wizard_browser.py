@@ -1,0 +1,341 @@
+"""The upload-and-deploy wizard in Chromium: the demo classifier from its build to a test inference whose top class
+equals onnxruntime's on the same image, inline option checks, and the quota refusal before submit. Each step's
+screenshot goes to var/screenshots/wizard-*.png.
+
+Celery tasks run inline (eager) in the live server's thread as their transactions commit: a build runs within the
+request that queued it, and a deployment's Triton starts within the deploy request.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+from PIL import Image
+
+from deployments.models import Deployment
+from models_registry.models import ModelVersion
+from tenancy.quotas import set_quota
+from tests import real_models
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+#: ImageNet's mean and std, as typed into the test form (the server does the preprocessing with them).
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+#: Starting a Triton and building take seconds; the browser waits that long for those pages.
+SLOW_MS = 180_000
+
+
+def write_image(path: Path, seed: int = 11) -> Path:
+    """A 300x200 PNG of smooth colour gradients with noise (a real photo is not needed: both sides see the same)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:200, 0:300]
+    pixels = np.stack([x * 255 / 300, y * 255 / 200, (x + y) * 255 / 500], axis=-1)
+    pixels = np.clip(pixels + rng.normal(0, 20, pixels.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(pixels).save(path, format="PNG")
+    return path
+
+
+def drop_file(page, selector: str, path: Path) -> None:
+    """Drop `path` on `selector` as a user dragging it from their desktop does (a drop event with a DataTransfer
+    holding the file), not through the file input."""
+    transfer = page.evaluate_handle(
+        """([b64, name]) => {
+            const text = atob(b64);
+            const bytes = new Uint8Array(text.length);
+            for (let i = 0; i < text.length; i += 1) bytes[i] = text.charCodeAt(i);
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name));
+            return transfer;
+        }""",
+        [base64.b64encode(path.read_bytes()).decode(), path.name],
+    )
+    page.dispatch_event(selector, "dragenter", {"dataTransfer": transfer})
+    page.dispatch_event(selector, "drop", {"dataTransfer": transfer})
+
+
+def watch_progress(page):
+    """Keep every text the upload's progress line shows from now on; returns a handle to that list."""
+    return page.evaluate_handle(
+        """() => {
+            const seen = [];
+            const line = document.querySelector('[data-testid=upload-progress]');
+            new MutationObserver(() => seen.push(line.textContent)).observe(line, {childList: true, subtree: true});
+            return seen;
+        }"""
+    )
+
+
+def onnxruntime_top_class(image: Path) -> int:
+    """The classifier's top class by onnxruntime, on the image preprocessed here by hand as the form says."""
+    rgb = Image.open(image).convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)
+    x = (np.asarray(rgb, dtype=np.float32) / 255 - np.float32(MEAN)) / np.float32(STD)
+    x = x.transpose(2, 0, 1)[np.newaxis].astype(np.float32)
+    session = onnxruntime.InferenceSession(str(real_models.classifier()), providers=["CPUExecutionProvider"])
+    [scores] = session.run(None, {"x": x})
+    return int(np.argmax(scores[0]))
+
+
+def upload_through_the_api(caller, capture, name: str = "orientation") -> ModelVersion:
+    """Register `name` and upload the classifier with the API's single-request upload, its build run inline."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    model = caller.client.post("/api/v1/models/", {"name": name, "team": caller.team.slug}, format="json").json()
+    with capture(execute=True):
+        response = caller.client.post(
+            f"/api/v1/models/{model['id']}/versions/",
+            {"file": SimpleUploadedFile("model.onnx", real_models.classifier().read_bytes())},
+        )
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.get(pk=response.json()["id"])
+    assert version.status == "built", version.error
+    return version
+
+
+def deploy_and_test(page, screenshot, version: ModelVersion, image: Path) -> None:
+    """Steps 3 to 6 from the build page of `version`: options checked inline, deploy locally, ready, test image."""
+    page.goto(f"/wizard/versions/{version.pk}/build/")
+    status = page.get_by_test_id("build-status")
+    assert status.get_attribute("data-status") == "built"
+    assert "verify" in status.inner_text()
+    assert "[batch*, 3, 224, 224]" in page.get_by_test_id("signature").inner_text()
+    assert "max_batch_size: 8" in page.get_by_test_id("config-pbtxt").inner_text()
+    # a bad option is named by the server's own rules as it is typed, and goes away once fixed
+    page.get_by_label("Largest batch (max_batch_size)").fill("2000")
+    error = page.locator('#options-check [data-field="max_batch_size"]')
+    error.wait_for()
+    assert "between 0 and 1024" in error.inner_text()
+    page.get_by_label("Largest batch (max_batch_size)").fill("8")
+    page.locator("#options-check .ok").wait_for()
+    screenshot(page, "wizard-3-build")
+    page.get_by_test_id("wizard-next").click()
+
+    # 4. deploy on this machine
+    page.wait_for_url("**/deploy/")
+    page.get_by_test_id("deploy-runtime").select_option("local")
+    page.get_by_test_id("deploy-fit").wait_for()
+    screenshot(page, "wizard-4-deploy")
+    with page.expect_navigation(timeout=SLOW_MS):
+        page.get_by_test_id("deploy-submit").click()
+
+    # 5. live status until ready
+    status = page.get_by_test_id("deployment-status")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=deployment-status]').dataset.status === 'ready'", timeout=SLOW_MS
+    )
+    assert status.inner_text() == "ready"
+    screenshot(page, "wizard-5-status")
+    page.get_by_test_id("wizard-next").click()
+
+    # 6. a test inference with an image, preprocessed by the server as the form says
+    page.wait_for_url("**/test/")
+    page.get_by_test_id("infer-input").set_input_files(str(image))
+    page.get_by_label("Mean (R, G, B)").fill(", ".join(str(v) for v in MEAN))
+    page.get_by_label("Std (R, G, B)").fill(", ".join(str(v) for v in STD))
+    page.get_by_test_id("infer-submit").click()
+    first = page.get_by_test_id("infer-output").locator("table.top-k tbody tr").first
+    first.wait_for(timeout=60_000)
+    screenshot(page, "wizard-6-test")
+    assert int(first.get_attribute("data-class")) == onnxruntime_top_class(image)
+
+
+def test_wizard_from_a_built_version_to_a_test_inference_equal_to_onnxruntime(
+    console_browser, alice, eager_tasks, django_capture_on_commit_callbacks, screenshot, tmp_path
+):
+    # given the demo classifier uploaded and built through the API
+    version = upload_through_the_api(alice, django_capture_on_commit_callbacks)
+    page = console_browser.page_for(alice.user)
+    # when alice goes through steps 3 to 6, then the test inference's top class is onnxruntime's
+    deploy_and_test(page, screenshot, version, write_image(tmp_path / "image.png"))
+    assert Deployment.objects.get(team=alice.team).status == "ready"
+
+
+def test_the_quota_refusal_is_shown_before_submit(console_browser, alice, screenshot):
+    # given a team whose deployments quota is used up, and a built version
+    from tests.deployments.conftest import write_built_version
+
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    set_quota(team=alice.team, limits={"instances": 2})
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/versions/{version.pk}/deploy/")
+    page.get_by_test_id("deploy-fit").wait_for()
+    assert page.get_by_test_id("deploy-submit").is_enabled()
+    # when she asks for more model instances than the team has left
+    page.get_by_label("Model instances").fill("3")
+    # then the page refuses before submit, with the create's own message, and the button is disabled
+    refusal = page.get_by_test_id("deploy-refusal")
+    refusal.wait_for()
+    assert refusal.inner_text() == (
+        "Model instance quota exceeded: team 'acme' uses 0 of 2 model instances; this deployment needs 3"
+    )
+    assert page.get_by_test_id("deploy-submit").is_disabled()
+    screenshot(page, "wizard-4-deploy-refused")
+    # when the number is brought back within the quota, the page says it fits again
+    page.get_by_label("Model instances").fill("2")
+    page.get_by_test_id("deploy-fit").wait_for()
+    assert page.get_by_test_id("deploy-submit").is_enabled()
+    assert not Deployment.objects.exists()
+
+
+def test_a_viewer_cannot_see_the_deploy_button(console_browser, alice):
+    from tests.conftest import make_caller
+    from tests.deployments.conftest import write_built_version
+
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    viewer = make_caller("victor", "acme", role="viewer")
+    page = console_browser.page_for(viewer.user)
+    page.goto(f"/wizard/versions/{version.pk}/deploy/")
+    assert page.get_by_test_id("deploy-submit").count() == 0
+    assert "deploying needs the developer role" in page.content()
+
+
+def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, alice, eager_tasks, screenshot, tmp_path):
+    # given alice on the wizard's first page
+    page = console_browser.page_for(alice.user)
+    page.goto("/")
+    page.get_by_test_id("start-wizard").click()
+    page.wait_for_url("**/wizard/")
+    # 1. she registers a model
+    page.get_by_label("Name").fill("orientation")
+    screenshot(page, "wizard-1-model")
+    page.get_by_test_id("wizard-next").click()
+    page.wait_for_url("**/upload/")
+    # 2. she drops the demo classifier on the page: checksum, parts, completion, then the build page
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        drop_file(page, "#dropzone", real_models.classifier())
+        page.get_by_test_id("upload-progress").filter(has_text="parts").wait_for()
+        screenshot(page, "wizard-2-upload")
+    version = ModelVersion.objects.get(model__team=alice.team, model__name="orientation")
+    assert version.source_sha256 == hashlib.sha256(real_models.classifier().read_bytes()).hexdigest()
+    # 3 to 6
+    deploy_and_test(page, screenshot, version, write_image(tmp_path / "image.png"))
+
+
+def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
+    console_browser, alice, eager_tasks, screenshot, tmp_path
+):
+    # given a 20 MiB file (three parts of the page's 8 MiB) and a connection that drops part 2 the first time
+    data = np.random.default_rng(5).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / "big.onnx"
+    path.write_bytes(data)
+    page = console_browser.page_for(alice.user)
+    model = alice.client.post("/api/v1/models/", {"name": "big", "team": "acme"}, format="json").json()
+    sent: list[str] = []
+    dropped: list[str] = []
+
+    def drop_part_2_once(route):
+        if not dropped:
+            dropped.append(route.request.url)
+            route.abort("connectionreset")
+        else:
+            route.continue_()
+
+    page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
+    page.route("**/parts/2", drop_part_2_once)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    shown = watch_progress(page)
+    # when the upload runs into the dropped connection
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    page.get_by_test_id("upload-resume").wait_for(state="visible")
+    page.wait_for_function("!document.querySelector('[data-testid=upload-resume]').disabled", timeout=60_000)
+    page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
+    assert dropped and "connection dropped" in page.locator("#upload-error").inner_text()
+    # (while parts were moving, the progress said how fast and how long still)
+    assert any(re.search(r"parts, [0-9.]+ (bytes|KiB|MiB|GiB)/s, .+ left$", text) for text in shown.json_value())
+    screenshot(page, "wizard-2-upload-interrupted")
+    # and the page is reloaded, and the same file chosen again
+    sent.clear()
+    page.reload()
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then only the missing part was sent again, and the stored file has the file's sha256
+    assert [url.rsplit("/", 1)[1] for url in sent] == ["2"]
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert version.source_size_bytes == len(data)
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+
+
+def _interrupted_upload(console_browser, alice, tmp_path, name: str):
+    """A page whose upload of a 20 MiB file lost part 2 to a dropped connection (the others stored); returns
+    (page, file bytes, model id)."""
+    data = np.random.default_rng(9).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": name, "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    dropped: list[str] = []
+
+    def drop_part_2_once(route):
+        if dropped:
+            route.continue_()
+        else:
+            dropped.append(route.request.url)
+            route.abort("connectionreset")
+
+    page.route("**/parts/2", drop_part_2_once)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
+    assert page.get_by_test_id("upload-resume").is_enabled()
+    return page, data, model["id"]
+
+
+def test_resume_goes_on_without_a_reload(console_browser, alice, eager_tasks, tmp_path):
+    # given an upload stopped by a dropped connection
+    page, data, model_id = _interrupted_upload(console_browser, alice, tmp_path, "resumed")
+    # when Resume is pressed
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-resume").click()
+    # then the upload completes with the file's sha256
+    version = ModelVersion.objects.get(model_id=model_id)
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path):
+    from models_registry.models import Upload
+
+    # given an upload stopped by a dropped connection
+    page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "cancelled")
+    # when Cancel is pressed
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_test_id("upload-progress").filter(has_text="Cancelled").wait_for()
+    # then the upload is aborted, no version made, and the page forgot it
+    assert list(Upload.objects.filter(model_id=model_id).values_list("status", flat=True)) == ["aborted"]
+    assert not ModelVersion.objects.filter(model_id=model_id).exists()
+    assert page.evaluate("Object.keys(localStorage).filter((k) => k.startsWith('conch.upload:'))") == []
+
+
+def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
+    console_browser, alice, eager_tasks, settings, s3_server, s3_bucket, s3_client, live_server, tmp_path
+):
+    # given S3 storage on the test S3 server, its bucket letting the console's origin PUT parts (README's rule)
+    endpoint, bucket = s3_bucket
+    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
+    settings.CONCH_S3_ENDPOINT_URL = endpoint
+    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
+    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
+    rule = {"AllowedOrigins": [live_server.url], "AllowedMethods": ["PUT"], "AllowedHeaders": ["*"]}
+    s3_client.put_bucket_cors(
+        Bucket=bucket, CORSConfiguration={"CORSRules": [{**rule, "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 60}]}
+    )
+    data = np.random.default_rng(3).integers(0, 256, 10 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / "s3.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "stored", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    puts: list[str] = []
+    page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
+    # when the file is uploaded through the wizard
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then both parts went to the bucket, not to Conch, and the stored file has the file's sha256
+    assert len(puts) == 2 and all(url.startswith(f"{endpoint}/{bucket}/") for url in puts), puts
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert version.source_sha256 == hashlib.sha256(data).hexdigest()

@@ -1,0 +1,254 @@
+"""The wizard's pages and partials through Django's test client (the browser tests drive the same pages)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from builds.model_config import BuildOptions
+from deployments.models import Deployment
+from models_registry.models import RegisteredModel
+from tenancy.quotas import set_quota
+from tests import real_models
+from tests.conftest import make_caller
+from tests.deployments.conftest import write_built_version
+
+pytestmark = [pytest.mark.django_db]
+
+
+def _client(caller) -> Client:
+    client = Client()
+    client.force_login(caller.user)
+    return client
+
+
+def test_step_1_registers_a_model_and_goes_to_its_upload(alice):
+    # when
+    response = _client(alice).post("/wizard/", {"name": "orientation"})
+    # then
+    model = RegisteredModel.objects.get(team=alice.team, name="orientation")
+    assert response.status_code == 302
+    assert response["Location"] == f"/wizard/models/{model.pk}/upload/"
+
+
+def test_step_1_shows_a_bad_name_under_the_field(alice):
+    response = _client(alice).post("/wizard/", {"name": "Not A Label"})
+    assert response.status_code == 400
+    assert b'id="model-name-error"' in response.content
+    assert not RegisteredModel.objects.exists()
+
+
+def test_the_upload_page_carries_the_hooks_and_the_uploads_url(alice):
+    model = RegisteredModel.objects.create(team=alice.team, name="orientation")
+    page = _client(alice).get(f"/wizard/models/{model.pk}/upload/").content.decode()
+    assert 'data-testid="upload-file-input"' in page
+    assert 'data-testid="upload-progress"' in page and 'data-testid="upload-resume"' in page
+    assert f'data-uploads-url="/api/v1/models/{model.pk}/uploads/"' in page
+    assert "vendor/hash-wasm/sha256.umd.min.js" in page
+
+
+def test_another_team_s_model_version_and_deployment_are_404(alice, bob):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    deployment = Deployment.objects.create(team=alice.team, name="web", model_version=version)
+    client = _client(bob)
+    for url in (
+        f"/wizard/models/{version.model_id}/upload/",
+        f"/wizard/versions/{version.pk}/build/",
+        f"/wizard/versions/{version.pk}/deploy/",
+        f"/wizard/deployments/{deployment.pk}/status/",
+        f"/wizard/deployments/{deployment.pk}/test/",
+    ):
+        assert client.get(url).status_code == 404, url
+
+
+def test_the_build_page_shows_signature_config_and_diff(alice):
+    # given two built versions with different batch sizes
+    write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
+    second = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=4))
+    # when
+    page = _client(alice).get(f"/wizard/versions/{second.pk}/build/").content.decode()
+    # then
+    assert 'data-testid="build-status"' in page
+    assert "<code>[batch*, 3, 224, 224]</code>" in page
+    assert 'data-testid="config-pbtxt"' in page and "max_batch_size: 4" in page
+    assert "-max_batch_size: 8" in page and "+max_batch_size: 4" in page
+    assert 'data-testid="wizard-next"' in page
+
+
+def test_the_options_partial_names_each_field_at_fault(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/build/check",
+        {"dynamic_batching": "on", "max_batch_size": "x", "instance_count": "0"},
+    )
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert 'data-field="max_batch_size"' in page and 'data-field="instance_count"' in page
+    ok = _client(alice).post(f"/wizard/versions/{version.pk}/build/check", {"dynamic_batching": "on"})
+    assert "These options are valid" in ok.content.decode()
+
+
+def test_a_rebuild_from_the_page_with_a_bad_option_changes_nothing(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/build/", {"dynamic_batching": "on", "preferred_batch_size": "64"}
+    )
+    assert response.status_code == 400
+    assert 'data-field="preferred_batch_size"' in response.content.decode()
+    version.refresh_from_db()
+    assert version.status == "built"
+
+
+def test_the_deploy_page_refuses_before_submit_with_the_create_s_message(alice):
+    # given a team with no room for another deployment
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    set_quota(team=alice.team, limits={"deployments": 0})
+    client = _client(alice)
+    # when the page opens, and when its form is posted anyway
+    page = client.get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    posted = client.post(f"/wizard/versions/{version.pk}/deploy/", {"name": "classifier", "runtime": "local"})
+    # then the page says it before submit, with the create's own message, and the Deploy button is disabled
+    message = "Deployment quota exceeded: team &#x27;acme&#x27; uses 0 of 0 deployments; this deployment needs 1"
+    assert 'data-testid="deploy-refusal"' in page and message in page
+    assert 'data-testid="deploy-submit" disabled' in page
+    assert posted.status_code == 400 and message in posted.content.decode()
+    assert not Deployment.objects.exists()
+
+
+def test_the_deploy_check_partial_says_it_fits(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "2"}
+    )
+    assert "It fits: this deployment takes 1 deployments, 2 instances." in response.content.decode()
+
+
+def test_a_viewer_sees_no_deploy_button(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    viewer = make_caller("victor", "acme", role="viewer")
+    page = _client(viewer).get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    assert 'data-testid="deploy-submit"' not in page
+    assert "deploying needs the developer role" in page
+
+
+def test_the_status_partial_shows_pods_and_messages(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    deployment = Deployment.objects.create(
+        team=alice.team,
+        name="web",
+        model_version=version,
+        runtime="kubernetes",
+        status="starting",
+        status_message="ready 0/1; waiting for a GPU",
+        observed={
+            "replicas": {"desired": 1, "ready": 0},
+            "pods": [
+                {
+                    "name": "web-abc",
+                    "node": None,
+                    "phase": "Pending",
+                    "ready": False,
+                    "restarts": 0,
+                    "message": "0/3 nodes are available",
+                }
+            ],
+        },
+    )
+    page = _client(alice).get(f"/wizard/deployments/{deployment.pk}/status/live").content.decode()
+    assert 'data-status="starting"' in page and 'hx-trigger="every 1s"' in page
+    assert "web-abc" in page and "0/3 nodes are available" in page and "waiting for a GPU" in page
+
+
+def test_the_options_partial_shows_what_a_rebuild_would_change(alice):
+    version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/build/check", {"dynamic_batching": "on", "max_batch_size": "16"}
+    )
+    page = response.content.decode()
+    assert "A rebuild would change the configuration" in page
+    assert "-max_batch_size: 8\n+max_batch_size: 16" in page
+
+
+KUBECONFIG = """
+apiVersion: v1
+kind: Config
+current-context: lab
+clusters:
+- name: lab
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+contexts:
+- name: lab
+  context: {cluster: lab, user: admin}
+users:
+- name: admin
+  user: {token: not-a-real-token}
+"""
+
+
+def use_an_unreachable_cluster(settings) -> None:
+    """S3 storage (only named: nothing here reaches it) and a registered cluster whose API does not answer."""
+    from deployments.services.clusters import register_cluster
+
+    settings.CONCH_STORAGE_URL = "s3://models/conch"
+    settings.CONCH_S3_ENDPOINT_URL = "http://127.0.0.1:1"
+    register_cluster(name="lab", namespace="conch", kubeconfig=KUBECONFIG)
+
+
+def test_the_deploy_page_offers_a_cluster_and_says_when_it_does_not_answer(alice, settings):
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    use_an_unreachable_cluster(settings)
+    page = _client(alice).get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    assert '<option value="kubernetes">A Kubernetes cluster (Triton pods)</option>' in page
+    assert '<option value="lab">lab (namespace conch)</option>' in page
+    assert "GPUs on lab" in page and 'class="field-error"' in page
+
+
+def test_kubernetes_choices_on_a_cluster_are_checked_by_the_create_s_rules(alice, settings):
+    # given a built version and a cluster
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    use_an_unreachable_cluster(settings)
+    client = _client(alice)
+    url = f"/wizard/versions/{version.pk}/deploy/check"
+    form = {"name": "web", "runtime": "kubernetes", "cluster": "lab", "scaling": "autoscaling"}
+    # when autoscaling bounds are upside down
+    bounds = client.post(url, {**form, "min_replicas": "3", "max_replicas": "2"}).content.decode()
+    # then the field is named
+    assert 'data-field="autoscaling.min_replicas"' in bounds
+    # when the bounds are right but the team has no deployment left
+    set_quota(team=alice.team, limits={"deployments": 0})
+    refused = client.post(url, {**form, "min_replicas": "1", "max_replicas": "2"}).content.decode()
+    posted = client.post(
+        f"/wizard/versions/{version.pk}/deploy/", {**form, "min_replicas": "1", "max_replicas": "2"}
+    ).content.decode()
+    # then the check and the create say the same
+    message = "Deployment quota exceeded: team &#x27;acme&#x27; uses 0 of 0 deployments; this deployment needs 1"
+    assert message in refused and message in posted
+
+
+def test_the_build_partial_shows_steps_live_and_reloads_the_page_once_built(alice):
+    from builds.models import BuildStep
+
+    # given a version being built, its inspect step done
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    version.status = "building"
+    version.save()
+    BuildStep.objects.create(
+        version=version, name="inspect", position=0, status="succeeded", log=["12:00:00 input x: FP32 [-1, 3]"]
+    )
+    BuildStep.objects.create(version=version, name="configure", position=1, status="running")
+    url = f"/wizard/versions/{version.pk}/build/status"
+    client = _client(alice)
+    # when the page polls
+    live = client.get(f"{url}?was=building")
+    # then it shows the steps with their log lines, and polls again
+    page = live.content.decode()
+    assert 'data-status="building"' in page and 'hx-trigger="every 1s"' in page
+    assert "12:00:00 input x: FP32 [-1, 3]" in page and "status-running" in page
+    assert "HX-Refresh" not in live
+    # when the build has finished
+    version.status = "built"
+    version.save()
+    done = client.get(f"{url}?was=building")
+    # then the whole page reloads (to show the signature, configuration and options) and polling stops
+    assert done["HX-Refresh"] == "true"
+    assert 'hx-trigger="every 1s"' not in done.content.decode()
