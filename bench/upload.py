@@ -4,7 +4,8 @@ All send the same file to the same S3 protocol server (moto, over HTTP on 127.0.
   baseline: boto3 `upload_file` (managed multipart upload, its default thread pool)
   conch:    the `conch upload` command (a subprocess, as a pipeline runs it): sha256 of the file, POST
             /api/v1/models/{id}/uploads/, its parts PUT in parallel straight to the bucket with presigned URLs,
-            complete, and a Celery worker's check of size and sha256 until the version exists
+            complete, and a Celery worker's join of the parts and size check until the version exists (the
+            sha256 is checked later by the version's build, on the file it downloads anyway: untimed here)
   old path: POST /api/v1/models/{id}/versions/ (multipart/form-data through the web process, which streams the
             body into an S3 multipart upload), for comparison
 The web process's RSS (gunicorn, one worker, as `make demo` configures it) is sampled every 20 ms during the
@@ -264,7 +265,8 @@ def main() -> None:
                 )
             )
             web_index = len(procs) - 1
-            # The Celery worker checks a completed upload's size and sha256 (reading it back from the bucket).
+            # The Celery worker joins a completed upload's parts and checks its size (then runs the version's build,
+            # which checks the sha256 on its download).
             procs.append(
                 subprocess.Popen(
                     [str(BIN / "celery"), "-A", "conch", "worker", "-Q", "celery,periodic", "--concurrency", "1"],
@@ -374,7 +376,7 @@ def main() -> None:
                 + (f", old path {min(old_times):.2f} s" if old_times else "")
             )
             # The parts alone (what compares with boto3's transfer): the rest is the CLI's start, its sha256 and the
-            # server's check (join the parts, read the object back, hash it).
+            # server's check (join the parts, check the size).
             parts_ratio = min(parts_times) / min(baseline_times)
             line = (
                 f"upload: time_ratio={min(conch_times) / min(baseline_times):.2f} rss_growth_mib={conch_growth:.1f} "

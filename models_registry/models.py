@@ -38,6 +38,10 @@ class ModelVersion(models.Model):
     `repository_prefix` is the one of the latest successful build (`<prefix>/<model name>/config.pbtxt`,
     `<prefix>/<model name>/<number>/model.onnx`), empty until a build succeeds.
 
+    `source_checked` says whether `source_sha256` was computed from the stored bytes. A version made from a
+    resumable upload starts with the SHA-256 its client promised, unchecked (False): the first build reads the
+    file anyway, hashes it in its inspect step and sets it True, or fails the version naming `sha256`.
+
     `heartbeat_at` is the last sign of life of the current phase: while `uploading`, when bytes last
     arrived; while `queued`, when it was queued; while `building`, the worker's last heartbeat. The
     sweeper (`builds.services.sweep_stalled_versions`) acts on versions whose heartbeat is too old.
@@ -54,6 +58,7 @@ class ModelVersion(models.Model):
     source_filename = models.CharField(max_length=255, blank=True)
     source_size_bytes = models.BigIntegerField(default=0)
     source_sha256 = models.CharField(max_length=64, blank=True)
+    source_checked = models.BooleanField(default=True)
     build_options = models.JSONField(default=dict, blank=True)
     build_attempt = models.PositiveIntegerField(default=0)
     signature = models.JSONField(null=True, blank=True)

@@ -9,9 +9,11 @@ and `abort_stale_uploads`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -23,13 +25,16 @@ from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
-from models_registry.storage import StoredObject, get_object_store
+from models_registry.storage import MIB, StoredObject, get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
 from tenancy.quotas import QuotaRoom, quota_room, register_usage_counter, reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_for_user
 
 log = logging.getLogger(__name__)
+
+#: Bytes read at a time while a build hashes the model file it downloaded.
+HASH_CHUNK_BYTES = 8 * MIB
 
 
 def source_key(*, model_id: int, number: int) -> str:
@@ -303,6 +308,7 @@ def complete_upload(
         version.source_filename = filename[:255]
         version.source_size_bytes = stored.size_bytes
         version.source_sha256 = stored.sha256_hex
+        version.source_checked = True  # hashed while the body was streamed to the store
         version.build_options = build_options
         version.status = VersionStatus.QUEUED
         version.build_attempt += 1
@@ -324,6 +330,38 @@ def complete_upload(
         )
     log.info("version.uploaded", extra={"version_id": version.pk, "size_bytes": stored.size_bytes})
     return version
+
+
+def check_version_source(*, version: ModelVersion, path: Path) -> bool:
+    """Check the version's file, as its build downloaded it to `path`, against the SHA-256 its upload promised.
+
+    Only a version whose source is not checked yet (`source_checked` False: made from a resumable upload, whose
+    client promised `source_sha256`) is read: it is hashed HASH_CHUNK_BYTES at a time and, on a match, marked
+    checked (True returned). Returns False at once for a version already checked. Raises InvalidInput (field
+    `sha256`; expected, got and what to do) on a mismatch — permanent: the version stays unchecked, so a
+    rebuild fails the same way until the version is deleted and the file uploaded again.
+    """
+    if version.source_checked:
+        return False
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    got, expected = digest.hexdigest(), version.source_sha256
+    if got != expected:
+        log.warning("version.source.sha256_mismatch", extra={"version_id": version.pk})
+        raise InvalidInput(
+            f"The uploaded file's SHA-256 is {got}, not the {expected} promised when its upload started (sha256): "
+            f"expected {expected}, got {got}. The file changed during the upload or a part was sent wrongly, so "
+            f"this version cannot be built. Delete this version (DELETE /api/v1/versions/{version.pk}/, or Delete "
+            "on the model's page) and upload the file again (re-run `conch upload MODEL FILE`; check the file "
+            "first with sha256sum FILE).",
+            field="sha256",
+        )
+    ModelVersion.objects.filter(pk=version.pk).update(source_checked=True)
+    version.source_checked = True
+    log.info("version.source.checked", extra={"version_id": version.pk})
+    return True
 
 
 def mark_rebuild(

@@ -186,6 +186,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "filename": obj.source_filename,
             "size_bytes": obj.source_size_bytes,
             "sha256": obj.source_sha256,
+            "sha256_checked": obj.source_checked,
             "key": obj.source_key,
         }
 
@@ -224,7 +225,7 @@ class StartUploadSerializer(serializers.Serializer):
         allow_null=True,
         min_value=1,
         max_value=2**63 - 1,
-        help_text="Bytes per part, 5 MiB to 5 GiB, at most 10,000 parts; left out, Conch chooses (64 MiB or more).",
+        help_text="Bytes per part, 5 MiB to 5 GiB, at most 10,000 parts; left out, Conch chooses (16 MiB or more).",
     )
     build_options = UploadBuildOptionsSerializer(required=False, allow_null=True)
 

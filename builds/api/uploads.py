@@ -213,10 +213,12 @@ class UploadCompleteView(APIView):
         request=CompleteUploadSerializer,
         responses={202: UploadSerializer, **_ERRORS, **_STORE_DOWN},
         description="Every part must be in the object store at its size (409 naming the first missing or "
-        "wrong-sized part). The upload becomes `completing`: a worker joins the parts, checks the size and SHA-256 "
-        "promised at the start (reading the object from the store), then makes the model's next version and queues "
-        "its build (`completed`, `version` set); on a mismatch the upload is `failed`, `error` naming sha256 or "
-        "size_bytes with expected and got values, the object deleted and the quota freed. Poll GET the upload.",
+        "wrong-sized part). The upload becomes `completing`: a worker joins the parts, checks the size promised at "
+        "the start (no read of the object), then makes the model's next version and queues its build (`completed`, "
+        "`version` set); on a size mismatch the upload is `failed`, `error` naming size_bytes with expected and got "
+        "values, the object deleted and the quota freed. Poll GET the upload. The promised SHA-256 is checked by the "
+        "version's build on the file it downloads (`source.sha256_checked` false until then): a mismatch fails the "
+        "version with `error_field` sha256.",
     )
     def post(self, request: Request, model_id: int, upload_id: str) -> Response:
         upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)

@@ -171,6 +171,11 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                     )
                 say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
                 store.download_to(version.source_key, local)
+                if not version.source_checked:
+                    # A resumable upload's SHA-256 is checked here, on the copy the build reads anyway.
+                    say(f"checking sha256 of the uploaded file against {version.source_sha256} (promised at upload)")
+                    registry.check_version_source(version=version, path=local)
+                    say("checking sha256 … ok")
                 signature = inspect_onnx_in_sandbox(local)
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:

@@ -1,5 +1,6 @@
 """Resumable uploads, the builds app's part: check build options at the start, queue the worker's check at the
-end, and turn a checked upload into a version whose build is queued (`models_registry.resumable` owns the rest).
+end, and turn a joined upload into a version whose build is queued; that build checks the file's SHA-256
+(`models_registry.resumable` owns the rest).
 """
 
 from __future__ import annotations
@@ -105,10 +106,12 @@ def complete_resumable_upload(
 
 
 def finish_upload(*, upload_id: uuid.UUID | str) -> str:
-    """The worker's check of a `completing` upload: join its parts, check size and SHA-256, make the version.
+    """The worker's check of a `completing` upload: join its parts, check the size, make the version.
 
-    On a match the version is made (`queued`) and its build queued in one transaction; on a mismatch (or parts
-    the store refuses, or a model being deleted) the upload fails with the reason and its object is deleted.
+    On a match the version is made (`queued`, its promised SHA-256 unchecked) and its build queued in one
+    transaction; the build's inspect step hashes the file it downloads and fails the version on a SHA-256
+    mismatch. On a size mismatch (or parts the store refuses, or a model being deleted) the upload fails with
+    the reason and its object is deleted.
     Returns "completed", "failed" or "skipped" (not `completing`, or another worker holds it). Unavailable
     (the store unreachable) propagates after the check is given back, for the task to retry.
     """
@@ -116,9 +119,7 @@ def finish_upload(*, upload_id: uuid.UUID | str) -> str:
     if upload is None:
         return "skipped"
     try:
-        stored = uploads.assemble_upload(
-            upload=upload, heartbeat=lambda: uploads.touch_upload_check(upload_id=upload_id)
-        )
+        stored = uploads.assemble_upload(upload=upload)
     except InvalidInput as error:
         uploads.fail_upload(upload_id=upload_id, error=error.detail, field=error.field or "")
         return "failed"

@@ -1,6 +1,7 @@
 """`conch upload` against a live Conch with the resumable upload API, on folder storage and on S3 storage (the
 moto S3 server over HTTP: parts go straight to the bucket with presigned URLs): parts in parallel, sha256 checked
-by the server, an interrupted upload resumed by running the same command again, and the refusals' exit codes.
+by the server (the version's build), an interrupted upload resumed by running the same command again, and the
+refusals' exit codes.
 
 Tasks run inline (eager): completing an upload checks it and makes the version, whose build then fails at once
 (these files are random bytes, not models), which `--wait` reports with exit 5.
@@ -81,6 +82,35 @@ def test_upload_wait_exits_5_when_the_build_fails(cli, storage, model, model_fil
     assert result.code == 5
     assert result.out.startswith("version ")  # uploaded first
     assert "error: The build of version " in result.err
+
+
+def test_upload_wait_on_a_file_changed_after_its_sha256_exits_5_with_the_server_s_message(
+    cli, storage, model, model_file, eager_tasks, monkeypatch
+):
+    # given a file that changes (same size, other bytes) once the CLI has hashed it
+    from conch_cli import main
+
+    path, sha256 = model_file
+    other = os.urandom(13 * MIB)
+
+    def hash_then_change(file, progress):
+        digest = transfer.file_sha256(file, progress)
+        file.write_bytes(other)
+        return digest
+
+    monkeypatch.setattr(main, "file_sha256", hash_then_change)
+    # when it is uploaded with --wait
+    result = cli("upload", "big", path, "--part-size", "5M", "--wait")
+    # then the upload completes (the size matches) and the build, which checks the sha256, fails: exit 5 with the
+    # server's message naming sha256, expected and got, and what to do
+    assert result.code == 5, result.err
+    assert result.out.startswith("version ") and "its build checks it" in result.out
+    got = hashlib.sha256(other).hexdigest()
+    message = result.err.strip().splitlines()[-1]
+    assert message.startswith("error: The build of version ")
+    assert f"failed: The uploaded file's SHA-256 is {got}, not the {sha256} promised" in message
+    assert "upload the file again (re-run `conch upload MODEL FILE`" in message
+    assert message.endswith("(field: sha256)")
 
 
 def test_an_upload_killed_midway_resumes_when_the_same_command_runs_again(

@@ -137,7 +137,7 @@ def test_a_file_goes_straight_to_the_bucket_then_becomes_a_version(alice, s3, dj
     version = ModelVersion.objects.get(pk=done["version"])
     assert (version.number, version.status, version.build_attempt) == (1, "queued", 1)
     assert (version.source_filename, version.source_size_bytes) == ("model.onnx", len(data))
-    assert version.source_sha256 == hashlib.sha256(data).hexdigest()
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), False)
     assert version.source_key == f"models/{model_id}/uploads/{upload['id']}/model.onnx"
     assert version.build_options["max_batch_size"] == 4
     assert get_object_store().read_bytes(version.source_key) == data
@@ -234,36 +234,71 @@ def test_completing_with_a_part_missing_names_the_first_missing_part(alice, s3):
     assert Upload.objects.get().status == "uploading"
 
 
-def test_a_checksum_mismatch_fails_the_upload_deletes_the_object_and_frees_the_quota(
+def test_a_checksum_mismatch_fails_the_version_s_build_naming_sha256_and_a_rebuild_fails_the_same_way(
     alice, s3, django_capture_on_commit_callbacks
 ):
     # given an upload whose promised SHA-256 is not the file's
     data = os.urandom(6 * MIB)
     promised = hashlib.sha256(b"another file").hexdigest()
+    got = hashlib.sha256(data).hexdigest()
     model_id = _model(alice)
     upload = _start(alice, model_id, data, part_size_bytes=PART, sha256=promised).json()
     for target in _urls(alice, model_id, upload["id"], [1, 2]):
         start = (target["number"] - 1) * PART
         assert requests.put(target["url"], data=data[start : start + PART], timeout=30).status_code == 200
-    assert _storage_used(alice.team) == len(data)
-    # when it completes and the worker checks it
+    # when it completes and the worker joins it
     with django_capture_on_commit_callbacks() as queued:
         assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "failed"
-    # then the upload failed, naming sha256 with both values and what to do; no version, nothing queued
-    failed = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
-    got = hashlib.sha256(data).hexdigest()
-    assert (failed["status"], failed["error_field"], failed["version"]) == ("failed", "sha256", None)
-    assert failed["error"] == (
-        f"The joined file's SHA-256 is {got}, not the {promised} promised (sha256): expected {promised}, got {got}. "
-        "The file changed or a part was sent wrongly; check the file (sha256sum FILE) and upload it again."
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    # then the size matched: a version is made, queued, its promised SHA-256 not checked yet (the object was not
+    # read back)
+    done = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
+    assert (done["status"], done["error"]) == ("completed", "")
+    version = ModelVersion.objects.get(pk=done["version"])
+    assert (version.status, version.source_sha256, version.source_checked) == ("queued", promised, False)
+    assert len(queued) == 2  # the check, then the build
+    shown = alice.client.get(f"/api/v1/versions/{version.pk}/").json()["source"]
+    assert (shown["sha256"], shown["sha256_checked"]) == (promised, False)
+    # when its build runs
+    assert builds.run_build(version_id=version.pk, attempt=1) == "failed"
+    # then the version failed for good, naming sha256 with both values and what to do
+    expected_error = (
+        f"The uploaded file's SHA-256 is {got}, not the {promised} promised when its upload started (sha256): "
+        f"expected {promised}, got {got}. The file changed during the upload or a part was sent wrongly, so this "
+        f"version cannot be built. Delete this version (DELETE /api/v1/versions/{version.pk}/, or Delete on the "
+        "model's page) and upload the file again (re-run `conch upload MODEL FILE`; check the file first with "
+        "sha256sum FILE)."
     )
-    assert len(queued) == 1  # the check only
-    assert not ModelVersion.objects.exists()
-    # and the object is gone and the quota freed
-    assert s3() == {"keys": [], "pending": []}
+    failed = alice.client.get(f"/api/v1/versions/{version.pk}/").json()
+    assert (failed["status"], failed["error_field"], failed["error"]) == ("failed", "sha256", expected_error)
+    assert failed["source"]["sha256_checked"] is False
+    # and the inspect step's log says why; nothing after it ran
+    steps = {step["name"]: step for step in failed["steps"]}
+    inspect_log = [line.split(" ", 1)[1] for line in steps["inspect"]["log"]]
+    assert inspect_log[1:] == [
+        f"checking sha256 of the uploaded file against {promised} (promised at upload)",
+        f"FAILED: {expected_error}",
+    ]
+    assert steps["inspect"]["status"] == "failed"
+    assert {steps[name]["status"] for name in ("configure", "write_repository", "verify")} == {"skipped"}
+    # when it is rebuilt
+    with django_capture_on_commit_callbacks():
+        assert alice.client.post(f"/api/v1/versions/{version.pk}/rebuild").status_code == 202
+    assert builds.run_build(version_id=version.pk, attempt=2) == "failed"
+    # then it fails the same way (the check is not skipped the second time)
+    again = ModelVersion.objects.get(pk=version.pk)
+    assert (again.status, again.error_field, again.error, again.source_checked) == (
+        "failed",
+        "sha256",
+        expected_error,
+        False,
+    )
+    # and deleting the version, as the error says, removes the file and frees the quota
+    assert _storage_used(alice.team) == len(data)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert alice.client.delete(f"/api/v1/versions/{version.pk}/").status_code == 204
+    assert s3()["keys"] == []
     assert _storage_used(alice.team) == 0
-    assert AuditEntry.objects.filter(action="upload.failed").count() == 1
 
 
 def test_a_start_that_does_not_fit_the_quota_is_refused_before_anything_starts(alice, s3):
@@ -672,4 +707,24 @@ def test_a_real_model_sent_straight_to_the_bucket_is_built_like_an_ordinary_uplo
     version = alice.client.get(f"/api/v1/versions/{done['version']}/").json()
     assert version["status"] == "built", version["error"]
     assert version["source"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert version["source"]["sha256_checked"] is True
+    # and its inspect step checked the promised SHA-256 on the file it downloaded
+    inspect_log = [line.split(" ", 1)[1] for line in version["steps"][0]["log"]]
+    assert inspect_log[1:3] == [
+        f"checking sha256 of the uploaded file against {hashlib.sha256(data).hexdigest()} (promised at upload)",
+        "checking sha256 … ok",
+    ]
     assert "max_batch_size: 8" in version["config_pbtxt"]
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "planned"),
+    [
+        (1, (16 * MIB, 1)),
+        (2**30, (16 * MIB, 64)),  # 1 GiB: 64 parts of 16 MiB
+        (2**30 + 1, (16 * MIB, 65)),
+        (200 * 2**30, (21 * MIB, 9753)),  # past 10,000 parts of 16 MiB: the next whole MiB that fits
+    ],
+)
+def test_without_a_part_size_conch_plans_16_mib_parts_or_the_least_whole_mib_under_10000_parts(size_bytes, planned):
+    assert resumable.plan_parts(size_bytes=size_bytes) == planned

@@ -207,6 +207,7 @@ def upload(
             output.line(
                 f"version {version['id']} (number {version['number']}) of model {found['name']} uploaded: "
                 f"{output.mib(result.upload['size_bytes'])}, sha256 {result.upload['sha256']}"
+                + ("" if version["source"].get("sha256_checked", True) else " (its build checks it)")
             )
         if wait:
             version = _wait_build(api, version["id"], timeout, quiet=quiet or as_json)

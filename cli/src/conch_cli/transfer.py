@@ -4,7 +4,8 @@ The file's sha256 is computed first; POSTing the upload (filename, size, sha256)
 one of the same file, whose `parts` are those the store already has. The missing parts go up in parallel
 (a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece per
 worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Then the
-upload is completed and the server checks size and sha256 before it makes the model version.
+upload is completed and the server checks the joined file's size before it makes the model version; the
+version's build checks the sha256 on the file it reads (a mismatch fails the build, naming `sha256`).
 Re-running the same upload after a crash or Ctrl-C sends only what the store lacks.
 """
 
@@ -317,7 +318,8 @@ def upload_file(
 ) -> UploadResult:
     """Upload `path` as the next version of model `model_id`, resuming the open upload of the same file.
 
-    Returns when the server has checked size and sha256 and made the version (its build is queued).
+    Returns when the server has checked the size and made the version (its build is queued; the build checks
+    the sha256: the version's `source.sha256_checked` says whether it has yet).
     Raises CliError: NOT_FOUND when the server has no upload API, FAILED when the server's check failed
     (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
     """

@@ -328,7 +328,7 @@
   async function complete() {
     state.finished = true;
     setButtons({ pause: false, resume: false, cancel: false });
-    progress.textContent = "All parts sent; Conch is checking the size and sha256…";
+    progress.textContent = "All parts sent; Conch is joining them and checking the size…";
     let upload = await api("POST", `${uploadsUrl}${state.upload.id}/complete`, {});
     while (upload.status === "completing" || upload.status === "uploading") {
       await new Promise((resolve) => setTimeout(resolve, 500));
@@ -340,7 +340,7 @@
       throw Object.assign(new Error(upload.error || `The upload ended ${upload.status}.`), { field: upload.error_field });
     }
     bar.value = 100;
-    progress.textContent = `Uploaded and checked (sha256 ${state.sha256}). Building version…`;
+    progress.textContent = `Uploaded (size checked; the build checks sha256 ${state.sha256}). Building version…`;
     window.location.assign(buildUrl.replace("{id}", upload.version));
   }
 
