@@ -241,4 +241,5 @@ def test_ctrl_c_during_an_upload_says_how_to_resume_and_exits_130(cli_process, c
     said = " ".join(err.split())
     found = re.search(r"interrupted; run the same command again to resume \((\d+) of 8 parts stored\)", said)
     assert found, said
-    assert 2 <= int(found.group(1)) < 8
+    # (the CLI counts the parts whose answer it read: the store's second part may have been in flight for it)
+    assert 1 <= int(found.group(1)) < 8
