@@ -34,6 +34,7 @@ from builds.services.review import (
 from conch.errors import ConchError, InvalidInput, NotFound
 from conch.limits import INFERENCE_BODY, accepts_body, describe_bytes
 from console.context import team_context
+from console.views import _deployment_of
 from deployments import services as deployments
 from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
 from models_registry import services as registry
@@ -71,13 +72,6 @@ def _page(request: HttpRequest, template: str, context: dict[str, Any], status: 
 def _version(request: HttpRequest, version_id: int):
     try:
         return registry.get_version(user=request.user, version_id=version_id)
-    except NotFound as exc:
-        raise Http404(exc.detail) from exc
-
-
-def _deployment(request: HttpRequest, deployment_id: int):
-    try:
-        return deployments.get_deployment(user=request.user, deployment_id=deployment_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
 
@@ -325,7 +319,7 @@ def deploy_check(request: HttpRequest, version_id: int) -> HttpResponse:
 @login_required
 def status(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Step 5: the deployment's status until it is ready (pods and their messages on Kubernetes)."""
-    deployment = _deployment(request, deployment_id)
+    deployment = _deployment_of(request, deployment_id)
     if refused := _refuse_method(request, GET):
         return refused
     return _page(request, "console/wizard/status.html", {"step": 5, **_status_context(deployment)})
@@ -345,7 +339,7 @@ def _status_context(deployment) -> dict[str, Any]:
 @login_required
 def status_partial(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Partial: the status block, polled every second until the deployment settles."""
-    deployment = _deployment(request, deployment_id)
+    deployment = _deployment_of(request, deployment_id)
     if refused := _refuse_method(request, GET):
         return refused
     return render(request, "console/wizard/_status.html", _status_context(deployment))
@@ -359,7 +353,7 @@ def status_partial(request: HttpRequest, deployment_id: int) -> HttpResponse:
 def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
     """Step 6: a form made from the signature (JSON editor; an image for an image model); POST (htmx) answers the
     output partial."""
-    deployment = _deployment(request, deployment_id)
+    deployment = _deployment_of(request, deployment_id)
     if refused := _refuse_method(request, GET_POST):
         return refused
     form = inference_form(deployment)
