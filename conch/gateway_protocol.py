@@ -15,6 +15,7 @@ import collections
 import json
 from typing import Any
 
+from django.conf import settings
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -24,17 +25,16 @@ __all__ = ["MAX_HEAD_BYTES", "BoundedHttpToolsProtocol"]
 #: to the count, so this is well above any real head: tokens and headers of clients are a few KiB).
 MAX_HEAD_BYTES = 1024 * 1024
 
-#: Bytes of a request body uvicorn buffers before it stops reading the socket until the application takes them
-#: (uvicorn's HIGH_WATER_LIMIT, 64 KiB by default). The gateway reads bodies up to
-#: CONCH_GATEWAY_STREAM_FROM_BYTES (4 MiB) whole anyway, and at 64 KiB a 600 KB inference request paused and
-#: resumed the socket ten times, each a wake-up of the request's task: most of the gateway's own CPU per request.
-BODY_BUFFER_BYTES = 4 * 1024 * 1024
+# Bytes of a request body buffered before the socket stops being read until the application takes them: the
+# gateway's CONCH_GATEWAY_STREAM_FROM_BYTES, the size it reads whole anyway (uvicorn's own HIGH_WATER_LIMIT is
+# 64 KiB, at which a 600 KB inference request paused and resumed the socket ten times, each a wake-up of the
+# request's task: most of the gateway's own CPU per request).
 
 
 class PiecewiseCycle(httptools_impl.RequestResponseCycle):
     """uvicorn's request/response cycle whose `receive()` hands the body over piece by piece as it was read
     (`http.request` messages, `more_body` set until the last), never joined or copied. Pieces wait in `pieces`;
-    `buffered` counts their bytes (the protocol stops reading the socket past BODY_BUFFER_BYTES)."""
+    `buffered` counts their bytes (the protocol stops reading the socket past CONCH_GATEWAY_STREAM_FROM_BYTES)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -124,7 +124,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return  # answered already (e.g. 413 before the body was read): the rest is dropped, as uvicorn does
         cycle.pieces.append(body)
         cycle.buffered += len(body)
-        if cycle.buffered > BODY_BUFFER_BYTES:
+        if cycle.buffered > settings.CONCH_GATEWAY_STREAM_FROM_BYTES:
             self.flow.pause_reading()
         cycle.message_event.set()
 
