@@ -18,6 +18,10 @@ from conch import liveness
 
 _release = threading.Event()
 
+# The test worker consumes only this queue (and its own direct queue): a build or deployment task that an
+# earlier test left in the broker's default queue must not take its only pool process.
+TEST_QUEUE = "liveness-test"
+
 
 @shared_task(name="tests.liveness.hold_pool_process")
 def hold_pool_process() -> None:
@@ -37,6 +41,8 @@ def worker(health_dir):
 
     app.control.purge()
     _release.clear()
+    # The worker narrows the app-wide set of queues to consume; later in-process workers need it back.
+    consumed_before = app.amqp.queues._consume_from
     with start_worker(
         app,
         pool="threads",
@@ -45,9 +51,12 @@ def worker(health_dir):
         loglevel="WARNING",
         shutdown_timeout=30,
         hostname="liveness@test",
+        queues=[TEST_QUEUE],
     ) as controller:
+        assert "celery" not in {queue.name for queue in controller.app.amqp.queues.consume_from.values()}
         yield controller
     _release.set()
+    app.amqp.queues._consume_from = consumed_before
 
 
 def _health(node: str, max_age: float, *, send: bool = True) -> str:
@@ -93,7 +102,7 @@ def test_worker_health_passes_once_the_worker_ran_a_heartbeat_sent_to_its_own_qu
 def test_a_worker_busy_on_every_pool_process_is_alive_and_an_idle_one_that_runs_nothing_is_not(worker):
     # given a worker that ran a heartbeat, then took a task that holds its only pool process
     _until_alive("liveness@test", 30)
-    hold_pool_process.delay()
+    hold_pool_process.apply_async(queue=TEST_QUEUE)
     deadline = time.monotonic() + 60
     while "busy: tests.liveness.hold_pool_process" not in (verdict := _verdict(max_age_s=0)).reason:
         assert time.monotonic() < deadline, verdict
