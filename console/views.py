@@ -38,6 +38,9 @@ SESSION_NEW_TOKEN = "console_new_token"
 RECENT_BUILDS = 8
 #: Rows of gateway usage (per day, token and deployment) on the team page.
 GATEWAY_USAGE_ROWS = 30
+#: The field a destructive action's confirmation form sends; a POST without it shows the confirmation page.
+CONFIRM_FIELD = "confirm"
+CONFIRM_VALUE = "yes"
 
 
 def _read_only(request: HttpRequest) -> HttpResponse | None:
@@ -52,6 +55,32 @@ def _post_only(request: HttpRequest) -> HttpResponse | None:
     if request.method == "POST":
         return None
     return HttpResponseNotAllowed(["POST"])
+
+
+def _confirmed(request: HttpRequest) -> bool:
+    """Whether a destructive action's POST came from its confirmation page (which names what goes)."""
+    return request.POST.get(CONFIRM_FIELD) == CONFIRM_VALUE
+
+
+def _confirm_page(
+    request: HttpRequest, *, title: str, question: str, consequence: str, button: str, cancel_url: str
+) -> HttpResponse:
+    """The confirmation step of a destructive action: a plain form that POSTs the same URL again with the
+    confirmation field (no script, so it works wherever the page's own buttons do); Cancel goes back."""
+    return render(
+        request,
+        "console/confirm.html",
+        {
+            "title": title,
+            "question": question,
+            "consequence": consequence,
+            "button": button,
+            "action": request.path,
+            "cancel_url": cancel_url,
+            "confirm_field": CONFIRM_FIELD,
+            "confirm_value": CONFIRM_VALUE,
+        },
+    )
 
 
 def _team_of(request: HttpRequest, slug: str):
@@ -358,7 +387,34 @@ def deployment_switch_version(request: HttpRequest, deployment_id: int) -> HttpR
 
 @login_required
 def deployment_stop(request: HttpRequest, deployment_id: int) -> HttpResponse:
-    """Stop the deployment (developer role); its Triton ends and its quota is freed."""
+    """Stop the deployment (developer role); its Triton ends and its quota is freed.
+
+    The page's Stop button posts without the confirmation field and gets the confirmation page naming the
+    deployment; only its form (`confirm=yes`) stops it. A viewer is refused (403) at the first step already.
+    """
+    deployment = _deployment_of(request, deployment_id)
+    if refused := _post_only(request):
+        return refused
+    if not _confirmed(request):
+        try:
+            deployments.require_deployment_access(
+                user=request.user, deployment=deployment, action="Stopping a deployment"
+            )
+        except ConchError as exc:
+            return _deployment_page(request, deployment, status=exc.status_code, error=exc.detail)
+        version = deployment.model_version
+        where = f"cluster {deployment.cluster.name}" if deployment.cluster_id else "this machine"
+        return _confirm_page(
+            request,
+            title=f"Stop deployment {deployment.name}?",
+            question=f"Stop deployment “{deployment.name}” of team {deployment.team.slug} (model "
+            f"{version.model.name} version {version.number}, on {where}, now {deployment.status})?",
+            consequence="Its Triton servers end: requests to its endpoints and through the gateway fail from then "
+            "on, and what it holds of the team's quota is freed. A stopped deployment does not start again; to serve "
+            "the model again, deploy the version anew.",
+            button=f"Stop deployment {deployment.name}",
+            cancel_url=reverse("console:deployment", kwargs={"deployment_id": deployment.pk}),
+        )
 
     def act(deployment) -> None:
         deployments.request_stop(user=request.user, deployment=deployment)
@@ -438,7 +494,19 @@ def member_role(request: HttpRequest, slug: str, username: str) -> HttpResponse:
 
 @login_required
 def member_remove(request: HttpRequest, slug: str, username: str) -> HttpResponse:
-    """Take a member out of the team and revoke their tokens of it (team admin; never the last admin)."""
+    """Take a member out of the team and revoke their tokens of it (team admin; never the last admin); a POST
+    without the confirmation field gets the confirmation page naming the member."""
+    team = _team_of(request, slug)
+    if request.method == "POST" and not _confirmed(request):
+        return _confirm_page(
+            request,
+            title=f"Remove {username} from {team.name}?",
+            question=f"Remove {username} from team {team.slug}?",
+            consequence=f"{username} loses access to the team's models and deployments, and their API tokens of "
+            "this team are revoked.",
+            button=f"Remove {username}",
+            cancel_url=reverse("console:team", kwargs={"slug": team.slug}),
+        )
 
     def act(team) -> None:
         team_members.remove_member(user=request.user, slug=team.slug, username=username)
@@ -487,10 +555,27 @@ def token_create(request: HttpRequest, slug: str) -> HttpResponse:
 
 @login_required
 def token_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
-    """Revoke a token of the team the user may manage (their own, or any as the team's admin)."""
+    """Revoke a token of the team the user may manage (their own, or any as the team's admin).
+
+    The team page's Revoke button posts without the confirmation field and gets the confirmation page naming the
+    token; only its form (`confirm=yes`) revokes it.
+    """
     team = _team_of(request, slug)
-    if not tenancy.visible_tokens(user=request.user).filter(team=team, pk=pk).exists():
+    token = tenancy.visible_tokens(user=request.user).filter(team=team, pk=pk).select_related("user").first()
+    if token is None:
         raise Http404(f"Token {pk} does not exist or is not one you may manage.")
+    if request.method == "POST" and not _confirmed(request):
+        label = f"“{token.name}” ({token.prefix}…)" if token.name else f"{token.prefix}…"
+        return _confirm_page(
+            request,
+            title=f"Revoke token {token.name or token.prefix}?",
+            question=f"Revoke token {label} of {token.user.username} in team {team.slug}, scopes "
+            f"{', '.join(token.scopes) or 'all'}?",
+            consequence="Every request made with it is refused (401) from now on: scripts and pipelines that use it "
+            "stop working. A revoked token cannot be restored; create a new one instead.",
+            button=f"Revoke token {token.name or token.prefix}",
+            cancel_url=reverse("console:team", kwargs={"slug": team.slug}),
+        )
     return _team_action(
         request, slug, lambda team: tenancy.revoke_api_token(user=request.user, token_id=pk), "Token revoked."
     )

@@ -96,10 +96,25 @@ def test_a_viewer_does_not_see_the_deployment_controls(console_browser, alice, t
     screenshot(seen, "console-deployment-viewer")
 
 
-def test_a_developer_stops_a_deployment_from_its_page(page, two_versions):
+def test_a_developer_stops_a_deployment_from_its_page(page, two_versions, screenshot):
     _, deployment = two_versions
     page.goto(f"/deployments/{deployment.pk}/")
+    # when she presses Stop, a confirmation names the deployment, and nothing is stopped yet
     page.get_by_role("button", name="Stop deployment").click()
+    expect(page.get_by_test_id("confirm-question")).to_have_text(
+        f"Stop deployment “{deployment.name}” of team acme (model {deployment.model_version.model.name} version "
+        f"{deployment.model_version.number}, on this machine, now ready)?"
+    )
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"
+    screenshot(page, "console-deployment-stop-confirm")
+    # and Cancel goes back to the page with the deployment still running
+    page.get_by_test_id("confirm-cancel").click()
+    page.wait_for_url(f"**/deployments/{deployment.pk}/")
+    assert page.get_by_test_id("deployment-status").inner_text() == "ready"
+    # when she presses Stop again and confirms, it stops
+    page.get_by_role("button", name="Stop deployment").click()
+    page.get_by_role("button", name=f"Stop deployment {deployment.name}").click()
     expect(page.locator(".messages")).to_contain_text("Stop requested.")
     deployment.refresh_from_db()
     assert deployment.desired_state == "stopped"
@@ -130,7 +145,7 @@ def test_the_deployment_page_works_from_the_keyboard(page, two_versions):
                            || el.getAttribute('aria-label') || el.textContent.trim(); }"""
             )
         )
-    for name in ("Skip to content", "Serve version", "Switch version", "Stop deployment", "Time range"):
+    for name in ("Skip to content", "Serve version", "Switch version", "Stop deployment…", "Time range"):
         assert name in reached, (name, reached)
     # the version switch is usable without a mouse: focus the select, choose, press Enter on the button
     page.get_by_label("Serve version").focus()

@@ -53,8 +53,14 @@ def test_a_token_created_on_the_team_page_is_shown_once_and_revoked_there(page, 
     assert secret not in page.content()
     row = page.locator(f"tr[data-token='{grant.prefix}']")
     expect(row).to_contain_text("ci-pipeline")
-    # when she revokes it
+    # when she presses Revoke, a confirmation names the token, and it still works
     row.get_by_role("button", name="Revoke token ci-pipeline").click()
+    expect(page.get_by_test_id("confirm-question")).to_have_text(
+        f"Revoke token “ci-pipeline” ({grant.prefix}…) of alice in team acme, scopes infer?"
+    )
+    assert not ApiToken.objects.get(pk=grant.id).is_revoked
+    # when she confirms
+    page.get_by_test_id("confirm-submit").click()
     # then it is gone from the list and refused
     expect(page.locator(".messages")).to_contain_text("Token revoked.")
     assert page.locator(f"tr[data-token='{grant.prefix}']").count() == 0

@@ -98,8 +98,53 @@ def test_a_viewer_gets_no_controls_and_a_403_naming_the_role_when_posting(alice,
     response = client.post(f"/deployments/{deployment.pk}/stop/")
     assert response.status_code == 403
     assert "needs the developer role" in response.content.decode()
+    assert 'data-testid="confirm"' not in response.content.decode()
+    response = client.post(f"/deployments/{deployment.pk}/stop/", {"confirm": "yes"})
+    assert response.status_code == 403
+    assert "needs the developer role" in response.content.decode()
     deployment.refresh_from_db()
     assert deployment.desired_state == "running"
+
+
+def test_stopping_asks_first_naming_the_deployment_and_stops_only_once_confirmed(session, adder):
+    _, deployment = adder
+    # when the Stop button's form is posted (no confirmation field)
+    response = session.post(f"/deployments/{deployment.pk}/stop/")
+    # then a confirmation page names the deployment and posts back to the same URL with confirm=yes
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Stop deployment “adder” of team acme (model adder version 1, on this machine, now ready)?" in html
+    assert f'action="/deployments/{deployment.pk}/stop/"' in html
+    assert 'name="confirm" value="yes"' in html
+    assert f'href="/deployments/{deployment.pk}/" data-testid="confirm-cancel"' in html
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"
+    # and a wrong confirmation value asks again
+    assert session.post(f"/deployments/{deployment.pk}/stop/", {"confirm": "y"}).status_code == 200
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"
+    # when confirmed, it stops
+    response = session.post(f"/deployments/{deployment.pk}/stop/", {"confirm": "yes"})
+    assert response.status_code == 302
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "stopped"
+
+
+def test_revoking_a_token_asks_first_naming_the_token(session, alice):
+    from tenancy.models import ApiToken
+
+    token = ApiToken.objects.get(user=alice.user, team=alice.team)
+    response = session.post(f"/teams/acme/tokens/{token.pk}/revoke/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    label = f"“{token.name}” ({token.prefix}…)" if token.name else f"{token.prefix}…"
+    assert f"Revoke token {label} of alice in team acme, scopes {', '.join(token.scopes) or 'all'}?" in html
+    assert 'href="/teams/acme/" data-testid="confirm-cancel"' in html
+    token.refresh_from_db()
+    assert not token.is_revoked
+    assert session.post(f"/teams/acme/tokens/{token.pk}/revoke/", {"confirm": "yes"}).status_code == 302
+    token.refresh_from_db()
+    assert token.is_revoked
 
 
 def test_scaling_a_local_deployment_is_400_naming_the_field(session, adder):
@@ -216,9 +261,14 @@ def test_a_team_admin_removes_a_member_but_not_the_last_admin(session, alice):
     bob = UserFactory(username="bobby")
     MembershipFactory(user=bob, team=alice.team, role="developer")
     alice.user.memberships.filter(team=alice.team).update(role="admin")
-    assert session.post("/teams/acme/members/bobby/remove/").status_code == 302
+    # the first POST (the team page's Remove button) only asks, naming the member
+    asked = session.post("/teams/acme/members/bobby/remove/")
+    assert asked.status_code == 200
+    assert 'data-testid="confirm-question"><b>Remove bobby from team acme?</b>' in asked.content.decode()
+    assert bob.memberships.exists()
+    assert session.post("/teams/acme/members/bobby/remove/", {"confirm": "yes"}).status_code == 302
     assert not bob.memberships.exists()
-    response = session.post("/teams/acme/members/alice/remove/")
+    response = session.post("/teams/acme/members/alice/remove/", {"confirm": "yes"})
     assert response.status_code == 409
     assert alice.user.memberships.filter(team=alice.team).exists()
 
