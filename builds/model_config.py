@@ -95,6 +95,9 @@ _CONFIG_TYPES: dict[str, int] = {
 # server. AUTO is resolved by the core before any backend sees it, so the local Python-based onnxruntime backend
 # gets KIND_CPU and the C++ onnxruntime backend on a GPU pod gets KIND_GPU with the CUDA execution provider.
 _INSTANCE_KIND = model_config_pb2.ModelInstanceGroup.KIND_AUTO
+#: Instance kinds a deployment may choose, by their config.pbtxt names (Triton "Instance Groups" -> kind).
+#: KIND_MODEL (the model places itself) is left out: only backends written for it honour it.
+INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
 
 
 @dataclass(frozen=True)
@@ -366,12 +369,20 @@ def without_batching(config: ModelConfig) -> ModelConfig:
     return result
 
 
+def instance_kind_of(config: ModelConfig) -> str:
+    """The kind of `config`'s first instance group by its config.pbtxt name ("KIND_AUTO" without a group)."""
+    if not config.instance_group:
+        return "KIND_AUTO"
+    return model_config_pb2.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind)
+
+
 def apply_deployment_overrides(
     config: ModelConfig,
     *,
     instance_count: int | None = None,
     max_batch_size: int | None = None,
     max_queue_delay_microseconds: int | None = None,
+    instance_kind: str | None = None,
 ) -> ModelConfig:
     """Return a copy of `config` with a deployment's choices applied; None leaves a setting as built.
 
@@ -381,11 +392,17 @@ def apply_deployment_overrides(
     built with batching, but may not turn batching on for a config built without it: only a build's verify
     step proves that joining requests along axis 0 is safe. Existing preferred batch sizes must stay <=
     max_batch_size; max_queue_delay_microseconds 0..MAX_QUEUE_DELAY_MICROSECONDS needs batching (Triton "Model
-    Configuration" -> "Maximum Batch Size", "Dynamic Batcher", "Instance Groups").
+    Configuration" -> "Maximum Batch Size", "Dynamic Batcher", "Instance Groups"). `instance_kind`, one of
+    INSTANCE_KINDS, sets the kind of every instance group (whether the place it runs has GPUs is the deployment's
+    rule, not the configuration's: `deployments.services.placement.check_instance_kind`).
 
     Raises:
         InvalidInput: field = the override's name.
     """
+    if instance_kind is not None and instance_kind not in INSTANCE_KINDS:
+        raise InvalidInput(
+            f"instance_kind must be one of {', '.join(INSTANCE_KINDS)}; got {instance_kind!r}.", field="instance_kind"
+        )
     validate_build_options(
         BuildOptions(
             max_batch_size=max_batch_size,
@@ -423,11 +440,14 @@ def apply_deployment_overrides(
             raise _needs_batching("max_queue_delay_microseconds", "this model is served without batching")
         result.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
 
-    if instance_count is not None:
+    if instance_count is not None or instance_kind is not None:
         if not result.instance_group:
             result.instance_group.add(kind=_INSTANCE_KIND)
         for group in result.instance_group:
-            group.count = instance_count
+            if instance_count is not None:
+                group.count = instance_count
+            if instance_kind is not None:
+                group.kind = model_config_pb2.ModelInstanceGroup.Kind.Value(instance_kind)
     return result
 
 

@@ -2,7 +2,8 @@
 
 Every error body is `{"detail": <sentence>, "field": <input name or null>}` (a refused quota adds
 `"quota": {"limit", "used", "requested"}`; an object still in use adds its users under the field's name, e.g.
-`"deployments": [{"id", "name"}]`). Our typed
+`"deployments": [{"id", "name"}]`; a check that reports every refusal at once, such as POST
+/api/v1/deployments/check, adds them all under `"errors": [{"detail", "field", "quota"?}, ...]`). Our typed
 errors (`conch.errors`) carry their own status; DRF's validation errors are flattened to
 their first field so a client always finds one `field` to point at. Errors raised outside
 DRF (unknown URLs, unhandled exceptions) get the same body from `conch.middleware`.
@@ -47,6 +48,17 @@ def _first_error(data: Any, prefix: str | None = None) -> tuple[str | None, str]
     return prefix, str(data)
 
 
+def error_body(exc: ConchError) -> dict[str, Any]:
+    """The `{"detail", "field"}` body of one of our errors, with `quota` for a refused quota and the users of an
+    object still in use under the field's name."""
+    body: dict[str, Any] = {"detail": exc.detail, "field": exc.field}
+    if isinstance(exc, QuotaExceeded):
+        body["quota"] = exc.quota
+    elif isinstance(exc, InUse):
+        body[exc.field] = exc.users
+    return body
+
+
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     """Render `exc` as `{"detail", "field"}` with its status code; None lets Django answer 500.
 
@@ -55,15 +67,12 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     request = context.get("request")
     if request is not None:
         request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
-    if isinstance(exc, QuotaExceeded):
-        return Response({"detail": exc.detail, "field": exc.field, "quota": exc.quota}, status=exc.status_code)
-    if isinstance(exc, InUse):
-        return Response({"detail": exc.detail, "field": exc.field, exc.field: exc.users}, status=exc.status_code)
-    if isinstance(exc, RateLimited):
-        headers = {"Retry-After": str(exc.retry_after_seconds)}
-        return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code, headers=headers)
     if isinstance(exc, ConchError):
-        return Response({"detail": exc.detail, "field": exc.field}, status=exc.status_code)
+        body = error_body(exc)
+        if exc.refusals:
+            body["errors"] = [error_body(refusal) for refusal in exc.refusals]
+        headers = {"Retry-After": str(exc.retry_after_seconds)} if isinstance(exc, RateLimited) else None
+        return Response(body, status=exc.status_code, headers=headers)
     if isinstance(exc, RequestDataTooBig):
         # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE) on a body read into memory or on the form fields of a
         # multipart body; whole bodies over their view's limit were refused before (RequestBodyLimitMiddleware).
@@ -153,6 +162,29 @@ class ErrorSerializer(serializers.Serializer):
 
     detail = serializers.CharField(help_text="What went wrong and what to do.")
     field = serializers.CharField(allow_null=True, help_text="The input at fault, or null.")
+
+
+class QuotaUseSerializer(serializers.Serializer):
+    """The numbers of a refused quota (for the OpenAPI schema)."""
+
+    limit = serializers.IntegerField(help_text="The team's limit, in the quota's unit.")
+    used = serializers.IntegerField(help_text="What the team uses now.")
+    requested = serializers.IntegerField(help_text="What the request needs.")
+
+
+class RefusalSerializer(ErrorSerializer):
+    """One refusal of a check that reports all of them (for the OpenAPI schema)."""
+
+    quota = QuotaUseSerializer(required=False, help_text="Present when a team quota has no room.")
+
+
+class RefusalsSerializer(RefusalSerializer):
+    """The error body of a check that reports every refusal at once (for the OpenAPI schema): the first
+    refusal's `detail`, `field` (and `quota`), as when it is the only one, plus all of them under `errors`."""
+
+    errors = RefusalSerializer(
+        many=True, help_text="Every refusal, the first one (the body's own) included, in the order checked."
+    )
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

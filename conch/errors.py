@@ -8,9 +8,15 @@ exception (botocore, tritonclient, kubernetes) escape: they wrap it in one of th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 
 class ConchError(Exception):
-    """Base class. `detail` is a sentence a user can act on; `field` names the input at fault."""
+    """Base class. `detail` is a sentence a user can act on; `field` names the input at fault.
+
+    `refusals`: when a check gathered several errors (`refuse_all`), every one of them, this one first; the API
+    lists them under `errors`. Empty for an error raised on its own."""
 
     status_code = 500
 
@@ -18,6 +24,26 @@ class ConchError(Exception):
         super().__init__(detail)
         self.detail = detail
         self.field = field
+        self.refusals: tuple[ConchError, ...] = ()
+
+
+def attempt(refusals: list[ConchError], check: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    """Run `check(*args, **kwargs)`; a ConchError it raises is appended to `refusals` instead of propagating.
+
+    Returns (True, its result) or (False, None). For checks that report every refused field at once."""
+    try:
+        return True, check(*args, **kwargs)
+    except ConchError as exc:
+        refusals.append(exc)
+        return False, None
+
+
+def refuse_all(refusals: Sequence[ConchError]) -> ConchError:
+    """The error to raise for gathered `refusals` (not empty): the first of them (its class, status, detail and
+    field are the response's, as when it was raised alone), carrying all of them as `refusals`."""
+    first = refusals[0]
+    first.refusals = tuple(refusals)
+    return first
 
 
 class InvalidInput(ConchError):

@@ -411,6 +411,11 @@ CONCH_TRITON_PUBLIC_HOST = env("CONCH_TRITON_PUBLIC_HOST", "127.0.0.1")
 # Host Conch's own processes (web's infer proxy, the metrics scraper) use to reach local Tritons.
 CONCH_TRITON_INTERNAL_HOST = env("CONCH_TRITON_INTERNAL_HOST", "127.0.0.1")
 CONCH_TRITON_START_TIMEOUT_SECONDS = env("CONCH_TRITON_START_TIMEOUT_SECONDS", 120.0, cast=float)
+# GPUs local Tritons may use: "auto" counts this host's /dev/nvidiaN devices; a whole number says it (0: CPU only).
+# Deciding whether a local deployment may ask for GPU instances (instance_kind KIND_GPU).
+CONCH_LOCAL_GPUS = env("CONCH_LOCAL_GPUS", "auto").strip().lower()
+if CONCH_LOCAL_GPUS != "auto" and not (CONCH_LOCAL_GPUS.isascii() and CONCH_LOCAL_GPUS.isdigit()):
+    raise ImproperlyConfigured(f"CONCH_LOCAL_GPUS must be 'auto' or a whole number, not {CONCH_LOCAL_GPUS!r}.")
 # API tokens: how long a new one lives unless asked otherwise, and the longest a user may ask for (days).
 CONCH_TOKEN_MAX_DAYS = env("CONCH_TOKEN_MAX_DAYS", 365, cast=int)
 CONCH_TOKEN_DEFAULT_DAYS = env("CONCH_TOKEN_DEFAULT_DAYS", 90, cast=int)

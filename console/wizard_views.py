@@ -31,14 +31,18 @@ from builds.services.review import (
     diff_configs,
     signature_rows,
 )
-from conch.errors import ConchError, InvalidInput, NotFound
+from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
 from conch.limits import INFERENCE_BODY, accepts_body, describe_bytes
 from console.context import team_context
 from console.views import _deployment_of
 from deployments import services as deployments
 from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
+from models_registry import resumable
 from models_registry import services as registry
+from models_registry.choices import UploadStatus
 
+#: Open uploads the upload page lists (a model rarely has more than one: the same file resumes the same upload).
+OPEN_UPLOADS_SHOWN = 5
 #: Deployment statuses the status page stops polling at.
 SETTLED = ("ready", "failed", "stopped", "degraded")
 #: Version statuses the build page stops polling at.
@@ -48,6 +52,7 @@ DEPLOY_FIELDS = (
     "name",
     "runtime",
     "instance_count",
+    "instance_kind",
     "cluster",
     "scaling",
     "replicas",
@@ -59,6 +64,27 @@ DEPLOY_FIELDS = (
     "gpu_count",
     "mig_profile",
 )
+#: Where the deploy form shows a refusal of each request field (`check_deployment_fits` names them): the slot
+#: next to the form control. Refusals of a field the form has no control for (the deployments quota, the version)
+#: show in the list above the Deploy button only.
+DEPLOY_ERROR_SLOTS = {
+    "name": "name",
+    "runtime": "runtime",
+    "instance_count": "instance_count",
+    "instances": "instance_count",
+    "cluster": "cluster",
+    "replicas": "replicas",
+    "autoscaling": "min_replicas",
+    "autoscaling.min_replicas": "min_replicas",
+    "autoscaling.max_replicas": "max_replicas",
+    "autoscaling.target_queue_time_us": "target_queue_time_us",
+    "gpu": "gpu_kind",
+    "gpu.count": "gpu_count",
+    "gpu.product": "gpu_product",
+    "gpu.mig_profile": "mig_profile",
+}
+#: Every slot of the deploy form (each runtime's fieldset has its own instance kind control).
+DEPLOY_SLOTS = (*dict.fromkeys(DEPLOY_ERROR_SLOTS.values()), "instance_kind", "kubernetes_instance_kind")
 PREPROCESSING_FIELDS = ("layout", "height", "width", "scale", "mean", "std")
 #: The steps, as the wizard's step list names them.
 WIZARD_STEPS = [(1, "Model"), (2, "Upload"), (3, "Build"), (4, "Deploy"), (5, "Status"), (6, "Test")]
@@ -145,8 +171,37 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
             "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
+            "open_uploads": _open_uploads(model),
         },
     )
+
+
+def _open_uploads(model) -> list[dict[str, Any]]:
+    """The model's open resumable uploads for the upload page (at most OPEN_UPLOADS_SHOWN, oldest first): each
+    with its filename, size, the bytes and parts the store holds now (None when the store cannot be reached),
+    its expiry, and whether it is already being checked (`completing`)."""
+    rows = []
+    for upload in resumable.open_uploads(model=model).select_related("created_by")[:OPEN_UPLOADS_SHOWN]:
+        try:
+            parts = resumable.stored_parts(upload=upload)
+        except Unavailable:
+            parts = None
+        rows.append(
+            {
+                "id": upload.pk,
+                "filename": upload.filename,
+                "size": describe_bytes(upload.size_bytes),
+                "size_bytes": upload.size_bytes,
+                "done": None if parts is None else describe_bytes(sum(part.size_bytes for part in parts)),
+                "done_bytes": None if parts is None else sum(part.size_bytes for part in parts),
+                "parts_done": None if parts is None else len(parts),
+                "part_count": upload.part_count,
+                "expires_at": upload.expires_at,
+                "completing": upload.status == UploadStatus.COMPLETING,
+                "started_by": upload.created_by.get_username() if upload.created_by else "",
+            }
+        )
+    return rows
 
 
 # --- 3. build ------------------------------------------------------------------------------------------------
@@ -238,6 +293,7 @@ def _deploy_arguments(version, team_slug: str, data) -> dict[str, Any]:
         "model_version_id": version.pk,
         "runtime": runtime,
     }
+    arguments["instance_kind"] = text("instance_kind") or None
     if runtime == "local":
         arguments["instance_count"] = text("instance_count") or None
         return arguments
@@ -282,7 +338,8 @@ def deploy(request: HttpRequest, version_id: int) -> HttpResponse:
         values = {"name": version.model.name, "runtime": "local", "instance_count": "", "scaling": "replicas"}
     offers = deployments.deployment_offers(user=request.user, team_slug=team_slug)
     fit = None
-    if error is None and version.status == "built":
+    if version.status == "built":
+        # after a refused create too: the create stops at its first refusal, the form shows every one by its field
         fit = _fit(request, version, team_slug, values)
     context = {
         "step": 4,
@@ -296,11 +353,23 @@ def deploy(request: HttpRequest, version_id: int) -> HttpResponse:
 
 
 def _fit(request: HttpRequest, version, team_slug: str, data) -> dict[str, Any]:
+    """The deploy check's verdict for the form: {"fits", "requested"} or {"fits": False, "error" (the first
+    refusal), "errors" (every one)}, and "slots": [(slot, [sentences])] for every slot of the form, each refusal
+    in the slot of its field (`DEPLOY_ERROR_SLOTS`; the instance kind in the chosen runtime's)."""
+    slots: dict[str, list[str]] = {slot: [] for slot in DEPLOY_SLOTS}
     try:
         fit = deployments.check_deployment_fits(user=request.user, **_deploy_arguments(version, team_slug, data))
     except ConchError as exc:
-        return {"fits": False, "error": _error(exc)}
-    return {"fits": True, "requested": fit["requested"]}
+        errors = [_error(refusal) for refusal in exc.refusals or (exc,)]
+        kubernetes = (data.get("runtime") or "").strip() == "kubernetes"
+        for error in errors:
+            slot = DEPLOY_ERROR_SLOTS.get(error["field"])
+            if error["field"] == "instance_kind":
+                slot = "kubernetes_instance_kind" if kubernetes else "instance_kind"
+            if slot is not None:
+                slots[slot].append(error["detail"])
+        return {"fits": False, "error": errors[0], "errors": errors, "slots": list(slots.items())}
+    return {"fits": True, "requested": fit["requested"], "slots": list(slots.items())}
 
 
 @login_required
@@ -310,7 +379,8 @@ def deploy_check(request: HttpRequest, version_id: int) -> HttpResponse:
     if refused := _refuse_method(request, POST):
         return refused
     fit = _fit(request, version, version.model.team.slug, request.POST)
-    return render(request, "console/wizard/_deploy_check.html", {"fit": fit})
+    # out of band: each refusal also goes next to its field (htmx swaps the slots by id), emptied ones included
+    return render(request, "console/wizard/_deploy_check.html", {"fit": fit, "out_of_band": True})
 
 
 # --- 5. live status --------------------------------------------------------------------------------------------

@@ -206,10 +206,27 @@ def reserve_quota(
     names the request in the message ("this deployment"). Raises QuotaExceeded (409) naming the field, with the
     limit, the use (less what is released) and the request.
     """
+    refusals = quota_refusals(team=team, requested=requested, released=released, what=what)
+    if refusals:
+        raise refusals[0]
+
+
+def quota_refusals(
+    *,
+    team: Team,
+    requested: Mapping[str, int | Mapping[str, int]],
+    released: Mapping[str, int | Mapping[str, int]] | None = None,
+    what: str = "this request",
+) -> list[QuotaExceeded]:
+    """Every refusal `reserve_quota` could give for `requested`, in its order (fields as given, units sorted):
+    one QuotaExceeded per field and unit that has no room, [] when all fit. Same lock and counts as
+    `reserve_quota` (call it inside a transaction); it raises nothing itself, so a check can show every field
+    that does not fit at once (the deploy form's check)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("reserve_quota must run inside the transaction that reserves the resource")
     Team.objects.select_for_update().filter(pk=team.pk).values_list("pk", flat=True).first()
     limits = quota_limits(team=team)
+    refusals = []
     for field, amount in requested.items():
         asked = _by_unit(field, amount)
         given_back = _by_unit(field, (released or {}).get(field, 0))
@@ -221,7 +238,9 @@ def reserve_quota(
         for unit, count in sorted(wanted.items()):
             used = used_now.get(unit, 0) - given_back.get(unit, 0)
             room = QuotaRoom(team_slug=team.slug, field=field, unit=unit, limit=limit, used=used)
-            room.check(count, f"{what} needs")
+            if count > 0 and room.used + count > room.limit:
+                refusals.append(room.exceeded(count, f"{what} needs"))
+    return refusals
 
 
 def get_team_for_staff(*, slug: str) -> Team:

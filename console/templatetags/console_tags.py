@@ -15,6 +15,12 @@ def needs_field_prefix(detail: str, field: str) -> bool:
     return bool(field) and not str(detail).startswith(str(field))
 
 
+@register.filter
+def slot_errors(fit: dict | None, slot: str) -> list[str]:
+    """The deploy check's refusals shown in the form's slot `slot` (see `console.wizard_views._fit`)."""
+    return dict((fit or {}).get("slots") or ()).get(slot, [])
+
+
 #: Quota fields as counted things: (one, many).
 _QUOTA_NOUNS = {
     "deployments": ("deployment", "deployments"),

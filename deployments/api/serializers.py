@@ -15,6 +15,13 @@ class CreateDeploymentSerializer(serializers.Serializer):
     model_version = serializers.JSONField(help_text="Id of a built model version.")
     runtime = serializers.CharField(required=False, default="local")
     instance_count = serializers.JSONField(required=False, default=None)
+    instance_kind = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text="Kind of the model instances (Triton instance_group kind): KIND_AUTO, KIND_CPU, or KIND_GPU "
+        "(local: only on a worker host with GPUs; kubernetes: only with gpu per pod); omit to keep the build's "
+        "(KIND_AUTO).",
+    )
     max_batch_size = serializers.JSONField(required=False, default=None)
     max_queue_delay_microseconds = serializers.JSONField(required=False, default=None)
     cluster = serializers.JSONField(
@@ -69,8 +76,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         help_text="kubernetes: each pod's name, node, phase, ready, restarts and a message when it is not ready."
     )
     effective = serializers.SerializerMethodField(
-        help_text="What Triton was told: max_batch_size, instance_count, dynamic batching and its queue delay (µs) "
-        "from the effective model configuration (the version's, with this deployment's overrides)."
+        help_text="What Triton was told: max_batch_size, instance_count, instance_kind, dynamic batching and its "
+        "queue delay (µs) from the effective model configuration (the version's, with this deployment's overrides)."
     )
 
     class Meta:

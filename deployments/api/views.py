@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
-from conch.api import MAX_OFFSET, MAX_PAGE_SIZE, ErrorSerializer
+from conch.api import MAX_OFFSET, MAX_PAGE_SIZE, ErrorSerializer, RefusalsSerializer
 from conch.errors import InvalidInput
 from conch.limits import INFERENCE_BODY, accepts_body
 from conch.throttling import InferenceRateThrottle
@@ -127,6 +127,7 @@ def _create_arguments(request: Request) -> dict[str, Any]:
         "model_version_id": v["model_version"],
         "runtime": v["runtime"],
         "instance_count": v["instance_count"],
+        "instance_kind": v["instance_kind"],
         "max_batch_size": v["max_batch_size"],
         "max_queue_delay_microseconds": v["max_queue_delay_microseconds"],
         "cluster": v["cluster"],
@@ -167,14 +168,20 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         request=CreateDeploymentSerializer,
         responses={
             200: OpenApiTypes.OBJECT,
-            400: ErrorSerializer,
-            403: ErrorSerializer,
-            404: ErrorSerializer,
-            409: ErrorSerializer,
+            400: RefusalsSerializer,
+            403: RefusalsSerializer,
+            404: RefusalsSerializer,
+            409: RefusalsSerializer,
+            503: RefusalsSerializer,
         },
         description="Would this deployment be accepted now? The same body as POST /deployments/, checked by the "
         'create\'s own rules and quota reservation, writing nothing: 200 `{"fits": true, "requested": …}`, '
-        "or the very error the create would answer (409 with `quota` when the team's quota has no room).",
+        "or the very error the create would answer (409 with `quota` when the team's quota has no room), its "
+        "`detail`, `field` and `quota` as before, plus `errors`: every refusal at once, that one first, each "
+        '`{"detail", "field"}` (and `quota`): the name, the runtime, each placement field, the version, the '
+        "options, the instance kind, each quota field (`deployments`, `instances`, `gpu` per resource) and a "
+        "name already taken. The status is the first refusal's. A refusal of the team or of the caller's role "
+        "stops the check there.",
     )
     @action(detail=False, methods=["post"], url_path="check")
     def check(self, request: Request) -> Response:
@@ -185,8 +192,9 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         parameters=[OpenApiParameter("team", str, required=True, description="Slug of one of your teams.")],
         responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer, 404: ErrorSerializer},
         description="What the team can deploy on: runtimes (available or why not), registered clusters with the "
-        "GPUs their Nodes offer (product, resource, MIG profile, most on one node, total), and the team's quota "
-        "use (limit, used, free per field and unit).",
+        "GPUs their Nodes offer (product, resource, MIG profile, most on one node, total), the team's quota "
+        "use (limit, used, free per field and unit), and the instance kinds each runtime can take (KIND_GPU only "
+        "with a GPU on the local worker host, or on a cluster that offers GPUs; unavailable ones say why).",
     )
     @action(detail=False, methods=["get"], url_path="offers")
     def offers(self, request: Request) -> Response:

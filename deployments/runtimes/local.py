@@ -35,7 +35,14 @@ from tritonserving import server as triton_server
 from tritonserving.access import derive_api_key
 from tritonserving.client import ModelLoadError, TritonClient
 
-__all__ = ["SERVER_ID_INFIX_DEPLOYMENT", "LocalRuntime", "LocalServerState", "triton_api_key", "worker_host"]
+__all__ = [
+    "SERVER_ID_INFIX_DEPLOYMENT",
+    "LocalRuntime",
+    "LocalServerState",
+    "local_gpu_count",
+    "triton_api_key",
+    "worker_host",
+]
 
 # Server ids are "<CONCH_INSTANCE_ID>.dep.<id>"; instance ids may not contain ".", so one installation's prefix
 # never matches another's (e.g. "conch" vs "conch-b").
@@ -53,6 +60,17 @@ def triton_api_key(server_id: str) -> str:
     Conch's calls until they restart.
     """
     return derive_api_key(settings.SECRET_KEY, server_id)
+
+
+def local_gpu_count() -> int:
+    """GPUs the local runtime's Tritons can use: `CONCH_LOCAL_GPUS` when it is a whole number, else ("auto",
+    the default) the NVIDIA device files of this host (`/dev/nvidia0`, `/dev/nvidia1`, ...; the driver creates
+    one per GPU). Set it where the worker host, which runs the Tritons, is not the host that asks (docker
+    compose: the web container sees no GPU device)."""
+    configured = str(settings.CONCH_LOCAL_GPUS).strip().lower()
+    if configured.isdigit():
+        return int(configured)
+    return sum(1 for path in Path("/dev").glob("nvidia[0-9]*") if path.name[len("nvidia") :].isdigit())
 
 
 def worker_host() -> str:

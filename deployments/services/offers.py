@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from conch.errors import InvalidInput
 from deployments.choices import RuntimeName
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
+from deployments.runtimes.local import local_gpu_count
 from deployments.services.clusters import describe_cluster, list_clusters
 from deployments.services.records import ENABLED_RUNTIMES
 from models_registry.storage import get_object_store
@@ -34,8 +37,10 @@ def deployment_offers(*, user: AbstractBaseUser, team_slug: str, token: TokenGra
 
     Returns {"runtimes": [{"name", "label", "available", "reason"}], "clusters": [describe_cluster(...) each: name,
     namespace, gpu_offers (product, resource, mig_profile, most_on_one_node, total, nodes) or error],
-    "quota": [{"field", "name", "unit", "limit", "used", "free", "is_default"}]}. A cluster that does not answer is
-    listed with its `error` (one API request per cluster).
+    "quota": [{"field", "name", "unit", "limit", "used", "free", "is_default"}], "instance_kinds": {"local": [...],
+    "kubernetes": [...]} each [{"kind" ("" = as built), "label", "available", "reason"}] (KIND_GPU: locally only
+    with a GPU on the worker host, on kubernetes only when a cluster offers GPUs)}. A cluster that does not answer
+    is listed with its `error` (one API request per cluster).
     """
     team = get_team_for_user(user=user, slug=team_slug, token=token)
     kubernetes_reason = ""
@@ -62,9 +67,46 @@ def deployment_offers(*, user: AbstractBaseUser, team_slug: str, token: TokenGra
         }
         for line in team_usage(team=team)
     ]
+    described = [describe_cluster(cluster) for cluster in clusters] if not kubernetes_reason else []
     return {
         "team": team.slug,
         "runtimes": runtimes,
-        "clusters": [describe_cluster(cluster) for cluster in clusters] if not kubernetes_reason else [],
+        "clusters": described,
         "quota": quota,
+        "instance_kinds": {
+            "local": _instance_kinds(local_gpu_reason()),
+            "kubernetes": _instance_kinds(
+                ""
+                if any(cluster.get("gpu_offers") for cluster in described)
+                else "no registered cluster offers GPUs to pods"
+            ),
+        },
     }
+
+
+def local_gpu_reason() -> str:
+    """Why GPU instances cannot run on the local runtime ("" when the worker host has a GPU)."""
+    if local_gpu_count() > 0:
+        return ""
+    if settings.CONCH_LOCAL_GPUS == "auto":
+        return "this machine has no GPU (no /dev/nvidia device found; CONCH_LOCAL_GPUS=auto)"
+    return f"this machine is set up without GPUs (CONCH_LOCAL_GPUS={settings.CONCH_LOCAL_GPUS})"
+
+
+def _instance_kinds(gpu_reason: str) -> list[dict[str, Any]]:
+    """The instance kinds a deploy form offers (`check_instance_kind` decides): "" keeps the build's kind."""
+    return [
+        {
+            "kind": "",
+            "label": "as built (KIND_AUTO: Triton picks: GPU when there is one, else CPU)",
+            "available": True,
+            "reason": "",
+        },
+        {"kind": "KIND_CPU", "label": "KIND_CPU: model instances on the CPU", "available": True, "reason": ""},
+        {
+            "kind": "KIND_GPU",
+            "label": "KIND_GPU: model instances on the GPU",
+            "available": not gpu_reason,
+            "reason": gpu_reason,
+        },
+    ]

@@ -15,14 +15,16 @@ from typing import Any
 
 from django.conf import settings
 
-from conch.errors import InvalidInput, NotFound
+from builds.model_config import INSTANCE_KINDS
+from conch.errors import ConchError, InvalidInput, NotFound, attempt
 from deployments.choices import RuntimeName
 from deployments.models import Cluster
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.nodes import check_gpu_request
+from deployments.runtimes.local import local_gpu_count
 from deployments.services.clusters import cluster_gpu_offers
 
-__all__ = ["Placement", "parse_placement", "parse_scaling"]
+__all__ = ["Placement", "check_instance_kind", "check_placement", "parse_placement", "parse_scaling"]
 
 _AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_queue_time_us", "target_cpu_percent")
 _GPU_KEYS = ("count", "product", "mig_profile")
@@ -147,6 +149,49 @@ def _quantity(value: Any, field: str) -> str:
     return str(value)
 
 
+def check_instance_kind(*, runtime: str, instance_kind: Any, gpu: Mapping[str, Any] | None) -> str | None:
+    """The model instance kind a deployment asks for (Triton "Model Configuration" -> "Instance Groups", kind),
+    checked against where it runs; None (or "") leaves the kind as built (KIND_AUTO: Triton picks per machine).
+
+    KIND_AUTO and KIND_CPU run anywhere. KIND_GPU needs a GPU: on the local runtime, one on the worker host
+    (`local_gpu_count`, CONCH_LOCAL_GPUS); on kubernetes, GPUs per pod (`gpu`: whole GPUs or a MIG slice of
+    what the cluster offers). Raises InvalidInput (field `instance_kind`) saying which kinds are possible there.
+    """
+    if instance_kind is None or instance_kind == "":
+        return None
+    if not isinstance(instance_kind, str) or instance_kind not in INSTANCE_KINDS:
+        raise InvalidInput(
+            f"instance_kind must be one of {', '.join(INSTANCE_KINDS)} (or empty: as built); got {instance_kind!r}.",
+            field="instance_kind",
+        )
+    if instance_kind != "KIND_GPU":
+        return instance_kind
+    if runtime == RuntimeName.KUBERNETES and not gpu:
+        raise InvalidInput(
+            "instance_kind KIND_GPU needs GPUs in the pod: ask for whole GPUs (gpu.count) or a MIG slice "
+            "(gpu.mig_profile) of what the cluster offers, or choose KIND_CPU.",
+            field="instance_kind",
+        )
+    if runtime != RuntimeName.KUBERNETES and local_gpu_count() == 0:
+        raise InvalidInput(
+            "instance_kind KIND_GPU needs a GPU, and this machine (the local runtime's worker host) has none: "
+            "choose KIND_CPU, or deploy on a Kubernetes cluster with GPUs.",
+            field="instance_kind",
+        )
+    return instance_kind
+
+
+def _find_cluster(cluster: Any) -> Cluster:
+    if not cluster or not isinstance(cluster, str):
+        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none is registered yet"
+        raise InvalidInput(f"A kubernetes deployment needs a cluster ({known}).", field="cluster")
+    found = Cluster.objects.filter(name=cluster).first()
+    if found is None:
+        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none is registered yet"
+        raise InvalidInput(f"There is no cluster {cluster!r} ({known}).", field="cluster")
+    return found
+
+
 def parse_placement(
     *,
     runtime: str,
@@ -161,7 +206,33 @@ def parse_placement(
 
     For the local runtime every field must be absent (InvalidInput naming the first one given). For kubernetes,
     `cluster` must name a registered cluster, and a GPU request is checked against what the cluster's
-    schedulable Nodes offer (one API request; Unavailable when the cluster does not answer).
+    schedulable Nodes offer (one API request; Unavailable when the cluster does not answer). Raises the first
+    refusal `check_placement` finds.
+    """
+    placement, refusals = check_placement(
+        runtime=runtime, cluster=cluster, replicas=replicas, autoscaling=autoscaling, gpu=gpu, cpu=cpu, memory=memory
+    )
+    if refusals:
+        raise refusals[0]
+    return placement
+
+
+def check_placement(
+    *,
+    runtime: str,
+    cluster: Any = None,
+    replicas: Any = None,
+    autoscaling: Any = None,
+    gpu: Any = None,
+    cpu: Any = None,
+    memory: Any = None,
+) -> tuple[Placement | None, list[ConchError]]:
+    """Check the placement as `parse_placement` does, gathering every refusal instead of stopping at the first.
+
+    Returns (the placement, []) or (None, the refusals in `parse_placement`'s order: each field given to a local
+    deployment; then the cluster, the scaling, the GPUs, cpu and memory, each parsed on its own; then the
+    manifest rules, once all parts parsed; then the GPU request against the cluster's offers, once the cluster
+    and the GPUs parsed).
     """
     given = {
         "cluster": cluster,
@@ -171,27 +242,38 @@ def parse_placement(
         "cpu": cpu,
         "memory": memory,
     }
+    refusals: list[ConchError] = []
     if runtime != RuntimeName.KUBERNETES:
         for field, value in given.items():
             if value not in (None, ""):
-                raise InvalidInput(f"{field} applies to the kubernetes runtime only.", field=field)
-        return Placement()
-    if not cluster or not isinstance(cluster, str):
-        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none is registered yet"
-        raise InvalidInput(f"A kubernetes deployment needs a cluster ({known}).", field="cluster")
-    found = Cluster.objects.filter(name=cluster).first()
-    if found is None:
-        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none is registered yet"
-        raise InvalidInput(f"There is no cluster {cluster!r} ({known}).", field="cluster")
-    count, scaling = parse_scaling(replicas=replicas, autoscaling=autoscaling)
-    placement = Placement(
-        cluster=found,
-        replicas=count,
-        autoscaling=scaling,
-        gpu=_parse_gpu(gpu),
-        cpu=_quantity(cpu, "cpu"),
-        memory=_quantity(memory, "memory"),
-    )
+                refusals.append(InvalidInput(f"{field} applies to the kubernetes runtime only.", field=field))
+        return (None if refusals else Placement()), refusals
+    _, found = attempt(refusals, _find_cluster, cluster)
+    scaling_parsed, scaling_result = attempt(refusals, parse_scaling, replicas=replicas, autoscaling=autoscaling)
+    gpu_parsed, parsed_gpu = attempt(refusals, _parse_gpu, gpu)
+    _, cpu_quantity = attempt(refusals, _quantity, cpu, "cpu")
+    _, memory_quantity = attempt(refusals, _quantity, memory, "memory")
+    if not refusals:
+        count, scaling = scaling_result
+        placement = Placement(
+            cluster=found,
+            replicas=count,
+            autoscaling=scaling,
+            gpu=parsed_gpu,
+            cpu=cpu_quantity,
+            memory=memory_quantity,
+        )
+        attempt(refusals, _check_manifests, placement)
+    if found is not None and gpu_parsed:
+        attempt(refusals, _check_gpu_offers, found, _gpu_request(parsed_gpu))
+    if refusals:
+        return None, refusals
+    return placement, []
+
+
+def _check_manifests(placement: Placement) -> None:
+    """Build the placement's manifests as the runtime will (raises InvalidInput naming the field)."""
+    found, scaling = placement.cluster, placement.autoscaling
     request = _gpu_request(placement.gpu)
     # The rules the manifests will apply, checked now (quantities, MIG profile names, autoscaling bounds).
     trial = manifests.TritonPodSpec(
@@ -211,13 +293,17 @@ def parse_placement(
     )
     manifests.deployment_manifest(trial)
     manifests.hpa_manifest(trial)
-    if request is not None:
-        try:
-            offers = cluster_gpu_offers(found)
-        except NotFound:
-            offers = []
-        check_gpu_request(offers, request)
-    return placement
+
+
+def _check_gpu_offers(cluster: Cluster, request: manifests.GpuRequest | None) -> None:
+    """Check a GPU request against what the cluster's schedulable Nodes offer (one API request)."""
+    if request is None:
+        return
+    try:
+        offers = cluster_gpu_offers(cluster)
+    except NotFound:
+        offers = []
+    check_gpu_request(offers, request)
 
 
 def _gpu_request(gpu: Mapping[str, Any] | None) -> manifests.GpuRequest | None:

@@ -11,14 +11,14 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from builds.model_config import apply_deployment_overrides, parse_build_options
-from conch.errors import Conflict, InvalidInput, NotFound
+from builds.model_config import apply_deployment_overrides, instance_kind_of, parse_build_options
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound, attempt, refuse_all
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
-from deployments.services.placement import Placement, parse_placement, parse_scaling
+from deployments.services.placement import Placement, check_instance_kind, check_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
@@ -26,7 +26,7 @@ from models_registry.services import get_version, lock_built_version
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
-from tenancy.quotas import reserve_quota
+from tenancy.quotas import quota_refusals, reserve_quota
 from tenancy.services import TokenGrant, get_team_for_user, object_history, require_role, teams_for_user
 from tritonserving.config import ModelConfig, config_from_pbtxt, config_to_pbtxt
 
@@ -118,7 +118,8 @@ def serving_servers(deployment: Deployment) -> list[Server]:
 def effective_settings(deployment: Deployment) -> dict[str, Any]:
     """Batching and instance settings of the deployment's effective model configuration.
 
-    Returns max_batch_size, instance_count (summed over instance groups), dynamic_batching
+    Returns max_batch_size, instance_count (summed over instance groups), instance_kind (the first group's:
+    KIND_AUTO, KIND_CPU, KIND_GPU or KIND_MODEL), dynamic_batching
     (bool) and max_queue_delay_microseconds (None without a dynamic batcher).
     """
     if not deployment.config_pbtxt:
@@ -128,6 +129,7 @@ def effective_settings(deployment: Deployment) -> dict[str, Any]:
     return {
         "max_batch_size": config.max_batch_size,
         "instance_count": sum(group.count or 1 for group in config.instance_group) or 1,
+        "instance_kind": instance_kind_of(config),
         "dynamic_batching": batching,
         "max_queue_delay_microseconds": config.dynamic_batching.max_queue_delay_microseconds if batching else None,
     }
@@ -145,6 +147,7 @@ def create_deployment(
     model_version_id: Any,
     runtime: str = RuntimeName.LOCAL,
     instance_count: Any = None,
+    instance_kind: Any = None,
     max_batch_size: Any = None,
     max_queue_delay_microseconds: Any = None,
     cluster: Any = None,
@@ -164,7 +167,9 @@ def create_deployment(
     `max_batch_size` and `max_queue_delay_microseconds` override the version's model
     configuration (Triton "Model Configuration": max_batch_size, dynamic_batching
     max_queue_delay_microseconds); `instance_count` sets the instance group count
-    (concurrent model execution). Raises InvalidInput naming the field, NotFound for a
+    (concurrent model execution) and `instance_kind` (KIND_AUTO, KIND_CPU, KIND_GPU; None: as built) the kind
+    of its instance groups, where it can run (`deployments.services.placement.check_instance_kind`: KIND_GPU
+    needs a GPU on the worker host, or GPUs per pod). Raises InvalidInput naming the field, NotFound for a
     team or version the caller cannot see, Conflict for a version that is not built or
     a name already used by an active deployment of the team, QuotaExceeded naming `deployments`, `instances`
     or `gpu` when the team's quota has no room for it (see `deployments.services.quotas` for what counts).
@@ -179,6 +184,7 @@ def create_deployment(
         model_version_id=model_version_id,
         runtime=runtime,
         instance_count=instance_count,
+        instance_kind=instance_kind,
         max_batch_size=max_batch_size,
         max_queue_delay_microseconds=max_queue_delay_microseconds,
         cluster=cluster,
@@ -226,6 +232,7 @@ def create_deployment(
                     "autoscaling": placement.autoscaling,
                     "gpu": placement.gpu,
                     "instance_count": deployment.instance_count,
+                    "instance_kind": instance_kind or None,
                 },
             )
             _queue_start(deployment.pk)
@@ -262,6 +269,7 @@ def plan_deployment(
     model_version_id: Any,
     runtime: str = RuntimeName.LOCAL,
     instance_count: Any = None,
+    instance_kind: Any = None,
     max_batch_size: Any = None,
     max_queue_delay_microseconds: Any = None,
     cluster: Any = None,
@@ -275,99 +283,227 @@ def plan_deployment(
 
     Same arguments and errors as `create_deployment` (InvalidInput naming the field, NotFound, Conflict for a
     version that is not built, Forbidden without the developer role), except QuotaExceeded and the duplicate name.
+    Raises the first refusal `_check_request` finds.
     """
-    validate_model_name(name)
-    team = get_team_for_user(user=user, slug=team_slug, token=token)
-    require_role(
+    checked = _check_request(
         user=user,
-        team=team,
-        role=Role.DEVELOPER,
-        action="Creating a deployment",
         token=token,
-        scope=Scope.DEPLOYMENTS_WRITE,
-        deployment_name=name,
+        team_slug=team_slug,
+        name=name,
+        model_version_id=model_version_id,
+        runtime=runtime,
+        instance_count=instance_count,
+        instance_kind=instance_kind,
+        max_batch_size=max_batch_size,
+        max_queue_delay_microseconds=max_queue_delay_microseconds,
+        cluster=cluster,
+        replicas=replicas,
+        autoscaling=autoscaling,
+        gpu=gpu,
+        cpu=cpu,
+        memory=memory,
     )
-    if runtime not in RuntimeName.values:
-        raise InvalidInput(f"runtime must be one of {', '.join(RuntimeName.values)}.", field="runtime")
-    if runtime not in ENABLED_RUNTIMES:
-        raise InvalidInput(
-            f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime"
+    if checked.refusals:
+        raise checked.refusals[0]
+    return checked.plan
+
+
+@dataclass(frozen=True)
+class _CheckedRequest:
+    """What `_check_request` found: the plan (None when refused), the team when the caller may deploy in it
+    (None: nothing past that can be said), what the request takes from the quotas as far as it could be told,
+    and every refusal in the order `plan_deployment` checks."""
+
+    plan: DeploymentPlan | None
+    team: Team | None
+    requested: dict[str, Any]
+    refusals: list[ConchError]
+
+
+def _check_request(
+    *,
+    user: AbstractBaseUser,
+    token: TokenGrant | None,
+    team_slug: str,
+    name: str,
+    model_version_id: Any,
+    runtime: str,
+    instance_count: Any,
+    instance_kind: Any,
+    max_batch_size: Any,
+    max_queue_delay_microseconds: Any,
+    cluster: Any,
+    replicas: Any,
+    autoscaling: Any,
+    gpu: Any,
+    cpu: Any,
+    memory: Any,
+) -> _CheckedRequest:
+    """Run `plan_deployment`'s checks, each one that its inputs allow, gathering every refusal.
+
+    Order (so the first refusal is the one a stop-at-first check gives): the name; the team and the caller's
+    role (a refusal there ends the check); the runtime; the placement (`check_placement`, field by field); the
+    S3 repository a cluster needs; the version (visible, of the team, built); the batching and instance options;
+    the instance kind against where it runs; the options applied to the version's configuration.
+    """
+    refusals: list[ConchError] = []
+    attempt(refusals, validate_model_name, name)
+    try:
+        team = get_team_for_user(user=user, slug=team_slug, token=token)
+        require_role(
+            user=user,
+            team=team,
+            role=Role.DEVELOPER,
+            action="Creating a deployment",
+            token=token,
+            scope=Scope.DEPLOYMENTS_WRITE,
+            deployment_name=name,
         )
-    placement = parse_placement(
-        runtime=runtime, cluster=cluster, replicas=replicas, autoscaling=autoscaling, gpu=gpu, cpu=cpu, memory=memory
-    )
-    if runtime == RuntimeName.KUBERNETES:
+    except ConchError as exc:
+        return _CheckedRequest(plan=None, team=None, requested={}, refusals=[*refusals, exc])
+    placement = None
+    if runtime not in RuntimeName.values:
+        refusals.append(InvalidInput(f"runtime must be one of {', '.join(RuntimeName.values)}.", field="runtime"))
+    elif runtime not in ENABLED_RUNTIMES:
+        refusals.append(
+            InvalidInput(f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime")
+        )
+    else:
+        placement, placement_refusals = check_placement(
+            runtime=runtime,
+            cluster=cluster,
+            replicas=replicas,
+            autoscaling=autoscaling,
+            gpu=gpu,
+            cpu=cpu,
+            memory=memory,
+        )
+        refusals.extend(placement_refusals)
+    if placement is not None and runtime == RuntimeName.KUBERNETES:
         # Pods read the repository from the object store themselves: it must be S3 (raises InvalidInput).
-        pod_repository_location(
+        attempt(
+            refusals,
+            pod_repository_location,
             get_object_store().triton_repository_location("check"),
             placement.cluster.s3_endpoint,
         )
-    version = version_for_deployment(user=user, model_version_id=model_version_id, token=token)
-    version_id = version.pk
-    if version.model.team_id != team.pk:
-        raise InvalidInput(
-            f"Model version {version_id} belongs to team '{version.model.team.slug}', not '{team.slug}'.",
-            field="model_version",
+    _, version = attempt(refusals, version_for_deployment, user=user, model_version_id=model_version_id, token=token)
+    if version is not None and version.model.team_id != team.pk:
+        refusals.append(
+            InvalidInput(
+                f"Model version {version.pk} belongs to team '{version.model.team.slug}', not '{team.slug}'.",
+                field="model_version",
+            )
         )
-    if version.status != VersionStatus.BUILT:
-        raise Conflict(
-            f"Model version {version_id} is '{version.status}'; only a built version can be deployed"
-            + (f" (build error: {version.error})" if version.error else "")
-            + ".",
-            field="model_version",
+        version = None
+    if version is not None and version.status != VersionStatus.BUILT:
+        refusals.append(
+            Conflict(
+                f"Model version {version.pk} is '{version.status}'; only a built version can be deployed"
+                + (f" (build error: {version.error})" if version.error else "")
+                + ".",
+                field="model_version",
+            )
         )
+        version = None
     # One definition of the option bounds: the build's (builds.model_config MAX_* constants).
-    overrides = parse_build_options(
+    options_parsed, overrides = attempt(
+        refusals,
+        parse_build_options,
         {
             "instance_count": instance_count,
             "max_batch_size": max_batch_size,
             "max_queue_delay_microseconds": max_queue_delay_microseconds,
-        }
+        },
     )
-    instance_count = overrides.instance_count
-    max_batch_size = overrides.max_batch_size
-    delay = overrides.max_queue_delay_microseconds
-    config = apply_deployment_overrides(
-        config_from_pbtxt(version.config_pbtxt),
-        instance_count=instance_count,
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=delay,
-    )
-    requested = {"deployments": 1}
-    if runtime == RuntimeName.LOCAL:
+    kind_checked, kind = False, None
+    if runtime in ENABLED_RUNTIMES:
+        # With a placement refused elsewhere, whether GPUs were asked for at all still tells KIND_GPU's fate.
+        kind_checked, kind = attempt(
+            refusals,
+            check_instance_kind,
+            runtime=runtime,
+            instance_kind=instance_kind,
+            gpu=placement.gpu if placement is not None else gpu,
+        )
+    config = None
+    if version is not None and options_parsed and kind_checked:
+        _, config = attempt(
+            refusals,
+            apply_deployment_overrides,
+            config_from_pbtxt(version.config_pbtxt),
+            instance_count=overrides.instance_count,
+            max_batch_size=overrides.max_batch_size,
+            max_queue_delay_microseconds=overrides.max_queue_delay_microseconds,
+            instance_kind=kind,
+        )
+    requested: dict[str, Any] = {"deployments": 1}
+    if runtime == RuntimeName.LOCAL and config is not None:
         requested["instances"] = instance_request(config)
-    else:
+    elif runtime == RuntimeName.KUBERNETES and placement is not None:
         requested["gpu"] = gpu_request(
             replicas=placement.replicas, autoscaling=placement.autoscaling, gpu=placement.gpu
         )
-    return DeploymentPlan(
-        team=team,
-        version=version,
-        placement=placement,
-        config=config,
-        instance_count=instance_count,
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=delay,
-        requested=requested,
-    )
+    plan = None
+    if not refusals:
+        plan = DeploymentPlan(
+            team=team,
+            version=version,
+            placement=placement,
+            config=config,
+            instance_count=overrides.instance_count,
+            max_batch_size=overrides.max_batch_size,
+            max_queue_delay_microseconds=overrides.max_queue_delay_microseconds,
+            requested=requested,
+        )
+    return _CheckedRequest(plan=plan, team=team, requested=requested, refusals=refusals)
 
 
 def check_deployment_fits(**request: Any) -> dict[str, Any]:
-    """Say whether a deployment would be accepted now, by the same checks as `create_deployment`, writing nothing.
+    """Say whether a deployment would be accepted now, by the same checks as `create_deployment`, writing nothing,
+    naming every refusal at once.
 
-    Takes `create_deployment`'s keyword arguments. Runs `plan_deployment`, then the same quota reservation
-    (`reserve_quota`, under the team's lock) in a transaction that writes nothing, so a refusal here is the one the
-    create would give at this moment: QuotaExceeded (409) with the same message, field and numbers, or the same
-    InvalidInput / NotFound / Conflict / Forbidden. A name already used by an active deployment of the team is a
-    Conflict (field `name`), as the create's unique constraint would say. Returns {"requested": …} when it fits.
+    Takes `create_deployment`'s keyword arguments. Runs `plan_deployment`'s checks (each that its inputs allow,
+    gathering refusals), then the quota reservation's (`quota_refusals`, under the team's lock, for every field and
+    unit: `deployments`, `instances`, `gpu` per resource) in a transaction that writes nothing, then whether the
+    name is taken by an active deployment of the team (Conflict, field `name`, as the create's unique constraint
+    would say). Returns {"requested": …} when it fits. Otherwise raises the first refusal, the one the create
+    would give at this moment (QuotaExceeded 409 with the same message, field and numbers, or the same
+    InvalidInput / NotFound / Conflict / Forbidden), carrying all of them as `refusals` (`conch.errors.refuse_all`;
+    the API lists them under `errors`). A refusal of the team or role ends the check: nothing else is said.
     """
-    plan = plan_deployment(**request)
-    with transaction.atomic():
-        reserve_quota(team=plan.team, requested=plan.requested, what="this deployment")
-    name = request["name"]
-    if Deployment.objects.filter(team=plan.team, name=name).exclude(status=DeploymentStatus.STOPPED).exists():
-        raise Conflict(f"Team '{plan.team.slug}' already has an active deployment named '{name}'.", field="name")
-    return {"requested": plan.requested}
+    checked = _check_request(**{"token": None, "runtime": RuntimeName.LOCAL, **_REQUEST_DEFAULTS, **request})
+    refusals = list(checked.refusals)
+    if checked.team is not None:
+        with transaction.atomic():
+            refusals.extend(quota_refusals(team=checked.team, requested=checked.requested, what="this deployment"))
+        name = request["name"]
+        active = Deployment.objects.filter(team=checked.team, name=name).exclude(status=DeploymentStatus.STOPPED)
+        if active.exists():
+            refusals.append(
+                Conflict(f"Team '{checked.team.slug}' already has an active deployment named '{name}'.", field="name")
+            )
+    if refusals:
+        raise refuse_all(refusals)
+    return {"requested": checked.plan.requested}
+
+
+#: The optional arguments of `create_deployment` (None: as built, or the runtime's default).
+_REQUEST_DEFAULTS = {
+    key: None
+    for key in (
+        "instance_count",
+        "instance_kind",
+        "max_batch_size",
+        "max_queue_delay_microseconds",
+        "cluster",
+        "replicas",
+        "autoscaling",
+        "gpu",
+        "cpu",
+        "memory",
+    )
+}
 
 
 def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: TokenGrant | None = None) -> Deployment:

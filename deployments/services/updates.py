@@ -46,7 +46,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from builds import services as builds
-from builds.model_config import apply_deployment_overrides
+from builds.model_config import apply_deployment_overrides, instance_kind_of
 from conch.errors import ConchError, Conflict, InvalidInput
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName, UpdateStatus
 from deployments.models import Deployment
@@ -221,7 +221,7 @@ def update_model_version(
 
 def effective_config(deployment: Deployment, version: ModelVersion) -> ModelConfig:
     """`version`'s configuration with the deployment's overrides (as `create_deployment` applies them): its
-    max_batch_size and queue delay overrides, and the instance count it runs with now.
+    max_batch_size and queue delay overrides, and the instance count and kind it runs with now.
 
     Raises InvalidInput naming `model_version` when an override does not fit the version (e.g. a batch size
     for a version built without batching).
@@ -231,6 +231,8 @@ def effective_config(deployment: Deployment, version: ModelVersion) -> ModelConf
         return apply_deployment_overrides(
             config_from_pbtxt(version.config_pbtxt),
             instance_count=(running.instance_group[0].count or None) if running.instance_group else None,
+            # the kind it was deployed with (builds write KIND_AUTO, so only a kind chosen at create is carried)
+            instance_kind=kind if (kind := instance_kind_of(running)) in ("KIND_CPU", "KIND_GPU") else None,
             max_batch_size=deployment.max_batch_size,
             max_queue_delay_microseconds=deployment.max_queue_delay_microseconds,
         )

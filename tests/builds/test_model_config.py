@@ -16,6 +16,7 @@ from builds.model_config import (
     BuildOptions,
     apply_deployment_overrides,
     build_model_config,
+    instance_kind_of,
     parse_build_options,
     read_batch_axis,
     supports_batching,
@@ -630,6 +631,27 @@ def test_apply_deployment_overrides_changes_a_copy(classifier_signature):
     assert io_summary(deployed.input) == io_summary(built.input)
     assert (built.max_batch_size, built.instance_group[0].count) == (8, 1)
     assert built.dynamic_batching.max_queue_delay_microseconds == 100
+
+
+def test_apply_deployment_overrides_sets_the_instance_kind_of_every_group(classifier_signature):
+    # given the classifier's built configuration (one group, KIND_AUTO)
+    built = build_model_config(name="clf", signature=classifier_signature, options=BuildOptions())
+    assert instance_kind_of(built) == "KIND_AUTO"
+    # when a deployment asks for CPU instances, then for GPU ones
+    cpu = apply_deployment_overrides(built, instance_kind="KIND_CPU")
+    gpu = apply_deployment_overrides(built, instance_count=2, instance_kind="KIND_GPU")
+    # then the copies have that kind, the count as asked (or as built), and the built config is unchanged
+    groups = model_config_pb2.ModelInstanceGroup
+    assert [(group.kind, group.count) for group in cpu.instance_group] == [(groups.KIND_CPU, 1)]
+    assert [(group.kind, group.count) for group in gpu.instance_group] == [(groups.KIND_GPU, 2)]
+    kinds = (instance_kind_of(cpu), instance_kind_of(gpu), instance_kind_of(built))
+    assert kinds == ("KIND_CPU", "KIND_GPU", "KIND_AUTO")
+    assert "kind: KIND_CPU" in config_to_pbtxt(cpu)
+    # and a kind not offered to deployments is refused, naming the field
+    with pytest.raises(InvalidInput) as caught:
+        apply_deployment_overrides(built, instance_kind="KIND_MODEL")
+    assert caught.value.field == "instance_kind"
+    assert caught.value.detail == "instance_kind must be one of KIND_AUTO, KIND_CPU, KIND_GPU; got 'KIND_MODEL'."
 
 
 def test_apply_deployment_overrides_with_nothing_returns_an_equal_copy(ddddocr_signature):

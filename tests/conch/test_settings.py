@@ -138,6 +138,7 @@ def test_development_keeps_the_plain_http_demo_working(tmp_path):
     [
         ({"CONCH_ENV": "staging"}, "CONCH_ENV must be 'development' or 'production', not 'staging'."),
         ({"DJANGO_SECURE_PROXY_SSL_HEADER": "https"}, "DJANGO_SECURE_PROXY_SSL_HEADER must look like"),
+        ({"CONCH_LOCAL_GPUS": "two"}, "CONCH_LOCAL_GPUS must be 'auto' or a whole number, not 'two'."),
     ],
 )
 def test_unknown_values_are_refused(tmp_path, variables, message):

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime
 import pytest
 from PIL import Image
+from playwright.sync_api import expect
 
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
@@ -183,6 +184,64 @@ def test_the_quota_refusal_is_shown_before_submit(console_browser, alice, screen
     assert not Deployment.objects.exists()
 
 
+def test_every_refusal_shows_at_once_next_to_its_field(console_browser, alice, screenshot, settings):
+    # given a team without room for another deployment and with room for 2 model instances, on a machine without
+    # GPUs, and a built version
+    from tests.deployments.conftest import write_built_version
+
+    settings.CONCH_LOCAL_GPUS = "0"
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    set_quota(team=alice.team, limits={"deployments": 0, "instances": 2})
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/versions/{version.pk}/deploy/")
+    page.get_by_test_id("deploy-refusal").wait_for()
+    # when she types a bad name and asks for 3 instances
+    page.get_by_label("Deployment name").fill("Bad Name")
+    page.get_by_label("Model instances").fill("3")
+    # then the three refusals show at once, each next to its field where it has one, and Deploy is disabled
+    expect(page.get_by_test_id("deploy-refusal")).to_have_count(3)
+    expect(page.get_by_test_id("deploy-error-name")).to_contain_text("a model name must be 1 to 63 characters")
+    expect(page.get_by_test_id("deploy-error-instance_count")).to_have_text(
+        "Model instance quota exceeded: team 'acme' uses 0 of 2 model instances; this deployment needs 3"
+    )
+    expect(page.get_by_test_id("deploy-refusals")).to_contain_text(
+        "Deployment quota exceeded: team 'acme' uses 0 of 0 deployments; this deployment needs 1"
+    )
+    assert page.get_by_test_id("deploy-submit").is_disabled()
+    screenshot(page, "wizard-4-deploy-all-refusals")
+    # when she fixes the name, its refusal goes and the other two stay
+    page.get_by_label("Deployment name").fill("classifier")
+    expect(page.get_by_test_id("deploy-refusal")).to_have_count(2)
+    expect(page.get_by_test_id("deploy-error-name")).to_be_hidden()
+    expect(page.get_by_test_id("deploy-error-instance_count")).to_be_visible()
+
+
+def test_the_instance_kind_is_chosen_next_to_the_instance_count(console_browser, alice, screenshot, settings):
+    # given a machine without GPUs and a built version
+    from tests.deployments.conftest import write_built_version
+
+    settings.CONCH_LOCAL_GPUS = "0"
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/versions/{version.pk}/deploy/")
+    page.get_by_test_id("deploy-fit").wait_for()
+    # then GPU instances cannot be chosen here, and the page says why
+    kind = page.get_by_test_id("deploy-instance-kind")
+    expect(kind.locator("option[value=KIND_GPU]")).to_be_disabled()
+    expect(page.get_by_test_id("deploy-instance-kind-help")).to_contain_text(
+        "KIND_GPU is unavailable: this machine is set up without GPUs (CONCH_LOCAL_GPUS=0)."
+    )
+    # when she chooses 2 CPU instances, it fits, and the deployment runs them on the CPU
+    page.get_by_label("Model instances").fill("2")
+    kind.select_option("KIND_CPU")
+    expect(page.get_by_test_id("deploy-fit")).to_have_text("It fits: this deployment takes 1 deployment, 2 instances.")
+    screenshot(page, "wizard-4-deploy-instance-kind")
+    with page.expect_navigation(url="**/status/"):
+        page.get_by_test_id("deploy-submit").click()
+    deployment = Deployment.objects.get(team=alice.team)
+    assert "count: 2" in deployment.config_pbtxt and "kind: KIND_CPU" in deployment.config_pbtxt
+
+
 def test_a_viewer_cannot_see_the_deploy_button(console_browser, alice):
     from tests.conftest import make_caller
     from tests.deployments.conftest import write_built_version
@@ -251,9 +310,14 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     # (while parts were moving, the progress said how fast and how long still)
     assert any(re.search(r"parts, [0-9.]+ (bytes|KiB|MiB|GiB)/s, .+ left$", text) for text in shown.json_value())
     screenshot(page, "wizard-2-upload-interrupted")
-    # and the page is reloaded, and the same file chosen again
+    # and the page is reloaded, it says that the upload is still open, how much of it is stored, and how to go on
     sent.clear()
     page.reload()
+    open_upload = page.get_by_test_id("open-upload")
+    expect(open_upload).to_contain_text("big.onnx: 12 MiB of 20 MiB stored (2 of 3 parts), expires ")
+    expect(page.get_by_test_id("open-uploads")).to_contain_text("Drop or choose the same file again")
+    screenshot(page, "wizard-2-upload-open-after-reload")
+    # and the same file is chosen again
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then only the missing part was sent again, and the stored file has the file's sha256

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from django.test import Client
 
 from builds.model_config import BuildOptions
 from deployments.models import Deployment
-from models_registry.models import RegisteredModel
+from models_registry.models import RegisteredModel, Upload
 from tenancy.quotas import set_quota
 from tests import real_models
 from tests.conftest import make_caller
@@ -45,6 +47,37 @@ def test_the_upload_page_carries_the_hooks_and_the_uploads_url(alice):
     assert 'data-testid="upload-progress"' in page and 'data-testid="upload-resume"' in page
     assert f'data-uploads-url="/api/v1/models/{model.pk}/uploads/"' in page
     assert "vendor/hash-wasm/sha256.umd.min.js" in page
+
+
+def test_the_upload_page_shows_an_open_upload_and_how_to_go_on_with_it(alice):
+    # given an upload of an 11 MiB file in parts of 5 MiB (folder storage), its first and last parts sent
+    data = bytes(range(256)) * (11 * 4096)
+    model = RegisteredModel.objects.create(team=alice.team, name="orientation")
+    client = _client(alice)
+    assert 'data-testid="open-uploads"' not in client.get(f"/wizard/models/{model.pk}/upload/").content.decode()
+    body = {
+        "filename": "orientation.onnx",
+        "size_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "part_size_bytes": 5 * 2**20,
+    }
+    upload = alice.client.post(f"/api/v1/models/{model.pk}/uploads/", body, format="json").json()
+    parts = alice.client.post(
+        f"/api/v1/models/{model.pk}/uploads/{upload['id']}/parts/", {"numbers": [1, 3]}, format="json"
+    ).json()["parts"]
+    for part in parts:
+        start = (part["number"] - 1) * 5 * 2**20
+        chunk = data[start : start + 5 * 2**20]
+        assert alice.client.put(part["url"], data=chunk, content_type="application/octet-stream").status_code == 200
+    # when the upload page is opened again (a reload)
+    page = client.get(f"/wizard/models/{model.pk}/upload/").content.decode()
+    # then it lists the open upload: its file, what is stored of it, when it expires; and how to go on
+    expires = Upload.objects.get(pk=upload["id"]).expires_at.strftime("%Y-%m-%d %H:%M")
+    assert "An upload of this model is still open" in page
+    assert f'data-testid="open-upload" data-upload="{upload["id"]}"' in page
+    assert "<b>orientation.onnx</b>:\n      6 MiB of 11 MiB stored (2 of 3 parts)," in page
+    assert "expires <time datetime=" in page and f">{expires} UTC</time> · started by alice</li>" in page
+    assert "Drop or choose the same file again (same name, size and content) and the upload continues" in page
 
 
 def test_another_team_s_model_version_and_deployment_are_404(alice, bob):
@@ -125,6 +158,81 @@ def test_the_deploy_check_partial_says_it_fits(alice):
         f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "1"}
     )
     assert "It fits: this deployment takes 1 deployment, 1 instance." in one.content.decode()
+
+
+def test_the_deploy_check_partial_puts_every_refusal_next_to_its_field(alice, settings):
+    # given a team with no room for another deployment and room for 2 model instances, on a machine without GPUs
+    settings.CONCH_LOCAL_GPUS = "0"
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    set_quota(team=alice.team, limits={"deployments": 0, "instances": 2})
+    # when the form is checked with a bad name and 3 instances
+    response = _client(alice).post(
+        f"/wizard/versions/{version.pk}/deploy/check", {"name": "Web!", "runtime": "local", "instance_count": "3"}
+    )
+    html = response.content.decode()
+    # then all three refusals are listed, in the create's order
+    assert response.status_code == 200
+    assert "It would be refused, for 3 reasons (each one about a form field is also shown next to it):" in html
+    items = html.split('data-testid="deploy-refusal" ')[1:]
+    assert [item.split('data-field="')[1].split('"')[0] for item in items] == ["name", "deployments", "instances"]
+    # and the name's and the instances' go out of band into their fields' slots; the other slots are emptied
+    assert '<p id="deploy-error-name" class="field-error" data-testid="deploy-error-name" hx-swap-oob="true">' in html
+    instances = (
+        "Model instance quota exceeded: team &#x27;acme&#x27; uses 0 of 2 model instances; this deployment needs 3"
+    )
+    assert (
+        '<p id="deploy-error-instance_count" class="field-error" data-testid="deploy-error-instance_count" '
+        f'hx-swap-oob="true">{instances}</p>'
+    ) in html
+    assert (
+        '<p id="deploy-error-cluster" class="field-error" data-testid="deploy-error-cluster" hx-swap-oob="true" hidden>'
+        "</p>"
+    ) in html
+    # when GPU instances are asked for on this machine, the instance kind's slot says why not
+    gpu = _client(alice).post(
+        f"/wizard/versions/{version.pk}/deploy/check",
+        {"name": "web", "runtime": "local", "instance_kind": "KIND_GPU"},
+    )
+    assert (
+        'data-testid="deploy-error-instance_kind" hx-swap-oob="true">instance_kind KIND_GPU needs a GPU, and this '
+        "machine (the local runtime&#x27;s worker host) has none"
+    ) in gpu.content.decode()
+
+
+def test_the_deploy_page_offers_cpu_instances_and_says_why_gpu_ones_are_not(alice, settings):
+    # given a machine without GPUs
+    settings.CONCH_LOCAL_GPUS = "0"
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    client = _client(alice)
+    # when the deploy page opens
+    page = client.get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    # then KIND_CPU can be chosen, KIND_GPU is disabled, and the help says why
+    assert '<option value="KIND_CPU">KIND_CPU: model instances on the CPU</option>' in page
+    assert '<option value="KIND_GPU" disabled>KIND_GPU: model instances on the GPU (unavailable)</option>' in page
+    assert (
+        "KIND_GPU is unavailable: this machine is set up without GPUs (CONCH_LOCAL_GPUS=0). Triton runs the model "
+        "instances of the kind chosen (instance_group kind)."
+    ) in page
+    # when the machine has a GPU, KIND_GPU is offered
+    settings.CONCH_LOCAL_GPUS = "1"
+    page = client.get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    assert '<option value="KIND_GPU">KIND_GPU: model instances on the GPU</option>' in page
+    # when it is deployed with KIND_CPU, its configuration runs CPU instances
+    settings.CONCH_LOCAL_GPUS = "0"
+    response = client.post(
+        f"/wizard/versions/{version.pk}/deploy/",
+        {"name": "web", "runtime": "local", "instance_count": "2", "instance_kind": "KIND_CPU"},
+    )
+    assert response.status_code == 302
+    deployment = Deployment.objects.get(name="web")
+    assert "count: 2" in deployment.config_pbtxt and "kind: KIND_CPU" in deployment.config_pbtxt
+    # when a deployment asks for KIND_GPU on this machine, the page names the field
+    refused = client.post(
+        f"/wizard/versions/{version.pk}/deploy/", {"name": "web2", "runtime": "local", "instance_kind": "KIND_GPU"}
+    )
+    assert refused.status_code == 400
+    assert 'data-testid="deploy-error" data-field="instance_kind"' in refused.content.decode()
+    assert not Deployment.objects.filter(name="web2").exists()
 
 
 def test_a_viewer_sees_no_deploy_button(alice):
@@ -227,6 +335,40 @@ def test_kubernetes_choices_on_a_cluster_are_checked_by_the_create_s_rules(alice
     # then the check and the create say the same
     message = "Deployment quota exceeded: team &#x27;acme&#x27; uses 0 of 0 deployments; this deployment needs 1"
     assert message in refused and message in posted
+
+
+def test_kubernetes_refusals_are_all_named_each_in_its_slot(alice, settings):
+    # given a built version, a cluster, and a team with no deployment left
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    use_an_unreachable_cluster(settings)
+    set_quota(team=alice.team, limits={"deployments": 0})
+    # when the form asks for autoscaling bounds upside down and GPU instances in pods without GPUs
+    form = {
+        "name": "web",
+        "runtime": "kubernetes",
+        "cluster": "lab",
+        "scaling": "autoscaling",
+        "min_replicas": "3",
+        "max_replicas": "2",
+        "instance_kind": "KIND_GPU",
+    }
+    html = _client(alice).post(f"/wizard/versions/{version.pk}/deploy/check", form).content.decode()
+    # then the three refusals are listed, and the first two go next to their fields (the kind in the cluster's)
+    items = html.split('data-testid="deploy-refusal" ')[1:]
+    assert [item.split('data-field="')[1].split('"')[0] for item in items] == [
+        "autoscaling.min_replicas",
+        "instance_kind",
+        "deployments",
+    ]
+    assert (
+        'data-testid="deploy-error-min_replicas" hx-swap-oob="true">autoscaling.min_replicas (3) must not exceed '
+        "autoscaling.max_replicas (2).</p>"
+    ) in html
+    assert (
+        'data-testid="deploy-error-kubernetes_instance_kind" hx-swap-oob="true">instance_kind KIND_GPU needs GPUs in '
+        "the pod"
+    ) in html
+    assert 'data-testid="deploy-error-instance_kind" hx-swap-oob="true" hidden></p>' in html
 
 
 def test_the_build_partial_shows_steps_live_and_reloads_the_page_once_built(alice):

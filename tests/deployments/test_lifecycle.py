@@ -89,6 +89,7 @@ def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_ca
     assert d["effective"] == {
         "max_batch_size": 4,
         "instance_count": 2,
+        "instance_kind": "KIND_AUTO",
         "dynamic_batching": True,
         "max_queue_delay_microseconds": 1000,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builds.model_config import MAX_INSTANCE_COUNT, MAX_MAX_BATCH_SIZE, MAX_QUEUE_DELAY_MICROSECONDS
+from tests import real_models
 from tritonserving.config import config_from_pbtxt
 
 pytestmark = pytest.mark.django_db
@@ -58,3 +59,69 @@ def test_a_deployment_may_serve_a_batching_build_without_batching(
     config = config_from_pbtxt(deployment["config_pbtxt"])
     assert (config.max_batch_size, list(config.input[0].dims)) == (0, [-1, 3, 224, 224])
     assert deployment["effective"]["dynamic_batching"] is False
+
+
+def test_a_local_deployment_takes_cpu_instances_and_keeps_the_kind_through_a_version_update(
+    alice, built_classifier, settings
+):
+    from deployments.models import Deployment
+    from deployments.services.updates import effective_config
+    from tests.deployments.conftest import write_built_version
+
+    # when the classifier is deployed with 2 CPU instances
+    response = _post(alice, built_classifier, instance_count=2, instance_kind="KIND_CPU")
+    # then its configuration runs them on the CPU, and the API says so
+    assert response.status_code == 201, response.content
+    deployment = alice.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
+    groups = config_from_pbtxt(deployment["config_pbtxt"]).instance_group
+    assert [(group.count, group.kind) for group in groups] == [(2, groups[0].KIND_CPU)]
+    assert deployment["effective"]["instance_kind"] == "KIND_CPU"
+    # and a switch to another version keeps the kind (and the count) it was deployed with
+    other = write_built_version(alice.team, built_classifier.model.name, real_models.classifier())
+    groups = effective_config(Deployment.objects.get(pk=deployment["id"]), other).instance_group
+    assert [(group.count, group.kind) for group in groups] == [(2, groups[0].KIND_CPU)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "gpus", "detail"),
+    [
+        ("KIND_TPU", "0", "instance_kind must be one of KIND_AUTO, KIND_CPU, KIND_GPU (or empty: as built); got "),
+        ("KIND_MODEL", "1", "instance_kind must be one of KIND_AUTO, KIND_CPU, KIND_GPU (or empty: as built); got "),
+        (7, "1", "instance_kind must be one of KIND_AUTO, KIND_CPU, KIND_GPU (or empty: as built); got 7."),
+        (
+            "KIND_GPU",
+            "0",
+            "instance_kind KIND_GPU needs a GPU, and this machine (the local runtime's worker host) has none: choose "
+            "KIND_CPU, or deploy on a Kubernetes cluster with GPUs.",
+        ),
+    ],
+)
+def test_a_local_deployment_is_refused_an_instance_kind_it_cannot_run(
+    alice, built_classifier, settings, kind, gpus, detail
+):
+    settings.CONCH_LOCAL_GPUS = gpus
+    response = _post(alice, built_classifier, instance_kind=kind)
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "instance_kind"
+    assert response.json()["detail"].startswith(detail)
+
+
+def test_gpu_instances_are_taken_where_there_is_a_gpu(alice, built_classifier, settings):
+    from conch.errors import InvalidInput
+    from deployments.services.placement import check_instance_kind
+
+    # a local worker host with a GPU
+    settings.CONCH_LOCAL_GPUS = "1"
+    response = _post(alice, built_classifier, instance_kind="KIND_GPU")
+    assert response.status_code == 201, response.content
+    assert "kind: KIND_GPU" in response.json()["config_pbtxt"]
+    # a pod with GPUs, whole or a MIG slice; a pod without is refused, naming the field
+    assert check_instance_kind(runtime="kubernetes", instance_kind="KIND_GPU", gpu={"count": 1}) == "KIND_GPU"
+    assert check_instance_kind(runtime="kubernetes", instance_kind="KIND_GPU", gpu={"mig_profile": "1g.10gb"})
+    with pytest.raises(InvalidInput) as refused:
+        check_instance_kind(runtime="kubernetes", instance_kind="KIND_GPU", gpu=None)
+    assert refused.value.field == "instance_kind"
+    assert refused.value.detail.startswith("instance_kind KIND_GPU needs GPUs in the pod")
+    # CPU instances and the build's kind run anywhere; empty keeps the build's
+    assert check_instance_kind(runtime="kubernetes", instance_kind="KIND_CPU", gpu=None) == "KIND_CPU"
+    assert check_instance_kind(runtime="local", instance_kind="", gpu=None) is None
