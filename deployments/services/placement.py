@@ -249,7 +249,7 @@ def check_placement(
                 refusals.append(InvalidInput(f"{field} applies to the kubernetes runtime only.", field=field))
         return (None if refusals else Placement()), refusals
     _, found = attempt(refusals, _find_cluster, cluster)
-    scaling_parsed, scaling_result = attempt(refusals, parse_scaling, replicas=replicas, autoscaling=autoscaling)
+    _, scaling_result = attempt(refusals, parse_scaling, replicas=replicas, autoscaling=autoscaling)
     gpu_parsed, parsed_gpu = attempt(refusals, _parse_gpu, gpu)
     _, cpu_quantity = attempt(refusals, _quantity, cpu, "cpu")
     _, memory_quantity = attempt(refusals, _quantity, memory, "memory")
