@@ -82,6 +82,23 @@ def test_a_local_deployment_takes_cpu_instances_and_keeps_the_kind_through_a_ver
     assert [(group.count, group.kind) for group in groups] == [(2, groups[0].KIND_CPU)]
 
 
+def test_a_deployment_with_cpu_instances_comes_up_on_triton_and_answers(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
+):
+    # when the classifier is deployed with 2 KIND_CPU instances on this machine's Triton
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _post(alice, built_classifier, instance_count=2, instance_kind="KIND_CPU")
+    # then Triton loads it and answers an inference
+    assert response.status_code == 201, response.content
+    deployment = alice.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
+    assert deployment["status"] == "ready", deployment["error"]
+    assert (deployment["effective"]["instance_kind"], deployment["effective"]["instance_count"]) == ("KIND_CPU", 2)
+    request = {"inputs": [{"name": "x", "shape": [1, 3, 224, 224], "datatype": "FP32", "data": [0.5] * 150528}]}
+    answer = alice.client.post(f"/api/v1/deployments/{deployment['id']}/infer", request, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["outputs"][0]["shape"] == [1, 4]
+
+
 @pytest.mark.parametrize(
     ("kind", "gpus", "detail"),
     [
