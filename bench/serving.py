@@ -21,7 +21,9 @@ Systems measured (only one is under load at any time; the others sit idle):
       same binary request, keep-alive. The gateway reads its deployment and token from PostgreSQL
       (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/conch_bench, created and migrated here) and
       counts the rate limit in Redis (BENCH_REDIS_URL, default redis://127.0.0.1:6379/15). Its "srv cpu" is the
-      gateway process's alone (Triton's is in (a)).
+      gateway process's alone; its note starts with the CPU the Triton behind it spent per inference. The Triton
+      is on this host, so the gateway hands it the tensor bytes in shared memory
+      (CONCH_GATEWAY_SHARED_MEMORY_BYTES=0 in the environment: over HTTP instead, as to a Kubernetes pod).
 
 Clients are closed-loop (each sends its next request when the previous answer arrives), one thread and one
 keep-alive connection each, in a separate process from every server. All traffic stays on 127.0.0.1. All servers
@@ -752,6 +754,7 @@ class Server:
     port: int
     pid: int
     metrics_url: str | None = None  # Triton's Prometheus endpoint; None for the baseline
+    backend_pid: int | None = None  # (e): the Triton behind the gateway, whose CPU per inference the note shows
 
 
 def start_triton(system: str, work: Path, repository: Path, settings: ConchSettings, batching: bool):
@@ -953,9 +956,20 @@ def measure_server(server: Server, concurrency: int, plan: Plan) -> Point:
             counters[marker] = triton_counters(TritonClient.fetch_metrics_text(server.metrics_url, timeout_s=10))
 
     path = GATEWAY_PATH if server.system == "e" else f"/v2/models/{MODEL_NAME}/infer"
-    point = measure_clients(server.system, "", server.port, path, concurrency, plan, server.pid, sample)
+    backend: dict[str, float] = {}
+
+    def sample_all(marker: str) -> None:
+        sample(marker)
+        if server.backend_pid is not None:
+            backend[marker] = tree_cpu_seconds(server.backend_pid)
+
+    point = measure_clients(server.system, "", server.port, path, concurrency, plan, server.pid, sample_all)
     if len(counters) == 2:
         point.note = describe_counters(counters["window-start"], counters["window-end"])
+    if len(backend) == 2:
+        window_inferences = point.throughput * plan.duration_s
+        triton_ms = 1000.0 * (backend["window-end"] - backend["window-start"]) / max(window_inferences, 1.0)
+        point.note = f"triton cpu/inf {triton_ms:.2f} ms; {point.note}"
     return point
 
 
@@ -1203,7 +1217,7 @@ def main() -> None:
                     if system == "a" and "e" in systems:
                         os.environ[TOKEN_VARIABLE] = register_gateway_deployment(process, repository)
                         gateway_process, port = start_gateway(work)
-                        servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url)
+                        servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url, process.pid)
 
             layouts = inprocess_layouts(model, cpus) if "d" in systems else []
             for label, sessions in layouts:

@@ -611,3 +611,20 @@ def test_triton_errors_on_binary_inputs_read_as_without_shared_memory(served, ga
         assert "'x'" in answer.json()["error"] and "conch-gw" not in answer.text
     url, key = _triton_of(gateway)
     assert len(_regions(url, key)) == 1  # an error of the request's own leaves the region registered
+
+
+def test_without_shared_memory_binary_inputs_go_over_http_as_to_a_pod(served, gateway):
+    """CONCH_GATEWAY_SHARED_MEMORY_BYTES=0 (and every Triton on another host) gets the body as the client sent it."""
+    caller, deployment, base = served
+    shared_memory, gateway.app._shared_memory = gateway.app._shared_memory, None  # as the setting 0 leaves it
+    try:
+        client, headers = _client(base, caller.token)
+        x = triton_http.InferInput("x", list(X.shape), "FP32")
+        x.set_data_from_numpy(X, binary_data=True)
+        result = client.infer("adder", [x], headers=dict(headers))
+        assert result.as_numpy("y").tolist() == (X + 1).tolist()
+        url, key = _triton_of(gateway)
+        assert _regions(url, key) == []
+        client.close()
+    finally:
+        gateway.app._shared_memory = shared_memory
