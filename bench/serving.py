@@ -765,15 +765,20 @@ def start_triton(system: str, work: Path, repository: Path, settings: ConchSetti
     `InvalidInput` errors from the adapters; on failure the server is stopped and its log tail printed.
     """
     from tritonserving import server as triton_server
+    from tritonserving.access import derive_api_key
     from tritonserving.client import TritonClient
     from tritonserving.config import config_to_json
 
     backend_root = triton_server.ensure_backend_directory(work / "backends")
     http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
-    api_key = secrets.token_hex(32)
+    # Not "conch-...": a Conch demo with the default instance id stops every server whose id starts so.
+    server_id = f"bench-serving-{system}-{os.getpid()}"
+    # The key Conch's local runtime derives for this server id from DJANGO_SECRET_KEY, which the gateway of (e)
+    # inherits: it sends the key to the restricted endpoints (model config, shared-memory registration).
+    os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_hex(32))
+    api_key = derive_api_key(os.environ["DJANGO_SECRET_KEY"], server_id)
     process = triton_server.start_server(
-        # Not "conch-...": a Conch demo with the default instance id stops every server whose id starts so.
-        server_id=f"bench-serving-{system}-{os.getpid()}",
+        server_id=server_id,
         repository=repository,
         http_port=http_port,
         grpc_port=grpc_port,
@@ -1258,6 +1263,10 @@ def main() -> None:
                 kill_process(baseline_process)
             if gateway_process is not None:
                 kill_process(gateway_process)
+                # What went wrong in the gateway (e.g. a Triton refusing its shared-memory region) is worth seeing.
+                logged = (work / "logs" / "gateway.log").read_text(errors="replace").splitlines()
+                for line in [line for line in logged if "WARNING" in line or "ERROR" in line][-10:]:
+                    print(f"(e) gateway log: {line[:400]}", file=sys.stderr)
 
     order = {"d": 0, "c": 1, "b": 2, "a": 3, "e": 4}
     print_table(sorted(points, key=lambda p: (order[p.system], p.concurrency if p.system != "d" else 0)))
