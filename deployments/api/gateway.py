@@ -530,7 +530,8 @@ class _RequestBody:
         else:
             summary = await _off_loop(check_inference_header, checked, header_length, length)
         body = cls(receive, pieces, length, more, _inferences(summary, route))
-        if header_length and not more and length > header_length:
+        if header_length and header_length < OFF_LOOP_BYTES and not more and length > header_length:
+            # Its JSON header is small enough to rewrite on the loop for shared memory (`SharedMemoryInputs`).
             body.binary_header, body.header_length = checked, header_length
         return body
 
