@@ -28,6 +28,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.kube]
 
 #: Two Tritons starting in pods (the classifier on the CPU backends) on a shared machine.
 COME_UP_S = 180
+#: A cluster whose API server does not answer (nothing listens on port 1).
+UNREACHABLE_KUBECONFIG = """
+apiVersion: v1
+kind: Config
+current-context: lab
+clusters: [{name: lab, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+contexts: [{name: lab, context: {cluster: lab, user: admin}}]
+users: [{name: admin, user: {token: not-a-real-token}}]
+"""
 
 
 @pytest.fixture
@@ -52,6 +61,11 @@ def table_rows(locator) -> list[list[str]]:
     return [[cell.strip() for cell in row.locator("td").all_inner_texts()] for row in locator.locator("tbody tr").all()]
 
 
+def enabled_options(select) -> list[str]:
+    """The texts of the options of `select` a user can choose now."""
+    return select.locator("option:not([disabled])").all_inner_texts()
+
+
 def wait_for_verdict(page, testid: str) -> str:
     """Wait until the deploy check shows `testid` (`deploy-fit` or `deploy-refusal`) for the form as it is now;
     return its text."""
@@ -63,35 +77,50 @@ def wait_for_verdict(page, testid: str) -> str:
 def test_a_user_deploys_on_the_cluster_with_the_gpus_it_offers_within_the_teams_gpu_quota(
     console_browser, alice, cluster_env, eager_tasks, screenshot
 ):
-    # given a built classifier, a team allowed 2 GPUs, and the test cluster registered
+    # given a built classifier, a team allowed 2 GPUs, the test cluster registered, and a cluster `lab` whose API
+    # server does not answer (listed first, by name)
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     set_quota(team=alice.team, limits={"gpu": 2})
+    register_cluster(name="lab", namespace="conch", kubeconfig=UNREACHABLE_KUBECONFIG)
     page = console_browser.page_for(alice.user)
     page.goto(f"/wizard/versions/{version.pk}/deploy/")
     # then the page shows the team's GPU quota: none used of 2
     quota = {row[0]: row[1:] for row in table_rows(page.get_by_test_id("quota"))}
     assert quota["GPU (nvidia.com/gpu)"] == ["0", "2", "2"]
+    product = page.get_by_label("GPU product")
+    mig = page.get_by_label("MIG profile")
 
-    # when she chooses the cluster
+    # when she chooses to run it on a cluster
     page.get_by_test_id("deploy-runtime").select_option("kubernetes")
-    assert page.get_by_label("Cluster").input_value() == "local"
-    # then she sees the GPUs its Nodes offer: kinds, most on one node, in all
+    # then the first cluster, lab, says it does not answer and offers no GPU to choose
+    assert page.get_by_label("Cluster").input_value() == "lab"
+    lab = page.locator(".cluster-offers[data-cluster=lab]")
+    assert lab.is_visible() and "GPUs on lab" in lab.inner_text()
+    assert lab.locator(".field-error").is_visible()
+    assert not page.locator(".cluster-offers[data-cluster=local]").is_visible()
+    assert enabled_options(product) == ["any"] and enabled_options(mig) == ["—"]
+
+    # when she chooses the test cluster
+    page.get_by_label("Cluster").select_option("local")
+    # then she sees the GPUs its Nodes offer, and only those: kinds, most on one node, in all
+    assert not lab.is_visible()
     offers = page.get_by_test_id("gpu-offers-local")
     assert offers.is_visible()
     assert table_rows(offers) == [
         ["NVIDIA-A10", "nvidia.com/gpu", "—", "2", "2", "1"],
         ["NVIDIA-A100-SXM4-40GB", "nvidia.com/mig-1g.10gb", "1g.10gb", "7", "7", "1"],
     ]
-    # and the choices come from those offers
-    assert page.get_by_label("GPU product").locator("option").all_inner_texts() == ["any", "NVIDIA-A10 (local)"]
-    assert page.get_by_label("MIG profile").locator("option").all_inner_texts() == [
-        "—",
-        "1g.10gb (NVIDIA-A100-SXM4-40GB, local)",
-    ]
+    # and the choices come from those offers, with the most GPUs a pod can have there
+    assert enabled_options(product) == ["any", "NVIDIA-A10 (local)"]
+    assert enabled_options(mig) == ["—", "1g.10gb (NVIDIA-A100-SXM4-40GB, local)"]
+    page.get_by_label("whole GPUs").check()
+    product.select_option("NVIDIA-A10")
+    assert page.get_by_test_id("gpu-most").inner_text() == (
+        "NVIDIA-A10: at most 2 per pod on local (the most one of its nodes has)"
+    )
+    assert page.get_by_label("GPUs per pod").get_attribute("max") == "2"
 
     # when she asks for 3 pods of 1 A10 each: 3 GPUs, more than the team's 2
-    page.get_by_label("whole GPUs").check()
-    page.get_by_label("GPU product").select_option("NVIDIA-A10")
     page.get_by_label("GPUs per pod").fill("1")
     page.get_by_label("Replicas", exact=True).fill("3")
     # then the page refuses before submit, with the create's own message, and Deploy is disabled
