@@ -4,7 +4,8 @@ repository from the test S3 server).
 
 The cluster's Nodes advertise GPUs as NVIDIA's device plugin does (tests/kube/cluster.py): `gpu-a` 2
 `nvidia.com/gpu` (NVIDIA-A10), `gpu-b` 7 `nvidia.com/mig-1g.10gb` (NVIDIA-A100-SXM4-40GB), `cpu-a` none. The page
-must show those, and the team's GPU quota, and refuse before submit what the create would refuse.
+must show those, and the team's GPU quota, refuse before submit what the create would refuse, and follow the
+deployment until its pods are ready; a test inference is then answered by the pods.
 
 Celery tasks run inline (eager) as their transactions commit, so the deploy request applies the manifests; the test
 runs reconcile once a second, as beat does, while the status page polls.
@@ -22,6 +23,7 @@ from deployments.services import reconcile_deployments
 from deployments.services.clusters import register_cluster
 from tenancy.quotas import set_quota
 from tests import real_models
+from tests.console.test_wizard_browser import MEAN, STD, onnxruntime_top_class, write_image
 from tests.deployments.conftest import write_built_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.kube]
@@ -75,7 +77,7 @@ def wait_for_verdict(page, testid: str) -> str:
 
 
 def test_a_user_deploys_on_the_cluster_with_the_gpus_it_offers_within_the_teams_gpu_quota(
-    console_browser, alice, cluster_env, eager_tasks, screenshot
+    console_browser, alice, cluster_env, eager_tasks, screenshot, tmp_path
 ):
     # given a built classifier, a team allowed 2 GPUs, the test cluster registered, and a cluster `lab` whose API
     # server does not answer (listed first, by name)
@@ -159,9 +161,19 @@ def test_a_user_deploys_on_the_cluster_with_the_gpus_it_offers_within_the_teams_
     pods = table_rows(page.get_by_test_id("pods"))
     assert [(row[1], row[2], row[3]) for row in pods] == [("gpu-a", "Running", "yes")] * 2
     screenshot(page, "wizard-5-status-kubernetes")
+    # and a test inference with an image is answered by the pods, with onnxruntime's top class
+    page.get_by_test_id("wizard-next").click()
+    page.wait_for_url("**/test/")
+    image = write_image(tmp_path / "image.png")
+    page.get_by_test_id("infer-input").set_input_files(str(image))
+    page.get_by_label("Mean (R, G, B)").fill(", ".join(str(v) for v in MEAN))
+    page.get_by_label("Std (R, G, B)").fill(", ".join(str(v) for v in STD))
+    page.get_by_test_id("infer-submit").click()
+    first = page.get_by_test_id("infer-output").locator("table.top-k tbody tr").first
+    first.wait_for(timeout=60_000)
+    assert int(first.get_attribute("data-class")) == onnxruntime_top_class(image)
     # and the deployment page lists the same pods, ready
-    page.get_by_role("link", name="Deployment page").click()
-    page.wait_for_url(f"**/deployments/{deployment.pk}/")
+    page.goto(f"/deployments/{deployment.pk}/")
     listed = table_rows(page.locator("section[aria-labelledby=pods-heading] table"))
     assert sorted(row[0] for row in listed) == sorted(row[0] for row in pods)
     assert [(row[1], row[2], row[4]) for row in listed] == [("Running", "yes", "gpu-a")] * 2
