@@ -11,7 +11,7 @@ version. (The build that follows fails at once: random bytes are no ONNX model; 
 Every 100 ms the RSS of the browser's processes (the Chromium processes under this script) and of the web process
 (gunicorn's master and workers) is sampled. Growth = peak during the upload - RSS once the upload page has loaded.
 The page's progress line is timestamped in the page, splitting the time into the browser's sha256 (hash-wasm,
-2 MiB at a time) and sending the parts (8 MiB parts, 3 at a time, or bigger past 10,000 parts).
+read through one reused 2 MiB buffer) and sending the parts (8 MiB parts, 3 at a time, or bigger past 10,000 parts).
 
 Target (issue 8): both memories flat while 2 GiB go through. Ends with one machine-readable line:
   browser_upload: size_mib=<n> seconds=<choose -> build page> hash_seconds=<sha256 in the page>

@@ -21,7 +21,9 @@ Systems measured (only one is under load at any time; the others sit idle):
       same binary request, keep-alive. The gateway reads its deployment and token from PostgreSQL
       (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/conch_bench, created and migrated here) and
       counts the rate limit in Redis (BENCH_REDIS_URL, default redis://127.0.0.1:6379/15). Its "srv cpu" is the
-      gateway process's alone (Triton's is in (a)).
+      gateway process's alone; its note starts with the CPU the Triton behind it spent per inference. The Triton
+      is on this host, so the gateway hands it the tensor bytes in shared memory
+      (CONCH_GATEWAY_SHARED_MEMORY_BYTES=0 in the environment: over HTTP instead, as to a Kubernetes pod).
 
 Clients are closed-loop (each sends its next request when the previous answer arrives), one thread and one
 keep-alive connection each, in a separate process from every server. All traffic stays on 127.0.0.1. All servers
@@ -752,6 +754,7 @@ class Server:
     port: int
     pid: int
     metrics_url: str | None = None  # Triton's Prometheus endpoint; None for the baseline
+    backend_pid: int | None = None  # (e): the Triton behind the gateway, whose CPU per inference the note shows
 
 
 def start_triton(system: str, work: Path, repository: Path, settings: ConchSettings, batching: bool):
@@ -762,15 +765,20 @@ def start_triton(system: str, work: Path, repository: Path, settings: ConchSetti
     `InvalidInput` errors from the adapters; on failure the server is stopped and its log tail printed.
     """
     from tritonserving import server as triton_server
+    from tritonserving.access import derive_api_key
     from tritonserving.client import TritonClient
     from tritonserving.config import config_to_json
 
     backend_root = triton_server.ensure_backend_directory(work / "backends")
     http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
-    api_key = secrets.token_hex(32)
+    # Not "conch-...": a Conch demo with the default instance id stops every server whose id starts so.
+    server_id = f"bench-serving-{system}-{os.getpid()}"
+    # The key Conch's local runtime derives for this server id from DJANGO_SECRET_KEY, which the gateway of (e)
+    # inherits: it sends the key to the restricted endpoints (model config, shared-memory registration).
+    os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_hex(32))
+    api_key = derive_api_key(os.environ["DJANGO_SECRET_KEY"], server_id)
     process = triton_server.start_server(
-        # Not "conch-...": a Conch demo with the default instance id stops every server whose id starts so.
-        server_id=f"bench-serving-{system}-{os.getpid()}",
+        server_id=server_id,
         repository=repository,
         http_port=http_port,
         grpc_port=grpc_port,
@@ -953,9 +961,20 @@ def measure_server(server: Server, concurrency: int, plan: Plan) -> Point:
             counters[marker] = triton_counters(TritonClient.fetch_metrics_text(server.metrics_url, timeout_s=10))
 
     path = GATEWAY_PATH if server.system == "e" else f"/v2/models/{MODEL_NAME}/infer"
-    point = measure_clients(server.system, "", server.port, path, concurrency, plan, server.pid, sample)
+    backend: dict[str, float] = {}
+
+    def sample_all(marker: str) -> None:
+        sample(marker)
+        if server.backend_pid is not None:
+            backend[marker] = tree_cpu_seconds(server.backend_pid)
+
+    point = measure_clients(server.system, "", server.port, path, concurrency, plan, server.pid, sample_all)
     if len(counters) == 2:
         point.note = describe_counters(counters["window-start"], counters["window-end"])
+    if len(backend) == 2:
+        window_inferences = point.throughput * plan.duration_s
+        triton_ms = 1000.0 * (backend["window-end"] - backend["window-start"]) / max(window_inferences, 1.0)
+        point.note = f"triton cpu/inf {triton_ms:.2f} ms; {point.note}"
     return point
 
 
@@ -1203,7 +1222,7 @@ def main() -> None:
                     if system == "a" and "e" in systems:
                         os.environ[TOKEN_VARIABLE] = register_gateway_deployment(process, repository)
                         gateway_process, port = start_gateway(work)
-                        servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url)
+                        servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url, process.pid)
 
             layouts = inprocess_layouts(model, cpus) if "d" in systems else []
             for label, sessions in layouts:
@@ -1244,6 +1263,10 @@ def main() -> None:
                 kill_process(baseline_process)
             if gateway_process is not None:
                 kill_process(gateway_process)
+                # What went wrong in the gateway (e.g. a Triton refusing its shared-memory region) is worth seeing.
+                logged = (work / "logs" / "gateway.log").read_text(errors="replace").splitlines()
+                for line in [line for line in logged if "WARNING" in line or "ERROR" in line][-10:]:
+                    print(f"(e) gateway log: {line[:400]}", file=sys.stderr)
 
     order = {"d": 0, "c": 1, "b": 2, "a": 3, "e": 4}
     print_table(sorted(points, key=lambda p: (order[p.system], p.concurrency if p.system != "d" else 0)))

@@ -403,6 +403,10 @@ CONCH_GATEWAY_STREAM_FROM_BYTES = env("CONCH_GATEWAY_STREAM_FROM_BYTES", 4 * 102
 CONCH_GATEWAY_CLIENT_IDLE_SECONDS = env("CONCH_GATEWAY_CLIENT_IDLE_SECONDS", 30.0, cast=float)
 # Connections kept open to each Triton by one gateway process.
 CONCH_GATEWAY_MAX_CONNECTIONS = env("CONCH_GATEWAY_MAX_CONNECTIONS", 64, cast=int)
+# Bytes of POSIX shared memory the gateway registers with each Triton on its own host (the local runtime) to hand it
+# the binary tensor data of inference requests without sending it over the socket (Triton's system shared-memory
+# extension). 0: always send the bytes over HTTP. Only touched pages use memory.
+CONCH_GATEWAY_SHARED_MEMORY_BYTES = env("CONCH_GATEWAY_SHARED_MEMORY_BYTES", 64 * 1024**2, cast=int)
 
 # --- Triton (local runtime) -----------------------------------------------------
 CONCH_TRITON_DIR = Path(env("CONCH_TRITON_DIR", str(VAR_DIR / "triton"))).resolve()

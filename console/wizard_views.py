@@ -397,11 +397,15 @@ def status(request: HttpRequest, deployment_id: int) -> HttpResponse:
 
 def _status_context(deployment) -> dict[str, Any]:
     observed = deployment.observed or {}
+    replicas = observed.get("replicas") or {}
+    # A Kubernetes deployment is `ready` once one pod serves while the others still start: the page goes on
+    # following it until every pod it asked for is ready, or the user would be left looking at "1 of 2".
+    coming_up = deployment.status == "ready" and (replicas.get("ready") or 0) < (replicas.get("desired") or 0)
     return {
         "deployment": deployment,
-        "settled": deployment.status in SETTLED,
+        "settled": deployment.status in SETTLED and not coming_up,
         "pods": observed.get("pods") or [],
-        "replicas": observed.get("replicas") or {},
+        "replicas": replicas,
         "log_tail": deployments.log_tail(deployment) if deployment.status in ("failed", "starting") else [],
     }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django import template
 from django.template.defaultfilters import filesizeformat
 
@@ -32,9 +34,19 @@ _QUOTA_NOUNS = {
 
 @register.filter
 def quota_amount(amount, field: str) -> str:
-    """`amount` of the quota field `field` in words: "1 deployment", "2 instances", "1 GPU"; storage in bytes
-    ("1.5 GB"); a field not known here reads as its name."""
+    """`amount` of the quota field `field` in words: "1 deployment", "2 instances"; storage in bytes ("1.5 GB"); a
+    field not known here reads as its name. GPUs come as {resource name: count} (`gpu_request`), each resource in
+    its own words: "2 GPUs (nvidia.com/gpu)", "1 MIG slice (nvidia.com/mig-1g.10gb)"; none: "no GPU"."""
     if field == "storage_bytes":
         return filesizeformat(amount)
+    if isinstance(amount, Mapping):
+        if not amount:
+            return "no GPU"
+        return ", ".join(_gpu_amount(count, resource) for resource, count in amount.items())
     one, many = _QUOTA_NOUNS.get(field, (field, field))
     return f"{amount} {one if amount == 1 else many}"
+
+
+def _gpu_amount(count: int, resource: str) -> str:
+    one, many = ("MIG slice", "MIG slices") if resource.startswith("nvidia.com/mig-") else _QUOTA_NOUNS["gpu"]
+    return f"{count} {one if count == 1 else many} ({resource})"

@@ -35,6 +35,7 @@ from deployments.services.gateway import Plan, Route, UsageCounts
 from tritonserving.access import API_KEY_HEADER
 from tritonserving.client import HEADER_LENGTH, TritonUnavailable, TritonUnreachable, check_inference_header
 from tritonserving.relay import TritonRelay
+from tritonserving.shared_memory import Placement, SharedMemoryInputs
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class GatewayApp:
 
     def __init__(self) -> None:
         self._relay: TritonRelay | None = None
+        self._shared_memory: SharedMemoryInputs | None = None
         self._limiter: _RateLimiter | None = None
         self._routes: dict[tuple[str, str, str], tuple[float, Route | ConchError]] = {}
         self._resolving: dict[tuple[str, str, str], asyncio.Future] = {}
@@ -110,6 +112,11 @@ class GatewayApp:
         self._relay = TritonRelay(
             max_connections=settings.CONCH_GATEWAY_MAX_CONNECTIONS, timeout_s=rules.RELAY_TIMEOUT_S
         )
+        self._shared_memory = (
+            SharedMemoryInputs(self._relay, settings.CONCH_GATEWAY_SHARED_MEMORY_BYTES)
+            if settings.CONCH_GATEWAY_SHARED_MEMORY_BYTES > 0
+            else None
+        )
         self._limiter = _RateLimiter(_redis_url())
         self._limiter.start()
         self._flusher = asyncio.create_task(self._flush_periodically())
@@ -119,6 +126,9 @@ class GatewayApp:
             self._flusher.cancel()
             self._flusher = None
         await self._flush_usage()
+        if self._shared_memory is not None:
+            await self._shared_memory.close()
+            self._shared_memory = None
         if self._relay is not None:
             await self._relay.close()
             self._relay = None
@@ -169,21 +179,46 @@ class GatewayApp:
         # The restricted-endpoint key is Conch's to send, never the client's.
         sent_headers = {name: value for name, value in headers.items() if name != API_KEY_HEADER.lower()}
         tried = 0
+        placement: Placement | None = None
+        shared_memory = self._shared_memory if body.binary_header is not None else None
         while True:
             url, key = self._next_server(route)
             if plan.restricted:
                 sent_headers[API_KEY_HEADER] = key
+            payload, length, headers_out = body.payload(), body.length or None, sent_headers
+            if shared_memory is not None:
+                # A Triton on this host reads the tensors from shared memory: only the JSON header is sent.
+                placement = await shared_memory.place(url, key, body.binary_header, body.header_length, body.pieces)
+                if placement is not None:
+                    payload, length = placement.body, len(placement.body)
+                    headers_out = {
+                        name: value
+                        for name, value in sent_headers.items()
+                        if name not in ("inference-header-content-length", "content-type")
+                    }
+                    headers_out["content-type"] = "application/json"
             try:
                 answer = await self._relay.send(
                     "GET" if method == "HEAD" else method,  # Triton answers HEAD with 405; the body is dropped below
                     url + plan.triton_path,
-                    headers=sent_headers,
-                    body=body.payload(),
-                    content_length=body.length if body.length else None,
+                    headers=headers_out,
+                    body=payload,
+                    content_length=length,
                 )
+                if placement is not None and answer.status >= 400:
+                    answer = await _Buffered.of(answer)
+                    if shared_memory.names_region(placement, answer.body):
+                        # Lost with a restart, or an error that only shared memory causes: send the body as it is.
+                        placement.release()
+                        placement, shared_memory = None, None
+                        continue
                 break
             except TritonUnreachable as exc:
                 # Nothing reached that server (a pod that just went away): forget the route, try another one.
+                if placement is not None:
+                    placement.release()
+                    placement = None
+                    shared_memory.forget(url)
                 tried += 1
                 self._forget(route)
                 if tried >= min(MAX_SERVERS_TRIED, len(route.servers)) or body.started:
@@ -195,6 +230,8 @@ class GatewayApp:
                         "restarting); retry in a few seconds."
                     ) from None
             except TritonUnavailable as exc:
+                if placement is not None:
+                    placement.release()
                 if body.fault is not None:  # the client stopped sending: Triton is not to blame
                     log.info(
                         "gateway.client.stopped", extra={"deployment_id": route.deployment_id, "why": body.fault.detail}
@@ -212,6 +249,8 @@ class GatewayApp:
             return await self._answer_back(route, plan, method, answer, send, counts)
         finally:
             answer.close()  # after a complete answer, the connection goes back to the pool; else it is dropped
+            if placement is not None:
+                placement.release()
 
     @staticmethod
     async def _answer_back(route: Route, plan: Plan, method: str, answer, send: Send, counts: UsageCounts) -> int:
@@ -441,6 +480,9 @@ class _RequestBody:
         self.inferences = inferences
         self.started = False
         self.fault: _ClientFault | None = None
+        # Set for a whole, uncompressed body with binary tensor data: bytes holding its JSON header, and its size.
+        self.binary_header: bytes | None = None
+        self.header_length = 0
 
     @classmethod
     async def read_start(cls, receive: Receive, headers: dict[str, str], *, infer: bool, route: Route):
@@ -487,7 +529,16 @@ class _RequestBody:
             summary = check_inference_header(checked, header_length, length)
         else:
             summary = await _off_loop(check_inference_header, checked, header_length, length)
-        return cls(receive, pieces, length, more, _inferences(summary, route))
+        body = cls(receive, pieces, length, more, _inferences(summary, route))
+        if header_length and header_length < OFF_LOOP_BYTES and not more and length > header_length:
+            # Its JSON header is small enough to rewrite on the loop for shared memory (`SharedMemoryInputs`).
+            body.binary_header, body.header_length = checked, header_length
+        return body
+
+    @property
+    def pieces(self) -> list[bytes]:
+        """The pieces read so far (the whole body when `binary_header` is set)."""
+        return self._start
 
     def payload(self) -> list[bytes] | AsyncIterator[bytes] | None:
         """What to send to Triton: the pieces when the whole body is read already (sent in one write), else
@@ -514,6 +565,31 @@ class _RequestBody:
             more = message.get("more_body", False)
             if chunk:
                 yield chunk
+
+
+class _Buffered:
+    """A Triton answer read whole (a small error answer the gateway looks into), with `RelayedAnswer`'s shape:
+    `status`, `headers`, `chunks()`, `read()`, `close()`; `body` holds its bytes."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    @classmethod
+    async def of(cls, answer) -> _Buffered:
+        """Read `answer` (a RelayedAnswer) to its end; its connection goes back to the pool."""
+        try:
+            return cls(answer.status, answer.headers, await answer.read())
+        finally:
+            answer.close()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self.body
+
+    async def read(self) -> bytes:
+        return self.body
+
+    def close(self) -> None:
+        pass
 
 
 #: Bodies from this many bytes are decompressed and parsed on a worker thread rather than on the event loop.

@@ -300,3 +300,7 @@ def test_quota_amounts_read_in_singular_and_plural():
     assert quota_amount(1, "deployments") == "1 deployment"
     assert quota_amount(2, "instances") == "2 instances"
     assert quota_amount(1, "gpu") == "1 GPU" and quota_amount(0, "gpu") == "0 GPUs"
+    # a deployment's GPU request is {resource name: count}, as gpu_request gives it
+    assert quota_amount({"nvidia.com/gpu": 2}, "gpu") == "2 GPUs (nvidia.com/gpu)"
+    assert quota_amount({"nvidia.com/mig-1g.10gb": 1}, "gpu") == "1 MIG slice (nvidia.com/mig-1g.10gb)"
+    assert quota_amount({}, "gpu") == "no GPU"

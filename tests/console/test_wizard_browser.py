@@ -442,3 +442,21 @@ def test_the_servers_refusal_is_not_prefixed_with_a_field_it_already_names(conso
     error.filter(has_text="is larger than").wait_for()
     # then its sentence is shown once, not "size_bytes: size_bytes …"
     assert error.inner_text().startswith("size_bytes 4096 is larger than the 2 KiB")
+
+
+def test_a_browser_without_byte_streams_hashes_the_file_by_slices(console_browser, alice, eager_tasks, tmp_path):
+    # given a browser whose files' streams are not byte streams (no reader that fills a buffer of ours), and a
+    # 5 MiB file: three of the page's 2 MiB slices, the last one short
+    data = np.random.default_rng(7).integers(0, 256, 5 * 1024 * 1024, dtype=np.uint8).tobytes()
+    path = tmp_path / "sliced.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "sliced", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    page.add_init_script("Blob.prototype.stream = function () { return new ReadableStream(); };")
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # when the file is chosen
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page read it in slices (that stream gives no bytes) and the stored file has the file's sha256
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)

@@ -271,6 +271,36 @@ def test_the_status_partial_shows_pods_and_messages(alice):
     assert "web-abc" in page and "0/3 nodes are available" in page and "waiting for a GPU" in page
 
 
+def test_the_status_partial_follows_a_ready_deployment_until_every_pod_is_ready(alice):
+    # given a kubernetes deployment that is ready with 1 of its 2 pods (the other starting)
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    pod = {"node": "gpu-a", "phase": "Running", "restarts": 0}
+    deployment = Deployment.objects.create(
+        team=alice.team,
+        name="web",
+        model_version=version,
+        runtime="kubernetes",
+        status="ready",
+        status_message="ready 1/2; 1 more starting",
+        observed={
+            "replicas": {"desired": 2, "ready": 1},
+            "pods": [
+                {**pod, "name": "web-a", "ready": True, "message": ""},
+                {**pod, "name": "web-b", "ready": False, "message": "Triton is starting and loading the model"},
+            ],
+        },
+    )
+    url = f"/wizard/deployments/{deployment.pk}/status/live"
+    # then the status partial keeps polling, and offers the test inference already
+    page = _client(alice).get(url).content.decode()
+    assert "Pods ready: 1 of 2" in page and 'hx-trigger="every 1s"' in page and 'data-testid="wizard-next"' in page
+    # when both pods are ready, it stops
+    deployment.observed = {**deployment.observed, "replicas": {"desired": 2, "ready": 2}}
+    deployment.save(update_fields=["observed"])
+    page = _client(alice).get(url).content.decode()
+    assert "Pods ready: 2 of 2" in page and "hx-trigger" not in page
+
+
 def test_the_options_partial_shows_what_a_rebuild_would_change(alice):
     version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
     response = _client(alice).post(

@@ -525,3 +525,106 @@ def test_a_client_that_stops_sending_its_body_gets_408_and_others_are_served(ser
         thread.join(15)
     assert [status for status, _ in stalled] == [408, 408, 408]
     assert "stopped arriving for 1 s" in json.loads(stalled[0][1])["error"]
+
+
+def _triton_of(gateway) -> tuple[str, str]:
+    """(base URL, restricted-endpoint key) of the one Triton the gateway has a cached route to."""
+    ((_, route),) = [value for value in gateway.app._routes.values() if not isinstance(value[1], Exception)]
+    return route.servers[0]
+
+
+def _regions(url: str, key: str) -> list[dict]:
+    status = requests.get(f"{url}/v2/systemsharedmemory/status", headers={"X-Conch-Key": key}, timeout=10)
+    assert status.status_code == 200, status.text
+    return status.json()
+
+
+def test_binary_inputs_reach_a_triton_on_this_host_through_shared_memory_each_request_its_own(served, gateway):
+    """The gateway registers one shared-memory region with a same-host Triton and hands it binary tensor data
+    there (Triton's system shared-memory extension); 32 concurrent requests with different tensors each get
+    their own answer."""
+    caller, deployment, base = served
+
+    async def run() -> list:
+        client = triton_aio.InferenceServerClient(url=base.split("://", 1)[1])
+        headers = {"Authorization": f"Bearer {caller.token}"}
+        try:
+
+            async def one(value: float) -> list:
+                x = triton_aio.InferInput("x", list(X.shape), "FP32")
+                x.set_data_from_numpy(np.full(X.shape, value, dtype=np.float32), binary_data=True)
+                output = triton_aio.InferRequestedOutput("y", binary_data=True)
+                return (await client.infer("adder", [x], outputs=[output], headers=headers)).as_numpy("y").tolist()
+
+            return await asyncio.gather(*(one(float(i)) for i in range(32)))
+        finally:
+            await client.close()
+
+    answers = asyncio.run(run())
+    assert answers == [np.full(X.shape, i + 1.0, dtype=np.float32).tolist() for i in range(32)]
+    url, key = _triton_of(gateway)
+    (region,) = _regions(url, key)
+    assert re.fullmatch(r"conch-gw-\d+-[0-9a-f]{16}", region["name"])
+    assert region["byte_size"] == 64 * 1024**2
+    # The object's name is gone from /dev/shm once Triton mapped it: nothing is left behind if a process dies.
+    assert not list(__import__("pathlib").Path("/dev/shm").glob(region["name"]))
+    assert gateway.app._shared_memory._regions[url].spans.used_bytes == 0  # every span was given back
+
+
+def test_a_triton_that_lost_the_gateways_region_is_sent_the_bytes_and_given_a_new_region(served, gateway):
+    """A server that restarted on the same address has no regions: the request is answered all the same (its
+    body sent over HTTP), and the next one registers a new region."""
+    caller, deployment, base = served
+    client, headers = _client(base, caller.token)
+
+    def infer(value: float) -> list:
+        x = triton_http.InferInput("x", list(X.shape), "FP32")
+        x.set_data_from_numpy(np.full(X.shape, value, dtype=np.float32), binary_data=True)
+        return client.infer("adder", [x], headers=dict(headers)).as_numpy("y").tolist()
+
+    assert infer(1.0) == np.full(X.shape, 2.0).tolist()
+    url, key = _triton_of(gateway)
+    (first,) = _regions(url, key)
+    unregistered = requests.post(f"{url}/v2/systemsharedmemory/unregister", headers={"X-Conch-Key": key}, timeout=10)
+    assert unregistered.status_code == 200 and _regions(url, key) == []
+    assert infer(2.0) == np.full(X.shape, 3.0).tolist()
+    assert infer(3.0) == np.full(X.shape, 4.0).tolist()
+    (second,) = _regions(url, key)
+    assert second["name"] != first["name"]
+    client.close()
+
+
+def test_triton_errors_on_binary_inputs_read_as_without_shared_memory(served, gateway):
+    """An input whose bytes do not fit its shape gets Triton's own 400, never naming the gateway's region."""
+    caller, deployment, base = served
+    header = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
+    ).encode()
+    for _ in range(2):  # the first registers the region, the second surely uses it
+        answer = requests.post(
+            f"{base}/v2/models/adder/infer",
+            data=header + bytes(16),
+            headers={"Authorization": f"Bearer {caller.token}", "Inference-Header-Content-Length": str(len(header))},
+            timeout=10,
+        )
+        assert answer.status_code == 400, answer.text
+        assert "'x'" in answer.json()["error"] and "conch-gw" not in answer.text
+    url, key = _triton_of(gateway)
+    assert len(_regions(url, key)) == 1  # an error of the request's own leaves the region registered
+
+
+def test_without_shared_memory_binary_inputs_go_over_http_as_to_a_pod(served, gateway):
+    """CONCH_GATEWAY_SHARED_MEMORY_BYTES=0 (and every Triton on another host) gets the body as the client sent it."""
+    caller, deployment, base = served
+    shared_memory, gateway.app._shared_memory = gateway.app._shared_memory, None  # as the setting 0 leaves it
+    try:
+        client, headers = _client(base, caller.token)
+        x = triton_http.InferInput("x", list(X.shape), "FP32")
+        x.set_data_from_numpy(X, binary_data=True)
+        result = client.infer("adder", [x], headers=dict(headers))
+        assert result.as_numpy("y").tolist() == (X + 1).tolist()
+        url, key = _triton_of(gateway)
+        assert _regions(url, key) == []
+        client.close()
+    finally:
+        gateway.app._shared_memory = shared_memory

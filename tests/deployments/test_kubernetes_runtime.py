@@ -21,6 +21,7 @@ from deployments.runtimes.kubernetes import api as kube_api
 from deployments.services import reconcile_deployments
 from deployments.services.clusters import register_cluster
 from tenancy.models import AuditEntry
+from tenancy.quotas import set_quota
 from tests import real_models
 from tests.deployments.conftest import write_adder_versions, write_built_version
 from tritonserving.client import TritonClient
@@ -441,6 +442,72 @@ def test_clusters_api_shows_gpu_offers_and_the_triton_release_check(alice, k8s_e
     assert offers[("NVIDIA-A100-SXM4-40GB", "nvidia.com/mig-1g.10gb")]["mig_profile"] == "1g.10gb"
     assert "kubeconfig" not in str(listed.json())
     assert alice.client.get("/api/v1/clusters/nowhere/").status_code == 404
+
+
+def test_offers_show_the_clusters_gpus_and_the_gpu_quota_and_check_refuses_past_it(alice, k8s_env):
+    # given a team allowed 2 GPUs and a built classifier
+    set_quota(team=alice.team, limits={"gpu": 2})
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    # when the deploy form's data is asked for
+    offers = alice.client.get("/api/v1/deployments/offers?team=acme")
+    # then kubernetes is available, with the GPUs the cluster's Nodes offer, and the team's GPU quota
+    assert offers.status_code == 200, offers.content
+    body = offers.json()
+    assert [(runtime["name"], runtime["available"]) for runtime in body["runtimes"]] == [
+        ("local", True),
+        ("kubernetes", True),
+    ]
+    (local,) = [cluster for cluster in body["clusters"] if cluster["name"] == "local"]
+    assert local["error"] == ""
+    assert local["gpu_offers"] == [
+        {
+            "product": "NVIDIA-A10",
+            "resource": "nvidia.com/gpu",
+            "mig_profile": None,
+            "most_on_one_node": 2,
+            "total": 2,
+            "nodes": 1,
+        },
+        {
+            "product": "NVIDIA-A100-SXM4-40GB",
+            "resource": "nvidia.com/mig-1g.10gb",
+            "mig_profile": "1g.10gb",
+            "most_on_one_node": 7,
+            "total": 7,
+            "nodes": 1,
+        },
+    ]
+    gpu = [line for line in body["quota"] if line["field"] == "gpu"]
+    assert gpu == [
+        {"field": "gpu", "name": "GPU", "unit": "nvidia.com/gpu", "limit": 2, "used": 0, "free": 2, "is_default": False}
+    ]
+    # when more GPUs than the quota are checked, as whole GPUs and as MIG slices
+    body = {"name": "web", "team": "acme", "model_version": version.pk, "runtime": "kubernetes", "cluster": "local"}
+    a10 = {"product": "NVIDIA-A10", "count": 1}
+    whole = alice.client.post("/api/v1/deployments/check", {**body, "replicas": 3, "gpu": a10}, format="json")
+    autoscaling = {"min_replicas": 1, "max_replicas": 3, "target_queue_time_us": 2000}
+    slices = alice.client.post(
+        "/api/v1/deployments/check",
+        {**body, "autoscaling": autoscaling, "gpu": {"mig_profile": "1g.10gb"}},
+        format="json",
+    )
+    # then each is refused as the create would be, naming the resource and the numbers (autoscaling counts at its
+    # most pods)
+    assert whole.status_code == 409, whole.content
+    assert whole.json() == {
+        "detail": "GPU quota exceeded: team 'acme' uses 0 of 2 nvidia.com/gpu; this deployment needs 3",
+        "field": "gpu",
+        "quota": {"limit": 2, "used": 0, "requested": 3},
+    }
+    assert slices.status_code == 409, slices.content
+    assert slices.json()["detail"] == (
+        "GPU quota exceeded: team 'acme' uses 0 of 2 nvidia.com/mig-1g.10gb; this deployment needs 3"
+    )
+    # and within the quota it fits, saying what it takes, and nothing is created
+    fits = alice.client.post("/api/v1/deployments/check", {**body, "replicas": 2, "gpu": a10}, format="json")
+    assert fits.status_code == 200, fits.content
+    assert fits.json() == {"fits": True, "requested": {"deployments": 1, "gpu": {"nvidia.com/gpu": 2}}}
+    assert not Deployment.objects.exists()
 
 
 def test_a_version_one_pod_cannot_load_rolls_every_pod_back(

@@ -98,15 +98,50 @@
   }
 
   // --- sha256, chunk by chunk (never the whole file in memory) ----------------------------------------------
+  // The file is read through one reused buffer: a BYOB ("bring your own buffer") reader on file.stream() fills
+  // the same HASH_CHUNK bytes each time and hands them back. Reading with file.slice(…).arrayBuffer() instead
+  // allocates a new buffer per piece; each is garbage at once but freed only when the garbage collector gets to
+  // it, and over a 2 GiB file that lag held ~200 MiB (bench/browser_upload.py). Browsers whose Blob streams are
+  // not byte streams get the slices.
   async function computeSha256(file) {
     const hasher = await hashwasm.createSHA256();
     hasher.init();
-    for (let offset = 0; offset < file.size; offset += HASH_CHUNK) {
-      const chunk = new Uint8Array(await file.slice(offset, offset + HASH_CHUNK).arrayBuffer());
-      hasher.update(chunk);
-      const share = Math.min(1, (offset + chunk.length) / file.size);
-      bar.value = share * 100;
-      progress.textContent = `Computing the checksum: ${(share * 100).toFixed(0)} %`;
+    let hashed = 0;
+    let shownPercent = -1;
+    const show = () => {
+      const percent = Math.floor((hashed / (file.size || 1)) * 100);
+      if (percent === shownPercent) return;
+      shownPercent = percent;
+      bar.value = percent;
+      progress.textContent = `Computing the checksum: ${percent} %`;
+    };
+    show();
+    let reader = null;
+    try {
+      reader = file.stream().getReader({ mode: "byob" });
+    } catch (_) {
+      // not a byte stream here: read slices
+    }
+    if (reader) {
+      let buffer = new ArrayBuffer(HASH_CHUNK);
+      for (;;) {
+        const { done, value } = await reader.read(new Uint8Array(buffer, 0, HASH_CHUNK));
+        if (done) break;
+        hasher.update(value);
+        hashed += value.byteLength;
+        buffer = value.buffer; // the read took the buffer over and gives it back in `value`
+        show();
+      }
+    } else {
+      for (let offset = 0; offset < file.size; offset += HASH_CHUNK) {
+        const chunk = new Uint8Array(await file.slice(offset, offset + HASH_CHUNK).arrayBuffer());
+        hasher.update(chunk);
+        hashed += chunk.length;
+        show();
+      }
+    }
+    if (hashed !== file.size) {
+      throw new Error(`${file.name} changed while its checksum was computed (${hashed} of ${file.size} bytes read).`);
     }
     return hasher.digest("hex");
   }
