@@ -494,15 +494,29 @@ def test_offers_show_the_clusters_gpus_and_the_gpu_quota_and_check_refuses_past_
     # then each is refused as the create would be, naming the resource and the numbers (autoscaling counts at its
     # most pods)
     assert whole.status_code == 409, whole.content
-    assert whole.json() == {
+    refusal = {
         "detail": "GPU quota exceeded: team 'acme' uses 0 of 2 nvidia.com/gpu; this deployment needs 3",
         "field": "gpu",
         "quota": {"limit": 2, "used": 0, "requested": 3},
     }
+    assert whole.json() == {**refusal, "errors": [refusal]}
     assert slices.status_code == 409, slices.content
     assert slices.json()["detail"] == (
         "GPU quota exceeded: team 'acme' uses 0 of 2 nvidia.com/mig-1g.10gb; this deployment needs 3"
     )
+    # and pods asking for more GPUs than a node holds are refused naming gpu.count (CPU instances are fine there);
+    # GPU instances in pods without GPUs and a bad name are named at once
+    kinds = alice.client.post(
+        "/api/v1/deployments/check",
+        {**body, "replicas": 1, "gpu": {"product": "NVIDIA-A10", "count": 3}, "instance_kind": "KIND_CPU"},
+        format="json",
+    )
+    assert [error["field"] for error in kinds.json()["errors"]] == ["gpu.count"]
+    cpu_pods = alice.client.post(
+        "/api/v1/deployments/check", {**body, "name": "Web", "replicas": 1, "instance_kind": "KIND_GPU"}, format="json"
+    )
+    assert cpu_pods.status_code == 400, cpu_pods.content
+    assert [error["field"] for error in cpu_pods.json()["errors"]] == ["name", "instance_kind"]
     # and within the quota it fits, saying what it takes, and nothing is created
     fits = alice.client.post("/api/v1/deployments/check", {**body, "replicas": 2, "gpu": a10}, format="json")
     assert fits.status_code == 200, fits.content
