@@ -64,9 +64,12 @@ def wait_http(port: int, path: str = "/", timeout: float = 60) -> None:
 
 
 def make_file(path: Path, size: int) -> None:
+    """Write `size` random bytes that open like an ONNX file (field 1, ir_version 8): `conch upload` and the
+    single-request upload refuse a file whose first bytes are not ONNX's; what follows does not matter here."""
     block = os.urandom(8 * 1024 * 1024)
     with path.open("wb") as fh:
-        written = 0
+        fh.write(b"\x08\x08")
+        written = 2
         while written < size:
             chunk = block[: min(len(block), size - written)]
             fh.write(chunk)

@@ -73,7 +73,9 @@ class ModelUploadsView(APIView):
             413: ErrorSerializer,
             **_STORE_DOWN,
         },
-        description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. The size "
+        description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. A name "
+        "that says the file is not an ONNX model (an ending other than .onnx, such as .pt or .bin) is refused with 400 "
+        "naming `filename`. The size "
         "is checked against CONCH_MAX_UPLOAD_BYTES (413 naming size_bytes) and reserved in the team's storage quota "
         "(409 with `quota`) before anything starts in the object store; the reservation lasts until the upload "
         "completes, is aborted or expires. The same file (model, filename, size, sha256) while an upload of it is "

@@ -465,6 +465,23 @@ def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
     assert Upload.objects.get().status == "uploading"
 
 
+@pytest.mark.parametrize("filename", ["model.pt", "pytorch_model.bin", "notes.txt"])
+def test_a_start_for_a_file_conch_cannot_build_is_refused_naming_filename_before_anything_starts(alice, s3, filename):
+    model_id = _model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/",
+        {"filename": filename, "size_bytes": 20 * MIB, "sha256": "a" * 64},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["field"] == "filename"
+    assert body["detail"].startswith(f"{filename!r} is not an ONNX model file: Conch builds ONNX models")
+    assert not Upload.objects.exists()
+    assert _storage_used(alice.team) == 0
+    assert s3() == {"keys": [], "pending": []}
+
+
 def test_an_unreachable_store_is_a_503_and_leaves_no_reservation(alice, settings):
     settings.CONCH_STORAGE_URL = "s3://nowhere/conch"
     settings.CONCH_S3_ENDPOINT_URL = "http://127.0.0.1:9"  # the discard port: nothing listens
