@@ -95,15 +95,19 @@ def complete_resumable_upload(
     user: AbstractBaseUser,
     upload: Upload,
     client_parts: Sequence[dict[str, Any]] | None = None,
+    sha256: str | None = None,
     token: TokenGrant | None = None,
 ) -> Upload:
-    """Mark the upload `completing` (every part is in the store) and queue the worker that checks it.
+    """Mark the upload `completing` (every part is in the store) and queue the worker that checks it. `sha256` is
+    the file's SHA-256 when the start left it out.
 
     Raises what `models_registry.resumable.request_completion` raises (Conflict naming the first missing part).
     """
     with transaction.atomic():
         was_completing = upload.status == UploadStatus.COMPLETING
-        upload = uploads.request_completion(user=user, upload=upload, client_parts=client_parts, token=token)
+        upload = uploads.request_completion(
+            user=user, upload=upload, client_parts=client_parts, sha256=sha256, token=token
+        )
         if not was_completing:
             queue_upload_check(upload_id=upload.pk)
     return upload

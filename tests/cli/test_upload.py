@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import signal
+import threading
 import time
 
 import httpx
@@ -105,7 +106,16 @@ def test_upload_wait_on_a_file_changed_after_its_sha256_exits_5_with_the_server_
         file.write_bytes(other)
         return digest
 
-    monkeypatch.setattr(main, "file_sha256", hash_then_change)
+    class HashThenChange(transfer.BackgroundHash):
+        """The hash of the file as it was, taken before any part is read; then the file changes."""
+
+        def __init__(self, file):
+            self.seconds, self._error = 0.0, None
+            self._digest = hash_then_change(file, transfer.Progress())
+            self._thread = threading.Thread(target=lambda: None)
+            self._thread.start()
+
+    monkeypatch.setattr(main, "BackgroundHash", HashThenChange)
     # when it is uploaded with --wait
     result = cli("upload", "big", path, "--part-size", "5M", "--wait")
     # then the upload completes (the size matches) and the build, which checks the sha256, fails: exit 5 with the

@@ -6,7 +6,6 @@ Exit codes (conch_cli.errors): 0 done, 1 usage or input refused, 2 authenticatio
 
 from __future__ import annotations
 
-import difflib
 import getpass
 import os
 import sys
@@ -21,7 +20,7 @@ from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
 from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
 from conch_cli.files import check_model_file
-from conch_cli.transfer import RateLimit, check_upload_api, file_sha256, upload_file
+from conch_cli.transfer import BackgroundHash, RateLimit, check_upload_api, file_sha256, upload_file
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 usage error (also: no URL or token configured) or input the server refused; "
@@ -188,6 +187,8 @@ def _build_options(options: list[str]) -> dict[str, Any]:
                 field="--build-option",
             )
         if key not in BUILD_OPTIONS:
+            import difflib  # only for this message: every command's start-up pays for a top-level import
+
             close = difflib.get_close_matches(key, BUILD_OPTIONS, n=1)
             raise CliError(
                 f"--build-option (-o) has no option {key!r}"
@@ -255,10 +256,15 @@ def upload(
     check_model_file(file)  # a file Conch cannot build is refused here, before a byte is hashed or sent
     with _api() as api:
         found = api.find_model(model, team)
-        check_upload_api(api, found["id"], file)
-        hashing = time.monotonic()
-        sha256 = file_sha256(file, output.progress_for_terminal(quiet))
-        sha256_s = time.monotonic() - hashing
+        open_uploads = check_upload_api(api, found["id"], file)
+        size = file.stat().st_size
+        if any(u.get("filename") == file.name and u.get("size_bytes") == size for u in open_uploads):
+            # A run of this file may have stopped: the start must send the sha256 to find its upload again.
+            hashing = time.monotonic()
+            sha256: str | BackgroundHash = file_sha256(file, output.progress_for_terminal(quiet))
+            sha256_s = time.monotonic() - hashing
+        else:  # a new upload: hash while the parts go, and send the sha256 with the completion
+            sha256 = BackgroundHash(file)
         result = upload_file(
             api,
             found["id"],
@@ -273,6 +279,8 @@ def upload(
             say=output.note,
         )
         version = result.version
+        if isinstance(sha256, BackgroundHash):
+            sha256_s = sha256.seconds
         if not as_json:
             output.line(
                 f"uploaded {found['name']}:{version['number']} (version id {version['id']}): "
@@ -291,6 +299,7 @@ def upload(
                 "seconds": {
                     "sha256": round(sha256_s, 3),
                     "parts": round(result.parts_s, 3),
+                    "sha256_wait": round(result.hash_wait_s, 3),
                     "check": round(result.check_s, 3),
                 },
             }
