@@ -16,7 +16,6 @@ Every failure raises `InspectionError` (field "file") whose message says what is
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from builds.formats import HEAD_BYTES, check_model_head
 from conch.errors import InvalidInput
 
 __all__ = [
@@ -105,13 +105,9 @@ _SUPPORTED_TYPES_TEXT = (
     "float16, float (float32), double (float64) and string, which Triton calls " + ", ".join(TRITON_DATATYPES)
 )
 
-_LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
-_HEAD_BYTES = 512
 # Real models have a few dozen top-level fields at most; stop walking (and leave the rest to the parser) after
 # this many so a crafted file of tiny fields cannot keep the walk busy.
 _MAX_TOP_LEVEL_FIELDS = 100_000
-# Highest IR version we accept in the first field when sniffing; onnx 1.23 writes 11, leave headroom.
-_MAX_SNIFF_IR_VERSION = 30
 
 
 @dataclass(frozen=True)
@@ -255,8 +251,10 @@ def inspect_onnx(path: Path) -> ModelSignature:
         )
 
     with path.open("rb") as handle:
-        head = handle.read(_HEAD_BYTES)
-        _reject_other_formats(head, size)
+        try:
+            check_model_head(handle.read(HEAD_BYTES), size_bytes=size)
+        except InvalidInput as error:
+            raise InspectionError(error.detail) from None
         _check_top_level_framing(handle, size)
 
     model = _parse_model(path)
@@ -287,107 +285,6 @@ def inspect_onnx(path: Path) -> ModelSignature:
         external_data_files=facts.external_data_files,
         warnings=tuple(warnings),
     )
-
-
-# --- sniffing: what is this file, if not ONNX? ---------------------------------------------------------------
-
-
-def _reject_other_formats(head: bytes, size: int) -> None:
-    """Raise InspectionError when the first bytes show the file is not an ONNX protobuf at all."""
-    if head.startswith(_LFS_POINTER_PREFIX):
-        real_size = re.search(rb"^size (\d+)", head, re.MULTILINE)
-        about = f" (the real file is {int(real_size.group(1)):,} bytes)" if real_size else ""
-        raise InspectionError(
-            f"This is a Git LFS pointer file, a {size}-byte text stub that stands in for the model{about}, "
-            "not the model itself. The repository you cloned stores the model with Git LFS: run `git lfs pull` "
-            "in it (install Git LFS first with `git lfs install`), then upload the real .onnx file."
-        )
-
-    if _starts_like_onnx(head):
-        return
-    kind, advice = _foreign_format(head)
-    if kind:
-        raise InspectionError(f"This is not an ONNX model: it looks like {kind}. {advice}")
-    shown = " ".join(f"{byte:02x}" for byte in head[:8])
-    raise InspectionError(
-        "This is not an ONNX model: an ONNX file is a binary protobuf `ModelProto` that begins with its IR "
-        f"version field, but this file begins with the bytes {shown}. Export the model to ONNX (for "
-        "example with torch.onnx.export, tf2onnx or skl2onnx) and upload the resulting .onnx file."
-    )
-
-
-def _foreign_format(head: bytes) -> tuple[str, str]:
-    """Name a well-known non-ONNX format from its magic bytes; ("", "") when none matches."""
-    export = "Export the model to ONNX and upload the .onnx file."
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "a PNG image", "Upload the model file, not a picture. " + export
-    if head.startswith(b"\xff\xd8\xff"):
-        return "a JPEG image", "Upload the model file, not a picture. " + export
-    if head.startswith((b"GIF87a", b"GIF89a")):
-        return "a GIF image", "Upload the model file, not a picture. " + export
-    if head.startswith(b"%PDF-"):
-        return "a PDF document", export
-    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        return (
-            "a ZIP archive (a zipped folder, a PyTorch .pt/.pth checkpoint or a Keras .keras file)",
-            (
-                "If it contains a .onnx file, unzip it and upload that file; a PyTorch checkpoint must first "
-                "be exported with torch.onnx.export."
-            ),
-        )
-    if head.startswith(b"\x1f\x8b"):
-        return "a gzip-compressed file (such as .tar.gz)", "Extract the .onnx file from it and upload that."
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return "an HDF5 file (such as a Keras .h5 model)", "Convert it with tf2onnx and upload the .onnx file."
-    if head[4:8] == b"TFL3":
-        return "a TensorFlow Lite model", "Convert it with `python -m tf2onnx.convert --tflite` first."
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return (
-            "a Python pickle (such as a PyTorch or scikit-learn checkpoint)",
-            "Export the model to ONNX (torch.onnx.export, skl2onnx) and upload the .onnx file.",
-        )
-    if len(head) > 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 0 and b'"' in head[8:40]:
-        return (
-            "a safetensors weights file (weights only, no graph)",
-            "Export the whole model to ONNX (for example `optimum-cli export onnx`) and upload the .onnx file.",
-        )
-    text = _as_text(head)
-    if text is not None:
-        stripped = text.lstrip().lower()
-        if stripped.startswith(("<!doctype html", "<html")):
-            return (
-                "an HTML web page (often an error or login page saved instead of the download)",
-                (
-                    "Download the raw model file (on Hugging Face use the 'download' link, which contains "
-                    "/resolve/) and upload it."
-                ),
-            )
-        first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
-        return f"a text file (it starts with {first_line!r})", export
-    return "", ""
-
-
-def _as_text(head: bytes) -> str | None:
-    """Return `head` decoded when it is printable UTF-8 text, else None."""
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        # A multi-byte character may be cut at the end of the head; retry without the last few bytes.
-        try:
-            text = head[:-3].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    printable = sum(ch.isprintable() or ch in "\r\n\t" for ch in text)
-    return text if text and printable / len(text) > 0.95 else None
-
-
-def _starts_like_onnx(head: bytes) -> bool:
-    """True when the file opens with ModelProto field 1 (ir_version, varint) holding a plausible version.
-
-    Protobuf serializers write fields in field-number order, and every exporter sets ir_version, so a real
-    ONNX file starts with tag byte 0x08 followed by a small varint.
-    """
-    return len(head) >= 2 and head[0] == 0x08 and 1 <= head[1] <= _MAX_SNIFF_IR_VERSION
 
 
 # --- framing: is the protobuf complete? ----------------------------------------------------------------------

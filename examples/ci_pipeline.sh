@@ -63,9 +63,9 @@ uploaded=$(conch upload "$model_id" "$model_file" --build-option max_batch_size=
   --build-option max_queue_delay_microseconds=1000 --json)
 version_id=$(field version id <<<"$uploaded")
 version_number=$(field version number <<<"$uploaded")
-echo "version $version_id (number $version_number) uploaded"
+echo "uploaded $name:$version_number (version id $version_id)"
 conch builds wait "$version_id" --json >/dev/null
-echo "version $version_id built"
+echo "$name:$version_number built (version id $version_id)"
 
 # From here on a failing step stops the deployment it made, so a re-run is not blocked by its name.
 stop_on_failure() {

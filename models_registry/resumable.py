@@ -176,11 +176,15 @@ def start_upload(
 
     `build_options` are already validated (the builds app parses them). The same model, filename, size and
     SHA-256 while an upload of them is `uploading` gives that upload back (new: False), so a client re-run
-    resumes. Otherwise the size is reserved in the team's storage quota under the team's lock, and only then is
-    the multipart upload started in the store. Raises Forbidden (role developer, token scope `models:write`),
-    InvalidInput naming `filename`, `size_bytes`, `sha256` or `part_size_bytes`, PayloadTooLarge (field
-    `size_bytes`) over CONCH_MAX_UPLOAD_BYTES, Conflict when the model is being deleted, QuotaExceeded (field
-    `storage_bytes`), Unavailable when the store cannot be reached (the upload is then aborted).
+    resumes. `sha256` may be "": it is then promised at completion (`request_completion`), so a client hashes the
+    file while it sends the parts; such a start always makes a new upload, and a later start of the same filename
+    and size with a SHA-256 takes that open upload over (its parts are the same file's unless the file changed,
+    which the build's SHA-256 check of the joined file finds). Otherwise the size is reserved in the team's storage
+    quota under the team's lock, and only then is the multipart upload started in the store. Raises Forbidden
+    (role developer, token scope `models:write`), InvalidInput naming `filename`, `size_bytes`, `sha256` or
+    `part_size_bytes`, PayloadTooLarge (field `size_bytes`) over CONCH_MAX_UPLOAD_BYTES, Conflict when the model is
+    being deleted, QuotaExceeded (field `storage_bytes`), Unavailable when the store cannot be reached (the upload
+    is then aborted).
     """
     _require_writer(user=user, token=token, team=model.team, action="Uploading a model version")
     name = (filename or "").replace("\\", "/").rsplit("/", 1)[-1].strip()
@@ -188,9 +192,7 @@ def start_upload(
         raise InvalidInput(
             "filename must be the file's name: 1 to 255 characters, no control characters.", field="filename"
         )
-    digest = (sha256 or "").strip().lower()
-    if not _SHA256_RE.fullmatch(digest):
-        raise InvalidInput("sha256 must be the file's SHA-256 as 64 hex digits (sha256sum FILE).", field="sha256")
+    digest = _check_sha256(sha256, required=False)
     max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
     if size_bytes > max_bytes:
         raise PayloadTooLarge(
@@ -210,9 +212,14 @@ def start_upload(
         if locked is None or locked.deletion_requested_at is not None:
             raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
         same = Upload.objects.filter(
-            model=locked, filename=name, size_bytes=size_bytes, sha256=digest, status=UploadStatus.UPLOADING
-        )
-        existing = same.filter(expires_at__gt=now).exclude(store_upload_id="").order_by("-created_at").first()
+            model=locked, filename=name, size_bytes=size_bytes, status=UploadStatus.UPLOADING, expires_at__gt=now
+        ).exclude(store_upload_id="")
+        existing = same.filter(sha256=digest).order_by("-created_at").first() if digest else None
+        unhashed = same.filter(sha256="").order_by("-created_at").first() if digest and existing is None else None
+        if unhashed is not None:  # started without its SHA-256 (the client stopped before completing): take it over
+            Upload.objects.filter(pk=unhashed.pk).update(sha256=digest)
+            unhashed.sha256 = digest
+            existing = unhashed
         if existing is not None:
             return existing, False
         reserve_quota(team=locked.team, requested={"storage_bytes": size_bytes}, what="this upload")
@@ -390,14 +397,27 @@ def _check_parts(upload: Upload, parts: list[StoredPart], client_parts: Sequence
             )
 
 
+def _check_sha256(sha256: str | None, *, required: bool) -> str:
+    """The SHA-256 in lowercase hex ("" when none was sent and none is required). Raises InvalidInput (field
+    `sha256`) for anything but 64 hex digits, or for none when `required`."""
+    digest = (sha256 or "").strip().lower()
+    if (digest or required) and not _SHA256_RE.fullmatch(digest):
+        raise InvalidInput("sha256 must be the file's SHA-256 as 64 hex digits (sha256sum FILE).", field="sha256")
+    return digest
+
+
 def request_completion(
     *,
     user: AbstractBaseUser,
     upload: Upload,
     client_parts: Sequence[dict[str, Any]] | None = None,
+    sha256: str | None = None,
     token: TokenGrant | None = None,
 ) -> Upload:
     """Check that the store holds every part at its size, and mark the upload `completing` for a worker.
+
+    `sha256` is the file's SHA-256: required when the start left it out (InvalidInput naming `sha256`), and when
+    sent for an upload that has one, it must be the same (InvalidInput naming `sha256`: the file changed).
 
     The caller queues the worker's check (`builds`) in the same transaction. `client_parts`, when given, are
     the client's `{"number", "etag"}`: an ETag that differs from the store's refuses the completion. Asking
@@ -409,6 +429,13 @@ def request_completion(
     if upload.status == UploadStatus.COMPLETING:
         return upload
     _require_uploading(upload)
+    digest = _check_sha256(sha256, required=not upload.sha256)
+    if digest and upload.sha256 and digest != upload.sha256:
+        raise InvalidInput(
+            f"sha256 {digest} is not the {upload.sha256} this upload was started with: the file changed while it was "
+            "sent. Abort this upload and upload the file again.",
+            field="sha256",
+        )
     parts = stored_parts(upload=upload)
     _check_parts(upload, parts, client_parts)
     with transaction.atomic():
@@ -417,9 +444,10 @@ def request_completion(
             return locked
         _require_uploading(locked)
         locked.status = UploadStatus.COMPLETING
+        locked.sha256 = locked.sha256 or digest
         locked.heartbeat_at = timezone.now()
         locked.check_started_at = None
-        locked.save(update_fields=["status", "heartbeat_at", "check_started_at"])
+        locked.save(update_fields=["status", "sha256", "heartbeat_at", "check_started_at"])
         record_audit(
             action=AuditAction.UPLOAD_COMPLETION_REQUESTED,
             team=locked.model.team,

@@ -178,6 +178,12 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     that raises is logged and never fails the upload. Note a beat can only come once per chunk
     (2 MiB), so a client slower than 2 MiB per stale bound looks dead.
 
+    `check_name` and `check_head`, when given, refuse another format before a byte is stored: `check_name(filename)`
+    runs when the file's part begins, `check_head(head, size_bytes)` once the first `head_bytes` bytes (or the whole
+    file, when shorter; `size_bytes` is then its size, else None) have arrived; those bytes are held back until it
+    passes. Whatever they raise (InvalidInput naming the field) aborts the writer and propagates. An empty file is
+    not checked (the view refuses it with its own message).
+
     `room`, when given, is the team's storage quota room: a file whose declared part length, or whose bytes
     received so far, exceed what is free is refused with QuotaExceeded (field `storage_bytes`) as soon as that
     is known, and the writer is aborted. The registry reserves the stored size again when the upload completes.
@@ -202,8 +208,15 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         heartbeat: Callable[[], None] | None = None,
         heartbeat_interval_s: float = 5.0,
         room: QuotaRoom | None = None,
+        check_name: Callable[[str], None] | None = None,
+        check_head: Callable[[bytes, int | None], None] | None = None,
+        head_bytes: int = 512,
     ) -> None:
         super().__init__(request)
+        self.check_name = check_name
+        self.check_head = check_head
+        self.head_bytes = head_bytes
+        self._head: bytes | None = None
         self.room = room
         self.store = store
         self.key = key
@@ -256,7 +269,11 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             raise _too_large(self.max_bytes, self.expected_field_name)
         if content_length is not None and self.room is not None:
             self.room.check(content_length, "this upload needs")
+        if self.check_name is not None:
+            self.check_name(file_name or "")
         self._received_bytes = 0
+        # The first bytes wait here until `check_head` has seen them (b"" while waiting, None once checked).
+        self._head = None if self.check_head is None else b""
         self._writer = self.store.open_writer(self.key)
         raise StopFutureHandlers()
 
@@ -275,6 +292,13 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         if self.room is not None and self._received_bytes > self.room.free:
             self.abort()
             raise self.room.exceeded(self._received_bytes, "this upload needs at least")
+        if self._head is not None:
+            self._head += raw_data
+            if len(self._head) < self.head_bytes:
+                self._beat()
+                return None
+            raw_data, self._head = self._head, None
+            self._run_head_check(raw_data[: self.head_bytes], None)
         self._writer.write(raw_data)
         self._beat()
 
@@ -292,9 +316,13 @@ class ObjectStoreUploadHandler(FileUploadHandler):
 
     def file_complete(self, file_size: int) -> StoredUpload | None:
         """Commit the object and return it as a StoredUpload. Raises Unavailable."""
-        writer, self._writer = self._writer, None
-        if writer is None:
+        if self._writer is None:
             return None
+        if self._head:  # a file shorter than `head_bytes`: check it whole, then write it
+            head, self._head = self._head, None
+            self._run_head_check(head, len(head))
+            self._writer.write(head)
+        writer, self._writer = self._writer, None
         stored = writer.commit()
         self.upload = StoredUpload(
             store=self.store,
@@ -305,6 +333,14 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             content_type_extra=self.content_type_extra,
         )
         return self.upload
+
+    def _run_head_check(self, head: bytes, size_bytes: int | None) -> None:
+        """Run `check_head` on the first bytes; abort the writer when it raises."""
+        try:
+            self.check_head(head, size_bytes)
+        except BaseException:
+            self.abort()
+            raise
 
     def upload_interrupted(self) -> None:
         """The body ended inside the file: drop what was written."""

@@ -219,7 +219,14 @@ class StartUploadSerializer(serializers.Serializer):
 
     filename = serializers.CharField(max_length=255, help_text="The file's name, e.g. model.onnx.")
     size_bytes = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The file's size in bytes.")
-    sha256 = serializers.CharField(min_length=64, max_length=64, help_text="The file's SHA-256, 64 hex digits.")
+    sha256 = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=64,
+        help_text="The file's SHA-256, 64 hex digits. May be left out and sent with POST .../complete instead, so a "
+        "client hashes the file while its parts go; an open upload of the same file is then only found again by a "
+        "start that sends it.",
+    )
     part_size_bytes = serializers.IntegerField(
         required=False,
         allow_null=True,
@@ -298,3 +305,9 @@ class CompletePartSerializer(serializers.Serializer):
 
 class CompleteUploadSerializer(serializers.Serializer):
     parts = CompletePartSerializer(many=True, required=False, help_text="Optional: the ETags the client kept.")
+    sha256 = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=64,
+        help_text="The file's SHA-256, when the start left it out (required then); else, if sent, it must be the same.",
+    )

@@ -73,7 +73,9 @@ class ModelUploadsView(APIView):
             413: ErrorSerializer,
             **_STORE_DOWN,
         },
-        description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. The size "
+        description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. A name "
+        "that says the file is not an ONNX model (an ending other than .onnx, such as .pt or .bin) is refused with 400 "
+        "naming `filename`. The size "
         "is checked against CONCH_MAX_UPLOAD_BYTES (413 naming size_bytes) and reserved in the team's storage quota "
         "(409 with `quota`) before anything starts in the object store; the reservation lasts until the upload "
         "completes, is aborted or expires. The same file (model, filename, size, sha256) while an upload of it is "
@@ -90,7 +92,7 @@ class ModelUploadsView(APIView):
             model=model,
             filename=data["filename"],
             size_bytes=data["size_bytes"],
-            sha256=data["sha256"],
+            sha256=data.get("sha256") or "",
             part_size_bytes=data.get("part_size_bytes"),
             build_options={k: v for k, v in (data.get("build_options") or {}).items() if v is not None},
             token=request.auth,
@@ -218,13 +220,18 @@ class UploadCompleteView(APIView):
         "`version` set); on a size mismatch the upload is `failed`, `error` naming size_bytes with expected and got "
         "values, the object deleted and the quota freed. Poll GET the upload. The promised SHA-256 is checked by the "
         "version's build on the file it downloads (`source.sha256_checked` false until then): a mismatch fails the "
-        "version with `error_field` sha256.",
+        "version with `error_field` sha256. A start that left the SHA-256 out must send it here (`sha256`, 400 "
+        "naming it otherwise).",
     )
     def post(self, request: Request, model_id: int, upload_id: str) -> Response:
         upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         form = CompleteUploadSerializer(data=request.data or {})
         form.is_valid(raise_exception=True)
         upload = builds.complete_resumable_upload(
-            user=request.user, upload=upload, client_parts=form.validated_data.get("parts"), token=request.auth
+            user=request.user,
+            upload=upload,
+            client_parts=form.validated_data.get("parts"),
+            sha256=form.validated_data.get("sha256") or None,
+            token=request.auth,
         )
         return Response(_render([upload]), status=status.HTTP_202_ACCEPTED)

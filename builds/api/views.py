@@ -28,6 +28,7 @@ from builds.api.serializers import (
     UploadVersionSerializer,
     VersionReviewSerializer,
 )
+from builds.formats import HEAD_BYTES, check_model_filename, check_model_head
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -96,7 +97,9 @@ class ModelVersionListUploadView(APIView):
         "object store; the build is queued. Poll GET /versions/{id}/. 409 when the file does not fit in the team's "
         "storage quota (the body then has `quota`: limit, used, requested): at once when the declared body "
         "(Content-Length) cannot fit, else as soon as more bytes than are free have arrived, and again once stored. "
-        "The build's repository (a copy of the file and its configuration) counts in storage too.",
+        "The build's repository (a copy of the file and its configuration) counts in storage too. 400 naming `file` "
+        "for a file that is not an ONNX model: by its name (an ending other than .onnx) before a byte is read, or "
+        "by its first bytes, before they are stored.",
     )
     @accepts_body(STREAMED)
     def post(self, request: Request, model_id: int) -> Response:
@@ -122,6 +125,10 @@ class ModelVersionListUploadView(APIView):
             heartbeat=functools.partial(services.touch_upload, version_id=version.pk),
             heartbeat_interval_s=settings.CONCH_UPLOAD_HEARTBEAT_SECONDS,
             room=room,
+            # Another format is refused by its name, or by its first bytes, before they are stored.
+            check_name=functools.partial(check_model_filename, field="file"),
+            check_head=lambda head, size: check_model_head(head, size_bytes=size, field="file"),
+            head_bytes=HEAD_BYTES,
         )
         samples_handler = ObjectStoreUploadHandler(
             store,

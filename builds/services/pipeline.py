@@ -28,7 +28,11 @@ from tritonserving.config import config_to_pbtxt
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
-from builds.services.storage import reserve_repository_storage
+from builds.services.storage import (
+    discard_attempt_repositories,
+    record_repository_size,
+    reserve_repository_storage,
+)
 from builds.services.submission import building_stale_before
 from builds.services.verify_servers import scratch_server
 
@@ -200,7 +204,7 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key} ({size} bytes)")
 
             with _step(version, StepName.VERIFY) as say:
-                verify_build(
+                verified = verify_build(
                     version=version,
                     store=store,
                     prefix=prefix,
@@ -210,6 +214,13 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                     say=say,
                     scratch=scratch_server,
                 )
+                verified_pbtxt = config_to_pbtxt(verified)
+                if verified_pbtxt != pbtxt:  # verify rewrote config.pbtxt (batching off): count what is stored
+                    record_repository_size(
+                        version_id=version.pk,
+                        attempt=attempt,
+                        size_bytes=version.source_size_bytes + len(verified_pbtxt.encode()),
+                    )
     except BuildSuperseded:
         log.info("build.superseded", extra={"version_id": version.pk, "attempt": attempt})
         return "skipped"
@@ -224,32 +235,44 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 ". Delete versions the team no longer needs (DELETE /api/v1/versions/{id}/) or ask a platform admin "
                 "for more storage, then rebuild."
             )
-        registry.record_build_result(
+        if registry.record_build_result(
             version_id=version.pk, attempt=attempt, succeeded=False, error=error, error_field=exc.field or ""
-        )
+        ):
+            _discard_failed_attempt(version.pk, attempt)
         log.info("build.failed", extra={"version_id": version.pk, "error": exc.detail})
         return "failed"
     except Exception as exc:
         skip_remaining_steps(version.pk)
-        registry.record_build_result(
+        if registry.record_build_result(
             version_id=version.pk,
             attempt=attempt,
             succeeded=False,
             error=f"Internal error during the build ({type(exc).__name__}: {exc}). Retry with rebuild; "
             "if it persists, report it.",
-        )
+        ):
+            _discard_failed_attempt(version.pk, attempt)
         raise
     registry.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True, repository_prefix=prefix)
     log.info("build.succeeded", extra={"version_id": version.pk, "attempt": attempt, "prefix": prefix})
     return "built"
 
 
+def _discard_failed_attempt(version_id: int, attempt: int) -> None:
+    """Delete what failed build `attempt` wrote (its repository; `discard_attempt_repositories`), so a failed version
+    counts its uploaded file only. A store that fails now leaves it to `collect_repository_garbage`."""
+    try:
+        discard_attempt_repositories(version_id=version_id, attempts=[attempt])
+    except ConchError as error:
+        log.warning("build.repository.discard_failed", extra={"version_id": version_id, "error": error.detail})
+
+
 def fail_build_after_retries(*, version_id: int, attempt: int, detail: str) -> None:
-    """Mark a build failed once its transient errors outlived the task's retries."""
+    """Mark a build failed once its transient errors outlived the task's retries, and delete what it wrote."""
     skip_remaining_steps(version_id)
-    registry.record_build_result(
+    if registry.record_build_result(
         version_id=version_id,
         attempt=attempt,
         succeeded=False,
         error=f"{detail} The build gave up after retrying; start it again with rebuild.",
-    )
+    ):
+        _discard_failed_attempt(version_id, attempt)

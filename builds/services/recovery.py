@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from builds.choices import StepStatus
 from builds.models import BuildStep
+from conch.errors import ConchError
 from models_registry import services as registry
 from models_registry.choices import VersionStatus
 from models_registry.deletion import finish_stalled_deletions
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     pass
 from builds.services.pipeline import finish_step, skip_remaining_steps
 from builds.services.resumable import sweep_uploads
-from builds.services.storage import forget_repository
+from builds.services.storage import discard_attempt_repositories, forget_repository
 from builds.services.submission import building_stale_before, queue_build, queued_stale_before
 
 log = logging.getLogger(__name__)
@@ -70,17 +71,23 @@ def sweep_stalled_versions() -> dict[str, int]:
             )
             if version is None:
                 continue
-            if version.status == VersionStatus.FAILED:
+            failed = version.status == VersionStatus.FAILED
+            if failed:
                 _close_lost_steps(version_id, "the worker stopped during this step; the build gave up")
-                counts["failed"] += 1
-                log.warning("build.worker_lost.failed", extra={"version_id": version_id})
-                continue
-            _close_lost_steps(
-                version_id,
-                f"the worker stopped during this step; queued again as attempt {version.build_attempt} "
-                f"({version.lost_attempts} of {max_attempts} lost)",
-            )
-            queue_build(version_id=version_id, attempt=version.build_attempt)
+            else:
+                _close_lost_steps(
+                    version_id,
+                    f"the worker stopped during this step; queued again as attempt {version.build_attempt} "
+                    f"({version.lost_attempts} of {max_attempts} lost)",
+                )
+                queue_build(version_id=version_id, attempt=version.build_attempt)
+        if failed:
+            counts["failed"] += 1
+            log.warning("build.worker_lost.failed", extra={"version_id": version_id})
+            # Once committed: what the lost attempts wrote serves nothing (none of them succeeded).
+            lost = range(version.build_attempt - version.lost_attempts + 1, version.build_attempt + 1)
+            _discard_lost_attempts(version_id, list(lost))
+            continue
         counts["requeued"] += 1
         log.warning(
             "build.worker_lost.requeued",
@@ -103,6 +110,15 @@ def sweep_stalled_versions() -> dict[str, int]:
     )
     counts.update(sweep_uploads())
     return counts
+
+
+def _discard_lost_attempts(version_id: int, attempts: list[int]) -> None:
+    """Delete what the lost attempts of a version that gave up wrote; a failing store leaves it to the garbage
+    collection."""
+    try:
+        discard_attempt_repositories(version_id=version_id, attempts=attempts)
+    except ConchError as error:
+        log.warning("build.repository.discard_failed", extra={"version_id": version_id, "error": error.detail})
 
 
 def _close_lost_steps(version_id: int, line: str) -> None:

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from builds.formats import check_model_filename
 from builds.model_config import parse_build_options
 from builds.services.submission import queue_build
 from conch.errors import ConchError, InvalidInput
@@ -60,8 +61,11 @@ def start_resumable_upload(
     """Check the build options, then start the upload (`models_registry.resumable.start_upload`).
 
     `build_options` is a JSON object with any of BUILD_OPTION_NAMES (values as the version upload takes them).
-    Raises InvalidInput naming `build_options.<name>`, and whatever `start_upload` raises.
+    Raises InvalidInput naming `filename` when its name says the file is not an ONNX model (an ending other than
+    .onnx: `builds.formats.check_model_filename`), or `build_options.<name>`, and whatever `start_upload` raises.
+    Nothing is reserved or started then.
     """
+    check_model_filename(filename or "", field="filename")
     options = dict(build_options or {})
     unknown = sorted(set(options) - set(BUILD_OPTION_NAMES))
     if unknown:
@@ -91,15 +95,19 @@ def complete_resumable_upload(
     user: AbstractBaseUser,
     upload: Upload,
     client_parts: Sequence[dict[str, Any]] | None = None,
+    sha256: str | None = None,
     token: TokenGrant | None = None,
 ) -> Upload:
-    """Mark the upload `completing` (every part is in the store) and queue the worker that checks it.
+    """Mark the upload `completing` (every part is in the store) and queue the worker that checks it. `sha256` is
+    the file's SHA-256 when the start left it out.
 
     Raises what `models_registry.resumable.request_completion` raises (Conflict naming the first missing part).
     """
     with transaction.atomic():
         was_completing = upload.status == UploadStatus.COMPLETING
-        upload = uploads.request_completion(user=user, upload=upload, client_parts=client_parts, token=token)
+        upload = uploads.request_completion(
+            user=user, upload=upload, client_parts=client_parts, sha256=sha256, token=token
+        )
         if not was_completing:
             queue_upload_check(upload_id=upload.pk)
     return upload

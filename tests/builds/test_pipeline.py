@@ -119,16 +119,35 @@ def test_rebuild_writes_a_new_prefix_and_redelivery_overwrites_only_its_own(
 
 
 @pytest.mark.parametrize(
-    ("make_file", "expected"),
+    ("data", "expected"),
     [
-        (lambda: b"\x89PNG\r\n\x1a\n" + b"\0" * 200, "not an ONNX"),
+        (b"\x89PNG\r\n\x1a\n" + b"\0" * 200, "not an ONNX"),
         (
-            lambda: b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"a" * 64 + b"\nsize 6783084\n",
+            b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"a" * 64 + b"\nsize 6783084\n",
             "Git LFS pointer",
         ),
+    ],
+    ids=["png", "git-lfs-pointer"],
+)
+def test_files_that_are_not_onnx_are_refused_at_upload_with_the_inspect_message(alice, data, expected):
+    # the upload reads the first bytes as they arrive: another format never becomes a version to build
+    model_id = alice.client.post("/api/v1/models/", {"name": "c", "team": "acme"}, format="json").json()["id"]
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("model.onnx", data)}
+    )
+    assert response.status_code == 400, response.content
+    assert expected.lower() in response.json()["detail"].lower()
+    assert response.json()["field"] == "file"
+    assert not ModelVersion.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("make_file", "expected"),
+    [
+        (lambda: b"\x08\x07" + b"\0" * 200, "damaged"),
         (lambda: real_models.classifier().read_bytes()[:3_000_000], "truncated"),
     ],
-    ids=["png", "git-lfs-pointer", "truncated"],
+    ids=["onnx-head-then-garbage", "truncated"],
 )
 def test_bad_files_fail_at_inspect_with_a_message(
     alice, eager_tasks, django_capture_on_commit_callbacks, make_file, expected

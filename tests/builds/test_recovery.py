@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from builds.choices import StepName, StepStatus
-from builds.models import BuildStep
+from builds.models import BuildRepository, BuildStep
 from builds.services import (
     BuildHeartbeat,
     collect_repository_garbage,
@@ -22,6 +22,7 @@ from builds.services import (
     run_build,
     sweep_stalled_versions,
 )
+from builds.services.storage import reserve_repository_storage
 from conch.errors import Conflict
 from models_registry import services as registry
 from models_registry.choices import VersionStatus
@@ -104,6 +105,10 @@ def test_build_whose_worker_died_too_often_fails_with_a_message(alice, settings,
     settings.CONCH_BUILD_MAX_ATTEMPTS = 3
     version = _queued_version(alice, django_capture_on_commit_callbacks)
     _worker_died_during(version, StepName.VERIFY, lost_attempts=2)
+    # (the lost attempt had written its repository, counted in storage)
+    prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=1)
+    get_object_store().put_bytes(f"{prefix}/classifier/config.pbtxt", b"name: 'classifier'")
+    reserve_repository_storage(version=version, attempt=1, prefix=prefix, size_bytes=18)
     # when the sweeper runs
     with django_capture_on_commit_callbacks(execute=False) as queued:
         counts = sweep_stalled_versions()
@@ -124,6 +129,10 @@ def test_build_whose_worker_died_too_often_fails_with_a_message(alice, settings,
     }
     verify_log = BuildStep.objects.get(version=version, name=StepName.VERIFY).log
     assert verify_log[-1].endswith("the worker stopped during this step; the build gave up")
+    # and what the lost attempt wrote is deleted and no longer counted; the uploaded file stays
+    assert get_object_store().list_keys(prefix + "/") == []
+    assert not BuildRepository.objects.filter(version=version).exists()
+    assert get_object_store().exists(version.source_key)
     # and a second sweep leaves it alone
     assert sweep_stalled_versions() == NOTHING_DONE
 

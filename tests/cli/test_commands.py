@@ -8,6 +8,7 @@ import json
 import stat
 import threading
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from builds.model_config import BuildOptions
@@ -15,7 +16,7 @@ from deployments.models import Deployment
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
-from tests.tiny_models import add_constant
+from tests.tiny_models import add_constant, onnx_like
 
 
 def test_login_checks_the_token_and_saves_it_for_the_owner_only(cli, conch_env):
@@ -110,7 +111,7 @@ def test_an_unknown_team_is_not_found(cli):
 
 def test_not_found_things_exit_3(cli, tmp_path):
     model_file = tmp_path / "model.onnx"
-    model_file.write_bytes(b"x")
+    model_file.write_bytes(b"\x08\x08x")
     assert cli("upload", "no-such-model", model_file).code == 3
     assert cli("status", "no-such-deployment").code == 3
     assert cli("status", "424242").code == 3
@@ -135,10 +136,55 @@ def test_usage_errors_exit_1(cli, tmp_path):
     assert cli("models", "lst").code == 1
     assert cli("deploy", "m").code == 1  # --name is required
     model_file = tmp_path / "m.onnx"
-    model_file.write_bytes(b"x")
+    model_file.write_bytes(b"\x08\x08x")
     bad = cli("upload", "m", model_file, "--build-option", "no-equals-sign", "--json")
     assert bad.code == 1 and bad.json()["error"]["field"] == "--build-option"
     assert cli("upload", "m", model_file, "--part-size", "lots").code == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("yaml", "--build-option (-o) takes KEY=VALUE with KEY one of "),
+        ("max_bach_size=8", "--build-option (-o) has no option 'max_bach_size' (did you mean 'max_batch_size'?)"),
+        ("output=json", "--build-option (-o) has no option 'output'; it takes "),
+    ],
+)
+def test_an_unknown_build_option_is_a_usage_error_naming_the_accepted_ones(cli, tmp_path, option, says):
+    model_file = tmp_path / "m.onnx"
+    model_file.write_bytes(b"\x08\x08 model")
+    result = cli("upload", "m", model_file, "-o", option, "--json")
+    assert result.code == 1
+    error = result.json()["error"]
+    assert error["field"] == "--build-option" and says in error["detail"]
+    assert "max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance_count" in error["detail"]
+
+
+def test_an_unknown_runtime_is_a_usage_error_naming_the_accepted_ones(cli):
+    result = cli("deploy", "m", "--name", "web", "--runtime", "lcoal")
+    assert result.code == 1
+    assert "Invalid value for '--runtime': 'lcoal' is not one of local, kubernetes." in " ".join(result.err.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "usage", "option", "metavar"),
+    [
+        (["builds", "wait"], "conch builds wait [OPTIONS] VERSION_ID", "--timeout", "SECONDS"),
+        (["upload"], "conch upload [OPTIONS] MODEL FILE", "--build-option", "KEY=VALUE"),
+        (["deploy"], "conch deploy [OPTIONS] MODEL[:NUMBER]", "--runtime", "local|kubernetes"),
+        (["infer"], "conch infer [OPTIONS] DEPLOYMENT", "--input", "NAME=FILE.npy"),
+        (["status"], "conch status [OPTIONS] [DEPLOYMENT]", "--team", "TEAM"),
+        (["models", "create"], "conch models create [OPTIONS] NAME", "--team", "TEAM"),
+    ],
+)
+def test_help_names_what_the_user_types(cli, command, usage, option, metavar):
+    result = cli(*command, "--help", COLUMNS="200")
+    assert result.code == 0
+    assert f"Usage: {usage}" in [line.strip() for line in result.out.splitlines()]
+    assert any(option in line and f" {metavar} " in line for line in result.out.splitlines()), result.out
+    # typer's own style writes `{version}`, `<int>`, `<bool>`: placeholders, not what to type
+    for placeholder in ("{", "<int>", "<bool>", "<str>", "<float", "<list", "<path>", "<file>"):
+        assert placeholder not in result.out, result.out
 
 
 def test_builds_wait_exits_5_with_the_build_error_when_the_build_fails(cli, conch_env, eager_tasks):
@@ -146,7 +192,7 @@ def test_builds_wait_exits_5_with_the_build_error_when_the_build_fails(cli, conc
     client = conch_env.caller.client
     model_id = client.post("/api/v1/models/", {"name": "broken", "team": "acme"}, format="json").json()["id"]
     response = client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"this is not onnx")}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"this is not onnx"))}
     )
     version_id = response.json()["id"]
     assert client.get(f"/api/v1/versions/{version_id}/").json()["status"] == "failed"

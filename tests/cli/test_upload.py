@@ -4,7 +4,8 @@ by the server (the version's build), an interrupted upload resumed by running th
 refusals' exit codes.
 
 Tasks run inline (eager): completing an upload checks it and makes the version, whose build then fails at once
-(these files are random bytes, not models), which `--wait` reports with exit 5.
+(these files are random bytes after ONNX's first two, which pass the CLI's local check but are no model), which
+`--wait` reports with exit 5.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import hashlib
 import os
 import re
 import signal
+import threading
 import time
 
 import httpx
 import pytest
 from conch_cli import transfer
 
+from models_registry.models import ModelVersion, Upload
 from models_registry.storage import get_object_store
 
 MIB = 1024 * 1024
@@ -41,7 +44,7 @@ def storage(request, settings):
 def model_file(tmp_path):
     """A 13 MiB file of random bytes (three parts of 5 MiB, the last one shorter) and its sha256."""
     path = tmp_path / "model.onnx"
-    path.write_bytes(os.urandom(13 * MIB))
+    path.write_bytes(random_model_bytes(13 * MIB))
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -50,6 +53,11 @@ def model(cli):
     result = cli("models", "create", "big", "--json")
     assert result.code == 0, result.err
     return result.json()
+
+
+def random_model_bytes(size: int) -> bytes:
+    """`size` random bytes that open like an ONNX file (field 1, ir_version 8), so `conch upload` sends them."""
+    return b"\x08\x08" + os.urandom(size - 2)
 
 
 def _stored_sha256(key: str) -> str:
@@ -80,7 +88,7 @@ def test_upload_wait_exits_5_when_the_build_fails(cli, storage, model, model_fil
     path, _ = model_file
     result = cli("upload", str(model["id"]), path, "--wait")
     assert result.code == 5
-    assert result.out.startswith("version ")  # uploaded first
+    assert result.out.startswith(f"uploaded big:1 (version id {Upload.objects.get().version_id}): 13.0 MiB")
     assert "error: The build of version " in result.err
 
 
@@ -91,20 +99,29 @@ def test_upload_wait_on_a_file_changed_after_its_sha256_exits_5_with_the_server_
     from conch_cli import main
 
     path, sha256 = model_file
-    other = os.urandom(13 * MIB)
+    other = random_model_bytes(13 * MIB)
 
     def hash_then_change(file, progress):
         digest = transfer.file_sha256(file, progress)
         file.write_bytes(other)
         return digest
 
-    monkeypatch.setattr(main, "file_sha256", hash_then_change)
+    class HashThenChange(transfer.BackgroundHash):
+        """The hash of the file as it was, taken before any part is read; then the file changes."""
+
+        def __init__(self, file):
+            self.seconds, self._error = 0.0, None
+            self._digest = hash_then_change(file, transfer.Progress())
+            self._thread = threading.Thread(target=lambda: None)
+            self._thread.start()
+
+    monkeypatch.setattr(main, "BackgroundHash", HashThenChange)
     # when it is uploaded with --wait
     result = cli("upload", "big", path, "--part-size", "5M", "--wait")
     # then the upload completes (the size matches) and the build, which checks the sha256, fails: exit 5 with the
     # server's message naming sha256, expected and got, and what to do
     assert result.code == 5, result.err
-    assert result.out.startswith("version ") and "its build checks it" in result.out
+    assert result.out.startswith("uploaded big:1 (version id ") and "its build checks it" in result.out
     got = hashlib.sha256(other).hexdigest()
     message = result.err.strip().splitlines()[-1]
     assert message.startswith("error: The build of version ")
@@ -118,7 +135,7 @@ def test_an_upload_killed_midway_resumes_when_the_same_command_runs_again(
 ):
     # given a 40 MiB file sent one 5 MiB part at a time at 8 MiB/s
     path = tmp_path / "model.onnx"
-    path.write_bytes(os.urandom(40 * MIB))
+    path.write_bytes(random_model_bytes(40 * MIB))
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     command = ["upload", "big", path, "--part-size", "5M", "--parallel", "1", "--limit-rate", "8M", "--json"]
     uploads = f"/api/v1/models/{model['id']}/uploads/"
@@ -219,7 +236,7 @@ def test_a_conch_without_the_upload_api_gets_a_clear_error_and_exit_3(cli, model
 def test_ctrl_c_during_an_upload_says_how_to_resume_and_exits_130(cli_process, conch_env, model, tmp_path):
     # given a 40 MiB file sent one 5 MiB part at a time at 8 MiB/s
     path = tmp_path / "model.onnx"
-    path.write_bytes(os.urandom(40 * MIB))
+    path.write_bytes(random_model_bytes(40 * MIB))
     command = ["upload", "big", path, "--part-size", "5M", "--parallel", "1", "--limit-rate", "8M"]
     uploads = f"/api/v1/models/{model['id']}/uploads/"
     client = conch_env.caller.client
@@ -243,3 +260,30 @@ def test_ctrl_c_during_an_upload_says_how_to_resume_and_exits_130(cli_process, c
     assert found, said
     # (the CLI counts the parts whose answer it read: the store's second part may have been in flight for it)
     assert 1 <= int(found.group(1)) < 8
+
+
+@pytest.mark.parametrize(
+    ("name", "head", "says"),
+    [
+        ("weights.bin", os.urandom(64), "its name ends in .bin, usually a weights file without the graph"),
+        ("notes.txt", b"some notes\n", "its name ends in .txt. If it is an ONNX model, rename it to end in .onnx."),
+        ("model.pt", b"PK\x03\x04" + os.urandom(60), "its name ends in .pt, usually a PyTorch checkpoint"),
+        ("model.onnx", b"PK\x03\x04" + os.urandom(60), "begins with 50 4b 03 04"),
+        ("model.onnx", b"just text, no model\n", "looks like a text file"),
+        ("model", b"\x80\x04\x95" + os.urandom(60), "looks like a Python pickle"),
+    ],
+    ids=["bin", "txt", "pt", "zip-as-onnx", "text-as-onnx", "pickle-without-ending"],
+)
+def test_a_file_conch_cannot_build_is_refused_before_a_byte_is_sent(cli, model, tmp_path, name, head, says):
+    # given a 6 MiB file that is not an ONNX model
+    path = tmp_path / name
+    path.write_bytes(head + os.urandom(6 * MIB))
+    # when it is uploaded
+    result = cli("upload", "big", path, "--json")
+    # then the CLI refuses it (usage, exit 1) naming the file and what Conch builds, and nothing reached Conch
+    assert result.code == 1, result.err
+    error = result.json()["error"]
+    assert error["field"] == "file" and "status" not in error
+    assert error["detail"].startswith(f"{path} is not an ONNX model")
+    assert "Conch builds ONNX models: a .onnx file" in error["detail"] and says in error["detail"]
+    assert not Upload.objects.exists() and not ModelVersion.objects.exists()

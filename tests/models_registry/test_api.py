@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.storage import get_object_store
 from tests import real_models
+from tests.tiny_models import onnx_like
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +64,9 @@ def test_other_teams_models_are_invisible(alice, bob):
     model_id = _create_model(alice, "secret")
     assert bob.client.get(f"/api/v1/models/{model_id}/").status_code == 404
     assert bob.client.get("/api/v1/models/").json()["results"] == []
-    response = bob.client.post(f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"x")})
+    response = bob.client.post(
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"x"))}
+    )
     assert response.status_code == 404
 
 
@@ -86,6 +89,26 @@ def test_upload_streams_file_to_storage_with_sha256_and_size(alice):
     assert body["build_options"]["max_batch_size"] == 8
     assert body["source"]["key"] == f"models/{model_id}/versions/1/source/model.onnx"
     assert get_object_store().read_bytes(body["source"]["key"]) == data
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "says"),
+    [
+        ("model.pt", b"PK\x03\x04" + b"\0" * 5000, "'model.pt' is not an ONNX model file"),
+        ("weights.bin", b"\x08\x07" + b"\0" * 5000, "'weights.bin' is not an ONNX model file"),
+        ("model.onnx", b"\x89PNG\r\n\x1a\n" + b"\0" * 5000, "This is not an ONNX model: it looks like a PNG image"),
+        ("model.onnx", b"just some text\n" * 300, "This is not an ONNX model: it looks like a text file"),
+    ],
+    ids=["pt-name", "bin-name", "png-bytes", "text-bytes"],
+)
+def test_a_file_conch_cannot_build_gets_400_naming_file_and_leaves_nothing(alice, name, data, says):
+    model_id = _create_model(alice)
+    response = alice.client.post(f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile(name, data)})
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "file"
+    assert says in response.json()["detail"]
+    assert ModelVersion.objects.count() == 0
+    assert get_object_store().list_keys("models/") == []
 
 
 def test_empty_file_gets_400_and_leaves_nothing(alice):
@@ -126,7 +149,7 @@ def test_file_over_the_limit_gets_413_and_leaves_no_partial_object(alice, settin
     model_id = _create_model(alice)
     # when
     response = alice.client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"x" * 1500)}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"x" * 1500))}
     )
     # then
     assert response.status_code == 413
@@ -159,7 +182,7 @@ def test_declared_length_far_over_the_limit_gets_413_before_reading(alice, setti
 def test_meaningless_build_option_gets_400_naming_it(alice, field, value):
     model_id = _create_model(alice)
     response = alice.client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"onnx"), field: value}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"onnx")), field: value}
     )
     assert response.status_code == 400
     assert response.json()["field"] == field
@@ -171,7 +194,11 @@ def test_preferred_batch_size_above_max_batch_size_gets_400(alice):
     model_id = _create_model(alice)
     response = alice.client.post(
         f"/api/v1/models/{model_id}/versions/",
-        {"file": SimpleUploadedFile("m.onnx", b"onnx"), "max_batch_size": "4", "preferred_batch_size": "2,8"},
+        {
+            "file": SimpleUploadedFile("m.onnx", onnx_like(b"onnx")),
+            "max_batch_size": "4",
+            "preferred_batch_size": "2,8",
+        },
     )
     assert response.status_code == 400
     assert response.json()["field"] == "preferred_batch_size"
@@ -181,9 +208,9 @@ def test_version_numbers_count_up_per_model(alice):
     model_a = _create_model(alice, "a")
     model_b = _create_model(alice, "b")
     numbers = [
-        alice.client.post(f"/api/v1/models/{m}/versions/", {"file": SimpleUploadedFile("m.onnx", b"1")}).json()[
-            "number"
-        ]
+        alice.client.post(
+            f"/api/v1/models/{m}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"1"))}
+        ).json()["number"]
         for m in (model_a, model_a, model_b, model_a)
     ]
     assert numbers == [1, 2, 1, 3]
@@ -199,7 +226,9 @@ def test_concurrent_uploads_get_distinct_consecutive_numbers(alice):
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.token}")
         try:
-            r = client.post(f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"v%d" % i)})
+            r = client.post(
+                f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"v%d" % i))}
+            )
             results.append((r.status_code, r.json().get("number")))
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -220,7 +249,7 @@ def test_concurrent_uploads_get_distinct_consecutive_numbers(alice):
 def test_version_detail_and_list(alice):
     model_id = _create_model(alice)
     version_id = alice.client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"1")}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"1"))}
     ).json()["id"]
     detail = alice.client.get(f"/api/v1/versions/{version_id}/").json()
     assert detail["status"] == "queued"
@@ -233,7 +262,7 @@ def test_version_detail_and_list(alice):
 def test_rebuild_while_building_gets_409(alice):
     model_id = _create_model(alice)
     version_id = alice.client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"1")}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"1"))}
     ).json()["id"]
     response = alice.client.post(f"/api/v1/versions/{version_id}/rebuild")
     assert response.status_code == 409

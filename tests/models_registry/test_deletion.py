@@ -27,7 +27,7 @@ from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota, team_usage
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
-from tests.tiny_models import add_constant
+from tests.tiny_models import add_constant, onnx_like
 
 pytestmark = pytest.mark.django_db
 
@@ -280,7 +280,7 @@ def test_the_sweeper_finishes_a_model_deletion_the_store_interrupted(alice, s3, 
     # and no upload may start on it meanwhile
     settings.CONCH_STORAGE_URL = real_url
     response = alice.client.post(
-        f"/api/v1/models/{version.model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"x" * 10)}
+        f"/api/v1/models/{version.model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"x" * 10))}
     )
     assert (response.status_code, response.json()["field"]) == (409, "model")
     # when the sweeper runs before the retry delay, nothing happens; after it, the deletion is finished
@@ -303,7 +303,7 @@ def test_a_deleted_versions_number_is_never_given_again(alice, s3, tmp_path):
     assert alice.client.delete(f"/api/v1/versions/{second.pk}/").status_code == 204
     # when the next file is uploaded
     response = alice.client.post(
-        f"/api/v1/models/{second.model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"x" * 10)}
+        f"/api/v1/models/{second.model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"x" * 10))}
     )
     # then it is version 3 (a deployment's repository may still hold version 2's folder)
     assert response.status_code == 201, response.content

@@ -465,6 +465,79 @@ def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
     assert Upload.objects.get().status == "uploading"
 
 
+@pytest.mark.parametrize("filename", ["model.pt", "pytorch_model.bin", "notes.txt"])
+def test_a_start_for_a_file_conch_cannot_build_is_refused_naming_filename_before_anything_starts(alice, s3, filename):
+    model_id = _model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/",
+        {"filename": filename, "size_bytes": 20 * MIB, "sha256": "a" * 64},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["field"] == "filename"
+    assert body["detail"].startswith(f"{filename!r} is not an ONNX model file: Conch builds ONNX models")
+    assert not Upload.objects.exists()
+    assert _storage_used(alice.team) == 0
+    assert s3() == {"keys": [], "pending": []}
+
+
+def test_the_sha256_may_come_with_the_completion_and_a_start_that_sends_it_takes_the_open_upload_over(
+    alice, s3, django_capture_on_commit_callbacks
+):
+    # given an upload started without its sha256 (the client hashes while the parts go), one 6 MiB part sent
+    data = os.urandom(6 * MIB)
+    digest = hashlib.sha256(data).hexdigest()
+    model_id = _model(alice)
+    body = {"filename": "model.onnx", "size_bytes": len(data)}
+    started = alice.client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json")
+    assert started.status_code == 201, started.content
+    upload = started.json()
+    assert upload["sha256"] == ""
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    assert requests.put(target["url"], data=data, headers=target["headers"], timeout=30).status_code == 200
+    complete = f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete"
+    # when it is completed without the sha256: refused naming it
+    refused = alice.client.post(complete, {}, format="json")
+    assert refused.status_code == 400 and refused.json()["field"] == "sha256"
+    # when the client starts again with the sha256 (a re-run after a crash): it gets that upload back
+    again = alice.client.post(f"/api/v1/models/{model_id}/uploads/", {**body, "sha256": digest}, format="json")
+    assert again.status_code == 200, again.content
+    assert (again.json()["id"], again.json()["sha256"]) == (upload["id"], digest)
+    # and a completion with another sha256 is refused, naming it
+    other = alice.client.post(complete, {"sha256": "0" * 64}, format="json")
+    assert other.status_code == 400 and other.json()["field"] == "sha256"
+    # and with the same one the upload becomes a version carrying it
+    with django_capture_on_commit_callbacks(execute=False):
+        assert alice.client.post(complete, {"sha256": digest}, format="json").status_code == 202
+    with django_capture_on_commit_callbacks(execute=False):
+        assert finish_upload.apply(args=(upload["id"],)).get() == "completed"
+    version = ModelVersion.objects.get(upload__id=upload["id"])
+    assert (version.source_sha256, version.source_checked) == (digest, False)
+    assert Upload.objects.count() == 1
+
+
+def test_an_upload_started_without_its_sha256_gets_it_at_completion(alice, s3, django_capture_on_commit_callbacks):
+    data = os.urandom(6 * MIB)
+    model_id = _model(alice)
+    started = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/", {"filename": "model.onnx", "size_bytes": len(data)}, format="json"
+    ).json()
+    # a second start without a sha256 never takes an open upload over: nothing says it is the same file
+    second = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/", {"filename": "model.onnx", "size_bytes": len(data)}, format="json"
+    )
+    assert second.status_code == 201 and second.json()["id"] != started["id"]
+    (target,) = _urls(alice, model_id, started["id"], [1])
+    assert requests.put(target["url"], data=data, headers=target["headers"], timeout=30).status_code == 200
+    digest = hashlib.sha256(data).hexdigest()
+    completed = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/{started['id']}/complete", {"sha256": digest.upper()}, format="json"
+    )
+    assert completed.status_code == 202, completed.content
+    assert completed.json()["sha256"] == digest
+
+
 def test_an_unreachable_store_is_a_503_and_leaves_no_reservation(alice, settings):
     settings.CONCH_STORAGE_URL = "s3://nowhere/conch"
     settings.CONCH_S3_ENDPOINT_URL = "http://127.0.0.1:9"  # the discard port: nothing listens

@@ -14,6 +14,7 @@ from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.storage import StoredObject
 from models_registry.uploads import MULTIPART_SLACK_BYTES
 from tenancy.quotas import set_quota
+from tests.tiny_models import onnx_like
 
 pytestmark = pytest.mark.django_db
 
@@ -73,7 +74,7 @@ def test_a_streamed_file_is_stopped_once_it_passes_what_is_free_leaving_nothing(
     model_id = _model(alice)
     # when
     response = alice.client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"\1" * (12 * MIB))}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"\1" * (12 * MIB)))}
     )
     # then it stopped at the first 2 MiB chunk past the room (the parser's chunks start after the part's headers)
     assert response.status_code == 409, response.content
@@ -89,7 +90,7 @@ def test_a_streamed_file_is_stopped_once_it_passes_what_is_free_leaving_nothing(
     assert s3() == {"keys": [], "pending": []}
     # and a file that fits goes through
     response = alice.client.post(
-        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", b"\2" * (4 * MIB))}
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"\2" * (4 * MIB)))}
     )
     assert response.status_code == 201, response.content
 

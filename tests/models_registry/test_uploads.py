@@ -404,3 +404,69 @@ def test_failing_heartbeat_does_not_fail_the_upload(tmp_path):
 
     assert store.read_bytes(KEY) == b"onnx bytes"
     assert files["file"].stored.size_bytes == 10
+
+
+def _format_checked_handler(store: ObjectStore) -> ObjectStoreUploadHandler:
+    """A handler that refuses another format than ONNX by name and by first bytes, as the version upload's."""
+    from builds.formats import HEAD_BYTES, check_model_filename, check_model_head
+
+    return ObjectStoreUploadHandler(
+        store,
+        KEY,
+        max_bytes=64 * MIB,
+        check_name=lambda name: check_model_filename(name, field="file"),
+        check_head=lambda head, size: check_model_head(head, size_bytes=size, field="file"),
+        head_bytes=HEAD_BYTES,
+    )
+
+
+def test_a_file_whose_first_bytes_are_not_onnx_stops_the_upload_before_a_byte_is_stored(store, request):
+    # given a 10 MiB PNG image sent under an .onnx name
+    data = b"\x89PNG\r\n\x1a\n" + payload(10 * MIB)
+    body = multipart_body(("file", "model.onnx", data))
+    writes = record_writes(store)
+    # when it is parsed by a handler that checks the format
+    with pytest.raises(InvalidInput) as raised:
+        parse(body, _format_checked_handler(store))
+    # then it is refused naming the file and what it looks like, nothing was written or left pending
+    assert raised.value.field == "file"
+    assert raised.value.detail.startswith("This is not an ONNX model: it looks like a PNG image.")
+    assert writes == []
+    assert leftovers(store, request) == {"keys": [], "pending": []}
+
+
+def test_the_format_check_reads_only_the_first_chunk_of_the_body(tmp_path):
+    store = FileObjectStore(tmp_path / "store")
+    body = multipart_body(("file", "model.onnx", b"PK\x03\x04" + payload(10 * MIB)))
+    stream = io.BytesIO(body)
+    meta = {"CONTENT_TYPE": f"multipart/form-data; boundary={BOUNDARY}", "CONTENT_LENGTH": str(len(body))}
+    with pytest.raises(InvalidInput, match="a ZIP archive"):
+        MultiPartParser(meta, stream, [_format_checked_handler(store)], "utf-8").parse()
+    # the parser stopped after its first reads: most of the 10 MiB were never read
+    assert stream.tell() <= 3 * MIB
+
+
+def test_a_name_of_another_format_is_refused_before_the_store_is_touched(store, request):
+    opened = []
+    open_writer = store.open_writer
+    store.open_writer = lambda key: opened.append(key) or open_writer(key)
+    with pytest.raises(InvalidInput) as raised:
+        parse(multipart_body(("file", "model.pt", b"\x08\x07" + payload(1000))), _format_checked_handler(store))
+    assert raised.value.field == "file"
+    assert "'model.pt' is not an ONNX model file" in raised.value.detail and "torch.onnx.export" in raised.value.detail
+    assert opened == []
+    assert leftovers(store, request) == {"keys": [], "pending": []}
+
+
+@pytest.mark.parametrize("size", [2, 511, 512, 513, 3 * MIB])
+def test_onnx_files_of_any_size_pass_the_format_check_whole(store, size):
+    # a file that starts like ONNX (field 1, ir_version 8), shorter or longer than the bytes the check holds back
+    data = (b"\x08\x08" + payload(size))[:size]
+    _, files, _ = parse(multipart_body(("file", "model.ONNX", data)), _format_checked_handler(store))
+    assert files["file"].stored.size_bytes == size
+    assert store.read_bytes(KEY) == data
+
+
+def test_an_empty_file_is_left_to_the_view_by_the_format_check(store):
+    _, files, _ = parse(multipart_body(("file", "model.onnx", b"")), _format_checked_handler(store))
+    assert files["file"].stored.size_bytes == 0

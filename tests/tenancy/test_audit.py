@@ -25,7 +25,7 @@ from tenancy.services import create_api_token
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
-from tests.tiny_models import add_constant
+from tests.tiny_models import add_constant, onnx_like
 
 pytestmark = pytest.mark.django_db
 
@@ -177,7 +177,7 @@ def test_an_upload_and_its_build_in_the_worker_record_who_queued_it_and_that_it_
     with django_capture_on_commit_callbacks(execute=True):
         response = alice.client.post(
             f"/api/v1/models/{model['id']}/versions/",
-            {"file": SimpleUploadedFile("model.onnx", b"not really onnx")},
+            {"file": SimpleUploadedFile("model.onnx", onnx_like(b"not really onnx"))},
             format="multipart",
         )
     # then her upload is recorded, then the build's start and failure as the task's

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from tenancy.models import TeamQuota
 from tenancy.quotas import quota_limits, set_quota
 from tests.factories import UserFactory
+from tests.tiny_models import onnx_like
 
 pytestmark = pytest.mark.django_db
 
@@ -139,9 +140,9 @@ def test_storage_quota_refuses_an_upload_that_does_not_fit_and_discards_it(alice
     set_quota(team=alice.team, limits={"storage_bytes": 150})
     model_id = alice.client.post("/api/v1/models/", {"name": "blob", "team": "acme"}, format="json").json()["id"]
     url = f"/api/v1/models/{model_id}/versions/"
-    assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"1" * 100)}).status_code == 201
+    assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", onnx_like(b"1" * 100))}).status_code == 201
     # when another 100 bytes are uploaded
-    response = alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"2" * 100)})
+    response = alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", onnx_like(b"2" * 100))})
     # then (refused while streaming, once more bytes than the 50 free had arrived)
     assert response.status_code == 409
     assert response.json() == {
@@ -153,7 +154,7 @@ def test_storage_quota_refuses_an_upload_that_does_not_fit_and_discards_it(alice
     assert [version["number"] for version in alice.client.get(url).json()["results"]] == [1]
     assert _usage(alice)[("storage_bytes", "bytes of storage")]["used"] == 100
     # and a file that fits is still taken
-    assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", b"3" * 50)}).status_code == 201
+    assert alice.client.post(url, {"file": SimpleUploadedFile("m.onnx", onnx_like(b"3" * 50))}).status_code == 201
 
 
 def test_quota_changes_through_a_token_stay_in_its_team_and_need_both_write_scopes(alice, bob):

@@ -12,7 +12,7 @@ from models_registry import services as registry
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
-from tests.tiny_models import add_constant
+from tests.tiny_models import add_constant, onnx_like
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,7 @@ def _write(client: APIClient, write: str, version, deployment):
     if write == "create model":
         return client.post("/api/v1/models/", {"team": "acme", "name": "fresh"}, format="json")
     if write == "upload version":
-        body = {"file": SimpleUploadedFile("model.onnx", b"not really onnx")}
+        body = {"file": SimpleUploadedFile("model.onnx", onnx_like(b"not really onnx"))}
         return client.post(f"/api/v1/models/{version.model_id}/versions/", body, format="multipart")
     if write == "rebuild":
         return client.post(f"/api/v1/versions/{version.pk}/rebuild/", {}, format="json")

@@ -19,7 +19,8 @@ from conch_cli import __version__, output, tensors
 from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
 from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
-from conch_cli.transfer import RateLimit, check_upload_api, file_sha256, upload_file
+from conch_cli.files import check_model_file
+from conch_cli.transfer import BackgroundHash, RateLimit, check_upload_api, file_sha256, upload_file
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 usage error (also: no URL or token configured) or input the server refused; "
@@ -27,22 +28,61 @@ EXIT_CODES_HELP = (
     "deployment failed; 6 server unavailable or timed out; 130 interrupted (Ctrl-C)."
 )
 
+#: Build options `conch upload --build-option` takes (the upload API's `build_options`).
+BUILD_OPTIONS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+RUNTIMES = ("local", "kubernetes")
+
+
+def _plain_help(params: list) -> list:
+    """Show each parameter as the user types it: typer 0.29 writes a required argument as `{name}` in the usage
+    line and every type as `<int>`, `<bool>`, `<list[str]>`, which read like unfilled placeholders. Arguments
+    keep their metavar (VERSION_ID, `[DEPLOYMENT]` when optional) and no type; flags show no value."""
+    for param in params:
+        if isinstance(param, typer.core.TyperArgument):
+            name = param.metavar or param.name.upper()
+            param._usage_display_name = lambda n=name, p=param: n if p.required else f"[{n}]"
+            param.display_type_rich = lambda ctx: None
+        elif getattr(param, "is_flag", False) and param.metavar is None:
+            param.display_type_rich = lambda ctx: None
+    return params
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose help shows VERSION_ID, SECONDS… instead of typer's `{version}`, `<float range>`."""
+
+    def get_params(self, ctx: typer.Context) -> list:
+        return _plain_help(super().get_params(ctx))
+
+
+class _Group(typer.core.TyperGroup):
+    """A command group with the same plain help as `_Command`."""
+
+    def get_params(self, ctx: typer.Context) -> list:
+        return _plain_help(super().get_params(ctx))
+
+
 app = typer.Typer(
     name="conch",
+    cls=_Group,
     help="Conch from the command line: upload a model, wait for its build, deploy it, send inferences. "
     "Settings come from `conch login` (or CONCH_URL and CONCH_TOKEN). " + EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-models_app = typer.Typer(help="Register and list models.", no_args_is_help=True)
-builds_app = typer.Typer(help="Follow builds of model versions.", no_args_is_help=True)
+models_app = typer.Typer(help="Register and list models.", no_args_is_help=True, cls=_Group)
+builds_app = typer.Typer(help="Follow builds of model versions.", no_args_is_help=True, cls=_Group)
 app.add_typer(models_app, name="models")
 app.add_typer(builds_app, name="builds")
 
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
-Team = Annotated[str | None, typer.Option("--team", help="Team slug (default: the token's only team).")]
-Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait at most (exit 6 past it).", min=1)]
+Team = Annotated[str | None, typer.Option("--team", metavar="TEAM", help="Team slug (default: the token's only team).")]
+Timeout = Annotated[
+    float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait at most (exit 6 past it).", min=1)
+]
+DeploymentName = Annotated[
+    str, typer.Argument(metavar="DEPLOYMENT", help="The deployment's name or id (as `conch status` lists them).")
+]
 
 
 def _api() -> ConchApi:
@@ -65,11 +105,12 @@ def _root(
     """Conch's command line client."""
 
 
-@app.command()
+@app.command(cls=_Command)
 def login(
-    url: Annotated[str | None, typer.Option(help="Conch's URL, e.g. http://127.0.0.1:8000.")] = None,
+    url: Annotated[str | None, typer.Option(metavar="URL", help="Conch's URL, e.g. http://127.0.0.1:8000.")] = None,
     token: Annotated[
-        str | None, typer.Option(help="An API token (conch_…); '-' reads it from stdin; asked for when left out.")
+        str | None,
+        typer.Option(metavar="TOKEN", help="An API token (conch_…); '-' reads it from stdin; asked for when left out."),
     ] = None,
     as_json: Json = False,
 ) -> None:
@@ -90,9 +131,11 @@ def login(
         output.line(f"logged in to {settings.url} (teams: {', '.join(teams) or 'none'}); saved in {path}")
 
 
-@models_app.command("create")
+@models_app.command("create", cls=_Command)
 def models_create(
-    name: Annotated[str, typer.Argument(help="Lowercase DNS label, at most 63 characters.")],
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The model's name: a lowercase DNS label, at most 63 characters.")
+    ],
     team: Team = None,
     exist_ok: Annotated[bool, typer.Option("--exist-ok", help="Return the model when the name is taken.")] = False,
     as_json: Json = False,
@@ -114,7 +157,7 @@ def models_create(
         output.line(f"model {model['id']} {model['name']!r} in team {model['team']} ({how})")
 
 
-@models_app.command("list")
+@models_app.command("list", cls=_Command)
 def models_list(team: Team = None, as_json: Json = False) -> None:
     """List the models the token sees."""
     with _api() as api:
@@ -129,12 +172,32 @@ def models_list(team: Team = None, as_json: Json = False) -> None:
 
 
 def _build_options(options: list[str]) -> dict[str, Any]:
+    """{KEY: VALUE} from `--build-option KEY=VALUE` texts (VALUE an int when it is digits). Raises CliError (USAGE,
+    field `--build-option`) naming the accepted keys for a text without `=` or a key Conch does not take."""
     parsed: dict[str, Any] = {}
+    accepted = ", ".join(BUILD_OPTIONS)
     for option in options:
         key, sep, value = option.partition("=")
-        if not sep or not key.strip():
-            raise CliError(f"--build-option takes KEY=VALUE, got {option!r}.", USAGE, field="--build-option")
-        parsed[key.strip()] = int(value) if value.strip().isdigit() else value
+        key = key.strip()
+        if not sep or not key:
+            raise CliError(
+                f"--build-option (-o) takes KEY=VALUE with KEY one of {accepted}, e.g. -o max_batch_size=8; "
+                f"got {option!r}.",
+                USAGE,
+                field="--build-option",
+            )
+        if key not in BUILD_OPTIONS:
+            import difflib  # only for this message: every command's start-up pays for a top-level import
+
+            close = difflib.get_close_matches(key, BUILD_OPTIONS, n=1)
+            raise CliError(
+                f"--build-option (-o) has no option {key!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; it takes {accepted}.",
+                USAGE,
+                field="--build-option",
+            )
+        parsed[key] = int(value) if value.strip().isdigit() else value
     return parsed
 
 
@@ -152,43 +215,56 @@ def _size(text: str) -> int:
     return int(value)
 
 
-@app.command()
+@app.command(cls=_Command)
 def upload(
-    model: Annotated[str, typer.Argument(help="The model's name or id.")],
-    file: Annotated[Path, typer.Argument(help="The model file.", exists=True, dir_okay=False, readable=True)],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="The model's name or id.")],
+    file: Annotated[
+        Path,
+        typer.Argument(metavar="FILE", help="The ONNX model file (.onnx).", exists=True, dir_okay=False, readable=True),
+    ],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the version's build; exit 5 if it fails.")] = False,
     build_option: Annotated[
         list[str] | None,
         typer.Option(
             "--build-option",
             "-o",
-            help="KEY=VALUE build option (max_batch_size, max_queue_delay_microseconds, preferred_batch_size, "
-            "instance_count); repeatable.",
+            metavar="KEY=VALUE",
+            help=f"A build option, KEY one of {', '.join(BUILD_OPTIONS)}; repeatable.",
         ),
     ] = None,
     team: Team = None,
-    parallel: Annotated[int, typer.Option(help="Parts sent at once.", min=1, max=64)] = 8,
+    parallel: Annotated[int, typer.Option(metavar="N", help="Parts sent at once.", min=1, max=64)] = 8,
     part_size: Annotated[
-        str | None, typer.Option(help="Part size, e.g. 64M (default: the server's choice; at least 5M).")
+        str | None,
+        typer.Option(metavar="SIZE", help="Part size, e.g. 64M (default: the server's choice; at least 5M)."),
     ] = None,
     limit_rate: Annotated[
-        str | None, typer.Option(help="Send at most this many bytes per second, e.g. 20M (all parts together).")
+        str | None,
+        typer.Option(metavar="SIZE", help="Send at most this many bytes per second, e.g. 20M (all parts together)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     timeout: Timeout = 3600,
     as_json: Json = False,
 ) -> None:
     """Upload FILE as the model's next version: parts in parallel, straight to the object store when Conch uses
-    S3. Run the same command again after an interruption and it sends only the parts the store lacks."""
+    S3. Run the same command again after an interruption and it sends only the parts the store lacks.
+    Prints the version as MODEL:NUMBER (what `conch deploy` takes) and its VERSION_ID (what `conch builds wait`
+    takes)."""
     options = _build_options(build_option or [])
     part_bytes = _size(part_size) if part_size else None
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
+    check_model_file(file)  # a file Conch cannot build is refused here, before a byte is hashed or sent
     with _api() as api:
         found = api.find_model(model, team)
-        check_upload_api(api, found["id"], file)
-        hashing = time.monotonic()
-        sha256 = file_sha256(file, output.progress_for_terminal(quiet))
-        sha256_s = time.monotonic() - hashing
+        open_uploads = check_upload_api(api, found["id"], file)
+        size = file.stat().st_size
+        if any(u.get("filename") == file.name and u.get("size_bytes") == size for u in open_uploads):
+            # A run of this file may have stopped: the start must send the sha256 to find its upload again.
+            hashing = time.monotonic()
+            sha256: str | BackgroundHash = file_sha256(file, output.progress_for_terminal(quiet))
+            sha256_s = time.monotonic() - hashing
+        else:  # a new upload: hash while the parts go, and send the sha256 with the completion
+            sha256 = BackgroundHash(file)
         result = upload_file(
             api,
             found["id"],
@@ -203,9 +279,11 @@ def upload(
             say=output.note,
         )
         version = result.version
+        if isinstance(sha256, BackgroundHash):
+            sha256_s = sha256.seconds
         if not as_json:
             output.line(
-                f"version {version['id']} (number {version['number']}) of model {found['name']} uploaded: "
+                f"uploaded {found['name']}:{version['number']} (version id {version['id']}): "
                 f"{output.mib(result.upload['size_bytes'])}, sha256 {result.upload['sha256']}"
                 + ("" if version["source"].get("sha256_checked", True) else " (its build checks it)")
             )
@@ -221,12 +299,13 @@ def upload(
                 "seconds": {
                     "sha256": round(sha256_s, 3),
                     "parts": round(result.parts_s, 3),
+                    "sha256_wait": round(result.hash_wait_s, 3),
                     "check": round(result.check_s, 3),
                 },
             }
         )
     elif wait:
-        output.line(f"version {version['id']} built")
+        output.line(f"{found['name']}:{version['number']} built (version id {version['id']})")
 
 
 def _wait_build(api: ConchApi, version_id: int | str, timeout_s: float, *, quiet: bool) -> dict:
@@ -256,9 +335,14 @@ def _wait_build(api: ConchApi, version_id: int | str, timeout_s: float, *, quiet
         time.sleep(1)
 
 
-@builds_app.command("wait")
+@builds_app.command("wait", cls=_Command)
 def builds_wait(
-    version: Annotated[int, typer.Argument(help="The version's id (as `conch upload` prints it).")],
+    version: Annotated[
+        int,
+        typer.Argument(
+            metavar="VERSION_ID", help="The version's id, unique in Conch, as `conch upload` prints it (version id N)."
+        ),
+    ],
     timeout: Timeout = 3600,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No step lines on stderr.")] = False,
     as_json: Json = False,
@@ -269,7 +353,7 @@ def builds_wait(
     if as_json:
         output.emit_json(found)
     else:
-        output.line(f"version {found['id']} built")
+        output.line(f"version id {found['id']} built")
 
 
 def _wait_deployment(api: ConchApi, deployment_id: int, wanted: str, timeout_s: float) -> dict:
@@ -295,6 +379,13 @@ def _wait_deployment(api: ConchApi, deployment_id: int, wanted: str, timeout_s: 
         time.sleep(1)
 
 
+def _choice(value: str, accepted: tuple[str, ...]) -> str:
+    """`value` when it is one of `accepted`; else a usage error naming them (typer.BadParameter)."""
+    if value not in accepted:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(accepted)}.")
+    return value
+
+
 def _pick_version(api: ConchApi, model: dict, number: str | None) -> dict:
     """The model's version with that number, or its newest one. Raises CliError (NOT_FOUND, USAGE)."""
     versions = api.model_versions(model["id"])
@@ -303,38 +394,65 @@ def _pick_version(api: ConchApi, model: dict, number: str | None) -> dict:
             raise CliError(f"Model {model['name']!r} has no version yet; upload one.", NOT_FOUND, field="model")
         return versions[-1]
     if not number.isdigit():
-        raise CliError(f"The version after ':' is the model's version number, got {number!r}.", USAGE, field="model")
+        raise CliError(
+            f"MODEL:NUMBER takes the version's number within the model after ':' (as in {model['name']}:2), "
+            f"got {number!r}.",
+            USAGE,
+            field="model",
+        )
     for version in versions:
         if version["number"] == int(number):
             return version
     raise CliError(f"Model {model['name']!r} has no version number {number}.", NOT_FOUND, field="model")
 
 
-@app.command()
+@app.command(cls=_Command)
 def deploy(
     target: Annotated[
         str,
-        typer.Argument(metavar="MODEL[:VERSION]", help="Model name or id, and version number (default: the newest)."),
+        typer.Argument(
+            metavar="MODEL[:NUMBER]",
+            help="The model's name or id, and after ':' the version's number within the model, as in "
+            "orientation:2 (default: its newest version).",
+        ),
     ],
-    name: Annotated[str, typer.Option("--name", help="The deployment's name (a DNS label).")],
+    name: Annotated[str, typer.Option("--name", metavar="NAME", help="The deployment's name (a DNS label).")],
     team: Team = None,
-    runtime: Annotated[str, typer.Option(help="local or kubernetes.")] = "local",
-    cluster: Annotated[str | None, typer.Option(help="kubernetes: a registered cluster's name.")] = None,
-    replicas: Annotated[int | None, typer.Option(help="kubernetes: number of pods.", min=1)] = None,
-    min_replicas: Annotated[int | None, typer.Option(help="kubernetes autoscaling: fewest pods.", min=1)] = None,
-    max_replicas: Annotated[int | None, typer.Option(help="kubernetes autoscaling: most pods.", min=1)] = None,
+    runtime: Annotated[
+        str, typer.Option(metavar="|".join(RUNTIMES), help="Where it runs.", callback=lambda v: _choice(v, RUNTIMES))
+    ] = "local",
+    cluster: Annotated[
+        str | None, typer.Option(metavar="CLUSTER", help="kubernetes: a registered cluster's name.")
+    ] = None,
+    replicas: Annotated[int | None, typer.Option(metavar="N", help="kubernetes: number of pods.", min=1)] = None,
+    min_replicas: Annotated[
+        int | None, typer.Option(metavar="N", help="kubernetes autoscaling: fewest pods.", min=1)
+    ] = None,
+    max_replicas: Annotated[
+        int | None, typer.Option(metavar="N", help="kubernetes autoscaling: most pods.", min=1)
+    ] = None,
     target_queue_time_us: Annotated[
-        int | None, typer.Option(help="kubernetes autoscaling: Triton queue time per request to hold (µs).")
+        int | None,
+        typer.Option(metavar="MICROSECONDS", help="kubernetes autoscaling: Triton queue time per request to hold."),
     ] = None,
-    target_cpu_percent: Annotated[int | None, typer.Option(help="kubernetes autoscaling: CPU use to hold.")] = None,
+    target_cpu_percent: Annotated[
+        int | None, typer.Option(metavar="PERCENT", help="kubernetes autoscaling: CPU use to hold.")
+    ] = None,
     gpu: Annotated[
-        str | None, typer.Option(help="kubernetes: GPUs per pod as PRODUCT[:COUNT] (NVIDIA-A10:1), or mig:PROFILE.")
+        str | None,
+        typer.Option(
+            metavar="PRODUCT[:COUNT]", help="kubernetes: GPUs per pod, as NVIDIA-A10:1, or mig:PROFILE for a MIG slice."
+        ),
     ] = None,
-    cpu: Annotated[str | None, typer.Option(help="kubernetes: CPU request per pod ('2').")] = None,
-    memory: Annotated[str | None, typer.Option(help="kubernetes: memory per pod ('8Gi').")] = None,
-    instance_count: Annotated[int | None, typer.Option(help="Model instances per server.")] = None,
-    max_batch_size: Annotated[int | None, typer.Option(help="Override the version's max_batch_size.")] = None,
-    max_queue_delay_us: Annotated[int | None, typer.Option(help="Override the dynamic batcher's delay (µs).")] = None,
+    cpu: Annotated[str | None, typer.Option(metavar="CPU", help="kubernetes: CPU request per pod ('2').")] = None,
+    memory: Annotated[str | None, typer.Option(metavar="MEMORY", help="kubernetes: memory per pod ('8Gi').")] = None,
+    instance_count: Annotated[int | None, typer.Option(metavar="N", help="Model instances per server.")] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(metavar="N", help="Override the version's max_batch_size.")
+    ] = None,
+    max_queue_delay_us: Annotated[
+        int | None, typer.Option(metavar="MICROSECONDS", help="Override the dynamic batcher's delay.")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until ready; exit 5 if it fails.")] = False,
     timeout: Timeout = 1800,
     as_json: Json = False,
@@ -386,13 +504,16 @@ def deploy(
         output.line(f"deployment {deployment['id']} ready; gateway {deployment['endpoints']['gateway']}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def infer(
-    deployment: Annotated[str, typer.Argument(help="The deployment's name or id.")],
-    input_: Annotated[list[str], typer.Option("--input", "-i", help="NAME=FILE.npy for each input; repeatable.")],
+    deployment: DeploymentName,
+    input_: Annotated[
+        list[str],
+        typer.Option("--input", "-i", metavar="NAME=FILE.npy", help="One input tensor from a .npy file; repeatable."),
+    ],
     team: Team = None,
     output_dir: Annotated[
-        Path | None, typer.Option(help="Also write each output to DIR/NAME.npy.", file_okay=False)
+        Path | None, typer.Option(metavar="DIR", help="Also write each output to DIR/NAME.npy.", file_okay=False)
     ] = None,
     as_json: Json = False,
 ) -> None:
@@ -435,9 +556,11 @@ def _deployment_row(d: dict) -> list[Any]:
     return [d["id"], d["name"], d["team"], f"{d['model']}:{d['model_version_number']}", d["runtime"], d["status"]]
 
 
-@app.command()
+@app.command(cls=_Command)
 def status(
-    deployment: Annotated[str | None, typer.Argument(help="A deployment's name or id (default: all).")] = None,
+    deployment: Annotated[
+        str | None, typer.Argument(metavar="DEPLOYMENT", help="A deployment's name or id (default: list them all).")
+    ] = None,
     team: Team = None,
     all_: Annotated[bool, typer.Option("--all", help="List stopped deployments too.")] = False,
     as_json: Json = False,
@@ -473,9 +596,9 @@ def status(
         output.line(f"pod {pod.get('name')}: {pod.get('phase')} ready={pod.get('ready')} {pod.get('message') or ''}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def stop(
-    deployment: Annotated[str, typer.Argument(help="The deployment's name or id.")],
+    deployment: DeploymentName,
     team: Team = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it is stopped.")] = False,
     timeout: Timeout = 600,
@@ -497,14 +620,14 @@ def stop(
             output.line(f"{name} is {stopped['status']}; `conch stop --wait` waits until it is stopped")
 
 
-@app.command()
+@app.command(cls=_Command)
 def metrics(
-    deployment: Annotated[str, typer.Argument(help="The deployment's name or id.")],
+    deployment: DeploymentName,
     team: Team = None,
-    window: Annotated[int, typer.Option(help="Seconds to look back (10..86400).")] = 300,
+    window: Annotated[int, typer.Option(metavar="SECONDS", help="Seconds to look back (10..86400).")] = 300,
     as_json: Json = False,
 ) -> None:
-    """Throughput, latency and batching of a deployment over the last WINDOW seconds."""
+    """Throughput, latency and batching of a deployment over the last --window seconds."""
     with _api() as api:
         found = api.find_deployment(deployment, team)
         summary = api.get(f"/api/v1/deployments/{found['id']}/metrics", params={"window": window})

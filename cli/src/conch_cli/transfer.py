@@ -1,7 +1,9 @@
 """Resumable uploads of a model file (Conch's `/api/v1/models/{id}/uploads/` API, UPLOAD-API.md).
 
-The file's sha256 is computed first; POSTing the upload (filename, size, sha256) returns a new upload or the open
-one of the same file, whose `parts` are those the store already has. The missing parts go up in parallel
+A new upload starts at once (filename and size) while a thread computes the file's sha256 beside the parts, and the
+sha256 goes with the completion. When the model has an open upload of a file of the same name and size (a run that
+stopped), the sha256 is computed first and sent with the start, which returns that upload, whose `parts` are those
+the store already has. The missing parts go up in parallel
 (a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece per
 worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Then the
 upload is completed and the server checks the joined file's size before it makes the model version; the
@@ -85,6 +87,37 @@ def file_sha256(path: Path, progress: Progress) -> str:
             progress.advance(len(piece))
     progress.finish()
     return digest.hexdigest()
+
+
+class BackgroundHash:
+    """The sha256 of a file computed by a thread while the caller does other work (sends the file's parts).
+
+    The thread reads the file once, in order, 8 MiB at a time; the parts are read by other threads, so the page
+    cache usually serves one of the two reads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds = 0.0
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="conch-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        try:
+            self._digest = file_sha256(self.path, Progress())
+        except BaseException as error:  # given to the caller by result()
+            self._error = error
+        self.seconds = time.monotonic() - started
+
+    def result(self) -> str:
+        """Wait for the hash and return it (hex); raises what the thread raised (an OSError reading the file)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._digest is not None
+        return self._digest
 
 
 @dataclass(frozen=True)
@@ -297,8 +330,10 @@ class UploadResult:
     version: dict
     sent_bytes: int
     resumed_parts: int
-    #: Seconds spent sending parts, and then waiting for the server's check (complete -> completed).
+    #: Seconds spent sending parts, then waiting for the sha256 computed beside them (0 when it was done first), then
+    #: for the server's check (complete -> completed).
     parts_s: float = 0.0
+    hash_wait_s: float = 0.0
     check_s: float = 0.0
 
 
@@ -307,7 +342,7 @@ def upload_file(
     model_id: int,
     path: Path,
     *,
-    sha256: str,
+    sha256: str | BackgroundHash,
     build_options: dict,
     parallel: int,
     part_size: int | None,
@@ -318,13 +353,17 @@ def upload_file(
 ) -> UploadResult:
     """Upload `path` as the next version of model `model_id`, resuming the open upload of the same file.
 
+    `sha256` is the file's hex SHA-256, sent with the start (so the server finds the open upload of the same file),
+    or a BackgroundHash still computing it: the upload then starts without it and sends it with the completion.
     Returns when the server has checked the size and made the version (its build is queued; the build checks
     the sha256: the version's `source.sha256_checked` says whether it has yet).
     Raises CliError: NOT_FOUND when the server has no upload API, FAILED when the server's check failed
     (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
     """
     base = f"/api/v1/models/{model_id}/uploads/"
-    body = {"filename": path.name, "size_bytes": path.stat().st_size, "sha256": sha256}
+    body = {"filename": path.name, "size_bytes": path.stat().st_size}
+    if isinstance(sha256, str):
+        body["sha256"] = sha256
     if part_size:
         body["part_size_bytes"] = part_size
     if build_options:
@@ -353,9 +392,14 @@ def upload_file(
                 INTERRUPTED,
             ) from None
     sent_at = time.monotonic()
+    hash_wait_s = 0.0
     if upload["status"] == "uploading":
         parts = [{"number": n, "etag": e} for n, e in sorted(sender.etags.items()) if e]
-        upload = api.post(f"{base}{upload['id']}/complete", {"parts": parts} if parts else {}, expect=(200, 202))
+        complete: dict = {"parts": parts} if parts else {}
+        if isinstance(sha256, BackgroundHash):
+            complete["sha256"] = sha256.result()
+        hash_wait_s = time.monotonic() - sent_at
+        upload = api.post(f"{base}{upload['id']}/complete", complete, expect=(200, 202))
     upload = wait_for_upload(api, upload, timeout_s=timeout_s)
     version = api.get(f"/api/v1/versions/{upload['version']}/")
     return UploadResult(
@@ -364,16 +408,20 @@ def upload_file(
         sent_bytes=sent,
         resumed_parts=resumed,
         parts_s=sent_at - started,
-        check_s=time.monotonic() - sent_at,
+        hash_wait_s=hash_wait_s,
+        check_s=time.monotonic() - sent_at - hash_wait_s,
     )
 
 
-def check_upload_api(api: ConchApi, model_id: int, path: Path) -> None:
-    """Raise CliError (NOT_FOUND) saying so when the server has no resumable upload API (an older Conch): the
-    model exists but its uploads list answers 404. Cheap, so `conch upload` asks before hashing a large file."""
+def check_upload_api(api: ConchApi, model_id: int, path: Path) -> list[dict]:
+    """Return the model's open uploads (the first page); raise CliError (NOT_FOUND) saying so when the server has
+    no resumable upload API (an older Conch): the model exists but its uploads list answers 404. Cheap, so
+    `conch upload` asks before hashing a large file."""
     base = f"/api/v1/models/{model_id}/uploads/"
-    if api.call("GET", base, expect=(200, 404)).status_code == 200:
-        return
+    response = api.call("GET", base, expect=(200, 404))
+    if response.status_code == 200:
+        listed = response.json()
+        return listed.get("results", []) if isinstance(listed, dict) else listed
     if api.call("GET", f"/api/v1/models/{model_id}/", expect=(200, 404)).status_code == 200:
         raise CliError(
             f"This Conch server ({api.url}) has no resumable upload API (GET {base} answered 404). Upgrade "
@@ -389,7 +437,7 @@ def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
     """Poll the upload until it is completed (returned) or failed/aborted (CliError FAILED), at most `timeout_s`."""
     path = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
     deadline = time.monotonic() + timeout_s
-    delay = 0.1
+    delay = 0.05
     while upload["status"] in OPEN_STATUSES:
         if time.monotonic() > deadline:
             raise CliError(
@@ -398,7 +446,7 @@ def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
                 UNAVAILABLE,
             )
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
+        delay = min(delay * 1.5, 0.25)
         upload = api.get(path)
     if upload["status"] != "completed":
         raise CliError(
