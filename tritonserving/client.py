@@ -703,6 +703,10 @@ class InferenceRequestSummary:
 
     names: list[str]
     batch: int | None
+    #: The parsed JSON header (None without one) and the `binary_data_size` of each input that sends binary
+    #: data after it, in order (bytes): what a gateway needs to hand those bytes over another way.
+    request: Mapping[str, Any] | None = None
+    binary_sizes: tuple[int, ...] = ()
 
 
 def check_inference_header(header: bytes, header_length: int | None, body_length: int) -> InferenceRequestSummary:
@@ -715,9 +719,14 @@ def check_inference_header(header: bytes, header_length: int | None, body_length
     """
     if header_length == 0:
         return InferenceRequestSummary(names=[], batch=None)
-    inputs = _check_request_start(header, header_length, body_length)
+    inputs, request = _check_request_start(header, header_length, body_length)
     shape = inputs[0].shape if inputs else []
-    return InferenceRequestSummary(names=[tensor.name for tensor in inputs], batch=shape[0] if shape else None)
+    return InferenceRequestSummary(
+        names=[tensor.name for tensor in inputs],
+        batch=shape[0] if shape else None,
+        request=request,
+        binary_sizes=tuple(tensor.binary_data_size for tensor in inputs if tensor.binary_data_size is not None),
+    )
 
 
 def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
@@ -730,10 +739,12 @@ def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
     """
     if header_length == 0:
         return []
-    return [tensor.name for tensor in _check_request_start(body, header_length, len(body))]
+    return [tensor.name for tensor in _check_request_start(body, header_length, len(body))[0]]
 
 
-def _check_request_start(body: bytes, header_length: int | None, body_length: int) -> list[_CheckedInput]:
+def _check_request_start(
+    body: bytes, header_length: int | None, body_length: int
+) -> tuple[list[_CheckedInput], Mapping[str, Any]]:
     if header_length is not None and not 0 < header_length <= body_length:
         raise InvalidInput(
             f"{HEADER_LENGTH} is {header_length}, but the body has {body_length} bytes; it must be the length of "
@@ -764,7 +775,7 @@ def _check_request_start(body: bytes, header_length: int | None, body_length: in
                 "binary_data_size",
                 field=HEADER_LENGTH,
             )
-    return inputs
+    return inputs, request
 
 
 def _parse_json_request(

@@ -29,9 +29,10 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from typing import Any
 from urllib.parse import urlsplit
 
 from tritonserving.client import TritonUnavailable
@@ -45,7 +46,6 @@ __all__ = [
     "SharedMemoryRegion",
     "SpanAllocator",
     "aligned",
-    "binary_input_sizes",
     "copy_span",
     "is_same_host",
     "shared_memory_header",
@@ -173,34 +173,24 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
 
 
-def binary_input_sizes(header: bytes) -> tuple[dict, list[int]]:
-    """The parsed JSON header of a checked binary-data inference request and the `binary_data_size` (bytes) of
-    each input that carries binary data after it, in order (Triton "Binary Tensor Data Extension")."""
-    request = json.loads(header)
-    sizes = [
-        int(tensor["parameters"]["binary_data_size"])
-        for tensor in request["inputs"]
-        if "binary_data_size" in (tensor.get("parameters") or {})
-    ]
-    return request, sizes
-
-
-def shared_memory_header(request: dict, region: str, base: int) -> bytes:
-    """`request` (from `binary_input_sizes`, changed in place) rewritten so that its binary inputs name spans of
-    the registered `region` instead: input i's bytes at offset `base` + the aligned sizes of the inputs before
-    it (what `copy_span` is to fill), `shared_memory_byte_size` its `binary_data_size`. Returns the JSON body
-    to send, with no binary tensor data after it."""
+def shared_memory_header(request: Mapping[str, Any], region: str, base: int) -> bytes:
+    """The JSON body that asks for `request` (a checked binary-data inference header, parsed; not changed) with
+    its binary inputs read from spans of the registered `region` instead: input i's bytes at offset `base` + the
+    aligned sizes of the binary inputs before it (what `copy_span` is to fill), `shared_memory_byte_size` its
+    `binary_data_size`. No binary tensor data follows the returned body."""
     offset = base
+    inputs = []
     for tensor in request["inputs"]:
-        parameters = tensor.get("parameters") or {}
-        if "binary_data_size" not in parameters:
-            continue
-        size = int(parameters.pop("binary_data_size"))
-        parameters["shared_memory_region"] = region
-        parameters["shared_memory_offset"] = offset
-        parameters["shared_memory_byte_size"] = size
-        offset += aligned(size)
-    return json.dumps(request, separators=(",", ":")).encode()
+        parameters = dict(tensor.get("parameters") or {})
+        if "binary_data_size" in parameters:
+            size = int(parameters.pop("binary_data_size"))
+            parameters["shared_memory_region"] = region
+            parameters["shared_memory_offset"] = offset
+            parameters["shared_memory_byte_size"] = size
+            offset += aligned(size)
+            tensor = {**tensor, "parameters": parameters}
+        inputs.append(tensor)
+    return json.dumps({**request, "inputs": inputs}, separators=(",", ":")).encode()
 
 
 def is_same_host(base_url: str) -> bool:
@@ -253,11 +243,22 @@ class SharedMemoryInputs:
         self._keys: dict[str, str] = {}
 
     async def place(
-        self, base_url: str, api_key: str, header: bytes, header_length: int, pieces: Sequence[bytes]
+        self,
+        base_url: str,
+        api_key: str,
+        request: Mapping[str, Any],
+        sizes: Sequence[int],
+        header_length: int,
+        pieces: Sequence[bytes],
     ) -> Placement | None:
-        """Write the binary inputs of a checked request (`pieces`: its whole body; `header_length`: bytes of its
-        JSON header) to a span of `base_url`'s region; return the `Placement`, or None to send the body as it is
-        (another host, region being registered or refused, no free span, nothing binary)."""
+        """Write the binary inputs of a checked request to a span of `base_url`'s region; return the `Placement`,
+        or None to send the body as it is (another host, region being registered or refused, no free span,
+        nothing binary).
+
+        `request`: its parsed JSON header (left as it is, so the body can be placed again); `sizes`: the
+        `binary_data_size` of each binary input, in order (bytes); `header_length`: bytes of the JSON header;
+        `pieces`: the whole body, as read.
+        """
         region = self._regions.get(base_url)
         if region is None:
             await self._register(base_url, api_key)
@@ -266,7 +267,6 @@ class SharedMemoryInputs:
                 return None
         else:
             self._regions[base_url] = self._regions.pop(base_url)  # most recently used last
-        request, sizes = binary_input_sizes(header[:header_length])
         if not sizes or not all(sizes):
             return None
         base = region.spans.allocate(sum(aligned(size) for size in sizes))

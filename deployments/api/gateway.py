@@ -180,7 +180,7 @@ class GatewayApp:
         sent_headers = {name: value for name, value in headers.items() if name != API_KEY_HEADER.lower()}
         tried = 0
         placement: Placement | None = None
-        shared_memory = self._shared_memory if body.binary_header is not None else None
+        shared_memory = self._shared_memory if body.binary_request is not None else None
         while True:
             url, key = self._next_server(route)
             if plan.restricted:
@@ -188,7 +188,9 @@ class GatewayApp:
             payload, length, headers_out = body.payload(), body.length or None, sent_headers
             if shared_memory is not None:
                 # A Triton on this host reads the tensors from shared memory: only the JSON header is sent.
-                placement = await shared_memory.place(url, key, body.binary_header, body.header_length, body.pieces)
+                placement = await shared_memory.place(
+                    url, key, body.binary_request, body.binary_sizes, body.header_length, body.pieces
+                )
                 if placement is not None:
                     payload, length = placement.body, len(placement.body)
                     headers_out = {
@@ -480,8 +482,10 @@ class _RequestBody:
         self.inferences = inferences
         self.started = False
         self.fault: _ClientFault | None = None
-        # Set for a whole, uncompressed body with binary tensor data: bytes holding its JSON header, and its size.
-        self.binary_header: bytes | None = None
+        # Set for a whole, uncompressed body with binary tensor data: its parsed JSON header (`request`), the
+        # `binary_data_size` of each binary input (bytes) and the header's length in bytes.
+        self.binary_request: dict | None = None
+        self.binary_sizes: tuple[int, ...] = ()
         self.header_length = 0
 
     @classmethod
@@ -530,9 +534,10 @@ class _RequestBody:
         else:
             summary = await _off_loop(check_inference_header, checked, header_length, length)
         body = cls(receive, pieces, length, more, _inferences(summary, route))
-        if header_length and header_length < OFF_LOOP_BYTES and not more and length > header_length:
-            # Its JSON header is small enough to rewrite on the loop for shared memory (`SharedMemoryInputs`).
-            body.binary_header, body.header_length = checked, header_length
+        if header_length and header_length < OFF_LOOP_BYTES and summary.binary_sizes and not more:
+            # A small JSON header (it is written again, on the loop, for shared memory: `SharedMemoryInputs`).
+            body.binary_request, body.binary_sizes = summary.request, summary.binary_sizes
+            body.header_length = header_length
         return body
 
     @property
