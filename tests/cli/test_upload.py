@@ -262,6 +262,54 @@ def test_ctrl_c_during_an_upload_says_how_to_resume_and_exits_130(cli_process, c
     assert 1 <= int(found.group(1)) < 8
 
 
+class RecordingProgress(transfer.Progress):
+    """Records each advance of the upload's progress with the time it came (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.advances: list[tuple[float, int]] = []
+
+    def start(self, label: str, total: int, done: int = 0) -> None:
+        self.label, self.started = label, time.monotonic()
+
+    def advance(self, count: int) -> None:
+        self.advances.append((time.monotonic() - self.started, count))
+
+
+def test_a_limited_upload_stores_parts_one_after_another_and_its_progress_counts_stored_parts(
+    cli, model, tmp_path, monkeypatch, eager_tasks
+):
+    # given a 40 MiB file in 5 MiB parts sent at most 8 at a time over a 20 MiB/s link (the trial's case, smaller:
+    # 8 parts started together share the link and are all stored at the end, so an interruption keeps none)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(40 * MIB))
+    progresses: list[RecordingProgress] = []
+    monkeypatch.setattr(
+        "conch_cli.output.progress_for_terminal", lambda quiet: progresses.append(RecordingProgress()) or progresses[-1]
+    )
+    # when it is uploaded
+    result = cli("upload", "big", path, "--part-size", "5M", "--limit-rate", "20M", "--json")
+    # then the progress advanced only by whole stored parts, all eight of them
+    assert result.code == 0, result.err
+    advances = next(p for p in progresses if p.label.startswith("upload")).advances
+    assert [count for _, count in advances] == [5 * MIB] * 8
+    # and the parts were stored steadily: the first in the first third of the time, not all at the end
+    times = [at for at, _ in advances]
+    assert times[0] < times[-1] / 3, times
+
+
+def test_a_limited_upload_without_a_part_size_asks_for_parts_of_about_two_seconds(cli, model, tmp_path, eager_tasks):
+    # given a 20 MiB file and a 4 MiB/s limit
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(20 * MIB))
+    # when it is uploaded without --part-size
+    result = cli("upload", "big", path, "--limit-rate", "4M", "--json")
+    # then the client asked for 8 MiB parts (not the server's 16 MiB), so 3 parts
+    assert result.code == 0, result.err
+    upload = result.json()["upload"]
+    assert (upload["part_size_bytes"], upload["part_count"]) == (8 * MIB, 3)
+    assert transfer.choose_part_size(1 * MIB) == 5 * MIB and transfer.choose_part_size(100 * MIB) == 16 * MIB
+
+
 @pytest.mark.parametrize(
     ("name", "head", "says"),
     [

@@ -5,7 +5,10 @@ sha256 goes with the completion. When the model has an open upload of a file of 
 stopped), the sha256 is computed first and sent with the start, which returns that upload, whose `parts` are those
 the store already has. The missing parts go up in parallel
 (a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece per
-worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Then the
+worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Parts share the
+link, so the number in flight is kept to what the measured rate sends in about IN_FLIGHT_S seconds: parts are
+stored one after another, and an interruption loses at most those seconds of sending. The progress counts stored
+parts only, so it agrees with what an interruption says is kept. Then the
 upload is completed and the server checks the joined file's size before it makes the model version; the
 version's build checks the sha256 on the file it reads (a mismatch fails the build, naming `sha256`).
 Re-running the same upload after a crash or Ctrl-C sends only what the store lacks.
@@ -35,6 +38,19 @@ PART_ATTEMPTS = 5
 #: A part URL this close to its expiry is asked for again.
 URL_MARGIN = timedelta(seconds=60)
 OPEN_STATUSES = ("uploading", "completing")
+#: Seconds of sending (at the rate measured over the last RATE_WINDOW_S) that the parts in flight may still need.
+IN_FLIGHT_S = 2.0
+RATE_WINDOW_S = 2.0
+#: Parts in flight before the rate is known, and how often the sender looks again (s).
+FIRST_IN_FLIGHT = 2
+SCHEDULE_TICK_S = 0.1
+
+
+def choose_part_size(bytes_per_second: float) -> int:
+    """The part size (bytes, whole MiB from 5 to 16 MiB) for a sender limited to `bytes_per_second`: about two
+    seconds of sending, so that a part is stored every two seconds or sooner."""
+    mib = 1024 * 1024
+    return max(5 * mib, min(16 * mib, int(2 * bytes_per_second) // mib * mib))
 
 
 class UploadStopped(Exception):
@@ -46,8 +62,8 @@ class UploadStopped(Exception):
 
 
 class Progress:
-    """What an upload reports: `start(label, total_bytes)`, `advance(bytes)` (negative when a part is sent again),
-    `finish()`. This base class reports nothing."""
+    """What an upload reports: `start(label, total_bytes)`, `advance(bytes)` (an upload advances by a part's size
+    when the store has it), `finish()`. This base class reports nothing."""
 
     def start(self, label: str, total: int, done: int = 0) -> None:
         """A new task of `total` bytes begins, `done` of them already done."""
@@ -170,6 +186,9 @@ class PartSender:
         # Set when the upload stops (a part failed for good, Ctrl-C): parts in flight end at their next piece.
         self._stop = threading.Event()
         self.etags: dict[int, str] = {}
+        #: Bytes of part bodies read out to the network so far (parts sent again count again): the rate's measure.
+        self.sent_bytes = 0
+        self._sent_lock = threading.Lock()
         self.storage = httpx.Client(
             timeout=httpx.Timeout(300.0, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
@@ -232,7 +251,8 @@ class PartSender:
                 left -= len(piece)
                 yield piece
                 sent[0] += len(piece)
-                self.progress.advance(len(piece))
+                with self._sent_lock:
+                    self.sent_bytes += len(piece)
 
     def send_part(self, number: int) -> str:
         """PUT part `number` (retrying network errors, 5xx and an expired URL) and return its ETag."""
@@ -251,7 +271,6 @@ class PartSender:
             try:
                 response = self.storage.request(target.method, url, content=self._body(number, sent), headers=headers)
             except httpx.HTTPError as exc:
-                self.progress.advance(-sent[0])
                 if attempt == PART_ATTEMPTS or self._stop.is_set():
                     raise unavailable(exc, call, url.split("?", 1)[0]) from None
                 time.sleep(0.5 * 2**attempt)
@@ -260,8 +279,8 @@ class PartSender:
                 etag = response.headers.get("ETag", "")
                 if not etag and response.headers.get("content-type", "").startswith("application/json"):
                     etag = response.json().get("etag", "")
+                self.progress.advance(size)
                 return etag
-            self.progress.advance(-sent[0])
             error = error_from_response(response, call)
             if "<Error>" in error.detail:  # S3's XML error: keep its code and message
                 error.detail = _s3_message(error.detail)
@@ -279,19 +298,21 @@ class PartSender:
         raise AssertionError("unreachable")
 
     def send_missing(self) -> int:
-        """Send every missing part; return how many bytes were sent. Raises the first part's CliError."""
+        """Send every missing part; return how many bytes were sent. Raises the first part's CliError.
+
+        At most `parallel` parts are in flight, and fewer while the bytes they still need would take longer than
+        IN_FLIGHT_S at the rate measured over the last RATE_WINDOW_S (FIRST_IN_FLIGHT parts before it is known):
+        on a slow or limited link the parts finish one after another instead of all together at the end.
+        """
         missing = self.missing()
         self._pending = list(missing)
         total = self.upload["size_bytes"]
         self.progress.start(f"upload {self.path.name}", total, total - sum(self.part_size(n) for n in missing))
+        futures: dict = {}
         try:
             with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="conch-part") as pool:
-                futures = {pool.submit(self.send_part, n): n for n in missing}
                 try:
-                    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                    failed = [f for f in done if f.exception() is not None]
-                    if failed:
-                        raise failed[0].exception()
+                    self._schedule(pool, missing, futures)
                 except BaseException:
                     # Parts not started are dropped and parts in flight end now; the store keeps the finished ones
                     # (counted in `etags`, so an interruption can say how many are stored).
@@ -308,6 +329,44 @@ class PartSender:
             self.progress.finish()
             self.storage.close()
         return sum(self.part_size(n) for n in missing)
+
+    def _schedule(self, pool: ThreadPoolExecutor, missing: list[int], futures: dict) -> None:
+        """Submit the parts of `missing` to `pool` (recorded in `futures`) as the in-flight budget allows, and wait
+        for all; raises the first part's error."""
+        queue = list(missing)
+        running: set = set()
+        samples = [(time.monotonic(), 0)]  # (when, sent_bytes)
+        while queue or running:
+            now = time.monotonic()
+            samples.append((now, self.sent_bytes))
+            while len(samples) > 2 and samples[1][0] <= now - RATE_WINDOW_S:
+                samples.pop(0)
+            span = now - samples[0][0]
+            rate = (samples[-1][1] - samples[0][1]) / span if span >= 0.5 else None
+            left_in_flight = sum(self.part_size(futures[f]) for f in running) - self._sent_of(running, futures)
+            while queue and len(running) < self.parallel:
+                budget_full = (
+                    len(running) >= FIRST_IN_FLIGHT
+                    if rate is None
+                    else left_in_flight + self.part_size(queue[0]) > rate * IN_FLIGHT_S
+                )
+                if running and budget_full:
+                    break
+                number = queue.pop(0)
+                future = pool.submit(self.send_part, number)
+                futures[future] = number
+                running.add(future)
+                left_in_flight += self.part_size(number)
+            done, _ = wait(running, timeout=SCHEDULE_TICK_S, return_when=FIRST_EXCEPTION)
+            for future in done:
+                running.discard(future)
+                if future.exception() is not None:
+                    raise future.exception()
+
+    def _sent_of(self, running: set, futures: dict) -> int:
+        """Bytes already sent of the parts in `running` (an estimate: what all parts sent minus finished ones)."""
+        finished = sum(self.part_size(n) for f, n in futures.items() if f not in running)
+        return max(0, min(self.sent_bytes - finished, sum(self.part_size(futures[f]) for f in running)))
 
 
 def _s3_message(xml: str) -> str:
@@ -364,6 +423,9 @@ def upload_file(
     body = {"filename": path.name, "size_bytes": path.stat().st_size}
     if isinstance(sha256, str):
         body["sha256"] = sha256
+    if not part_size and rate_limit:
+        # A limited link: parts of about two seconds each, so one is stored every two seconds or sooner.
+        part_size = choose_part_size(rate_limit.rate)
     if part_size:
         body["part_size_bytes"] = part_size
     if build_options:
