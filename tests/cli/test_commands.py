@@ -33,6 +33,17 @@ def test_login_checks_the_token_and_saves_it_for_the_owner_only(cli, conch_env):
     assert listed.code == 0 and listed.json() == []
 
 
+def test_login_with_a_page_s_url_uses_its_scheme_host_and_port(cli, conch_env):
+    # when the user logs in with the URL of the admin page they had open
+    result = cli(
+        "login", "--url", conch_env.url + "/admin/", "--token", conch_env.token, CONCH_URL=None, CONCH_TOKEN=None
+    )
+    # then the CLI says it uses the base URL, and saves that
+    assert result.code == 0, result.err
+    assert f"{conch_env.url}/admin is not Conch's base URL; using {conch_env.url}" in " ".join(result.err.split())
+    assert json.loads(conch_env.config.read_text())["url"] == conch_env.url
+
+
 def test_login_with_a_bad_token_exits_2_and_saves_nothing(cli, conch_env):
     result = cli("login", "--url", conch_env.url, "--token", "conch_nottherightone", "--json")
     assert result.code == 2
@@ -72,8 +83,26 @@ def test_models_create_list_and_the_json_they_print(cli):
     listed = cli("models", "list", "--json").json()
     assert [(m["id"], m["name"]) for m in listed] == [(model["id"], "classifier"), (model["id"] + 1, "other")]
     table = cli("models", "list").out.splitlines()
-    assert table[0].split() == ["ID", "NAME", "TEAM", "LATEST", "VERSION"]
+    assert table[0].split() == ["ID", "NAME", "TEAM", "LATEST", "VERSION", "LATEST", "VERSION", "ID"]
     assert table[1].split() == [str(model["id"]), "classifier", "acme"]
+
+
+def test_models_list_shows_the_latest_version_s_number_and_its_id_apart(cli, conch_env, tmp_path):
+    # given a model whose versions 1..3 have ids that are not their numbers (another model's version came first)
+    team = conch_env.caller.team
+    write_built_version(team, "first", add_constant(tmp_path / "f.onnx", 1.0), BuildOptions())
+    versions = [
+        write_built_version(team, "adder", add_constant(tmp_path / f"v{n}.onnx", float(n)), BuildOptions())
+        for n in (1, 2, 3)
+    ]
+    newest = versions[-1]
+    assert newest.number == 3 and newest.pk != 3
+    # when the models are listed
+    rows = {line.split()[1]: line.split() for line in cli("models", "list").out.splitlines()[1:]}
+    # then LATEST VERSION is the number (adder:3) and LATEST VERSION ID the id
+    assert rows["adder"][3:] == ["3", str(newest.pk)]
+    listed = {m["name"]: m for m in cli("models", "list", "--json").json()}
+    assert (listed["adder"]["latest_version_number"], listed["adder"]["latest_version"]) == (3, newest.pk)
 
 
 def test_a_taken_name_is_a_conflict_unless_exist_ok(cli):
@@ -259,3 +288,47 @@ def test_stop_says_what_became_of_the_deployment_once(cli, conch_env, tmp_path):
     said = " ".join(result.out.split())
     assert said.startswith(f"deployment {deployment.pk} (web) is ")
     assert "stopped stopped" not in said and "stopping stopping" not in said
+
+
+def test_metrics_table_shows_failures_rate_and_latency_of_the_json(cli, conch_env, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployments.models import MetricSample
+    from deployments.observe import FIELDS
+
+    # given a deployment with two samples a minute apart: 6 inferences in 6 requests of 40 ms each, 1 failure
+    version = write_built_version(
+        conch_env.caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions()
+    )
+    deployment = Deployment.objects.create(
+        team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    now = timezone.now()
+    for seconds_ago, count in ((70, 0.0), (10, 6.0)):
+        fields = {f: 0.0 for f in FIELDS}
+        fields.update(
+            success_count=count, inference_count=count, failure_count=count / 6, request_duration_us=40000 * count
+        )
+        MetricSample.objects.create(
+            deployment=deployment,
+            scraped_at=now - timedelta(seconds=seconds_ago),
+            model_name="adder",
+            model_version="1",
+            **fields,
+        )
+    # when the metrics are printed as JSON and as a table
+    model = cli("metrics", "web", "--json").json()["models"][0]
+    table = cli("metrics", "web")
+    # then every column of the table has the JSON's value
+    assert table.code == 0, table.err
+    row = table.out.strip().splitlines()[1].split()
+    assert row == [
+        "adder",
+        "6.0",
+        "6.0",
+        "1.0",
+        str(round(model["throughput_inferences_per_second"], 3)),
+        "40000",
+    ]

@@ -89,3 +89,26 @@ def test_line_progress_prints_done_total_speed_and_time_left(capsys):
     line = capsys.readouterr().err.strip()
     assert line.startswith("upload m.onnx: 25.0 MiB of 100.0 MiB (25%), ")
     assert line.endswith(" s left")
+
+
+def test_a_deployment_status_line_does_not_repeat_the_status():
+    from conch_cli.main import _status_line
+
+    assert _status_line(3, "stopped", "stopped") == "deployment 3: stopped"
+    assert _status_line(3, "stopped", "Stopped.") == "deployment 3: stopped"
+    assert (
+        _status_line(3, "loading", "Triton is loading the model") == "deployment 3: loading Triton is loading the model"
+    )
+    assert _status_line(3, "ready", None) == "deployment 3: ready"
+
+
+def test_a_text_file_as_an_input_is_said_to_need_numpy_save_naming_the_input(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("1, 2, 3\n")
+    with pytest.raises(CliError) as refused:
+        tensors.build_request([("x", notes)])
+    assert refused.value.field == "x"
+    assert refused.value.detail.startswith(
+        f"{notes} is not a .npy file (input 'x'): give an array saved with numpy.save"
+    )
+    assert "pickle" not in refused.value.detail

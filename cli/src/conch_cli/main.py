@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -122,13 +123,32 @@ def login(
     settings = Settings(url=normalize_url(url), token=token.strip())
     if not settings.token:
         raise CliError("Give an API token (--token, CONCH_TOKEN or the prompt).", USAGE, field="token")
-    with ConchApi(settings.url, settings.token) as api:
-        teams = [t["slug"] for t in api.teams()]
+    try:
+        teams = _login_teams(settings)
+    except CliError as error:
+        # A page's URL (…/admin/, …/console/x) instead of Conch's base URL: try scheme://host:port.
+        parts = urlsplit(settings.url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        if origin == settings.url:
+            raise
+        try:
+            teams = _login_teams(Settings(url=origin, token=settings.token))
+        except CliError:
+            error.detail = f"{error.detail}. Give Conch's base URL (scheme://host:port), e.g. {origin}"
+            raise error from None
+        output.note(f"{settings.url} is not Conch's base URL; using {origin}")
+        settings = Settings(url=origin, token=settings.token)
     path = save_settings(settings)
     if as_json:
         output.emit_json({"url": settings.url, "teams": teams, "config": str(path)})
     else:
         output.line(f"logged in to {settings.url} (teams: {', '.join(teams) or 'none'}); saved in {path}")
+
+
+def _login_teams(settings: Settings) -> list[str]:
+    """The slugs of the teams the token sees at `settings.url`; raises what the API call raised (CliError)."""
+    with ConchApi(settings.url, settings.token) as api:
+        return [t["slug"] for t in api.teams()]
 
 
 @models_app.command("create", cls=_Command)
@@ -166,8 +186,8 @@ def models_list(team: Team = None, as_json: Json = False) -> None:
         output.emit_json(found)
     else:
         output.table(
-            ["ID", "NAME", "TEAM", "LATEST VERSION"],
-            [[m["id"], m["name"], m["team"], m["latest_version"]] for m in found],
+            ["ID", "NAME", "TEAM", "LATEST VERSION", "LATEST VERSION ID"],
+            [[m["id"], m["name"], m["team"], m.get("latest_version_number"), m["latest_version"]] for m in found],
         )
 
 
@@ -233,10 +253,15 @@ def upload(
         ),
     ] = None,
     team: Team = None,
-    parallel: Annotated[int, typer.Option(metavar="N", help="Parts sent at once.", min=1, max=64)] = 8,
+    parallel: Annotated[
+        int, typer.Option(metavar="N", help="Most parts sent at once (fewer on a slow link).", min=1, max=64)
+    ] = 8,
     part_size: Annotated[
         str | None,
-        typer.Option(metavar="SIZE", help="Part size, e.g. 64M (default: the server's choice; at least 5M)."),
+        typer.Option(
+            metavar="SIZE",
+            help="Part size, e.g. 64M (default: the server's choice, or about 2 s of --limit-rate; at least 5M).",
+        ),
     ] = None,
     limit_rate: Annotated[
         str | None,
@@ -356,6 +381,14 @@ def builds_wait(
         output.line(f"version id {found['id']} built")
 
 
+def _status_line(deployment_id: int, status: str, message: str | None) -> str:
+    """`deployment ID: STATUS MESSAGE`, the message left out when it only repeats the status."""
+    said = (message or "").strip()
+    if said.rstrip(".").lower() == status.lower():
+        said = ""
+    return f"deployment {deployment_id}: {status} {said}".rstrip()
+
+
 def _wait_deployment(api: ConchApi, deployment_id: int, wanted: str, timeout_s: float) -> dict:
     """Poll the deployment until its status is `wanted` (returned); failed (or stopped while waiting for ready)
     raises CliError FAILED with its error, a timeout UNAVAILABLE."""
@@ -365,7 +398,7 @@ def _wait_deployment(api: ConchApi, deployment_id: int, wanted: str, timeout_s: 
         deployment = api.get(f"/api/v1/deployments/{deployment_id}/")
         status = deployment["status"]
         if status != last:
-            output.note(f"deployment {deployment_id}: {status} {deployment.get('status_message') or ''}".rstrip())
+            output.note(_status_line(deployment_id, status, deployment.get("status_message")))
             last = status
         if status == wanted:
             return deployment
@@ -639,13 +672,20 @@ def metrics(
             m.get("model_name"),
             m.get("request_count"),
             m.get("inference_count"),
-            m.get("failure_count"),
-            m.get("throughput"),
-            m.get("avg_request_latency_us"),
+            m.get("failures"),
+            _round(m.get("throughput_inferences_per_second"), 3),
+            _round(m.get("average_request_latency_us"), 0),
         ]
         for m in summary.get("models") or []
     ]
     output.table(["MODEL", "REQUESTS", "INFERENCES", "FAILURES", "INFER/S", "AVG LATENCY µs"], rows)
+
+
+def _round(value: float | None, digits: int) -> float | int | None:
+    """`value` rounded to `digits` decimals (an int for 0), None kept."""
+    if value is None:
+        return None
+    return round(value) if digits == 0 else round(value, digits)
 
 
 def _report(error: CliError, json_mode: bool) -> None:

@@ -52,6 +52,19 @@ def build_request(inputs: list[tuple[str, Path]]) -> tuple[bytes, int]:
     blobs = []
     for name, path in inputs:
         try:
+            with path.open("rb") as handle:
+                head = handle.read(6)
+        except OSError as exc:
+            raise CliError(f"Cannot read {path} for input {name!r}: {exc.strerror or exc}", USAGE, field=name) from None
+        if head != b"\x93NUMPY" and not head.startswith(b"PK\x03\x04"):  # neither .npy nor .npz
+            # np.load would try it as a pickle and say so, which names nothing the user did.
+            raise CliError(
+                f"{path} is not a .npy file (input {name!r}): give an array saved with numpy.save, e.g. "
+                f"numpy.save('{name}.npy', numpy.array([...], dtype='float32')).",
+                USAGE,
+                field=name,
+            )
+        try:
             array = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise CliError(f"Cannot read {path} as a .npy array for input {name!r}: {exc}", USAGE, field=name) from None
