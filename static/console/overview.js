@@ -8,6 +8,11 @@
     width: 160, height: 36, axes: false, legend: false, cursor: false,
   })]));
 
+  function rateText(rate) {
+    if (rate === 0) return "0 inf/s";
+    return rate < 0.01 ? `${rate.toPrecision(1)} inf/s` : `${rate.toFixed(2)} inf/s`;
+  }
+
   async function refresh() {
     for (const [el, view] of views) {
       const id = el.dataset.sparkline;
@@ -19,9 +24,11 @@
         const points = body.series.length ? body.series[0].points : [];
         view.update(points.map((p) => Date.parse(p.time) / 1000),
           [points.map((p) => (p.samples ? p.throughput_inferences_per_second : null))]);
+        // The rate over the whole stated window (15 min), not over the stretch its samples happen to cover: one
+        // inference ten minutes ago is 0.001 inf/s, not 0.27 inf/s over the 3.7 s between two samples.
         const model = body.models[0];
         document.getElementById(`spark-value-${id}`).textContent =
-          model ? `${model.throughput_inferences_per_second.toFixed(2)} inf/s` : "no data";
+          model ? rateText(model.inference_count / body.window_seconds) : "no data";
       } catch (err) {
         // A deployment whose metrics cannot be read keeps its empty sparkline.
       }

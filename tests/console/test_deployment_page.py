@@ -195,3 +195,38 @@ def test_switching_version_from_the_page_hot_updates_a_real_deployment(
     assert answer() == 2.0
     row = Deployment.objects.get(pk=deployment["id"])
     assert (row.model_version_id, row.update_status) == (v2.pk, "succeeded")
+
+
+def test_the_overview_rate_is_over_its_15_minutes_and_a_stopped_deployment_shows_none(page, alice, two_versions):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployments.models import MetricSample
+    from deployments.observe import FIELDS
+
+    versions, deployment = two_versions
+    # given one inference ten minutes ago, between two samples 3.7 s apart (0.27 inf/s over those 3.7 s)
+    now = timezone.now()
+    for seconds_ago, count in ((600.0, 0.0), (596.3, 1.0)):
+        fields = {f: 0.0 for f in FIELDS}
+        fields.update(success_count=count, inference_count=count, request_duration_us=40000 * count)
+        MetricSample.objects.create(
+            deployment=deployment,
+            scraped_at=now - timedelta(seconds=seconds_ago),
+            model_name="adder",
+            model_version="1",
+            **fields,
+        )
+    # and a stopped deployment of the same version
+    stopped = Deployment.objects.create(
+        team=alice.team, name="old", model_version=versions[0], status="stopped", config_pbtxt=versions[0].config_pbtxt
+    )
+    # when the overview is open
+    page.goto("/")
+    value = page.locator(f"#spark-value-{deployment.pk}")
+    expect(value).not_to_have_text("")
+    # then the rate is the one inference over 900 s, and the stopped deployment has no rate and no sparkline
+    assert value.inner_text() == "0.001 inf/s"
+    assert page.locator(f"#spark-value-{stopped.pk}").inner_text() == "— (stopped)"
+    assert page.locator(f'[data-sparkline="{stopped.pk}"]').count() == 0
