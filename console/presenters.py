@@ -127,3 +127,23 @@ def tritonclient_snippet(
     ]
     lines += [f'print(result.as_numpy("{row.name}"))' for row in outputs]
     return "\n".join(lines)
+
+
+def in_use_message(what: str, users: list[dict[str, Any]]) -> str:
+    """What the console says when `what` (e.g. "Version 3 of adder") cannot be deleted because deployments not
+    stopped use it: `users` are the InUse error's [{"id", "name"}], named with what to do on their pages."""
+    named = ", ".join(f"'{user['name']}'" for user in users)
+    count = len(users)
+    return (
+        f"{what} is used by {count} deployment{'s' if count != 1 else ''} not stopped: {named}. On "
+        f"{'each' if count != 1 else 'its'} deployment's page, press “Stop deployment…” or serve another version "
+        "with “Switch version”, then delete again."
+    )
+
+
+def already_member_message(username: str, team_slug: str) -> str:
+    """What the console says when the user to add is already a member of the team."""
+    return (
+        f"'{username}' is already a member of team '{team_slug}'; change their role in the “Members and roles” "
+        "table (pick the role, then Save)."
+    )

@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from conch.errors import ConchError, InvalidInput, NotFound
+from conch.errors import ConchError, Conflict, InUse, InvalidInput, NotFound
 from console import presenters
 from console.context import SESSION_TEAM, team_context
 from deployments import services as deployments
@@ -259,6 +259,9 @@ def version_delete(request: HttpRequest, model_id: int, version_id: int) -> Http
         return refused
     try:
         deletion.delete_model_version(user=request.user, version=version)
+    except InUse as exc:  # the API's text names API calls; the console names its own buttons
+        error = presenters.in_use_message(f"Version {version.number} of {model.name}", exc.users)
+        return _model_page(request, model, status=exc.status_code, error=error)
     except ConchError as exc:
         return _model_page(request, model, status=exc.status_code, error=exc.detail)
     messages.success(request, f"Version {version.number} of {model.name} deleted.")
@@ -519,12 +522,15 @@ def member_add(request: HttpRequest, slug: str) -> HttpResponse:
     """Add an existing user to the team with a role (team admin)."""
 
     def act(team) -> None:
-        team_members.add_member(
-            user=request.user,
-            slug=team.slug,
-            username=request.POST.get("username", "").strip(),
-            role=request.POST.get("role", ""),
-        )
+        username = request.POST.get("username", "").strip()
+        try:
+            team_members.add_member(
+                user=request.user, slug=team.slug, username=username, role=request.POST.get("role", "")
+            )
+        except Conflict as exc:  # the API's text names PATCH; the console names its own form
+            if exc.field != "username":
+                raise
+            raise Conflict(presenters.already_member_message(username, team.slug), field="username") from exc
 
     return _team_action(request, slug, act, "Member added.")
 

@@ -160,7 +160,9 @@ def test_deleting_a_used_version_is_409_naming_the_deployment_and_an_unused_one_
     version, deployment = adder
     response = session.post(f"/models/{version.model_id}/versions/{version.pk}/delete/")
     assert response.status_code == 409
-    assert "used by 1 deployment not stopped: &#x27;adder&#x27;" in response.content.decode()
+    html = response.content.decode()
+    assert "used by 1 deployment not stopped: &#x27;adder&#x27;. On its deployment&#x27;s page, press" in html
+    assert "DELETE /api/v1/deployments" not in html
     spare = write_built_version(alice.team, "adder", add_constant(tmp_path / "v2.onnx", 2.0), BuildOptions())
     response = session.post(f"/models/{version.model_id}/versions/{spare.pk}/delete/")
     assert response.status_code == 302
@@ -304,3 +306,26 @@ def test_quota_amounts_read_in_singular_and_plural():
     assert quota_amount({"nvidia.com/gpu": 2}, "gpu") == "2 GPUs (nvidia.com/gpu)"
     assert quota_amount({"nvidia.com/mig-1g.10gb": 1}, "gpu") == "1 MIG slice (nvidia.com/mig-1g.10gb)"
     assert quota_amount({}, "gpu") == "no GPU"
+
+
+def test_adding_a_member_already_in_the_team_says_to_change_the_role_in_the_console(session, alice):
+    bob = UserFactory(username="bob")
+    MembershipFactory(user=bob, team=alice.team, role="developer")
+    alice.user.memberships.filter(team=alice.team).update(role="admin")
+    response = session.post("/teams/acme/members/", {"username": "bob", "role": "viewer"})
+    assert response.status_code == 409
+    html = response.content.decode()
+    assert "&#x27;bob&#x27; is already a member of team &#x27;acme&#x27;; change their role in the" in html
+    assert "PATCH" not in html and "/api/v1/teams/acme/members/bob/" not in html
+
+
+def test_a_stopped_deployment_s_timeline_does_not_say_ready_since(session, adder):
+    _, deployment = adder
+    deployment.ready_at = deployment.created_at
+    deployment.save(update_fields=["ready_at"])
+    assert "Ready since" in session.get(f"/deployments/{deployment.pk}/live/").content.decode()
+    deployment.status = "stopped"
+    deployment.save(update_fields=["status"])
+    html = session.get(f"/deployments/{deployment.pk}/live/").content.decode()
+    assert "Ready since" not in html
+    assert "Was ready from <time" in html and "now <b>stopped</b>." in html
