@@ -343,7 +343,7 @@ def test_the_pipeline_runs_again_with_the_same_name_on_the_restarted_processes(d
     assert pipeline.returncode == 0, pipeline.stdout + pipeline.stderr
     lines = pipeline.stdout.splitlines()
     assert re.fullmatch(r"model \d+ \(existing\)", lines[0])
-    assert re.fullmatch(r"version \d+ \(number 2\) uploaded", lines[1])
+    assert re.fullmatch(r"uploaded \S+:2 \(version id \d+\)", lines[1])
     assert "inference output shape [1, 214]" in pipeline.stdout
     assert lines[-1].endswith("stopped")
 

@@ -400,6 +400,7 @@ class _RateLimiter:
         self._window = 0
         self._shared: dict[str, int] = {}  # token -> the window's total as last known (all processes)
         self._pending: dict[str, int] = {}  # token -> admitted here since the last sync
+        self._sending: dict[str, int] = {}  # token -> admitted here, being added to Redis by the running sync
         self._warned_at = 0.0
         self._syncer: asyncio.Task | None = None
 
@@ -412,10 +413,10 @@ class _RateLimiter:
         now = time.time()
         window = int(now // 60)
         if window != self._window:
-            self._window, self._shared, self._pending = window, {}, {}
+            self._window, self._shared, self._pending, self._sending = window, {}, {}, {}
         token = f"{route.token_id}:{route.token_prefix}"
         pending = self._pending.get(token, 0)
-        if self._shared.get(token, 0) + pending >= route.requests_per_minute:
+        if self._shared.get(token, 0) + self._sending.get(token, 0) + pending >= route.requests_per_minute:
             retry = max(1, math.ceil((window + 1) * 60 - now))
             raise _TooManyRequests(
                 f"Rate limit of {route.requests_per_minute} requests/minute for token {route.token_prefix}… "
@@ -437,7 +438,9 @@ class _RateLimiter:
         if self._redis is None or not self._pending:
             return
         window, pending = self._window, self._pending
-        self._pending = {}
+        # Until Redis answers, what is being sent still counts (admit reads it), or requests arriving meanwhile
+        # would be checked against a total that lacks it.
+        self._pending, self._sending = {}, pending
         keys = list(pending)
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -447,6 +450,7 @@ class _RateLimiter:
                 answers = await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - any Redis trouble: count locally, and say so
             if window == self._window:
+                self._sending = {}
                 for token, count in pending.items():
                     self._shared[token] = self._shared.get(token, 0) + count
             if time.monotonic() - self._warned_at > 60:
@@ -454,6 +458,7 @@ class _RateLimiter:
                 log.warning("gateway.rate_limit.unavailable", extra={"error": str(exc)})
             return
         if window == self._window:
+            self._sending = {}
             for token, total in zip(keys, answers[::2], strict=True):
                 self._shared[token] = int(total)
 

@@ -22,6 +22,7 @@ from models_registry.models import ModelVersion
 from models_registry.services import sample_inputs_key
 from models_registry.storage import get_object_store
 from tests import real_models
+from tests.tiny_models import onnx_like
 from tests.flows import deploy_ready
 from tritonserving.client import TritonClient
 from tritonserving.config import config_from_pbtxt
@@ -400,7 +401,7 @@ def test_a_rebuild_with_a_bad_samples_file_keeps_the_versions_samples(
 ):
     # given a failed version with sample values (its file is not ONNX, so no build step runs Triton)
     version = built(
-        alice, django_capture_on_commit_callbacks, "x", b"\x89PNG\r\n\x1a\n" + b"\0" * 64, sample_values="a=1"
+        alice, django_capture_on_commit_callbacks, "x", onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64), sample_values="a=1"
     )
     assert version["status"] == "failed"
     keys = get_object_store().list_keys("")
@@ -419,7 +420,7 @@ def test_a_rebuild_with_a_bad_samples_file_keeps_the_versions_samples(
 
 
 def test_a_rebuild_takes_sample_values_as_json(alice, eager_tasks, django_capture_on_commit_callbacks):
-    version = built(alice, django_capture_on_commit_callbacks, "x", b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    version = built(alice, django_capture_on_commit_callbacks, "x", onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64))
     with django_capture_on_commit_callbacks(execute=True):
         response = alice.client.post(
             f"/api/v1/versions/{version['id']}/rebuild", {"sample_values": {"sr": 8000}}, format="json"
@@ -432,7 +433,7 @@ def test_a_rebuild_takes_sample_values_as_json(alice, eager_tasks, django_captur
 def test_a_rebuild_refuses_a_json_body_that_is_not_an_object(
     alice, eager_tasks, django_capture_on_commit_callbacks, body
 ):
-    version = built(alice, django_capture_on_commit_callbacks, "x", b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    version = built(alice, django_capture_on_commit_callbacks, "x", onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64))
     response = alice.client.post(
         f"/api/v1/versions/{version['id']}/rebuild", data=body, content_type="application/json"
     )

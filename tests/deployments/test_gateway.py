@@ -195,6 +195,8 @@ def test_a_token_past_its_rate_limit_gets_429_with_retry_after(served):
     limited = create_api_token(user=caller.user, name="slow", team=caller.team, scopes=["infer"])
     ApiToken.objects.filter(pk=limited.token.pk).update(requests_per_minute=3)
     headers = {"Authorization": f"Bearer {limited.secret}"}
+    if time.time() % 60 > 50:  # the windows are calendar minutes: keep the four requests in one
+        time.sleep(61 - time.time() % 60)
     answers = [requests.get(f"{base}/v2/health/live", headers=headers, timeout=10) for _ in range(4)]
     assert [a.status_code for a in answers] == [200, 200, 200, 429]
     refused = answers[-1]

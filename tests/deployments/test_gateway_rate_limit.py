@@ -83,3 +83,26 @@ def test_an_unreachable_redis_falls_back_to_local_counts():
             await limiter.close()
 
     asyncio.run(run())
+
+
+def test_requests_that_arrive_while_a_sync_waits_for_redis_count_what_it_is_sending():
+    route = _route(3)
+
+    async def run() -> tuple[bool, int]:
+        limiter = _RateLimiter(settings.CELERY_BROKER_URL)
+        try:
+            for _ in range(3):
+                limiter.admit(route)
+            syncing = asyncio.create_task(limiter.sync())
+            await asyncio.sleep(0)  # the sync has taken the three counts and waits for Redis's answer
+            try:
+                limiter.admit(route)
+                refused_meanwhile = False
+            except _TooManyRequests:
+                refused_meanwhile = True
+            await syncing
+            return refused_meanwhile, limiter._shared[f"{route.token_id}:{route.token_prefix}"]
+        finally:
+            await limiter.close()
+
+    assert asyncio.run(run()) == (True, 3)
