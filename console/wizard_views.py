@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from builds import services as builds
+from builds.formats import HEAD_BYTES
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -170,6 +171,8 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             # the server's limit, so the page can refuse a file that is too big before hashing it
             "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
             "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
+            # how many first bytes the start of an upload carries for the server's format check
+            "head_bytes": HEAD_BYTES,
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
             "open_uploads": _open_uploads(model),
         },
