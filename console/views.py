@@ -141,6 +141,10 @@ def overview(request: HttpRequest) -> HttpResponse:
             .order_by("-created_at")[:RECENT_BUILDS]
         )
         context["usage"] = [_usage_line(line) for line in team_usage(team=console.team)]
+        role = tenancy.role_in_team(user=request.user, team=console.team)
+        # the wizard is for developers; a viewer is told why there is no button instead
+        context["can_upload"] = role is not None and role.rank >= Role.DEVELOPER.rank
+        context["role"] = role
     return render(request, "console/overview.html", context)
 
 

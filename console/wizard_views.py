@@ -41,6 +41,8 @@ from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_f
 from models_registry import resumable
 from models_registry import services as registry
 from models_registry.choices import UploadStatus
+from tenancy import services as tenancy
+from tenancy.choices import Role
 
 #: Open uploads the upload page lists (a model rarely has more than one: the same file resumes the same upload).
 OPEN_UPLOADS_SHOWN = 5
@@ -116,6 +118,23 @@ POST = ("POST",)
 GET_POST = ("GET", "POST")
 
 
+def _refuse_viewer(request: HttpRequest, team) -> HttpResponse | None:
+    """The 403 page for a member below the developer role (a viewer): the wizard's every step writes (a model,
+    a version, a build, a deployment), so a viewer is told at once, naming the role, not on submit."""
+    try:
+        tenancy.require_role(
+            user=request.user, team=team, role=Role.DEVELOPER, action="Uploading and deploying a model"
+        )
+    except ConchError as exc:
+        return _page(
+            request,
+            "console/wizard/forbidden.html",
+            {"error": exc.detail, "error_status": "403 Forbidden", "team": team},
+            status=exc.status_code,
+        )
+    return None
+
+
 def _error(exc: ConchError) -> dict[str, Any]:
     return {"detail": exc.detail, "field": exc.field or "", "quota": getattr(exc, "quota", None)}
 
@@ -128,6 +147,8 @@ def _error(exc: ConchError) -> dict[str, Any]:
 def start(request: HttpRequest) -> HttpResponse:
     """Step 1: the current team's models to choose from, and a form registering a new one."""
     console = team_context(request)
+    if console.team is not None and (refused := _refuse_viewer(request, console.team)):
+        return refused
     error = None
     name = ""
     if request.method == "POST" and console.team is not None:
@@ -157,7 +178,7 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
         model = registry.get_model(user=request.user, model_id=model_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
-    if refused := _refuse_method(request, GET):
+    if refused := _refuse_method(request, GET) or _refuse_viewer(request, model.team):
         return refused
     versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
     return _page(
