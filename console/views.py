@@ -141,6 +141,10 @@ def overview(request: HttpRequest) -> HttpResponse:
             .order_by("-created_at")[:RECENT_BUILDS]
         )
         context["usage"] = [_usage_line(line) for line in team_usage(team=console.team)]
+        role = tenancy.role_in_team(user=request.user, team=console.team)
+        # the wizard is for developers; a viewer is told why there is no button instead
+        context["can_upload"] = role is not None and role.rank >= Role.DEVELOPER.rank
+        context["role"] = role
     return render(request, "console/overview.html", context)
 
 
@@ -252,11 +256,34 @@ def version_download(request: HttpRequest, model_id: int, version_id: int) -> Ht
 
 @login_required
 def version_delete(request: HttpRequest, model_id: int, version_id: int) -> HttpResponse:
-    """Delete a version (developer role); one a deployment uses is refused with the 409 naming it."""
+    """Delete a version (developer role); one a deployment uses is refused with the 409 naming it.
+
+    The model page's Delete button posts without the confirmation field and gets the confirmation page naming the
+    version; only its form (`confirm=yes`) deletes it. A viewer is refused (403) at the first step already.
+    """
     model = _model_of(request, model_id)
     version = _version_of(request, model, version_id)
     if refused := _post_only(request):
         return refused
+    if not _confirmed(request):
+        try:
+            tenancy.require_role(
+                user=request.user, team=model.team, role=Role.DEVELOPER, action="Deleting a model version"
+            )
+        except ConchError as exc:
+            return _model_page(request, model, status=exc.status_code, error=exc.detail)
+        size = filesizeformat(version.source_size_bytes) if version.source_size_bytes else "no file"
+        return _confirm_page(
+            request,
+            title=f"Delete version {version.number} of {model.name}?",
+            question=f"Delete version {version.number} of model “{model.name}” in team {model.team.slug} (now "
+            f"{version.status}, {size})?",
+            consequence="Its uploaded file, sample inputs and every build of it are deleted from the object store, "
+            "and the version is gone from the model page and the API. A deployment that serves it refuses this. A "
+            "deleted version cannot be restored; to serve the model again, upload the file anew.",
+            button=f"Delete version {version.number}",
+            cancel_url=reverse("console:model", kwargs={"model_id": model.pk}),
+        )
     try:
         deletion.delete_model_version(user=request.user, version=version)
     except InUse as exc:  # the API's text names API calls; the console names its own buttons

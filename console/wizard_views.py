@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from builds import services as builds
+from builds.formats import HEAD_BYTES
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -40,6 +41,8 @@ from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_f
 from models_registry import resumable
 from models_registry import services as registry
 from models_registry.choices import UploadStatus
+from tenancy import services as tenancy
+from tenancy.choices import Role
 
 #: Open uploads the upload page lists (a model rarely has more than one: the same file resumes the same upload).
 OPEN_UPLOADS_SHOWN = 5
@@ -115,6 +118,23 @@ POST = ("POST",)
 GET_POST = ("GET", "POST")
 
 
+def _refuse_viewer(request: HttpRequest, team) -> HttpResponse | None:
+    """The 403 page for a member below the developer role (a viewer): the wizard's every step writes (a model,
+    a version, a build, a deployment), so a viewer is told at once, naming the role, not on submit."""
+    try:
+        tenancy.require_role(
+            user=request.user, team=team, role=Role.DEVELOPER, action="Uploading and deploying a model"
+        )
+    except ConchError as exc:
+        return _page(
+            request,
+            "console/wizard/forbidden.html",
+            {"error": exc.detail, "error_status": "403 Forbidden", "team": team},
+            status=exc.status_code,
+        )
+    return None
+
+
 def _error(exc: ConchError) -> dict[str, Any]:
     return {"detail": exc.detail, "field": exc.field or "", "quota": getattr(exc, "quota", None)}
 
@@ -127,6 +147,8 @@ def _error(exc: ConchError) -> dict[str, Any]:
 def start(request: HttpRequest) -> HttpResponse:
     """Step 1: the current team's models to choose from, and a form registering a new one."""
     console = team_context(request)
+    if console.team is not None and (refused := _refuse_viewer(request, console.team)):
+        return refused
     error = None
     name = ""
     if request.method == "POST" and console.team is not None:
@@ -156,7 +178,7 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
         model = registry.get_model(user=request.user, model_id=model_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
-    if refused := _refuse_method(request, GET):
+    if refused := _refuse_method(request, GET) or _refuse_viewer(request, model.team):
         return refused
     versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
     return _page(
@@ -170,6 +192,8 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             # the server's limit, so the page can refuse a file that is too big before hashing it
             "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
             "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
+            # how many first bytes the start of an upload carries for the server's format check
+            "head_bytes": HEAD_BYTES,
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
             "open_uploads": _open_uploads(model),
         },

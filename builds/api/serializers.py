@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from builds.formats import HEAD_BYTES
 from builds.model_config import (
     DEFAULT_INSTANCE_COUNT,
     DEFAULT_MAX_BATCH_SIZE,
@@ -235,6 +239,23 @@ class StartUploadSerializer(serializers.Serializer):
         help_text="Bytes per part, 5 MiB to 5 GiB, at most 10,000 parts; left out, Conch chooses (16 MiB or more).",
     )
     build_options = UploadBuildOptionsSerializer(required=False, allow_null=True)
+    head = serializers.CharField(
+        required=False,
+        max_length=4 * ((HEAD_BYTES + 2) // 3),
+        help_text=f"Optional: the file's first {HEAD_BYTES} bytes (all of it when shorter), base64. A file whose first "
+        "bytes show it is not an ONNX model (text, an image, a ZIP such as a PyTorch .pt, a Git LFS pointer…) is then "
+        "refused with 400 naming `head` before anything is reserved, so a client learns it before sending the file.",
+    )
+
+    def validate_head(self, value: str) -> bytes:
+        """Decode the base64 `head`; 400 naming it when it is not base64 or longer than HEAD_BYTES bytes."""
+        try:
+            head = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise serializers.ValidationError("head must be base64 (RFC 4648) of the file's first bytes.") from None
+        if not head or len(head) > HEAD_BYTES:
+            raise serializers.ValidationError(f"head must hold 1 to {HEAD_BYTES} bytes; it holds {len(head)}.")
+        return head
 
 
 class StoredPartSerializer(serializers.Serializer):

@@ -75,7 +75,9 @@ class ModelUploadsView(APIView):
         },
         description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. A name "
         "that says the file is not an ONNX model (an ending other than .onnx, such as .pt or .bin) is refused with 400 "
-        "naming `filename`. The size "
+        "naming `filename`; with `head` (optional: the file's first bytes, base64), first bytes that show another "
+        "format are refused with 400 naming `head`. Both are checked before the SHA-256, which may be left out "
+        "here and sent with .../complete, so a client can ask before hashing the file. The size "
         "is checked against CONCH_MAX_UPLOAD_BYTES (413 naming size_bytes) and reserved in the team's storage quota "
         "(409 with `quota`) before anything starts in the object store; the reservation lasts until the upload "
         "completes, is aborted or expires. The same file (model, filename, size, sha256) while an upload of it is "
@@ -95,6 +97,7 @@ class ModelUploadsView(APIView):
             sha256=data.get("sha256") or "",
             part_size_bytes=data.get("part_size_bytes"),
             build_options={k: v for k, v in (data.get("build_options") or {}).items() if v is not None},
+            head=data.get("head"),
             token=request.auth,
         )
         return Response(_render([upload]), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

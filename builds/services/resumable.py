@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from builds.formats import check_model_filename
+from builds.formats import check_model_filename, check_model_head
 from builds.model_config import parse_build_options
 from builds.services.submission import queue_build
 from conch.errors import ConchError, InvalidInput
@@ -56,16 +56,22 @@ def start_resumable_upload(
     sha256: str,
     part_size_bytes: int | None = None,
     build_options: Mapping[str, Any] | None = None,
+    head: bytes | None = None,
     token: TokenGrant | None = None,
 ) -> tuple[Upload, bool]:
-    """Check the build options, then start the upload (`models_registry.resumable.start_upload`).
+    """Check the file's name, first bytes and build options, then start the upload (`resumable.start_upload`).
+
+    `head` is the file's first bytes (up to `builds.formats.HEAD_BYTES`; None when the client sent none): checked
+    with `check_model_head`, so a file that is not an ONNX model is refused before any of it is sent.
 
     `build_options` is a JSON object with any of BUILD_OPTION_NAMES (values as the version upload takes them).
     Raises InvalidInput naming `filename` when its name says the file is not an ONNX model (an ending other than
-    .onnx: `builds.formats.check_model_filename`), or `build_options.<name>`, and whatever `start_upload` raises.
-    Nothing is reserved or started then.
+    .onnx: `builds.formats.check_model_filename`), `head` when its first bytes are not an ONNX model's, or
+    `build_options.<name>`, and whatever `start_upload` raises. Nothing is reserved or started then.
     """
     check_model_filename(filename or "", field="filename")
+    if head is not None:
+        check_model_head(head, size_bytes=size_bytes, field="head")
     options = dict(build_options or {})
     unknown = sorted(set(options) - set(BUILD_OPTION_NAMES))
     if unknown:

@@ -104,7 +104,9 @@ def test_the_model_page_shows_the_signature_and_refuses_deleting_a_used_version(
     screenshot(page, "console-model")
     # when she tries to delete the version
     page.get_by_role("button", name="Delete version 1").click()
-    # then the refusal names the deployment using it
+    # then a confirmation names the version, and once confirmed the refusal names the deployment using it
+    expect(page.get_by_test_id("confirm-question")).to_contain_text("Delete version 1 of model “classifier”")
+    page.get_by_test_id("confirm-submit").click()
     expect(page.get_by_test_id("page-error")).to_contain_text("'web'")
     version.refresh_from_db()
     assert version.status == "built"

@@ -158,15 +158,41 @@ def test_scaling_a_local_deployment_is_400_naming_the_field(session, adder):
 
 def test_deleting_a_used_version_is_409_naming_the_deployment_and_an_unused_one_goes(session, alice, adder, tmp_path):
     version, deployment = adder
-    response = session.post(f"/models/{version.model_id}/versions/{version.pk}/delete/")
+    response = session.post(f"/models/{version.model_id}/versions/{version.pk}/delete/", {"confirm": "yes"})
     assert response.status_code == 409
     html = response.content.decode()
     assert "used by 1 deployment not stopped: &#x27;adder&#x27;. On its deployment&#x27;s page, press" in html
     assert "DELETE /api/v1/deployments" not in html
     spare = write_built_version(alice.team, "adder", add_constant(tmp_path / "v2.onnx", 2.0), BuildOptions())
-    response = session.post(f"/models/{version.model_id}/versions/{spare.pk}/delete/")
+    response = session.post(f"/models/{version.model_id}/versions/{spare.pk}/delete/", {"confirm": "yes"})
     assert response.status_code == 302
     assert not type(spare).objects.filter(pk=spare.pk).exists()
+
+
+def test_deleting_a_version_asks_first_naming_it_and_a_viewer_is_refused_at_once(session, alice, tmp_path):
+    # given an unused built version
+    version = write_built_version(alice.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions())
+    url = f"/models/{version.model_id}/versions/{version.pk}/delete/"
+    # when the model page's Delete button posts (no confirmation field)
+    response = session.post(url)
+    # then the confirmation page names the version, and nothing is deleted
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Delete version 1 of model “adder” in team acme (now built, " in html
+    assert f'href="/models/{version.model_id}/" data-testid="confirm-cancel"' in html
+    assert '<input type="hidden" name="confirm" value="yes">' in html
+    assert type(version).objects.filter(pk=version.pk, status="built").exists()
+    # and a viewer gets the 403 naming the role, not the confirmation page
+    viewer = UserFactory(username="vic")
+    MembershipFactory(user=viewer, team=alice.team, role="viewer")
+    client = Client()
+    client.force_login(viewer)
+    refused = client.post(url)
+    assert refused.status_code == 403
+    assert "Deleting a model version needs the developer role in team &#x27;acme&#x27;" in refused.content.decode()
+    # when confirmed, it goes
+    assert session.post(url, {"confirm": "yes"}).status_code == 302
+    assert not type(version).objects.filter(pk=version.pk).exists()
 
 
 def test_download_streams_the_uploaded_file(session, alice):

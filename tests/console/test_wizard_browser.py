@@ -61,6 +61,12 @@ def drop_file(page, selector: str, path: Path) -> None:
     page.dispatch_event(selector, "drop", {"dataTransfer": transfer})
 
 
+def onnx_like(seed: int, size: int) -> bytes:
+    """`size` random bytes that begin as an ONNX file does (ir_version 7), so the upload's start takes them: the
+    tests here are about moving bytes; the build that follows fails on them (no graph), after checking the sha256."""
+    return b"\x08\x07" + np.random.default_rng(seed).integers(0, 256, size - 2, dtype=np.uint8).tobytes()
+
+
 def watch_progress(page):
     """Keep every text the upload's progress line shows from now on; returns a handle to that list."""
     return page.evaluate_handle(
@@ -281,8 +287,8 @@ def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, al
 def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     console_browser, alice, eager_tasks, screenshot, tmp_path
 ):
-    # given a 20 MiB file (three parts of the page's 8 MiB) and a connection that drops part 2 the first time
-    data = np.random.default_rng(5).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
+    # given a 20 MiB file (three parts of the page's 8 MiB) and a connection that drops part 2 every time
+    data = onnx_like(5, 20 * 1024 * 1024)
     path = tmp_path / "big.onnx"
     path.write_bytes(data)
     page = console_browser.page_for(alice.user)
@@ -290,15 +296,12 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     sent: list[str] = []
     dropped: list[str] = []
 
-    def drop_part_2_once(route):
-        if not dropped:
-            dropped.append(route.request.url)
-            route.abort("connectionreset")
-        else:
-            route.continue_()
+    def drop_part_2(route):
+        dropped.append(route.request.url)
+        route.abort("connectionreset")
 
     page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
-    page.route("**/parts/2", drop_part_2_once)
+    page.route("**/parts/2", drop_part_2)
     page.goto(f"/wizard/models/{model['id']}/upload/")
     shown = watch_progress(page)
     # when the upload runs into the dropped connection
@@ -306,11 +309,13 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     page.get_by_test_id("upload-resume").wait_for(state="visible")
     page.wait_for_function("!document.querySelector('[data-testid=upload-resume]').disabled", timeout=60_000)
     page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
-    assert dropped and "connection dropped" in page.locator("#upload-error").inner_text()
+    assert dropped and "Connection lost (the connection dropped" in page.locator("#upload-error").inner_text()
     # (while parts were moving, the progress said how fast and how long still)
     assert any(re.search(r"parts, [0-9.]+ (bytes|KiB|MiB|GiB)/s, .+ left$", text) for text in shown.json_value())
     screenshot(page, "wizard-2-upload-interrupted")
-    # and the page is reloaded, it says that the upload is still open, how much of it is stored, and how to go on
+    # and the page is reloaded (the connection back), it says that the upload is still open, how much of it is
+    # stored, and how to go on
+    page.unroute("**/parts/2")
     sent.clear()
     page.reload()
     open_upload = page.get_by_test_id("open-upload")
@@ -328,23 +333,21 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
 
 
 def _interrupted_upload(console_browser, alice, tmp_path, name: str):
-    """A page whose upload of a 20 MiB file lost part 2 to a dropped connection (the others stored); returns
-    (page, file bytes, model id)."""
-    data = np.random.default_rng(9).integers(0, 256, 20 * 1024 * 1024, dtype=np.uint8).tobytes()
+    """A page whose upload of a 20 MiB file loses part 2 to a connection that drops it every time (the others
+    stored), the page waiting to retry it; returns (page, file bytes, model id). page.unroute("**/parts/2") mends
+    the connection."""
+    data = onnx_like(9, 20 * 1024 * 1024)
     path = tmp_path / f"{name}.onnx"
     path.write_bytes(data)
     model = alice.client.post("/api/v1/models/", {"name": name, "team": "acme"}, format="json").json()
     page = console_browser.page_for(alice.user)
     dropped: list[str] = []
 
-    def drop_part_2_once(route):
-        if dropped:
-            route.continue_()
-        else:
-            dropped.append(route.request.url)
-            route.abort("connectionreset")
+    def drop_part_2(route):
+        dropped.append(route.request.url)
+        route.abort("connectionreset")
 
-    page.route("**/parts/2", drop_part_2_once)
+    page.route("**/parts/2", drop_part_2)
     page.goto(f"/wizard/models/{model['id']}/upload/")
     page.get_by_test_id("upload-file-input").set_input_files(str(path))
     page.get_by_test_id("upload-progress").filter(has_text="2 of 3 parts").wait_for(timeout=60_000)
@@ -353,9 +356,10 @@ def _interrupted_upload(console_browser, alice, tmp_path, name: str):
 
 
 def test_resume_goes_on_without_a_reload(console_browser, alice, eager_tasks, tmp_path):
-    # given an upload stopped by a dropped connection
+    # given an upload waiting to retry a part the connection dropped, and the connection back
     page, data, model_id = _interrupted_upload(console_browser, alice, tmp_path, "resumed")
-    # when Resume is pressed
+    page.unroute("**/parts/2")
+    # when Resume is pressed (not waiting for the retry)
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-resume").click()
     # then the upload completes with the file's sha256
@@ -366,7 +370,7 @@ def test_resume_goes_on_without_a_reload(console_browser, alice, eager_tasks, tm
 def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path):
     from models_registry.models import Upload
 
-    # given an upload stopped by a dropped connection
+    # given an upload waiting to retry a part the connection dropped
     page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "cancelled")
     # when Cancel is pressed
     page.get_by_role("button", name="Cancel").click()
@@ -390,7 +394,7 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
     s3_client.put_bucket_cors(
         Bucket=bucket, CORSConfiguration={"CORSRules": [{**rule, "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 60}]}
     )
-    data = np.random.default_rng(3).integers(0, 256, 10 * 1024 * 1024, dtype=np.uint8).tobytes()
+    data = onnx_like(3, 10 * 1024 * 1024)
     path = tmp_path / "s3.onnx"
     path.write_bytes(data)
     model = alice.client.post("/api/v1/models/", {"name": "stored", "team": "acme"}, format="json").json()
@@ -411,7 +415,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_hashed(console_brows
     # given a server that takes model files of at most 2 KiB, and a 4 KiB file
     settings.CONCH_MAX_UPLOAD_BYTES = 2048
     path = tmp_path / "large.onnx"
-    path.write_bytes(b"\x01" * 4096)
+    path.write_bytes(b"\x08\x07" + b"\x01" * 4094)
     model = alice.client.post("/api/v1/models/", {"name": "large", "team": "acme"}, format="json").json()
     page = console_browser.page_for(alice.user)
     calls: list[str] = []
@@ -431,7 +435,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_hashed(console_brows
 def test_the_servers_refusal_is_not_prefixed_with_a_field_it_already_names(console_browser, alice, settings, tmp_path):
     # given the upload page loaded while the limit was large, then the server's limit lowered
     path = tmp_path / "large.onnx"
-    path.write_bytes(b"\x01" * 4096)
+    path.write_bytes(b"\x08\x07" + b"\x01" * 4094)
     model = alice.client.post("/api/v1/models/", {"name": "large", "team": "acme"}, format="json").json()
     page = console_browser.page_for(alice.user)
     page.goto(f"/wizard/models/{model['id']}/upload/")
@@ -447,7 +451,7 @@ def test_the_servers_refusal_is_not_prefixed_with_a_field_it_already_names(conso
 def test_a_browser_without_byte_streams_hashes_the_file_by_slices(console_browser, alice, eager_tasks, tmp_path):
     # given a browser whose files' streams are not byte streams (no reader that fills a buffer of ours), and a
     # 5 MiB file: three of the page's 2 MiB slices, the last one short
-    data = np.random.default_rng(7).integers(0, 256, 5 * 1024 * 1024, dtype=np.uint8).tobytes()
+    data = onnx_like(7, 5 * 1024 * 1024)
     path = tmp_path / "sliced.onnx"
     path.write_bytes(data)
     model = alice.client.post("/api/v1/models/", {"name": "sliced", "team": "acme"}, format="json").json()
@@ -460,3 +464,188 @@ def test_a_browser_without_byte_streams_hashes_the_file_by_slices(console_browse
     # then the page read it in slices (that stream gives no bytes) and the stored file has the file's sha256
     version = ModelVersion.objects.get(model_id=model["id"])
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+def record_changes(page, selector: str, expression: str) -> list:
+    """Keep in a list here every value of `expression` (on the element `el` of `selector`) each time the element
+    changes, from now on, through the page's navigation away (values pass to Python as they come)."""
+    seen: list = []
+    name = f"record{len(page.context.pages)}_{abs(hash(selector + expression))}"
+    page.expose_function(name, lambda value: seen.append(value))
+    page.evaluate(
+        f"""() => {{
+            const el = document.querySelector({selector!r});
+            new MutationObserver(() => window.{name}({expression}))
+                .observe(el, {{childList: true, subtree: true, attributes: true}});
+        }}"""
+    )
+    return seen
+
+
+def throttle_uploads(page, bytes_per_s: int):
+    """Chromium's network throttling (DevTools) on `page`'s requests' bodies, so an upload takes seconds here;
+    returns a function that turns Chromium's offline mode on (True) or off (False, and the throttling with it)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    cdp.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": bytes_per_s},
+    )
+
+    def set_offline(offline: bool) -> None:
+        # Playwright's offline mode, and the same on this DevTools session: its throttling would mask the former
+        page.context.set_offline(offline)
+        conditions = {"offline": offline, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}
+        cdp.send("Network.emulateNetworkConditions", conditions)
+
+    return set_offline
+
+
+def test_an_upload_goes_on_by_itself_after_the_browser_was_offline_for_seconds(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    # given a 20 MiB file (three parts) going at 4 MiB/s
+    data = onnx_like(13, 20 * 1024 * 1024)
+    path = tmp_path / "offline.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "offline", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    set_offline = throttle_uploads(page, 4 * 1024 * 1024)
+    stored = record_changes(page, "[data-testid=upload-progress]", "Number(el.dataset.sentBytes || 0)")
+    said = record_changes(page, "#upload-error", "el.textContent")
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    page.get_by_test_id("upload-progress").filter(has_text="sending").wait_for(timeout=60_000)
+    # when the browser goes offline for 3 s mid-upload, then back
+    set_offline(True)
+    page.locator("#upload-error").filter(has_text="Connection lost").wait_for(timeout=10_000)
+    page.wait_for_timeout(3_000)
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        set_offline(False)
+    # then the page said it retries (no bare "Failed to fetch"), and finished by itself: the stored file has the
+    # file's sha256, and the progress shown never went back
+    assert any(re.search(r"^Connection lost \(.+\); retrying in \d+ s \(Resume now\)$", text) for text in said), said
+    assert not any(text.startswith("Failed to fetch") for text in said), said
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    assert stored == sorted(stored), stored
+
+
+def test_a_part_answered_503_is_sent_again_by_itself(console_browser, alice, eager_tasks, tmp_path):
+    # given a 10 MiB file (two parts) and a server that answers part 2 with 503 the first time
+    data = onnx_like(17, 10 * 1024 * 1024)
+    path = tmp_path / "busy.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "busy", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    refused: list[str] = []
+
+    def busy_once(route):
+        if refused:
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.fulfill(status=503, content_type="application/json", body='{"detail": "The store is busy."}')
+
+    page.route("**/parts/2", busy_once)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # when the file is chosen
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then part 2 was sent again without a press of Resume, and the stored file has the file's sha256
+    assert len(refused) == 1
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+def test_a_part_refused_with_a_4xx_that_names_the_problem_stops_with_it(console_browser, alice, eager_tasks, tmp_path):
+    # given a server that refuses part 2, naming why
+    path = tmp_path / "refused.onnx"
+    path.write_bytes(onnx_like(19, 10 * 1024 * 1024))
+    model = alice.client.post("/api/v1/models/", {"name": "refused", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    tries: list[str] = []
+
+    def refuse(route):
+        tries.append(route.request.url)
+        body = '{"detail": "The upload expired; start it again.", "field": "upload"}'
+        route.fulfill(status=404, content_type="application/json", body=body)
+
+    page.route("**/parts/2", refuse)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # when the file is chosen
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page stops with the server's sentence, waits for Resume, and does not try again by itself
+    error = page.locator("#upload-error")
+    error.filter(has_text="expired").wait_for(timeout=60_000)
+    assert error.inner_text() == "The upload stopped (The upload expired; start it again.). Press Resume to go on."
+    page.wait_for_timeout(3_000)
+    assert len(tries) == 1
+    assert page.get_by_test_id("upload-resume").is_enabled()
+    assert "Stopped: " in page.get_by_test_id("upload-progress").inner_text()
+
+
+def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    from models_registry import resumable
+    from models_registry.models import Upload
+
+    # given a 40 MiB file (five parts of 8 MiB, three at a time) going at 4 MiB/s
+    data = onnx_like(23, 40 * 1024 * 1024)
+    path = tmp_path / "paused.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "paused", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    throttle_uploads(page, 4 * 1024 * 1024)
+    stored = record_changes(page, "[data-testid=upload-progress]", "Number(el.dataset.sentBytes || 0)")
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    line = page.get_by_test_id("upload-progress")
+    line.filter(has_text="sending").wait_for(timeout=60_000)
+    # when Pause is pressed while the first three parts are on their way
+    page.get_by_role("button", name="Pause").click()
+    # then those parts finish and are kept, no other part starts, and the line says so
+    line.filter(has_text="Paused: 24.0 MiB of 40.0 MiB stored (60.0 %), 3 of 5 parts").wait_for(timeout=60_000)
+    page.wait_for_timeout(1_000)
+    upload = Upload.objects.get(model_id=model["id"])
+    assert [part.number for part in resumable.stored_parts(upload=upload)] == [1, 2, 3]
+    assert stored == sorted(stored) and stored[-1] == 24 * 1024 * 1024, stored
+    # and Resume sends the other two: the stored file has the file's sha256
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-resume").click()
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "field", "detail"),
+    [
+        ("notes.txt", b"my notes about the model\n" * 100, "filename", "'notes.txt' is not an ONNX model file"),
+        ("notmodel.onnx", b"my notes about the model\n" * 100, "head", "This is not an ONNX model: it looks like"),
+    ],
+)
+def test_a_file_conch_cannot_build_is_refused_by_the_server_before_it_is_hashed_or_sent(
+    console_browser, alice, tmp_path, name, content, field, detail
+):
+    from models_registry.models import Upload
+
+    # given a file that is not an ONNX model, by its name or by its first bytes
+    path = tmp_path / name
+    path.write_bytes(content)
+    model = alice.client.post("/api/v1/models/", {"name": "notes", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    puts: list[str] = []
+    page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    shown = watch_progress(page)
+    # when it is chosen
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the server's refusal is shown, naming the field, and the file was neither hashed nor sent
+    error = page.locator("#upload-error")
+    error.filter(has_text="not an ONNX model").wait_for()
+    text = error.inner_text()
+    assert text.startswith(f"{field}: {detail}"), text
+    assert not any("checksum" in seen for seen in shown.json_value())
+    assert puts == []
+    assert not Upload.objects.filter(model_id=model["id"]).exists()

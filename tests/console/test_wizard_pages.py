@@ -243,6 +243,34 @@ def test_a_viewer_sees_no_deploy_button(alice):
     assert "deploying needs the developer role" in page
 
 
+def test_a_viewer_gets_a_403_page_naming_the_developer_role_on_the_wizards_model_and_upload_steps(alice):
+    # given a viewer of alice's team, which has a model
+    model = RegisteredModel.objects.create(team=alice.team, name="classifier")
+    viewer = _client(make_caller("victor", "acme", role="viewer"))
+    # when the viewer opens the wizard's first two steps (or posts the register form)
+    pages = [
+        viewer.get("/wizard/"),
+        viewer.post("/wizard/", {"name": "mine"}),
+        viewer.get(f"/wizard/models/{model.pk}/upload/"),
+    ]
+    # then each is a 403 page naming the role needed, with no register form or file picker
+    for response in pages:
+        html = response.content.decode()
+        assert response.status_code == 403
+        assert (
+            "Uploading and deploying a model needs the developer role in team &#x27;acme&#x27;; you are a viewer."
+            in html
+        )
+        assert 'data-testid="wizard-forbidden"' in html
+        assert 'id="model-name"' not in html and 'data-testid="upload-file-input"' not in html
+    assert not RegisteredModel.objects.filter(name="mine").exists()
+    # and the overview has no start-wizard button for the viewer, but says why; a developer's has it
+    overview = viewer.get("/").content.decode()
+    assert 'data-testid="start-wizard"' not in overview
+    assert "Uploading and deploying models needs the developer role in acme; you are a viewer." in overview
+    assert 'data-testid="start-wizard"' in _client(alice).get("/").content.decode()
+
+
 def test_the_status_partial_shows_pods_and_messages(alice):
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     deployment = Deployment.objects.create(

@@ -4,6 +4,7 @@ start, resume, complete, the worker's check, failures, quota, expiry, other team
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -480,6 +481,53 @@ def test_a_start_for_a_file_conch_cannot_build_is_refused_naming_filename_before
     assert not Upload.objects.exists()
     assert _storage_used(alice.team) == 0
     assert s3() == {"keys": [], "pending": []}
+
+
+@pytest.mark.parametrize(
+    ("head", "detail"),
+    [
+        (b"hello, these are my notes\n", "This is not an ONNX model: it looks like a text file (it starts with 'hello"),
+        (b"PK\x03\x04" + b"\0" * 60, "This is not an ONNX model: it looks like a ZIP archive"),
+    ],
+)
+def test_a_start_whose_first_bytes_are_not_an_onnx_model_is_refused_naming_head_before_anything_starts(
+    alice, s3, head, detail
+):
+    # given a file named .onnx whose first bytes (sent base64 as `head`, no sha256 yet) show another format
+    model_id = _model(alice)
+    body = {"filename": "notmodel.onnx", "size_bytes": 20 * MIB, "head": base64.b64encode(head).decode()}
+    # when the upload is started
+    response = alice.client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json")
+    # then it is refused naming head, and nothing is reserved or started
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "head"
+    assert response.json()["detail"].startswith(detail)
+    assert not Upload.objects.exists()
+    assert _storage_used(alice.team) == 0
+    assert s3() == {"keys": [], "pending": []}
+
+
+@pytest.mark.parametrize(
+    ("head", "detail"),
+    [("not base64!", "head must be base64"), (base64.b64encode(b"\x08" * 513).decode(), "head must hold 1 to 512")],
+)
+def test_a_head_that_is_not_base64_of_at_most_512_bytes_is_refused_naming_it(alice, s3, head, detail):
+    model_id = _model(alice)
+    body = {"filename": "model.onnx", "size_bytes": 20 * MIB, "head": head}
+    response = alice.client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "head"
+    assert detail in response.json()["detail"]
+    assert not Upload.objects.exists()
+
+
+def test_a_start_whose_first_bytes_are_an_onnx_models_goes_on(alice, s3):
+    model_id = _model(alice)
+    head = real_models.classifier().read_bytes()[:512]
+    body = {"filename": "model.onnx", "size_bytes": 20 * MIB, "head": base64.b64encode(head).decode()}
+    response = alice.client.post(f"/api/v1/models/{model_id}/uploads/", body, format="json")
+    assert response.status_code == 201, response.content
+    assert Upload.objects.get().status == "uploading"
 
 
 def test_the_sha256_may_come_with_the_completion_and_a_start_that_sends_it_takes_the_open_upload_over(

@@ -2,9 +2,13 @@
 // uploads API (/api/v1/models/{id}/uploads/): parts PUT straight to the URLs it signs (S3) or to Conch's own
 // part URL (folder storage), a few at a time, with progress, speed and time left; pause, resume, cancel; the
 // upload's id kept in localStorage (model + file name + size), so after a reload the same file, chosen again,
-// goes on from the parts the store already has. Every rule (sizes, quota, checksum) is the server's: this file
-// only moves bytes and shows what the API answers; the one thing it checks first is the file's size against the
-// server's limit, which the page carries (data-max-bytes), so a file too big is refused before it is hashed.
+// goes on from the parts the store already has. Every rule (sizes, quota, checksum, format) is the server's: this
+// file only moves bytes and shows what the API answers; the one thing it checks first is the file's size against
+// the server's limit, which the page carries (data-max-bytes), so a file too big is refused before it is hashed.
+// The upload is started before the file is hashed, with the file's first bytes (`head`): the server refuses a
+// file it cannot build by its name or those bytes at once (builds/formats.py), and the sha256 goes with the
+// completion. A part that fails on the network (no answer, 5xx, a timeout) is sent again by itself after 1, 2,
+// 4 … s (at most RETRY_MAX_S apart, for RETRY_FOR_MS); an answer that names a problem (4xx) stops with it.
 (() => {
   "use strict";
 
@@ -25,6 +29,7 @@
   const csrf = root.dataset.csrf;
   const maxBytes = Number(root.dataset.maxBytes);
   const maxText = root.dataset.maxText;
+  const headBytes = Number(root.dataset.headBytes) || 512; // how many first bytes the server checks
   const HASH_CHUNK = 2 * 1024 * 1024;
   const PARALLEL_PARTS = 3;
   const SIGN_BATCH = 100; // the API signs at most 100 parts per call
@@ -32,6 +37,10 @@
   // Parts of 8 MiB (S3's least is 5 MiB) unless the file needs bigger ones to stay within 10,000 parts: a dropped
   // connection loses at most one part's worth, and progress moves in small steps.
   const partSizeFor = (size) => Math.max(8 * MIB, Math.ceil(size / 10000 / MIB) * MIB);
+  const RETRY_MAX_S = 30;
+  const RETRY_FOR_MS = 5 * 60 * 1000; // then the page stops and waits for Resume
+  const API_TIMEOUT_MS = 30 * 1000;
+  const PART_TIMEOUT_MS = 10 * 60 * 1000; // a part of 8 MiB at 120 kbit/s
 
   const state = {
     file: null,
@@ -39,16 +48,44 @@
     upload: null, // the API's Upload object
     done: new Map(), // part number -> etag
     inflight: new Map(), // part number -> {xhr, loaded}
-    paused: false,
+    paused: false, // Pause pressed, or a problem that waits for Resume: no new part starts
+    label: "", // what the progress line begins with while no part moves ("Paused", "Stopped")
+    retry: { attempt: 0, since: 0, timer: null, waiting: false }, // the automatic retry after a network failure
     finished: false,
     samples: [], // [time ms, bytes sent] for the speed over the last seconds
   };
 
   const storageKey = (file) => `conch.upload:${root.dataset.model}:${file.name}:${file.size}`;
 
+  // What this page remembers of an upload of `file`: {id, sha256}; an id alone from an older page.
+  function remembered(file) {
+    const text = localStorage.getItem(storageKey(file));
+    if (!text) return null;
+    try {
+      const value = JSON.parse(text);
+      if (value && typeof value.id === "string") return value;
+    } catch (_) {
+      // an id alone
+    }
+    return { id: text, sha256: "" };
+  }
+
+  function remember(file, upload, sha256) {
+    localStorage.setItem(storageKey(file), JSON.stringify({ id: upload.id, sha256 }));
+  }
+
   function showError(message) {
     errorBox.textContent = message;
     errorBox.hidden = !message;
+  }
+
+  // A network failure: not the server's refusal of something, so trying again may work.
+  function isTransient(error) {
+    return (
+      error instanceof TypeError || // fetch: no answer ("Failed to fetch")
+      (error && (error.name === "TimeoutError" || error.name === "AbortError")) ||
+      (error && (error.status === 0 || error.status === 429 || error.status >= 500))
+    );
   }
 
   function setButtons({ pause, resume, cancel }) {
@@ -77,6 +114,7 @@
   async function api(method, url, body) {
     const response = await fetch(url, {
       method,
+      signal: AbortSignal.timeout(API_TIMEOUT_MS),
       credentials: "same-origin",
       headers: { "Content-Type": "application/json", "X-CSRFToken": csrf, Accept: "application/json" },
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -152,6 +190,8 @@
     state.file = file;
     state.finished = false;
     state.paused = false;
+    state.label = "";
+    stopRetry();
     state.done = new Map();
     state.samples = [];
     fileName.textContent = `${file.name}, ${describeBytes(file.size)}`;
@@ -166,9 +206,15 @@
       );
       return;
     }
+    state.upload = null;
+    state.sha256 = "";
     try {
+      // the server says first whether it can build this file (its name, its first bytes), then it is hashed
+      const earlier = await findEarlier(file);
+      const fresh = earlier ? null : await startUpload(file);
       state.sha256 = await computeSha256(file);
-      state.upload = await openUpload(file);
+      state.upload = fresh || (await takeEarlier(file, earlier));
+      remember(file, state.upload, state.sha256);
       await refreshParts();
       setButtons({ pause: true, resume: false, cancel: true });
       await pump();
@@ -177,28 +223,49 @@
     }
   }
 
-  async function openUpload(file) {
-    const remembered = localStorage.getItem(storageKey(file));
-    if (remembered) {
-      try {
-        const upload = await api("GET", `${uploadsUrl}${remembered}/`);
-        if (upload.status === "uploading" && upload.sha256 === state.sha256 && upload.size_bytes === file.size) {
-          progress.textContent = "Resuming the upload where it stopped…";
-          return upload;
-        }
-      } catch (_) {
-        // gone (aborted, expired): start a new one
-      }
-      localStorage.removeItem(storageKey(file));
+  // The open upload this page started for the same file name and size, with what it remembers of it; null if none.
+  async function findEarlier(file) {
+    const known = remembered(file);
+    if (!known) return null;
+    try {
+      const upload = await api("GET", `${uploadsUrl}${known.id}/`);
+      if (upload.status === "uploading" && upload.size_bytes === file.size) return { upload, known };
+    } catch (_) {
+      // gone (aborted, expired): start a new one
     }
-    const upload = await api("POST", uploadsUrl, {
+    localStorage.removeItem(storageKey(file));
+    return null;
+  }
+
+  // Go on with the earlier upload when it is of this very file (same sha256), else abort it and start anew.
+  async function takeEarlier(file, { upload, known }) {
+    if ((upload.sha256 || known.sha256) === state.sha256) {
+      progress.textContent = "Resuming the upload where it stopped…";
+      return upload;
+    }
+    try {
+      await api("DELETE", `${uploadsUrl}${upload.id}/`);
+    } catch (_) {
+      // it expires by itself
+    }
+    localStorage.removeItem(storageKey(file));
+    return startUpload(file);
+  }
+
+  // POST the start with the file's first bytes and, once known, its sha256; the server refuses (400) a file it
+  // cannot build by its name (`filename`) or first bytes (`head`) before anything is reserved.
+  async function startUpload(file) {
+    const head = new Uint8Array(await file.slice(0, headBytes).arrayBuffer());
+    let binary = "";
+    for (const byte of head) binary += String.fromCharCode(byte);
+    const body = {
       filename: file.name,
       size_bytes: file.size,
-      sha256: state.sha256,
+      head: btoa(binary),
       part_size_bytes: partSizeFor(file.size),
-    });
-    localStorage.setItem(storageKey(file), upload.id);
-    return upload;
+    };
+    if (state.sha256) body.sha256 = state.sha256;
+    return api("POST", uploadsUrl, body);
   }
 
   async function refreshParts() {
@@ -225,7 +292,7 @@
   let generation = 0;
   async function pump() {
     const mine = ++generation; // a pump left over from before a pause stops at its next turn
-    while (!state.paused && !state.finished && mine === generation) {
+    while (!state.paused && !state.retry.waiting && !state.finished && mine === generation) {
       const missing = missingParts();
       if (missing.length === 0 && state.inflight.size === 0) {
         await complete();
@@ -238,7 +305,7 @@
       }
       const batch = missing.slice(0, Math.min(free, SIGN_BATCH));
       const signed = await api("POST", `${uploadsUrl}${state.upload.id}/parts/`, { numbers: batch });
-      if (state.paused || mine !== generation) return;
+      if (state.paused || state.retry.waiting || mine !== generation) return;
       for (const part of signed.parts) {
         if (!state.done.has(part.number) && !state.inflight.has(part.number)) sendPart(part);
       }
@@ -265,6 +332,7 @@
     const entry = { xhr, loaded: 0 };
     state.inflight.set(part.number, entry);
     xhr.open(part.method || "PUT", part.url);
+    xhr.timeout = PART_TIMEOUT_MS;
     const conchUrl = new URL(part.url, window.location.href).origin === window.location.origin;
     for (const [name, value] of Object.entries(part.headers || {})) {
       if (name.toLowerCase() !== "content-length" && name.toLowerCase() !== "host") xhr.setRequestHeader(name, value);
@@ -285,6 +353,8 @@
           // S3 answers with an empty body; the ETag header is the etag
         }
         state.done.set(part.number, etag);
+        state.retry.attempt = 0;
+        state.retry.since = 0;
         showProgress();
       } else {
         let detail = `part ${part.number}: HTTP ${xhr.status}`;
@@ -293,13 +363,19 @@
         } catch (_) {
           // S3's errors are XML; the status says enough
         }
-        interrupt(`The upload stopped (${detail}). Press Resume to go on.`);
+        if (isTransient({ status: xhr.status })) retryLater(`part ${part.number}: ${detail}`);
+        else interrupt(`The upload stopped (${detail}). Press Resume to go on.`);
       }
       wakeUp();
     };
     xhr.onerror = () => {
       state.inflight.delete(part.number);
-      interrupt(`The connection dropped while sending part ${part.number}. Press Resume to go on from the parts stored.`);
+      retryLater(`the connection dropped while sending part ${part.number}`);
+      wakeUp();
+    };
+    xhr.ontimeout = () => {
+      state.inflight.delete(part.number);
+      retryLater(`part ${part.number} got no answer in ${PART_TIMEOUT_MS / 60000} min`);
       wakeUp();
     };
     xhr.onabort = () => {
@@ -309,34 +385,91 @@
     xhr.send(state.file.slice(begin, end));
   }
 
-  // A part that failed stops new parts from starting; the others in flight are let finish (their bytes count).
+  // A part that failed stops new parts from starting; the others in flight are let finish (their bytes count
+  // once stored).
   function interrupt(message) {
     if (state.finished) return;
+    stopRetry();
     showError(message);
     if (state.paused) return;
     state.paused = true;
+    state.label = "Stopped";
     setButtons({ pause: false, resume: true, cancel: true });
-    showProgress("Stopped");
+    showProgress();
     wakeUp();
   }
 
+  // A network failure (of a part or of an API call): no new part starts; after 1, 2, 4 … s (at most RETRY_MAX_S)
+  // the page resumes by itself, from the parts the store holds, until RETRY_FOR_MS have passed since the last
+  // part that went through. The parts still in flight are let finish.
+  function retryLater(reason) {
+    if (state.finished || state.paused || state.retry.waiting) return;
+    const now = Date.now();
+    if (!state.retry.since) state.retry.since = now;
+    if (now - state.retry.since > RETRY_FOR_MS) {
+      interrupt(
+        `The connection is still lost after ${Math.round(RETRY_FOR_MS / 60000)} min of retrying (${reason}). ` +
+          "Press Resume to go on from the parts stored.",
+      );
+      return;
+    }
+    let left = Math.min(RETRY_MAX_S, 2 ** state.retry.attempt);
+    state.retry.attempt += 1;
+    state.retry.waiting = true;
+    state.label = "Waiting for the connection";
+    setButtons({ pause: false, resume: true, cancel: true });
+    const tell = () => {
+      errorBox.textContent = `Connection lost (${reason}); retrying in ${left} s `;
+      const now = document.createElement("button");
+      now.type = "button";
+      now.className = "link";
+      now.dataset.testid = "upload-retry-now";
+      now.textContent = "(Resume now)";
+      now.addEventListener("click", resume);
+      errorBox.append(now);
+      errorBox.hidden = false;
+    };
+    tell();
+    showProgress();
+    state.retry.timer = setInterval(() => {
+      left -= 1;
+      if (left > 0) tell();
+      else resume();
+    }, 1000);
+    wakeUp();
+  }
+
+  function stopRetry() {
+    clearInterval(state.retry.timer);
+    state.retry.timer = null;
+    state.retry.waiting = false;
+  }
+
+  // No new part starts; those in flight finish and are kept, so nothing shown as stored is lost.
   function pause() {
     state.paused = true;
-    for (const { xhr } of state.inflight.values()) xhr.abort();
-    state.inflight.clear();
+    stopRetry();
+    showError("");
+    state.label = "Paused";
     setButtons({ pause: false, resume: true, cancel: true });
-    showProgress("Paused");
+    showProgress();
     wakeUp();
   }
 
   async function resume() {
-    if (!state.file || !state.upload) return;
+    if (!state.file || !state.upload || state.finished) return;
+    stopRetry();
     showError("");
     state.paused = false;
+    state.label = "";
     state.samples = [];
     setButtons({ pause: true, resume: false, cancel: true });
     try {
       await refreshParts();
+      if (state.upload.status !== "uploading") {
+        await waitForCompletion(state.upload); // the completion went through before the connection dropped
+        return;
+      }
       await pump();
     } catch (error) {
       failed(error);
@@ -345,6 +478,7 @@
 
   async function cancel() {
     state.paused = true;
+    stopRetry();
     state.finished = true;
     for (const { xhr } of state.inflight.values()) xhr.abort();
     state.inflight.clear();
@@ -364,10 +498,27 @@
     state.finished = true;
     setButtons({ pause: false, resume: false, cancel: false });
     progress.textContent = "All parts sent; Conch is joining them and checking the size…";
-    let upload = await api("POST", `${uploadsUrl}${state.upload.id}/complete`, {});
+    const body = state.upload.sha256 ? {} : { sha256: state.sha256 };
+    let upload;
+    try {
+      upload = await api("POST", `${uploadsUrl}${state.upload.id}/complete`, body);
+    } catch (error) {
+      state.finished = false; // a network failure: a resume finds out whether the completion went through
+      throw error;
+    }
+    await waitForCompletion(upload);
+  }
+
+  async function waitForCompletion(upload) {
+    state.finished = true;
+    setButtons({ pause: false, resume: false, cancel: false });
     while (upload.status === "completing" || upload.status === "uploading") {
       await new Promise((resolve) => setTimeout(resolve, 500));
-      upload = await api("GET", `${uploadsUrl}${state.upload.id}/`);
+      try {
+        upload = await api("GET", `${uploadsUrl}${state.upload.id}/`);
+      } catch (error) {
+        if (!isTransient(error)) throw error; // a dropped connection: ask again
+      }
     }
     localStorage.removeItem(storageKey(state.file));
     if (upload.status !== "completed") {
@@ -380,6 +531,11 @@
   }
 
   function failed(error) {
+    if (isTransient(error) && state.upload && !state.finished) {
+      retryLater(error.message);
+      return;
+    }
+    stopRetry();
     state.paused = true;
     setButtons({ pause: false, resume: !!state.upload && !state.finished, cancel: !!state.upload && !state.finished });
     // "field: sentence", unless the sentence already begins with its field
@@ -387,33 +543,41 @@
     showError(prefixed ? `${error.field}: ${error.message}` : error.message);
   }
 
+  // The bytes of the parts the store holds, and those of the parts on their way (which a dropped connection loses).
   function sentBytes() {
-    let bytes = 0;
+    let stored = 0;
     for (const number of state.done.keys()) {
       const [begin, end] = partRange(number);
-      bytes += end - begin;
+      stored += end - begin;
     }
-    for (const { loaded } of state.inflight.values()) bytes += loaded;
-    return bytes;
+    let moving = 0;
+    for (const { loaded } of state.inflight.values()) moving += loaded;
+    return [stored, moving];
   }
 
-  function showProgress(prefix) {
+  // The bar and the line count only stored parts, so they never go back when a part in flight is lost; the
+  // bytes on their way are told apart ("+ N sending") and count for the speed only.
+  function showProgress() {
     if (!state.upload || !state.file) return;
-    const sent = sentBytes();
+    const [stored, moving] = sentBytes();
     const total = state.file.size || 1;
     const now = performance.now();
-    state.samples.push([now, sent]);
+    state.samples.push([now, stored + moving]);
     while (state.samples.length > 2 && now - state.samples[0][0] > 5000) state.samples.shift();
     const [t0, b0] = state.samples[0];
-    const speed = now > t0 ? ((sent - b0) * 1000) / (now - t0) : 0;
-    const left = speed > 0 ? (total - sent) / speed : Infinity;
-    bar.value = (sent / total) * 100;
+    const speed = now > t0 ? Math.max(0, (stored + moving - b0) * 1000) / (now - t0) : 0;
+    const left = speed > 0 ? (total - stored - moving) / speed : Infinity;
+    bar.value = (stored / total) * 100;
     const parts = `${state.done.size} of ${state.upload.part_count} parts`;
-    const head = prefix ? `${prefix}: ` : "";
+    const moved = state.paused || state.retry.waiting;
+    let head = state.label && moved ? `${state.label}: ` : "";
+    if (state.paused && state.inflight.size > 0) head = `${state.label}, finishing ${state.inflight.size} part(s): `;
+    const sending = moving > 0 ? ` + ${describeBytes(moving)} sending` : "";
     progress.textContent =
-      `${head}${describeBytes(sent)} of ${describeBytes(total)} (${((sent / total) * 100).toFixed(1)} %), ${parts}` +
-      (state.paused ? "" : `, ${describeBytes(speed)}/s, ${describeSeconds(left)} left`);
-    progress.dataset.sentBytes = String(sent);
+      `${head}${describeBytes(stored)} of ${describeBytes(total)} stored (${((stored / total) * 100).toFixed(1)} %)` +
+      `${sending}, ${parts}` +
+      (moved ? "" : `, ${describeBytes(speed)}/s, ${describeSeconds(left)} left`);
+    progress.dataset.sentBytes = String(stored);
   }
 
   // --- wiring -------------------------------------------------------------------------------------------------
