@@ -22,8 +22,8 @@ from models_registry.models import ModelVersion
 from models_registry.services import sample_inputs_key
 from models_registry.storage import get_object_store
 from tests import real_models
-from tests.tiny_models import onnx_like
 from tests.flows import deploy_ready
+from tests.tiny_models import onnx_like
 from tritonserving.client import TritonClient
 from tritonserving.config import config_from_pbtxt
 
@@ -399,10 +399,9 @@ def test_upload_refuses_bad_samples_and_keeps_nothing(
 def test_a_rebuild_with_a_bad_samples_file_keeps_the_versions_samples(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):
-    # given a failed version with sample values (its file is not ONNX, so no build step runs Triton)
-    version = built(
-        alice, django_capture_on_commit_callbacks, "x", onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64), sample_values="a=1"
-    )
+    # given a failed version with sample values (its file only starts like ONNX, so no build step runs Triton)
+    png = onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    version = built(alice, django_capture_on_commit_callbacks, "x", png, sample_values="a=1")
     assert version["status"] == "failed"
     keys = get_object_store().list_keys("")
 
