@@ -35,6 +35,7 @@ from multiprocessing import shared_memory
 from typing import Any
 from urllib.parse import urlsplit
 
+from tritonserving.access import API_KEY_HEADER
 from tritonserving.client import TritonUnavailable
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,8 @@ class SharedMemoryInputs:
         `binary_data_size` of each binary input, in order (bytes); `header_length`: bytes of the JSON header;
         `pieces`: the whole body, as read.
         """
+        if not sizes or not all(sizes):
+            return None
         region = self._regions.get(base_url)
         if region is None:
             await self._register(base_url, api_key)
@@ -267,8 +270,6 @@ class SharedMemoryInputs:
                 return None
         else:
             self._regions[base_url] = self._regions.pop(base_url)  # most recently used last
-        if not sizes or not all(sizes):
-            return None
         base = region.spans.allocate(sum(aligned(size) for size in sizes))
         if base is None:
             return None
@@ -284,8 +285,7 @@ class SharedMemoryInputs:
         """Whether Triton's error answer names the placement's region, so that the request is to be sent again
         with its bytes (the client must not see an internal region's name, nor an error only shared memory
         causes). When the server says it has no such region (it restarted on the same address and lost its
-        registrations), the region is forgotten here too and the
-        next request registers a new one."""
+        registrations), the region is forgotten here too and the next request registers a new one."""
         name = placement.region.name.encode()
         if name not in answer_body:
             return False
@@ -325,7 +325,7 @@ class SharedMemoryInputs:
             answer = await self._relay.send(
                 "POST",
                 f"{base_url}/v2/systemsharedmemory/region/{region.name}/register",
-                headers={"Content-Type": "application/json", "X-Conch-Key": api_key},
+                headers={"Content-Type": "application/json", API_KEY_HEADER: api_key},
                 body=region.registration(),
             )
             detail = await answer.read()
@@ -353,7 +353,7 @@ class SharedMemoryInputs:
             answer = await self._relay.send(
                 "POST",
                 f"{base_url}/v2/systemsharedmemory/region/{region.name}/unregister",
-                headers={"X-Conch-Key": self._keys.get(base_url, "")},
+                headers={API_KEY_HEADER: self._keys.get(base_url, "")},
             )
             await answer.read()
         except TritonUnavailable:
