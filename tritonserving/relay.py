@@ -26,10 +26,13 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from tritonserving.access import API_KEY_HEADER
 from tritonserving.client import RELAYED_HEADERS, TritonUnavailable, TritonUnreachable
 
 __all__ = ["RelayedAnswer", "TritonRelay"]
 
+#: The restricted-endpoint key's header, as request header names are compared (lower case).
+_KEY_HEADER = API_KEY_HEADER.lower()
 #: Headers of Triton's answer passed back besides RELAYED_HEADERS: the length lets the client keep its connection.
 _ANSWER_HEADERS = RELAYED_HEADERS | {"content-length"}
 #: Bytes of an answer held for a client that reads slowly before the connection to Triton stops being read.
@@ -257,7 +260,7 @@ class TritonRelay:
         head = [f"{method} {target} HTTP/1.1\r\nHost: {netloc}\r\n"]
         for name, value in (headers or {}).items():
             lowered = name.lower()
-            if lowered in RELAYED_HEADERS or lowered == "x-conch-key":
+            if lowered in RELAYED_HEADERS or lowered == _KEY_HEADER:
                 head.append(f"{name}: {value}\r\n")
         if content_length is not None:
             head.append(f"Content-Length: {content_length}\r\n")
