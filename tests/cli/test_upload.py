@@ -282,6 +282,28 @@ def test_a_part_whose_connection_stalls_is_sent_again_after_the_stall_timeout(
     assert _stored_sha256(body["version"]["source"]["key"]) == sha256
 
 
+def test_an_open_upload_of_another_file_of_the_same_name_and_size_is_not_resumed(
+    cli, conch_env, storage, model, model_file, eager_tasks
+):
+    import base64
+
+    path, sha256 = model_file
+    # given an open upload (as the wizard starts one: first bytes, no sha256) of another file of the same name and size
+    other = random_model_bytes(path.stat().st_size)
+    body = {"filename": path.name, "size_bytes": len(other), "head": base64.b64encode(other[:512]).decode()}
+    started = conch_env.caller.client.post(f"/api/v1/models/{model['id']}/uploads/", body, format="json")
+    assert started.status_code == 201, started.content
+    # when this file is uploaded
+    result = cli("upload", "big", path, "--part-size", "5M", "--json")
+    # then a new upload carried it whole, and the other upload is left as it was
+    assert result.code == 0, result.err
+    done = result.json()
+    assert done["upload"]["id"] != started.json()["id"] and done["resumed_parts"] == 0
+    assert done["upload"]["head_sha256"] == hashlib.sha256(path.read_bytes()[:512]).hexdigest()
+    assert done["version"]["source"]["sha256"] == sha256
+    assert Upload.objects.get(pk=started.json()["id"]).status == "uploading"
+
+
 def test_a_file_over_the_storage_quota_is_refused_before_any_part_with_exit_4(
     cli, storage, model, model_file, settings
 ):

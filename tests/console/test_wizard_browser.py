@@ -357,6 +357,32 @@ def test_an_upload_resumes_from_the_server_when_the_browser_forgot_it(
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
 
 
+def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    from models_registry.models import Upload
+
+    # given an open upload of a 20 MiB file that the browser forgot (storage cleared), the connection back
+    page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "replaced")
+    page.unroute("**/parts/2")
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
+    # when another file of the same name and size (other first bytes) is chosen
+    other = onnx_like(29, 20 * 1024 * 1024)
+    path = tmp_path / "replaced.onnx"
+    path.write_bytes(other)
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then it went whole into a new upload, the open one left as it was, and the stored file has its sha256
+    assert sorted(url.rsplit("/", 1)[1] for url in sent) == ["1", "2", "3"]
+    uploads = dict(Upload.objects.filter(model_id=model_id).values_list("status", "sha256"))
+    assert uploads == {"uploading": "", "completed": hashlib.sha256(other).hexdigest()}
+    version = ModelVersion.objects.get(model_id=model_id)
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(other).hexdigest(), True)
+
+
 def _interrupted_upload(console_browser, alice, tmp_path, name: str):
     """A page whose upload of a 20 MiB file loses part 2 to a connection that drops it every time (the others
     stored), the page waiting to retry it; returns (page, file bytes, model id). page.unroute("**/parts/2") mends

@@ -27,6 +27,7 @@ from conch_cli.transfer import (
     RateLimit,
     check_upload_api,
     file_sha256,
+    head_sha256,
     upload_file,
 )
 
@@ -300,7 +301,13 @@ def upload(
         found = api.find_model(model, team)
         open_uploads = check_upload_api(api, found["id"], file)
         size = file.stat().st_size
-        if any(u.get("filename") == file.name and u.get("size_bytes") == size for u in open_uploads):
+        head = head_sha256(file)
+        if any(
+            u.get("filename") == file.name
+            and u.get("size_bytes") == size
+            and u.get("head_sha256") in (None, "", head)  # started without first bytes, or with this file's
+            for u in open_uploads
+        ):
             # A run of this file may have stopped: the start must send the sha256 to find its upload again.
             hashing = time.monotonic()
             sha256: str | BackgroundHash = file_sha256(file, output.progress_for_terminal(quiet))

@@ -1,23 +1,24 @@
 """Resumable uploads of a model file (Conch's `/api/v1/models/{id}/uploads/` API, UPLOAD-API.md).
 
 A new upload starts at once (filename and size) while a thread computes the file's sha256 beside the parts, and the
-sha256 goes with the completion. When the model has an open upload of a file of the same name and size (a run that
-stopped), the sha256 is computed first and sent with the start, which returns that upload, whose `parts` are those
-the store already has. The missing parts go up in parallel
-(a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece per
-worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Parts share the
-link, so the number in flight is kept to what the measured rate sends in about IN_FLIGHT_S seconds: parts are
-stored one after another, and an interruption loses at most those seconds of sending. The progress counts stored
-parts only, so it agrees with what an interruption says is kept. Then the
-upload is completed and the server checks the joined file's size before it makes the model version; the
-version's build checks the sha256 on the file it reads (a mismatch fails the build, naming `sha256`).
-Re-running the same upload after a crash or Ctrl-C sends only what the store lacks. A part is not given up for
-taking long, only for standing still: its request fails when no byte has gone out or come back for `stall_timeout_s`
-(STALL_TIMEOUT_S; `conch upload --stall-timeout`), and it is sent again like any network failure.
+sha256 goes with the completion; the start carries the file's first bytes (`head`). When the model has an open
+upload of a file of the same name, size and first bytes (a run that stopped), the sha256 is computed first and sent
+with the start, which returns that upload, whose `parts` are those the store already has. The missing parts go up in
+parallel (a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece
+per worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Parts share the
+link, so the number in flight is kept to what the measured rate sends in about IN_FLIGHT_S seconds: parts are stored
+one after another, and an interruption loses at most those seconds of sending. The progress counts stored parts
+only, so it agrees with what an interruption says is kept. Then the upload is completed and the server checks the
+joined file's size before it makes the model version; the version's build checks the sha256 on the file it reads (a
+mismatch fails the build, naming `sha256`). Re-running the same upload after a crash or Ctrl-C sends only what the
+store lacks. A part is not given up for taking long, only for standing still: its request fails when no byte has
+gone out or come back for `stall_timeout_s` (STALL_TIMEOUT_S; `conch upload --stall-timeout`), and it is sent again
+like any network failure.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 import time
@@ -37,6 +38,10 @@ PIECE_BYTES = 1024 * 1024
 URLS_PER_CALL = 100
 #: Tries per part before the upload gives up (network errors, 5xx, an expired URL, a stall).
 PART_ATTEMPTS = 5
+#: How many first bytes of the file the start carries (`head`, the server's builds.formats.HEAD_BYTES): the server
+#: checks them and keeps their SHA-256 (`head_sha256`), so a start of another file of the same name and size never
+#: takes this file's open upload over.
+HEAD_BYTES = 512
 #: Seconds a part's request may stand still (no byte sent or received) before it fails and is sent again. httpx
 #: applies its write and read timeouts to each socket send and receive, not to the whole request, so a slow part
 #: that moves is never cut.
@@ -97,6 +102,17 @@ class RateLimit:
             self._next = start + count / self.rate
         if start > now:
             time.sleep(start - now)
+
+
+def file_head(path: Path) -> bytes:
+    """The file's first HEAD_BYTES bytes (all of it when shorter)."""
+    with path.open("rb") as handle:
+        return handle.read(HEAD_BYTES)
+
+
+def head_sha256(path: Path) -> str:
+    """The hex SHA-256 of the file's first HEAD_BYTES bytes: what the server shows as an upload's `head_sha256`."""
+    return hashlib.sha256(file_head(path)).hexdigest()
 
 
 def file_sha256(path: Path, progress: Progress) -> str:
@@ -431,7 +447,11 @@ def upload_file(
     (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
     """
     base = f"/api/v1/models/{model_id}/uploads/"
-    body = {"filename": path.name, "size_bytes": path.stat().st_size}
+    body = {
+        "filename": path.name,
+        "size_bytes": path.stat().st_size,
+        "head": base64.b64encode(file_head(path)).decode(),
+    }
     if isinstance(sha256, str):
         body["sha256"] = sha256
     if not part_size and rate_limit:

@@ -4,9 +4,10 @@
 // upload's id kept in localStorage (model + file name + size), so after a reload the same file, chosen again,
 // goes on from the parts the store already has; without that entry (another browser profile, storage cleared) the
 // page asks the server for the model's open upload of a file of the same name, size and first bytes (the start
-// stored their sha256: `head_sha256`) and goes on with it. Every rule (sizes, quota, checksum, format) is the server's: this
-// file only moves bytes and shows what the API answers; the one thing it checks first is the file's size against
-// the server's limit, which the page carries (data-max-bytes), so a file too big is refused before it is hashed.
+// stored their sha256: `head_sha256`) and goes on with it. Every rule (sizes, quota, checksum, format) is the
+// server's: this file only moves bytes and shows what the API answers; the one thing it checks first is the file's
+// size against the server's limit, which the page carries (data-max-bytes), so a file too big is refused before it
+// is hashed.
 // The upload is started before the file is hashed, with the file's first bytes (`head`): the server refuses a
 // file it cannot build by its name or those bytes at once (builds/formats.py), and the sha256 goes with the
 // completion. A part that fails on the network (no answer, 5xx, a timeout) is sent again by itself after 1, 2,
@@ -424,7 +425,7 @@
     };
     xhr.onabort = () => {
       state.inflight.delete(part.number);
-      if (entry.stalled) retryLater(`part ${part.number} moved no bytes for ${describeSeconds(STALL_MS / 1000)}`);
+      if (entry.stalled) retryLater(`part ${part.number} moved no bytes for ${STALL_MS / 1000} s`);
       wakeUp();
     };
     xhr.send(state.file.slice(begin, end));
