@@ -320,6 +320,9 @@ CONCH_UPLOAD_STALE_SECONDS = env("CONCH_UPLOAD_STALE_SECONDS", 600.0, cast=float
 # A resumable upload (POST /api/v1/models/{id}/uploads/) left unfinished this many hours after its last part was
 # signed or received is aborted by the sweeper; its quota reservation ends then.
 CONCH_UPLOAD_EXPIRES_HOURS = env("CONCH_UPLOAD_EXPIRES_HOURS", 24.0, cast=float)
+# The console's upload page aborts (and sends again) a part whose bytes have not moved for this many seconds; a slow
+# part that moves is never cut. (The `conch` CLI has its own, --stall-timeout / CONCH_STALL_TIMEOUT.)
+CONCH_UPLOAD_STALL_SECONDS = env("CONCH_UPLOAD_STALL_SECONDS", 60.0, cast=float)
 # Presigned part URLs of uploads straight to the bucket are valid this long.
 CONCH_UPLOAD_PART_URL_SECONDS = env("CONCH_UPLOAD_PART_URL_SECONDS", 3600, cast=int)
 # A model or version deletion that has not ended this long after it started (the object store failed, or its
@@ -334,6 +337,8 @@ if CONCH_UPLOAD_EXPIRES_HOURS <= 0 or not 60 <= CONCH_UPLOAD_PART_URL_SECONDS <=
         "CONCH_UPLOAD_EXPIRES_HOURS must be above 0 and CONCH_UPLOAD_PART_URL_SECONDS from 60 to 604800 (S3's "
         "longest presigned URL)."
     )
+if CONCH_UPLOAD_STALL_SECONDS <= 0:
+    raise ImproperlyConfigured("CONCH_UPLOAD_STALL_SECONDS must be above 0 (seconds without progress).")
 if CONCH_BUILD_MAX_ATTEMPTS < 1:
     raise ImproperlyConfigured("CONCH_BUILD_MAX_ATTEMPTS must be at least 1.")
 

@@ -194,6 +194,8 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
             # how many first bytes the start of an upload carries for the server's format check
             "head_bytes": HEAD_BYTES,
+            # seconds a part may stand still (no bytes moving) before the page aborts it and sends it again
+            "stall_seconds": settings.CONCH_UPLOAD_STALL_SECONDS,
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
             "open_uploads": _open_uploads(model),
         },

@@ -84,12 +84,14 @@ class Upload(models.Model):
     """A resumable upload of one model file: a multipart upload in the object store that clients fill part by part.
 
     Promised at the start: `filename`, `size_bytes` and `sha256`; split into `part_count` parts of
-    `part_size_bytes` (the last one smaller). `object_key` is where the joined object goes, `store_upload_id` the
-    store's reference to the unfinished upload (S3's UploadId, or the folder store's staging folder). While
-    `uploading` (and until `expires_at`) or `completing`, `size_bytes` counts in the team's storage quota. Once a
-    worker has checked the joined object, `version` is the ModelVersion made from it (its `source_key` is
-    `object_key`). `heartbeat_at` is when the completion was requested or a worker last showed progress on it;
-    `check_started_at` is when a worker took the check (None: queued, not taken).
+    `part_size_bytes` (the last one smaller). `head_sha256` is the SHA-256 of the first bytes the start carried
+    (`head`; "" when it carried none): a client that lost its own record of the upload finds it again by filename,
+    size and this digest, without hashing the whole file first. `object_key` is where the joined object goes,
+    `store_upload_id` the store's reference to the unfinished upload (S3's UploadId, or the folder store's staging
+    folder). While `uploading` (and until `expires_at`) or `completing`, `size_bytes` counts in the team's storage
+    quota. Once a worker has checked the joined object, `version` is the ModelVersion made from it (its
+    `source_key` is `object_key`). `heartbeat_at` is when the completion was requested or a worker last showed
+    progress on it; `check_started_at` is when a worker took the check (None: queued, not taken).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -97,6 +99,7 @@ class Upload(models.Model):
     filename = models.CharField(max_length=255)
     size_bytes = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
+    head_sha256 = models.CharField(max_length=64, blank=True)
     part_size_bytes = models.BigIntegerField()
     part_count = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=UploadStatus.choices, default=UploadStatus.UPLOADING)

@@ -136,12 +136,29 @@ def get_upload(
     return upload
 
 
-def open_uploads(*, model: RegisteredModel) -> QuerySet[Upload]:
-    """The model's uploads still `uploading` (not expired) or `completing`, oldest first."""
+def open_uploads(
+    *,
+    model: RegisteredModel,
+    filename: str | None = None,
+    size_bytes: int | None = None,
+    head_sha256: str | None = None,
+) -> QuerySet[Upload]:
+    """The model's uploads still `uploading` (not expired) or `completing`, oldest first.
+
+    Each of `filename`, `size_bytes` and `head_sha256` (hex SHA-256 of the first bytes the start carried), when
+    given, keeps only the uploads that have it: how a client that lost its record of an upload finds the one of
+    the file it holds. `head_sha256` is compared lower-cased; an upload started without a head never matches one.
+    """
     now = timezone.now()
     uploads = Upload.objects.filter(model=model).filter(
         Q(status=UploadStatus.UPLOADING, expires_at__gt=now) | Q(status=UploadStatus.COMPLETING)
     )
+    if filename is not None:
+        uploads = uploads.filter(filename=filename)
+    if size_bytes is not None:
+        uploads = uploads.filter(size_bytes=size_bytes)
+    if head_sha256 is not None:
+        uploads = uploads.filter(head_sha256=head_sha256.lower()).exclude(head_sha256="")
     return uploads.select_related("model__team").order_by("created_at", "pk")
 
 
@@ -170,6 +187,7 @@ def start_upload(
     sha256: str,
     part_size_bytes: int | None = None,
     build_options: dict[str, Any] | None = None,
+    head_sha256: str = "",
     token: TokenGrant | None = None,
 ) -> tuple[Upload, bool]:
     """Start a resumable upload of a file into `model`; return (upload, whether it is new).
@@ -179,7 +197,9 @@ def start_upload(
     resumes. `sha256` may be "": it is then promised at completion (`request_completion`), so a client hashes the
     file while it sends the parts; such a start always makes a new upload, and a later start of the same filename
     and size with a SHA-256 takes that open upload over (its parts are the same file's unless the file changed,
-    which the build's SHA-256 check of the joined file finds). Otherwise the size is reserved in the team's storage
+    which the build's SHA-256 check of the joined file finds), unless both starts carried the file's first bytes
+    and their digests differ (`head_sha256`, hex SHA-256 of those bytes: stored, so `open_uploads` finds the upload
+    again). Otherwise the size is reserved in the team's storage
     quota under the team's lock, and only then is the multipart upload started in the store. Raises Forbidden
     (role developer, token scope `models:write`), InvalidInput naming `filename`, `size_bytes`, `sha256` or
     `part_size_bytes`, PayloadTooLarge (field `size_bytes`) over CONCH_MAX_UPLOAD_BYTES, Conflict when the model is
@@ -215,7 +235,10 @@ def start_upload(
             model=locked, filename=name, size_bytes=size_bytes, status=UploadStatus.UPLOADING, expires_at__gt=now
         ).exclude(store_upload_id="")
         existing = same.filter(sha256=digest).order_by("-created_at").first() if digest else None
-        unhashed = same.filter(sha256="").order_by("-created_at").first() if digest and existing is None else None
+        takeable = same.filter(sha256="")
+        if head_sha256:  # a start whose first bytes differ is another file
+            takeable = takeable.filter(Q(head_sha256="") | Q(head_sha256=head_sha256))
+        unhashed = takeable.order_by("-created_at").first() if digest and existing is None else None
         if unhashed is not None:  # started without its SHA-256 (the client stopped before completing): take it over
             Upload.objects.filter(pk=unhashed.pk).update(sha256=digest)
             unhashed.sha256 = digest
@@ -230,6 +253,7 @@ def start_upload(
             filename=name,
             size_bytes=size_bytes,
             sha256=digest,
+            head_sha256=head_sha256,
             part_size_bytes=part_size,
             part_count=part_count,
             transport=store.transport,

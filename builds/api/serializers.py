@@ -258,6 +258,23 @@ class StartUploadSerializer(serializers.Serializer):
         return head
 
 
+class UploadListFilterSerializer(serializers.Serializer):
+    """Query of GET /models/{model_id}/uploads/: keep the open uploads of one file (each filter optional)."""
+
+    filename = serializers.CharField(required=False, max_length=255, help_text="The file's name, e.g. model.onnx.")
+    size_bytes = serializers.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, help_text="The file's size in bytes."
+    )
+    head_sha256 = serializers.RegexField(
+        r"^[0-9a-fA-F]{64}$",
+        required=False,
+        help_text=f"SHA-256 (64 hex digits) of the file's first {HEAD_BYTES} bytes (all of it when shorter): the "
+        "digest of the `head` its start carried, so a file of the same name and size but other first bytes is left "
+        "out.",
+        error_messages={"invalid": "head_sha256 must be 64 hex digits: the SHA-256 of the file's first bytes."},
+    )
+
+
 class StoredPartSerializer(serializers.Serializer):
     number = serializers.IntegerField()
     size_bytes = serializers.IntegerField()
@@ -269,6 +286,11 @@ class UploadSerializer(serializers.ModelSerializer):
 
     model = serializers.PrimaryKeyRelatedField(read_only=True)
     sha256 = serializers.CharField(read_only=True)
+    head_sha256 = serializers.CharField(
+        read_only=True,
+        help_text='SHA-256 (hex) of the first bytes the start carried as `head` ("" when it carried none): list '
+        "the model's uploads with `head_sha256=` to find the open upload of a file without hashing all of it.",
+    )
     parts = serializers.SerializerMethodField()
     version = serializers.PrimaryKeyRelatedField(read_only=True)
 
@@ -280,6 +302,7 @@ class UploadSerializer(serializers.ModelSerializer):
             "filename",
             "size_bytes",
             "sha256",
+            "head_sha256",
             "part_size_bytes",
             "part_count",
             "status",

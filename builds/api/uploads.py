@@ -24,6 +24,7 @@ from builds.api.serializers import (
     SignPartsSerializer,
     StartUploadSerializer,
     StoredPartSerializer,
+    UploadListFilterSerializer,
     UploadSerializer,
 )
 from conch.api import BoundedLimitOffsetPagination, ErrorSerializer
@@ -54,14 +55,21 @@ class ModelUploadsView(APIView):
     pagination_class = BoundedLimitOffsetPagination
 
     @extend_schema(
+        parameters=[UploadListFilterSerializer],
         responses={200: UploadSerializer(many=True), **_ERRORS, **_STORE_DOWN},
         description="The model's uploads still `uploading` (not expired) or `completing`, oldest first, a page at a "
-        "time (`limit`, `offset`), each with the parts the object store holds now.",
+        "time (`limit`, `offset`), each with the parts the object store holds now. `filename`, `size_bytes` and "
+        "`head_sha256` (the SHA-256 of the `head` its start carried) keep only the uploads of one file: how a client "
+        "that lost its own record of an upload finds it again, then sends only the missing parts (the promised "
+        "SHA-256 is still checked on the joined file). A bad filter is 400 naming it.",
     )
     def get(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
+        query = UploadListFilterSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(resumable.open_uploads(model=model), request, view=self)
+        found = resumable.open_uploads(model=model, **query.validated_data)
+        page = paginator.paginate_queryset(found, request, view=self)
         return paginator.get_paginated_response(_render(page, many=True))
 
     @extend_schema(

@@ -5,6 +5,7 @@ end, and turn a joined upload into a version whose build is queued; that build c
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -62,7 +63,8 @@ def start_resumable_upload(
     """Check the file's name, first bytes and build options, then start the upload (`resumable.start_upload`).
 
     `head` is the file's first bytes (up to `builds.formats.HEAD_BYTES`; None when the client sent none): checked
-    with `check_model_head`, so a file that is not an ONNX model is refused before any of it is sent.
+    with `check_model_head`, so a file that is not an ONNX model is refused before any of it is sent, and its
+    SHA-256 is stored on the upload (`head_sha256`), by which a client finds the upload of the same file again.
 
     `build_options` is a JSON object with any of BUILD_OPTION_NAMES (values as the version upload takes them).
     Raises InvalidInput naming `filename` when its name says the file is not an ONNX model (an ending other than
@@ -92,6 +94,7 @@ def start_resumable_upload(
         sha256=sha256,
         part_size_bytes=part_size_bytes,
         build_options=parsed,
+        head_sha256=hashlib.sha256(head).hexdigest() if head else "",
         token=token,
     )
 

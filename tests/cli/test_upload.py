@@ -14,8 +14,10 @@ import hashlib
 import os
 import re
 import signal
+import socket
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -196,6 +198,110 @@ def test_a_part_that_keeps_failing_exits_6_and_the_next_run_sends_only_it(
     body = again.json()
     assert (body["resumed_parts"], body["sent_bytes"]) == (2, 5 * MIB)
     assert body["version"]["source"]["sha256"] == sha256
+
+
+class StallingProxy:
+    """A TCP proxy to `target` (host, port) that passes bytes both ways, except on the first connection whose bytes
+    match `pattern` (a request line): from there it reads nothing more from that client and answers nothing, the
+    connection held open, as a link whose bytes stopped moving. `url` is its address as http://localhost:PORT;
+    `stalled` lists the request lines it held."""
+
+    def __init__(self, target: tuple[str, int], pattern: bytes) -> None:
+        self.target = target
+        self.pattern = re.compile(pattern)
+        self.stalled: list[bytes] = []
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        # small buffers, so a held connection fills them soon and the client's sending blocks
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        self.url = f"http://localhost:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._forward, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._forward, args=(upstream, client, False), daemon=True).start()
+
+    def _forward(self, source: socket.socket, sink: socket.socket, watch: bool) -> None:
+        tail = b""
+        try:
+            while data := source.recv(64 * 1024):
+                found = self.pattern.search(tail + data) if watch and not self.stalled else None
+                if found:
+                    self.stalled.append(found.group(0))
+                    return  # read no more: the client's bytes pile up in the buffers, then stop moving
+                tail = data[-200:]
+                sink.sendall(data)
+        except OSError:
+            return
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._listener.close()
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_a_part_whose_connection_stalls_is_sent_again_after_the_stall_timeout(
+    cli, conch_env, storage, settings, model, model_file, eager_tasks
+):
+    path, sha256 = model_file
+    # given a link that holds the first PUT of part 2 (the connection open, no byte moving) and passes the rest:
+    # in front of Conch (folder storage: the parts go to Conch) or of the bucket (S3: presigned URLs to it)
+    if storage == "s3":
+        endpoint = urlsplit(settings.CONCH_S3_ENDPOINT_URL)
+        proxy = StallingProxy((endpoint.hostname, endpoint.port), rb"PUT \S*partNumber=2[& ]")
+        settings.CONCH_S3_PUBLIC_ENDPOINT_URL = proxy.url
+        url = conch_env.url
+    else:
+        server = urlsplit(conch_env.url)
+        proxy = StallingProxy((server.hostname, server.port), rb"PUT \S*/parts/2 ")
+        url = proxy.url
+    try:
+        # when the file is uploaded with a stall timeout of 2 s (from the environment, as a user may set it)
+        started = time.monotonic()
+        result = cli("upload", "big", path, "--part-size", "5M", "--json", CONCH_URL=url, CONCH_STALL_TIMEOUT="2")
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    # then part 2 was held once, sent again after about 2 s without progress, and the version has the file's sha256
+    assert result.code == 0, result.err
+    assert len(proxy.stalled) == 1, proxy.stalled
+    assert 2 <= took < 30, took
+    body = result.json()
+    assert body["version"]["source"]["sha256"] == sha256
+    assert _stored_sha256(body["version"]["source"]["key"]) == sha256
+
+
+def test_an_open_upload_of_another_file_of_the_same_name_and_size_is_not_resumed(
+    cli, conch_env, storage, model, model_file, eager_tasks
+):
+    import base64
+
+    path, sha256 = model_file
+    # given an open upload (as the wizard starts one: first bytes, no sha256) of another file of the same name and size
+    other = random_model_bytes(path.stat().st_size)
+    body = {"filename": path.name, "size_bytes": len(other), "head": base64.b64encode(other[:512]).decode()}
+    started = conch_env.caller.client.post(f"/api/v1/models/{model['id']}/uploads/", body, format="json")
+    assert started.status_code == 201, started.content
+    # when this file is uploaded
+    result = cli("upload", "big", path, "--part-size", "5M", "--json")
+    # then a new upload carried it whole, and the other upload is left as it was
+    assert result.code == 0, result.err
+    done = result.json()
+    assert done["upload"]["id"] != started.json()["id"] and done["resumed_parts"] == 0
+    assert done["upload"]["head_sha256"] == hashlib.sha256(path.read_bytes()[:512]).hexdigest()
+    assert done["version"]["source"]["sha256"] == sha256
+    assert Upload.objects.get(pk=started.json()["id"]).status == "uploading"
 
 
 def test_a_file_over_the_storage_quota_is_refused_before_any_part_with_exit_4(

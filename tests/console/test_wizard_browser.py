@@ -332,6 +332,57 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
 
 
+def test_an_upload_resumes_from_the_server_when_the_browser_forgot_it(
+    console_browser, alice, eager_tasks, screenshot, tmp_path
+):
+    from models_registry.models import Upload
+
+    # given an upload of a 20 MiB file (three parts) stopped by a connection that drops part 2 (parts 1 and 3 stored)
+    page, data, model_id = _interrupted_upload(console_browser, alice, tmp_path, "forgotten")
+    path = tmp_path / "forgotten.onnx"
+    # and the browser's record of it gone (storage cleared), the connection back
+    page.unroute("**/parts/2")
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
+    # when the same file is chosen again
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page found the open upload on the server (by name, size and first bytes) and sent only part 2,
+    # and the stored file has the file's sha256
+    assert [url.rsplit("/", 1)[1] for url in sent] == ["2"]
+    assert Upload.objects.filter(model_id=model_id).count() == 1
+    version = ModelVersion.objects.get(model_id=model_id)
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    from models_registry.models import Upload
+
+    # given an open upload of a 20 MiB file that the browser forgot (storage cleared), the connection back
+    page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "replaced")
+    page.unroute("**/parts/2")
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(request.url) if request.method == "PUT" else None)
+    # when another file of the same name and size (other first bytes) is chosen
+    other = onnx_like(29, 20 * 1024 * 1024)
+    path = tmp_path / "replaced.onnx"
+    path.write_bytes(other)
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then it went whole into a new upload, the open one left as it was, and the stored file has its sha256
+    assert sorted(url.rsplit("/", 1)[1] for url in sent) == ["1", "2", "3"]
+    uploads = dict(Upload.objects.filter(model_id=model_id).values_list("status", "sha256"))
+    assert uploads == {"uploading": "", "completed": hashlib.sha256(other).hexdigest()}
+    version = ModelVersion.objects.get(model_id=model_id)
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(other).hexdigest(), True)
+
+
 def _interrupted_upload(console_browser, alice, tmp_path, name: str):
     """A page whose upload of a 20 MiB file loses part 2 to a connection that drops it every time (the others
     stored), the page waiting to retry it; returns (page, file bytes, model id). page.unroute("**/parts/2") mends
@@ -554,6 +605,64 @@ def test_a_part_answered_503_is_sent_again_by_itself(console_browser, alice, eag
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then part 2 was sent again without a press of Resume, and the stored file has the file's sha256
     assert len(refused) == 1
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+def test_a_part_whose_bytes_stop_moving_is_aborted_and_sent_again(
+    console_browser, alice, eager_tasks, settings, tmp_path
+):
+    # given a page that gives a part 2 s without progress (CONCH_UPLOAD_STALL_SECONDS, its data-stall-seconds), a
+    # 10 MiB file (two parts) and a link that holds part 2 the first time: the request open, no byte moving
+    settings.CONCH_UPLOAD_STALL_SECONDS = 2
+    data = onnx_like(19, 10 * 1024 * 1024)
+    path = tmp_path / "stalled.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "stalled", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    held: list = []
+
+    def hold_once(route):
+        if held:
+            route.continue_()
+        else:
+            held.append(route)  # never continued: the part's bytes stop here
+
+    page.route("**/parts/2", hold_once)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    assert page.get_attribute("#upload", "data-stall-seconds") == "2"
+    said = record_changes(page, "#upload-error", "el.textContent")
+    # when the file is chosen
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page said that part 2 stood still and retried it by itself, and the stored file has the file's sha256
+    assert len(held) == 1
+    assert any(
+        re.search(r"^Connection lost \(part 2 moved no bytes for 2 s\); retrying in \d+ s", text) for text in said
+    ), said
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+def test_a_slow_part_that_moves_is_never_aborted(console_browser, alice, eager_tasks, settings, tmp_path):
+    # given a page that gives a part 2 s without progress, and a 10 MiB file (two parts) sent at 1 MiB/s: each part
+    # takes several times the stall time, its bytes moving all along
+    settings.CONCH_UPLOAD_STALL_SECONDS = 2
+    data = onnx_like(23, 10 * 1024 * 1024)
+    path = tmp_path / "slow.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "slow", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    puts: list[str] = []
+    page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    throttle_uploads(page, 1024 * 1024)
+    said = record_changes(page, "#upload-error", "el.textContent")
+    # when the file is chosen
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then no part was aborted or sent twice, and the stored file has the file's sha256
+    assert [text for text in said if text] == [] and len(puts) == 2, (said, puts)
     version = ModelVersion.objects.get(model_id=model["id"])
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
 

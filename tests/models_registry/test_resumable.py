@@ -565,6 +565,52 @@ def test_the_sha256_may_come_with_the_completion_and_a_start_that_sends_it_takes
     assert Upload.objects.count() == 1
 
 
+def test_an_open_upload_is_found_by_name_size_and_first_bytes_and_another_file_of_that_name_and_size_is_not(alice, s3):
+    # given an upload started with its first bytes and without its sha256 (as the wizard starts one)
+    model_id = _model(alice)
+    uploads = f"/api/v1/models/{model_id}/uploads/"
+    ours = b"\x08\x07" + os.urandom(6 * MIB - 2)
+    other = b"\x08\x07" + os.urandom(6 * MIB - 2)  # same name and size, other bytes
+    head = {name: data[:512] for name, data in (("ours", ours), ("other", other))}
+    body = {"filename": "model.onnx", "size_bytes": len(ours), "head": base64.b64encode(head["ours"]).decode()}
+    started = alice.client.post(uploads, body, format="json")
+    assert started.status_code == 201, started.content
+    upload = started.json()
+    assert upload["head_sha256"] == hashlib.sha256(head["ours"]).hexdigest()
+    # when the model's uploads are listed for this file: that upload
+    query = {"filename": "model.onnx", "size_bytes": len(ours)}
+    found = alice.client.get(uploads, {**query, "head_sha256": hashlib.sha256(head["ours"]).hexdigest().upper()})
+    assert found.status_code == 200, found.content
+    assert [item["id"] for item in found.json()["results"]] == [upload["id"]]
+    # and for another file of the same name and size: none
+    missed = alice.client.get(uploads, {**query, "head_sha256": hashlib.sha256(head["other"]).hexdigest()})
+    assert missed.status_code == 200 and missed.json()["results"] == []
+    # and the same for a file of another name or size
+    assert alice.client.get(uploads, {"filename": "other.onnx"}).json()["results"] == []
+    assert alice.client.get(uploads, {"size_bytes": len(ours) + 1}).json()["results"] == []
+    # and a start of the other file with its sha256 does not take the open upload over: a new one
+    other_body = {
+        **body,
+        "head": base64.b64encode(head["other"]).decode(),
+        "sha256": hashlib.sha256(other).hexdigest(),
+    }
+    second = alice.client.post(uploads, other_body, format="json")
+    assert second.status_code == 201, second.content
+    assert second.json()["id"] != upload["id"]
+    assert Upload.objects.get(pk=upload["id"]).sha256 == ""
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [({"head_sha256": "abc"}, "head_sha256"), ({"size_bytes": "big"}, "size_bytes"), ({"size_bytes": 0}, "size_bytes")],
+)
+def test_a_bad_filter_of_the_uploads_list_is_refused_naming_it(alice, s3, query, field):
+    model_id = _model(alice)
+    response = alice.client.get(f"/api/v1/models/{model_id}/uploads/", query)
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == field
+
+
 def test_an_upload_started_without_its_sha256_gets_it_at_completion(alice, s3, django_capture_on_commit_callbacks):
     data = os.urandom(6 * MIB)
     model_id = _model(alice)

@@ -21,7 +21,15 @@ from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
 from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
 from conch_cli.files import check_model_file
-from conch_cli.transfer import BackgroundHash, RateLimit, check_upload_api, file_sha256, upload_file
+from conch_cli.transfer import (
+    STALL_TIMEOUT_S,
+    BackgroundHash,
+    RateLimit,
+    check_upload_api,
+    file_sha256,
+    head_sha256,
+    upload_file,
+)
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 usage error (also: no URL or token configured) or input the server refused; "
@@ -267,6 +275,16 @@ def upload(
         str | None,
         typer.Option(metavar="SIZE", help="Send at most this many bytes per second, e.g. 20M (all parts together)."),
     ] = None,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            envvar="CONCH_STALL_TIMEOUT",
+            help="Send a part again when its connection moved no byte for this long (a slow part that moves is "
+            "never cut).",
+            min=0.1,
+        ),
+    ] = STALL_TIMEOUT_S,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     timeout: Timeout = 3600,
     as_json: Json = False,
@@ -283,7 +301,13 @@ def upload(
         found = api.find_model(model, team)
         open_uploads = check_upload_api(api, found["id"], file)
         size = file.stat().st_size
-        if any(u.get("filename") == file.name and u.get("size_bytes") == size for u in open_uploads):
+        head = head_sha256(file)
+        if any(
+            u.get("filename") == file.name
+            and u.get("size_bytes") == size
+            and u.get("head_sha256") in (None, "", head)  # started without first bytes, or with this file's
+            for u in open_uploads
+        ):
             # A run of this file may have stopped: the start must send the sha256 to find its upload again.
             hashing = time.monotonic()
             sha256: str | BackgroundHash = file_sha256(file, output.progress_for_terminal(quiet))
@@ -300,6 +324,7 @@ def upload(
             part_size=part_bytes,
             progress=output.progress_for_terminal(quiet),
             rate_limit=rate,
+            stall_timeout_s=stall_timeout,
             timeout_s=timeout,
             say=output.note,
         )

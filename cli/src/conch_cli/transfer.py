@@ -1,21 +1,24 @@
 """Resumable uploads of a model file (Conch's `/api/v1/models/{id}/uploads/` API, UPLOAD-API.md).
 
 A new upload starts at once (filename and size) while a thread computes the file's sha256 beside the parts, and the
-sha256 goes with the completion. When the model has an open upload of a file of the same name and size (a run that
-stopped), the sha256 is computed first and sent with the start, which returns that upload, whose `parts` are those
-the store already has. The missing parts go up in parallel
-(a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece per
-worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Parts share the
-link, so the number in flight is kept to what the measured rate sends in about IN_FLIGHT_S seconds: parts are
-stored one after another, and an interruption loses at most those seconds of sending. The progress counts stored
-parts only, so it agrees with what an interruption says is kept. Then the
-upload is completed and the server checks the joined file's size before it makes the model version; the
-version's build checks the sha256 on the file it reads (a mismatch fails the build, naming `sha256`).
-Re-running the same upload after a crash or Ctrl-C sends only what the store lacks.
+sha256 goes with the completion; the start carries the file's first bytes (`head`). When the model has an open
+upload of a file of the same name, size and first bytes (a run that stopped), the sha256 is computed first and sent
+with the start, which returns that upload, whose `parts` are those the store already has. The missing parts go up in
+parallel (a thread pool; each worker streams its part from the file in 1 MiB pieces, so memory stays at one piece
+per worker): with S3 storage to presigned URLs straight to the bucket, with folder storage to Conch. Parts share the
+link, so the number in flight is kept to what the measured rate sends in about IN_FLIGHT_S seconds: parts are stored
+one after another, and an interruption loses at most those seconds of sending. The progress counts stored parts
+only, so it agrees with what an interruption says is kept. Then the upload is completed and the server checks the
+joined file's size before it makes the model version; the version's build checks the sha256 on the file it reads (a
+mismatch fails the build, naming `sha256`). Re-running the same upload after a crash or Ctrl-C sends only what the
+store lacks. A part is not given up for taking long, only for standing still: its request fails when no byte has
+gone out or come back for `stall_timeout_s` (STALL_TIMEOUT_S; `conch upload --stall-timeout`), and it is sent again
+like any network failure.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 import time
@@ -33,8 +36,16 @@ from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, UNAVAILABLE, USAGE,
 PIECE_BYTES = 1024 * 1024
 #: Part numbers per request for part URLs (the API's limit).
 URLS_PER_CALL = 100
-#: Tries per part before the upload gives up (network errors, 5xx, an expired URL).
+#: Tries per part before the upload gives up (network errors, 5xx, an expired URL, a stall).
 PART_ATTEMPTS = 5
+#: How many first bytes of the file the start carries (`head`, the server's builds.formats.HEAD_BYTES): the server
+#: checks them and keeps their SHA-256 (`head_sha256`), so a start of another file of the same name and size never
+#: takes this file's open upload over.
+HEAD_BYTES = 512
+#: Seconds a part's request may stand still (no byte sent or received) before it fails and is sent again. httpx
+#: applies its write and read timeouts to each socket send and receive, not to the whole request, so a slow part
+#: that moves is never cut.
+STALL_TIMEOUT_S = 60.0
 #: A part URL this close to its expiry is asked for again.
 URL_MARGIN = timedelta(seconds=60)
 OPEN_STATUSES = ("uploading", "completing")
@@ -91,6 +102,17 @@ class RateLimit:
             self._next = start + count / self.rate
         if start > now:
             time.sleep(start - now)
+
+
+def file_head(path: Path) -> bytes:
+    """The file's first HEAD_BYTES bytes (all of it when shorter)."""
+    with path.open("rb") as handle:
+        return handle.read(HEAD_BYTES)
+
+
+def head_sha256(path: Path) -> str:
+    """The hex SHA-256 of the file's first HEAD_BYTES bytes: what the server shows as an upload's `head_sha256`."""
+    return hashlib.sha256(file_head(path)).hexdigest()
 
 
 def file_sha256(path: Path, progress: Progress) -> str:
@@ -160,7 +182,8 @@ class PartSender:
     """Sends the missing parts of one upload from a file with a pool of `parallel` threads.
 
     Part n covers bytes [(n - 1) * part_size, n * part_size) of the file (the last one shorter). Part URLs are
-    asked for in batches of up to 100, just before they are needed, so none expires while others are sent.
+    asked for in batches of up to 100, just before they are needed, so none expires while others are sent. A part
+    whose request stands still for `stall_timeout_s` seconds (nothing sent or received) fails and is sent again.
     """
 
     def __init__(
@@ -172,6 +195,7 @@ class PartSender:
         parallel: int,
         progress: Progress,
         rate_limit: RateLimit | None = None,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ) -> None:
         self.api = api
         self.upload = upload
@@ -190,7 +214,8 @@ class PartSender:
         self.sent_bytes = 0
         self._sent_lock = threading.Lock()
         self.storage = httpx.Client(
-            timeout=httpx.Timeout(300.0, connect=CONNECT_TIMEOUT_S),
+            # Per socket operation: a part fails after stall_timeout_s without progress, however long it takes.
+            timeout=httpx.Timeout(stall_timeout_s, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
             headers={"User-Agent": api.http.headers["User-Agent"]},
         )
@@ -255,7 +280,7 @@ class PartSender:
                     self.sent_bytes += len(piece)
 
     def send_part(self, number: int) -> str:
-        """PUT part `number` (retrying network errors, 5xx and an expired URL) and return its ETag."""
+        """PUT part `number` (retrying network errors, a stall, 5xx and an expired URL) and return its ETag."""
         size = self.part_size(number)
         fresh = False
         for attempt in range(1, PART_ATTEMPTS + 1):
@@ -407,6 +432,7 @@ def upload_file(
     part_size: int | None,
     progress: Progress,
     rate_limit: RateLimit | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
     timeout_s: float,
     say: Callable[[str], None],
 ) -> UploadResult:
@@ -415,12 +441,17 @@ def upload_file(
     `sha256` is the file's hex SHA-256, sent with the start (so the server finds the open upload of the same file),
     or a BackgroundHash still computing it: the upload then starts without it and sends it with the completion.
     Returns when the server has checked the size and made the version (its build is queued; the build checks
-    the sha256: the version's `source.sha256_checked` says whether it has yet).
+    the sha256: the version's `source.sha256_checked` says whether it has yet). A part's request that stands still
+    for `stall_timeout_s` seconds (no byte sent or received) fails and the part is sent again.
     Raises CliError: NOT_FOUND when the server has no upload API, FAILED when the server's check failed
     (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
     """
     base = f"/api/v1/models/{model_id}/uploads/"
-    body = {"filename": path.name, "size_bytes": path.stat().st_size}
+    body = {
+        "filename": path.name,
+        "size_bytes": path.stat().st_size,
+        "head": base64.b64encode(file_head(path)).decode(),
+    }
     if isinstance(sha256, str):
         body["sha256"] = sha256
     if not part_size and rate_limit:
@@ -444,7 +475,15 @@ def upload_file(
     sent = 0
     started = time.monotonic()
     if upload["status"] == "uploading":
-        sender = PartSender(api, upload, path, parallel=parallel, progress=progress, rate_limit=rate_limit)
+        sender = PartSender(
+            api,
+            upload,
+            path,
+            parallel=parallel,
+            progress=progress,
+            rate_limit=rate_limit,
+            stall_timeout_s=stall_timeout_s,
+        )
         try:
             sent = sender.send_missing()
         except KeyboardInterrupt:

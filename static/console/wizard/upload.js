@@ -2,13 +2,19 @@
 // uploads API (/api/v1/models/{id}/uploads/): parts PUT straight to the URLs it signs (S3) or to Conch's own
 // part URL (folder storage), a few at a time, with progress, speed and time left; pause, resume, cancel; the
 // upload's id kept in localStorage (model + file name + size), so after a reload the same file, chosen again,
-// goes on from the parts the store already has. Every rule (sizes, quota, checksum, format) is the server's: this
-// file only moves bytes and shows what the API answers; the one thing it checks first is the file's size against
-// the server's limit, which the page carries (data-max-bytes), so a file too big is refused before it is hashed.
+// goes on from the parts the store already has; without that entry (another browser profile, storage cleared) the
+// page asks the server for the model's open upload of a file of the same name, size and first bytes (the start
+// stored their sha256: `head_sha256`) and goes on with it. Every rule (sizes, quota, checksum, format) is the
+// server's: this file only moves bytes and shows what the API answers; the one thing it checks first is the file's
+// size against the server's limit, which the page carries (data-max-bytes), so a file too big is refused before it
+// is hashed.
 // The upload is started before the file is hashed, with the file's first bytes (`head`): the server refuses a
 // file it cannot build by its name or those bytes at once (builds/formats.py), and the sha256 goes with the
 // completion. A part that fails on the network (no answer, 5xx, a timeout) is sent again by itself after 1, 2,
-// 4 … s (at most RETRY_MAX_S apart, for RETRY_FOR_MS); an answer that names a problem (4xx) stops with it.
+// 4 … s (at most RETRY_MAX_S apart, for RETRY_FOR_MS); an answer that names a problem (4xx) stops with it. A part
+// is not given up for taking long, only for standing still: one whose bytes have not moved (no upload progress,
+// no answer) for the page's stall time (data-stall-seconds, the CONCH_UPLOAD_STALL_SECONDS setting, 60 s) is
+// aborted and sent again the same way.
 (() => {
   "use strict";
 
@@ -40,19 +46,21 @@
   const RETRY_MAX_S = 30;
   const RETRY_FOR_MS = 5 * 60 * 1000; // then the page stops and waits for Resume
   const API_TIMEOUT_MS = 30 * 1000;
-  const PART_TIMEOUT_MS = 10 * 60 * 1000; // a part of 8 MiB at 120 kbit/s
+  // A part whose bytes stand still this long is aborted and sent again; a slow part that moves is never cut.
+  const STALL_MS = (Number(root.dataset.stallSeconds) || 60) * 1000;
 
   const state = {
     file: null,
     sha256: "",
     upload: null, // the API's Upload object
     done: new Map(), // part number -> etag
-    inflight: new Map(), // part number -> {xhr, loaded}
+    inflight: new Map(), // part number -> {xhr, loaded, movedAt (ms), stalled}
     paused: false, // Pause pressed, or a problem that waits for Resume: no new part starts
     label: "", // what the progress line begins with while no part moves ("Paused", "Stopped")
     retry: { attempt: 0, since: 0, timer: null, waiting: false }, // the automatic retry after a network failure
     finished: false,
     samples: [], // [time ms, bytes sent] for the speed over the last seconds
+    watchdog: null, // the timer that looks for parts standing still
   };
 
   const storageKey = (file) => `conch.upload:${root.dataset.model}:${file.name}:${file.size}`;
@@ -210,7 +218,7 @@
     state.sha256 = "";
     try {
       // the server says first whether it can build this file (its name, its first bytes), then it is hashed
-      const earlier = await findEarlier(file);
+      const earlier = (await findEarlier(file)) || (await findOnServer(file));
       const fresh = earlier ? null : await startUpload(file);
       state.sha256 = await computeSha256(file);
       state.upload = fresh || (await takeEarlier(file, earlier));
@@ -237,25 +245,63 @@
     return null;
   }
 
-  // Go on with the earlier upload when it is of this very file (same sha256), else abort it and start anew.
-  async function takeEarlier(file, { upload, known }) {
-    if ((upload.sha256 || known.sha256) === state.sha256) {
+  // The model's open upload of a file of this name, size and first bytes, found on the server (this page kept no
+  // record of it: another browser profile, storage cleared); null if none. The newest one when there are several.
+  async function findOnServer(file) {
+    const head = await headSha256(file);
+    const query = new URLSearchParams({ filename: file.name, size_bytes: String(file.size), head_sha256: head });
+    let listed;
+    try {
+      listed = await api("GET", `${uploadsUrl}?${query}`);
+    } catch (error) {
+      if (isTransient(error)) throw error;
+      return null; // refused: start a new upload
+    }
+    // (the server filtered already; checked again so that a server that ignores the filters resumes nothing else)
+    const found = (listed.results || listed).filter(
+      (upload) =>
+        upload.status === "uploading" &&
+        upload.filename === file.name &&
+        upload.size_bytes === file.size &&
+        upload.head_sha256 === head,
+    );
+    if (found.length === 0) return null;
+    return { upload: found[found.length - 1], known: { id: found[found.length - 1].id, sha256: "" }, onServer: true };
+  }
+
+  // Go on with the earlier upload when it is of this very file: the same sha256, or, for an upload started
+  // without one, the same first bytes (the build's sha256 check of the joined file still guards). Otherwise start
+  // anew; an upload this page started is aborted, one found on the server is left to its owner.
+  async function takeEarlier(file, { upload, known, onServer }) {
+    const promised = upload.sha256 || known.sha256;
+    const sameHead = !upload.head_sha256 || upload.head_sha256 === (await headSha256(file));
+    if (sameHead && (!promised || promised === state.sha256)) {
       progress.textContent = "Resuming the upload where it stopped…";
       return upload;
     }
-    try {
-      await api("DELETE", `${uploadsUrl}${upload.id}/`);
-    } catch (_) {
-      // it expires by itself
+    if (!onServer) {
+      try {
+        await api("DELETE", `${uploadsUrl}${upload.id}/`);
+      } catch (_) {
+        // it expires by itself
+      }
     }
     localStorage.removeItem(storageKey(file));
     return startUpload(file);
   }
 
+  // The file's first bytes, as the start sends them (`head`), and their sha256 (how the server knows them again).
+  async function headOf(file) {
+    return new Uint8Array(await file.slice(0, headBytes).arrayBuffer());
+  }
+  async function headSha256(file) {
+    return hashwasm.sha256(await headOf(file));
+  }
+
   // POST the start with the file's first bytes and, once known, its sha256; the server refuses (400) a file it
   // cannot build by its name (`filename`) or first bytes (`head`) before anything is reserved.
   async function startUpload(file) {
-    const head = new Uint8Array(await file.slice(0, headBytes).arrayBuffer());
+    const head = await headOf(file);
     let binary = "";
     for (const byte of head) binary += String.fromCharCode(byte);
     const body = {
@@ -329,10 +375,10 @@
   function sendPart(part) {
     const [begin, end] = partRange(part.number);
     const xhr = new XMLHttpRequest();
-    const entry = { xhr, loaded: 0 };
+    const entry = { xhr, loaded: 0, movedAt: performance.now(), stalled: false };
     state.inflight.set(part.number, entry);
     xhr.open(part.method || "PUT", part.url);
-    xhr.timeout = PART_TIMEOUT_MS;
+    xhr.timeout = 0; // no limit on the whole part: the watchdog aborts it when it stands still
     const conchUrl = new URL(part.url, window.location.href).origin === window.location.origin;
     for (const [name, value] of Object.entries(part.headers || {})) {
       if (name.toLowerCase() !== "content-length" && name.toLowerCase() !== "host") xhr.setRequestHeader(name, value);
@@ -341,7 +387,11 @@
     xhr.withCredentials = conchUrl;
     xhr.upload.onprogress = (event) => {
       entry.loaded = event.loaded;
+      entry.movedAt = performance.now();
       showProgress();
+    };
+    xhr.onprogress = () => {
+      entry.movedAt = performance.now(); // the answer is coming
     };
     xhr.onload = () => {
       state.inflight.delete(part.number);
@@ -373,16 +423,35 @@
       retryLater(`the connection dropped while sending part ${part.number}`);
       wakeUp();
     };
-    xhr.ontimeout = () => {
-      state.inflight.delete(part.number);
-      retryLater(`part ${part.number} got no answer in ${PART_TIMEOUT_MS / 60000} min`);
-      wakeUp();
-    };
     xhr.onabort = () => {
       state.inflight.delete(part.number);
+      if (entry.stalled) retryLater(`part ${part.number} moved no bytes for ${STALL_MS / 1000} s`);
       wakeUp();
     };
     xhr.send(state.file.slice(begin, end));
+    watchStalls();
+  }
+
+  // While parts are in flight, look every second (or quarter of the stall time) for one whose bytes have not moved
+  // for STALL_MS: it is aborted (its onabort sends it again after the backoff).
+  function watchStalls() {
+    if (state.watchdog) return;
+    state.watchdog = setInterval(
+      () => {
+        const now = performance.now();
+        for (const entry of state.inflight.values()) {
+          if (!entry.stalled && now - entry.movedAt >= STALL_MS) {
+            entry.stalled = true;
+            entry.xhr.abort();
+          }
+        }
+        if (state.inflight.size === 0) {
+          clearInterval(state.watchdog);
+          state.watchdog = null;
+        }
+      },
+      Math.min(1000, STALL_MS / 4),
+    );
   }
 
   // A part that failed stops new parts from starting; the others in flight are let finish (their bytes count
