@@ -118,6 +118,8 @@ def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tupl
     boundary = uuid.uuid4().hex
     head = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="max_batch_size"\r\n\r\n8\r\n'
+        # every round sends the same file: each one is a new version
+        f'--{boundary}\r\nContent-Disposition: form-data; name="allow_duplicate"\r\n\r\ntrue\r\n'
         f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
         "Content-Type: application/octet-stream\r\n\r\n"
     ).encode()
@@ -145,7 +147,9 @@ def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tupl
 
 def conch_upload(env: dict, model: str, path: Path, parallel: int, part_size: str | None) -> tuple[float, dict, int]:
     """Run `conch upload MODEL PATH --json`; return (seconds, its JSON, its peak RSS in bytes)."""
-    command = [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--parallel", str(parallel)]
+    # --new-version: every round sends the same file, and each one must be sent (not found to be a version).
+    command = [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--new-version"]
+    command += ["--parallel", str(parallel)]
     if part_size:
         command += ["--part-size", part_size]
     started = time.perf_counter()

@@ -2,7 +2,8 @@
 
 Every error body is `{"detail": <sentence>, "field": <input name or null>}` (a refused quota adds
 `"quota": {"limit", "used", "requested"}`; an object still in use adds its users under the field's name, e.g.
-`"deployments": [{"id", "name"}]`; a check that reports every refusal at once, such as POST
+`"deployments": [{"id", "name"}]`; a refused duplicate adds the object it would copy, e.g.
+`"existing_version": {"id", "number", "status"}`; a check that reports every refusal at once, such as POST
 /api/v1/deployments/check, adds them all under `"errors": [{"detail", "field", "quota"?}, ...]`). Our typed
 errors (`conch.errors`) carry their own status; DRF's validation errors are flattened to
 their first field so a client always finds one `field` to point at. Errors raised outside
@@ -26,7 +27,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from conch.errors import ConchError, InUse, InvalidInput, QuotaExceeded, RateLimited
+from conch.errors import ConchError, Duplicate, InUse, InvalidInput, QuotaExceeded, RateLimited
 from conch.limits import INFERENCE_BODY, describe_bytes
 
 #: Largest page a list endpoint returns (`?limit=`).
@@ -49,13 +50,16 @@ def _first_error(data: Any, prefix: str | None = None) -> tuple[str | None, str]
 
 
 def error_body(exc: ConchError) -> dict[str, Any]:
-    """The `{"detail", "field"}` body of one of our errors, with `quota` for a refused quota and the users of an
-    object still in use under the field's name."""
+    """The `{"detail", "field"}` body of one of our errors, with `quota` for a refused quota, the users of an
+    object still in use under the field's name, and the object a refused duplicate would copy under its
+    `existing_name` (e.g. `existing_version`)."""
     body: dict[str, Any] = {"detail": exc.detail, "field": exc.field}
     if isinstance(exc, QuotaExceeded):
         body["quota"] = exc.quota
     elif isinstance(exc, InUse):
         body[exc.field] = exc.users
+    elif isinstance(exc, Duplicate):
+        body[exc.existing_name] = exc.existing
     return body
 
 
@@ -184,6 +188,22 @@ class RefusalsSerializer(RefusalSerializer):
 
     errors = RefusalSerializer(
         many=True, help_text="Every refusal, the first one (the body's own) included, in the order checked."
+    )
+
+
+class ExistingVersionSerializer(serializers.Serializer):
+    """The version a refused duplicate upload would copy (for the OpenAPI schema)."""
+
+    id = serializers.IntegerField(help_text="The version's id (GET /api/v1/versions/{id}/).")
+    number = serializers.IntegerField(help_text="Its number in its model.")
+    status = serializers.CharField(help_text="uploading, queued, building, built or failed.")
+
+
+class DuplicateVersionErrorSerializer(ErrorSerializer):
+    """The 409 body of an upload whose file already is a version of the model (for the OpenAPI schema)."""
+
+    existing_version = ExistingVersionSerializer(
+        required=False, help_text="Present when the file (its sha256) already is this version of the model."
     )
 
 

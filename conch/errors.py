@@ -92,6 +92,16 @@ class InUse(Conflict):
         self.users = users
 
 
+class Duplicate(Conflict):
+    """The request would make a copy of an object that exists (HTTP 409); `existing` describes that object (e.g.
+    {"id", "number", "status"} of a version) and the API puts it under `existing_name` (e.g. "existing_version")."""
+
+    def __init__(self, detail: str, *, field: str, existing_name: str, existing: dict[str, object]) -> None:
+        super().__init__(detail, field=field)
+        self.existing_name = existing_name
+        self.existing = existing
+
+
 class PayloadTooLarge(ConchError):
     """A request body or upload is larger than the endpoint's limit (HTTP 413); `detail` says the limit."""
 

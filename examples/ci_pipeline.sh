@@ -5,7 +5,8 @@
 #   CONCH_URL=… CONCH_TOKEN=… examples/ci_pipeline.sh MODEL.onnx NAME TEAM INPUT=FILE.npy…
 #
 # Each INPUT=FILE.npy names one input tensor of the model and a .npy file holding it (numpy.save). Run it again
-# with the same NAME and it uploads the next version of the same model. The deployment is named NAME too: the
+# with the same NAME and another file and it uploads the next version of the same model; with the same file it goes
+# on with the version that file already is (`conch upload` says so, `"duplicate": true`). The deployment is named NAME too: the
 # script stops at once when TEAM already runs a deployment of that name, and a run that fails after deploying
 # stops its deployment, so the next run is not blocked by it.
 # A failing step prints Conch's error message (its detail and field) and the script exits with the CLI's exit
@@ -63,7 +64,11 @@ uploaded=$(conch upload "$model_id" "$model_file" --build-option max_batch_size=
   --build-option max_queue_delay_microseconds=1000 --json)
 version_id=$(field version id <<<"$uploaded")
 version_number=$(field version number <<<"$uploaded")
-echo "uploaded $name:$version_number (version id $version_id)"
+if [[ $(field duplicate <<<"$uploaded") == True ]]; then
+  echo "$model_file already is $name:$version_number (version id $version_id)"
+else
+  echo "uploaded $name:$version_number (version id $version_id)"
+fi
 conch builds wait "$version_id" --json >/dev/null
 echo "$name:$version_number built (version id $version_id)"
 

@@ -92,6 +92,9 @@ class Upload(models.Model):
     quota. Once a worker has checked the joined object, `version` is the ModelVersion made from it (its
     `source_key` is `object_key`). `heartbeat_at` is when the completion was requested or a worker last showed
     progress on it; `check_started_at` is when a worker took the check (None: queued, not taken).
+    `allow_duplicate`: the client asked (at the start or the completion) for a new version even if the file already
+    is a live version of the model; otherwise such a file is refused
+    (`models_registry.services.refuse_duplicate_version`).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -107,6 +110,7 @@ class Upload(models.Model):
     object_key = models.CharField(max_length=500)
     store_upload_id = models.CharField(max_length=1024, blank=True)
     build_options = models.JSONField(default=dict, blank=True)
+    allow_duplicate = models.BooleanField(default=False)
     expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     check_started_at = models.DateTimeField(null=True, blank=True)

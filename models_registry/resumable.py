@@ -40,7 +40,7 @@ from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTo
 from conch.limits import describe_bytes
 from models_registry.choices import UploadStatus, UploadTransport, VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel, Upload
-from models_registry.services import allocate_version_number
+from models_registry.services import allocate_version_number, refuse_duplicate_version
 from models_registry.storage import (
     MAX_PART_SIZE_BYTES,
     MAX_PARTS,
@@ -189,8 +189,13 @@ def start_upload(
     build_options: dict[str, Any] | None = None,
     head_sha256: str = "",
     token: TokenGrant | None = None,
+    allow_duplicate: bool = False,
 ) -> tuple[Upload, bool]:
     """Start a resumable upload of a file into `model`; return (upload, whether it is new).
+
+    With a `sha256` that already is a live version's of the model, the start is refused (Duplicate, 409 naming
+    `sha256` with `existing_version`: `refuse_duplicate_version`) unless `allow_duplicate`, which the upload keeps
+    (its completion and the worker's check then let the file through too).
 
     `build_options` are already validated (the builds app parses them). The same model, filename, size and
     SHA-256 while an upload of them is `uploading` gives that upload back (new: False), so a client re-run
@@ -231,6 +236,7 @@ def start_upload(
         locked = RegisteredModel.objects.select_for_update().select_related("team").filter(pk=model.pk).first()
         if locked is None or locked.deletion_requested_at is not None:
             raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
+        refuse_duplicate_version(model=locked, sha256=digest, allow_duplicate=allow_duplicate)
         same = Upload.objects.filter(
             model=locked, filename=name, size_bytes=size_bytes, status=UploadStatus.UPLOADING, expires_at__gt=now
         ).exclude(store_upload_id="")
@@ -244,6 +250,9 @@ def start_upload(
             unhashed.sha256 = digest
             existing = unhashed
         if existing is not None:
+            if allow_duplicate and not existing.allow_duplicate:
+                Upload.objects.filter(pk=existing.pk).update(allow_duplicate=True)
+                existing.allow_duplicate = True
             return existing, False
         reserve_quota(team=locked.team, requested={"storage_bytes": size_bytes}, what="this upload")
         upload_id = uuid.uuid4()
@@ -259,6 +268,7 @@ def start_upload(
             transport=store.transport,
             object_key=upload_key(model_id=locked.pk, upload_id=upload_id),
             build_options=dict(build_options or {}),
+            allow_duplicate=allow_duplicate,
             expires_at=_expiry(),
             created_by=user,
         )
@@ -437,11 +447,17 @@ def request_completion(
     client_parts: Sequence[dict[str, Any]] | None = None,
     sha256: str | None = None,
     token: TokenGrant | None = None,
+    allow_duplicate: bool = False,
 ) -> Upload:
     """Check that the store holds every part at its size, and mark the upload `completing` for a worker.
 
     `sha256` is the file's SHA-256: required when the start left it out (InvalidInput naming `sha256`), and when
     sent for an upload that has one, it must be the same (InvalidInput naming `sha256`: the file changed).
+
+    A file that already is a live version of the model is refused (Duplicate, 409 naming `sha256` with
+    `existing_version`) unless `allow_duplicate` here or at the start; the upload then stays `uploading` with every
+    part and no SHA-256 recorded, so the client completes again with `allow_duplicate` or aborts it (else the
+    sweeper aborts it when it expires). `allow_duplicate` is kept on the upload for the worker's check.
 
     The caller queues the worker's check (`builds`) in the same transaction. `client_parts`, when given, are
     the client's `{"number", "etag"}`: an ETag that differs from the store's refuses the completion. Asking
@@ -460,6 +476,8 @@ def request_completion(
             "sent. Abort this upload and upload the file again.",
             field="sha256",
         )
+    allow = allow_duplicate or upload.allow_duplicate
+    refuse_duplicate_version(model=upload.model, sha256=upload.sha256 or digest, allow_duplicate=allow)
     parts = stored_parts(upload=upload)
     _check_parts(upload, parts, client_parts)
     with transaction.atomic():
@@ -469,9 +487,10 @@ def request_completion(
         _require_uploading(locked)
         locked.status = UploadStatus.COMPLETING
         locked.sha256 = locked.sha256 or digest
+        locked.allow_duplicate = locked.allow_duplicate or allow
         locked.heartbeat_at = timezone.now()
         locked.check_started_at = None
-        locked.save(update_fields=["status", "sha256", "heartbeat_at", "check_started_at"])
+        locked.save(update_fields=["status", "sha256", "allow_duplicate", "heartbeat_at", "check_started_at"])
         record_audit(
             action=AuditAction.UPLOAD_COMPLETION_REQUESTED,
             team=locked.model.team,
@@ -608,7 +627,10 @@ def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObje
     `completed` and names it. The storage quota was reserved when the upload started: the version's bytes are
     counted from the same commit that ends the upload's reservation. Returns None when the upload is not
     `completing` any more (another worker finished it). Raises Conflict (field `model`) when the model is being
-    deleted.
+    deleted, Duplicate (field `sha256`) when, the upload not allowing it, its file already is a live version of
+    the model: the start and the completion checked that, but two identical uploads completed at once pass both
+    checks; under the model's lock the first to get here makes its version and the second is refused (the caller
+    fails it, deleting its object; its error names the version that won).
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("create_version_from_upload must run inside the transaction that queues the build")
@@ -618,6 +640,13 @@ def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObje
     model = RegisteredModel.objects.select_for_update().select_related("team").get(pk=upload.model_id)
     if model.deletion_requested_at is not None:
         raise Conflict(f"Model '{model.name}' is being deleted; no version is made from this upload.", field="model")
+    refuse_duplicate_version(
+        model=model,
+        sha256=upload.sha256,
+        allow_duplicate=upload.allow_duplicate,
+        otherwise="this upload made no version and its file was deleted (to make another version from the same file, "
+        "upload it again with allow_duplicate: true)",
+    )
     number = allocate_version_number(model=model)
     version = ModelVersion.objects.create(
         model=model,

@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
-from conch.errors import ConchError, Conflict, InvalidInput, NotFound
+from conch.errors import ConchError, Conflict, Duplicate, InvalidInput, NotFound
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.naming import validate_model_name
@@ -187,6 +187,68 @@ def allocate_version_number(*, model: RegisteredModel) -> int:
     return number
 
 
+def find_duplicate_version(
+    *, model: RegisteredModel, sha256: str, exclude_id: int | None = None
+) -> ModelVersion | None:
+    """The model's oldest live version whose file has SHA-256 `sha256` (lowercase hex), or None.
+
+    Live: not `deleting`. A version that failed its build on a SHA-256 mismatch does not count: its `source_sha256`
+    was a promise its file did not keep. `exclude_id` leaves out one version (the one being recorded). Another
+    model's versions never count, even in the same team: one file may well serve as two models.
+    """
+    if not sha256:
+        return None
+    versions = ModelVersion.objects.filter(model_id=model.pk, source_sha256=sha256).exclude(
+        status=VersionStatus.DELETING
+    )
+    versions = versions.exclude(status=VersionStatus.FAILED, error_field="sha256")
+    if exclude_id is not None:
+        versions = versions.exclude(pk=exclude_id)
+    return versions.order_by("number").first()
+
+
+#: What a refused duplicate may do instead of using the version that exists.
+ALLOW_DUPLICATE_HINT = "or send allow_duplicate: true to make another version from the same file"
+
+
+def refuse_duplicate_version(
+    *,
+    model: RegisteredModel,
+    sha256: str,
+    allow_duplicate: bool,
+    exclude_id: int | None = None,
+    otherwise: str = ALLOW_DUPLICATE_HINT,
+) -> None:
+    """Refuse an upload of a file that already is a live version of `model` (`find_duplicate_version`), unless
+    `allow_duplicate`.
+
+    Call it after the caller's role is checked (a caller who may not upload learns nothing of the versions), under
+    the model's row lock where a version is about to be made (so of two identical uploads finishing at once the
+    first wins and the second is refused). Raises Duplicate (HTTP 409, field `sha256`, `existing_version`:
+    {"id", "number", "status"}) whose detail names the version and what to do: deploy it, wait for its build or
+    rebuild it, or (`otherwise`) send `allow_duplicate: true` to make another version from the same file.
+    """
+    if allow_duplicate:
+        return
+    existing = find_duplicate_version(model=model, sha256=sha256, exclude_id=exclude_id)
+    if existing is None:
+        return
+    status = existing.status
+    if status == VersionStatus.BUILT:
+        todo = f"deploy that version (POST /api/v1/deployments/ with version {existing.pk})"
+    elif status == VersionStatus.FAILED:
+        todo = f"rebuild it if its build failed for a reason since fixed (POST /api/v1/versions/{existing.pk}/rebuild)"
+    else:
+        todo = f"wait for its build (GET /api/v1/versions/{existing.pk}/)"
+    raise Duplicate(
+        f"This file (sha256 {sha256}) already is version {existing.number} (id {existing.pk}, {status}) of model "
+        f"'{model.name}'. Use it: {todo}; {otherwise}.",
+        field="sha256",
+        existing_name="existing_version",
+        existing={"id": existing.pk, "number": existing.number, "status": status},
+    )
+
+
 def check_upload_room(*, model: RegisteredModel, declared_bytes: int | None) -> QuotaRoom:
     """Refuse an upload whose declared size cannot fit in the team's storage quota, before its bytes are read.
 
@@ -282,9 +344,18 @@ def discard_upload(*, version: ModelVersion) -> None:
 
 
 def complete_upload(
-    *, version: ModelVersion, stored: StoredObject, filename: str, build_options: dict[str, Any]
+    *,
+    version: ModelVersion,
+    stored: StoredObject,
+    filename: str,
+    build_options: dict[str, Any],
+    allow_duplicate: bool = False,
 ) -> ModelVersion:
     """Record a finished upload as `queued` for build attempt 1 (or the next attempt).
+
+    A file that already is a live version of the model (its SHA-256) is refused with Duplicate (409, field
+    `sha256`, `refuse_duplicate_version`) unless `allow_duplicate`; the check runs under the model's row lock, so
+    of two identical uploads finishing at once the first wins. The caller then discards the upload.
 
     `build_options` are already-validated build options (a plain dict). The caller queues the build in the
     same transaction (`builds.services.submit_upload`). Raises InvalidInput naming `file` for an empty file;
@@ -296,6 +367,8 @@ def complete_upload(
     if stored.size_bytes == 0:
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
     with transaction.atomic():
+        # The model first (as reserve_version locks it), so that duplicate checks of one model take turns.
+        RegisteredModel.objects.select_for_update().filter(pk=version.model_id).first()
         locked = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team")
         version = locked.filter(pk=version.pk).first()
         if version is None or version.status != VersionStatus.UPLOADING:
@@ -304,6 +377,9 @@ def complete_upload(
                 "upload the file again.",
                 field="file",
             )
+        refuse_duplicate_version(
+            model=version.model, sha256=stored.sha256_hex, allow_duplicate=allow_duplicate, exclude_id=version.pk
+        )
         reserve_quota(team=version.model.team, requested={"storage_bytes": stored.size_bytes}, what="this upload")
         version.source_filename = filename[:255]
         version.source_size_bytes = stored.size_bytes

@@ -30,6 +30,12 @@ _SAMPLE_VALUES_HELP = (
     "the input, a JSON list gives the whole array."
 )
 
+_ALLOW_DUPLICATE_HELP = (
+    "Make a new version even when the file (its SHA-256) already is a live version of the model. Left out or false, "
+    "such a file is refused with 409 naming `sha256`, the body's `existing_version` ({id, number, status}) saying "
+    "which version it is."
+)
+
 
 class BuildStepSerializer(serializers.ModelSerializer):
     """One build step: name, status, log lines (each "HH:MM:SS message"), start and finish times."""
@@ -79,6 +85,7 @@ class UploadVersionSerializer(serializers.Serializer):
 
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
+    allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=_ALLOW_DUPLICATE_HELP)
 
 
 class BuildOptionsSerializer(serializers.Serializer):
@@ -246,6 +253,7 @@ class StartUploadSerializer(serializers.Serializer):
         "bytes show it is not an ONNX model (text, an image, a ZIP such as a PyTorch .pt, a Git LFS pointer…) is then "
         "refused with 400 naming `head` before anything is reserved, so a client learns it before sending the file.",
     )
+    allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=_ALLOW_DUPLICATE_HELP)
 
     def validate_head(self, value: str) -> bytes:
         """Decode the base64 `head`; 400 naming it when it is not base64 or longer than HEAD_BYTES bytes."""
@@ -307,6 +315,7 @@ class UploadSerializer(serializers.ModelSerializer):
             "part_count",
             "status",
             "transport",
+            "allow_duplicate",
             "parts",
             "created_at",
             "expires_at",
@@ -354,4 +363,10 @@ class CompleteUploadSerializer(serializers.Serializer):
         allow_blank=True,
         max_length=64,
         help_text="The file's SHA-256, when the start left it out (required then); else, if sent, it must be the same.",
+    )
+    allow_duplicate = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text=_ALLOW_DUPLICATE_HELP + " Refused here, the upload stays open with every part: complete again "
+        "with allow_duplicate true, or abort it (DELETE the upload).",
     )

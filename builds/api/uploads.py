@@ -27,7 +27,7 @@ from builds.api.serializers import (
     UploadListFilterSerializer,
     UploadSerializer,
 )
-from conch.api import BoundedLimitOffsetPagination, ErrorSerializer
+from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
 from conch.limits import BodyLimit, accepts_body
 from models_registry import resumable, services
 from models_registry.uploads import HeaderCsrfSessionAuthentication
@@ -38,6 +38,8 @@ _ERRORS = {400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409
 #: checked by the view (400 naming the part).
 PART_BODY = BodyLimit(setting="CONCH_MAX_UPLOAD_BYTES", variable="CONCH_MAX_UPLOAD_BYTES", field="size_bytes")
 _STORE_DOWN = {503: ErrorSerializer}
+#: A start or completion may be refused as a duplicate: the body then names the version the file already is.
+_DUPLICATE = {409: DuplicateVersionErrorSerializer}
 
 
 def _render(uploads: list, *, many: bool = False) -> dict | list:
@@ -79,6 +81,7 @@ class ModelUploadsView(APIView):
             200: OpenApiResponse(UploadSerializer, description="The open upload of the same file, to resume."),
             **_ERRORS,
             413: ErrorSerializer,
+            **_DUPLICATE,
             **_STORE_DOWN,
         },
         description="Start a resumable upload of a model file: its name, size and SHA-256 are promised now. A name "
@@ -90,7 +93,9 @@ class ModelUploadsView(APIView):
         "(409 with `quota`) before anything starts in the object store; the reservation lasts until the upload "
         "completes, is aborted or expires. The same file (model, filename, size, sha256) while an upload of it is "
         "open gives that upload back (200), so a client that stopped resumes. Then ask for part URLs "
-        "(POST .../parts/), send the parts, and POST .../complete.",
+        "(POST .../parts/), send the parts, and POST .../complete. With a `sha256` that already is a live version's of "
+        "the model the start is refused with 409 naming `sha256`, `existing_version` ({id, number, status}) saying "
+        "which; send `allow_duplicate: true` to make another version from the same file.",
     )
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
@@ -107,6 +112,7 @@ class ModelUploadsView(APIView):
             build_options={k: v for k, v in (data.get("build_options") or {}).items() if v is not None},
             head=data.get("head"),
             token=request.auth,
+            allow_duplicate=data.get("allow_duplicate", False),
         )
         return Response(_render([upload]), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -224,7 +230,7 @@ class UploadCompleteView(APIView):
 
     @extend_schema(
         request=CompleteUploadSerializer,
-        responses={202: UploadSerializer, **_ERRORS, **_STORE_DOWN},
+        responses={202: UploadSerializer, **_ERRORS, **_DUPLICATE, **_STORE_DOWN},
         description="Every part must be in the object store at its size (409 naming the first missing or "
         "wrong-sized part). The upload becomes `completing`: a worker joins the parts, checks the size promised at "
         "the start (no read of the object), then makes the model's next version and queues its build (`completed`, "
@@ -232,7 +238,11 @@ class UploadCompleteView(APIView):
         "values, the object deleted and the quota freed. Poll GET the upload. The promised SHA-256 is checked by the "
         "version's build on the file it downloads (`source.sha256_checked` false until then): a mismatch fails the "
         "version with `error_field` sha256. A start that left the SHA-256 out must send it here (`sha256`, 400 "
-        "naming it otherwise).",
+        "naming it otherwise). A file (its SHA-256) that already is a live version of the model is refused with 409 "
+        "naming `sha256`, `existing_version` ({id, number, status}) saying which, unless `allow_duplicate` is true "
+        "here or was at the start: the upload then stays `uploading` with every part, to complete again with "
+        "`allow_duplicate: true` or to abort (DELETE); left alone, it expires. Should two identical uploads "
+        "complete at once, the first makes its version and the second fails naming `sha256` and that version.",
     )
     def post(self, request: Request, model_id: int, upload_id: str) -> Response:
         upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
@@ -244,5 +254,6 @@ class UploadCompleteView(APIView):
             client_parts=form.validated_data.get("parts"),
             sha256=form.validated_data.get("sha256") or None,
             token=request.auth,
+            allow_duplicate=form.validated_data.get("allow_duplicate", False),
         )
         return Response(_render([upload]), status=status.HTTP_202_ACCEPTED)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.mixins import ListModelMixin, RetrieveModelMixin
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
@@ -38,7 +38,7 @@ from builds.services.review import (
     signature_rows,
 )
 from builds.verification import MAX_SAMPLE_INPUTS_BYTES, SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD
-from conch.api import BoundedLimitOffsetPagination, ErrorSerializer
+from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
 from conch.errors import InvalidInput, UnsupportedMediaType
 from conch.limits import STREAMED, BodyLimit, accepts_body
 from models_registry import deletion, services
@@ -57,6 +57,19 @@ BUILD_OPTION_FIELDS = ("max_batch_size", "max_queue_delay_microseconds", "prefer
 REBUILD_BODY = BodyLimit(
     setting=None, variable=None, field=SAMPLE_INPUTS_FIELD, extra_bytes=MAX_SAMPLE_INPUTS_BYTES + MULTIPART_SLACK_BYTES
 )
+
+
+def parse_allow_duplicate(value: object) -> bool:
+    """The form field `allow_duplicate` as a boolean: left out or empty is false; true/false, 1/0, yes/no, on/off
+    (any case) as written. Raises InvalidInput naming it for anything else."""
+    if value in (None, ""):
+        return False
+    try:
+        return serializers.BooleanField().to_internal_value(value)
+    except exceptions.ValidationError:
+        raise InvalidInput(
+            f"allow_duplicate must be true or false, got {str(value)[:40]!r}.", field="allow_duplicate"
+        ) from None
 
 
 class ModelVersionListUploadView(APIView):
@@ -87,7 +100,7 @@ class ModelVersionListUploadView(APIView):
             400: ErrorSerializer,
             403: ErrorSerializer,
             404: ErrorSerializer,
-            409: ErrorSerializer,
+            409: DuplicateVersionErrorSerializer,
             413: ErrorSerializer,
             415: ErrorSerializer,
         },
@@ -99,7 +112,9 @@ class ModelVersionListUploadView(APIView):
         "(Content-Length) cannot fit, else as soon as more bytes than are free have arrived, and again once stored. "
         "The build's repository (a copy of the file and its configuration) counts in storage too. 400 naming `file` "
         "for a file that is not an ONNX model: by its name (an ending other than .onnx) before a byte is read, or "
-        "by its first bytes, before they are stored.",
+        "by its first bytes, before they are stored. 409 naming `sha256`, with `existing_version` ({id, number, "
+        "status}), when the file (its SHA-256, known once it is stored) already is a live version of the model: what "
+        "was stored is deleted; send the form field `allow_duplicate=true` to make another version from the same file.",
     )
     @accepts_body(STREAMED)
     def post(self, request: Request, model_id: int) -> Response:
@@ -154,6 +169,7 @@ class ModelVersionListUploadView(APIView):
             if upload is None:
                 raise InvalidInput("Send the model file in the multipart field 'file'.", field="file")
             options = {k: data.get(k) for k in BUILD_OPTION_FIELDS if data.get(k) not in (None, "")}
+            allow_duplicate = parse_allow_duplicate(data.get("allow_duplicate"))
             samples = files.get(SAMPLE_INPUTS_FIELD)
             version = builds.submit_upload(
                 version=version,
@@ -162,6 +178,7 @@ class ModelVersionListUploadView(APIView):
                 options=options,
                 sample_inputs=samples.stored if samples is not None else None,
                 sample_values=data.get(SAMPLE_VALUES_FIELD) or None,
+                allow_duplicate=allow_duplicate,
             )
         except BaseException:
             # Multipart uploads still open in the store are aborted, not left pending.

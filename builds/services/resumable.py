@@ -59,6 +59,7 @@ def start_resumable_upload(
     build_options: Mapping[str, Any] | None = None,
     head: bytes | None = None,
     token: TokenGrant | None = None,
+    allow_duplicate: bool = False,
 ) -> tuple[Upload, bool]:
     """Check the file's name, first bytes and build options, then start the upload (`resumable.start_upload`).
 
@@ -96,6 +97,7 @@ def start_resumable_upload(
         build_options=parsed,
         head_sha256=hashlib.sha256(head).hexdigest() if head else "",
         token=token,
+        allow_duplicate=allow_duplicate,
     )
 
 
@@ -106,16 +108,24 @@ def complete_resumable_upload(
     client_parts: Sequence[dict[str, Any]] | None = None,
     sha256: str | None = None,
     token: TokenGrant | None = None,
+    allow_duplicate: bool = False,
 ) -> Upload:
     """Mark the upload `completing` (every part is in the store) and queue the worker that checks it. `sha256` is
-    the file's SHA-256 when the start left it out.
+    the file's SHA-256 when the start left it out; `allow_duplicate` lets a file that already is a version of the
+    model make another one.
 
-    Raises what `models_registry.resumable.request_completion` raises (Conflict naming the first missing part).
+    Raises what `models_registry.resumable.request_completion` raises (Conflict naming the first missing part,
+    Duplicate naming `sha256`: the upload then stays open).
     """
     with transaction.atomic():
         was_completing = upload.status == UploadStatus.COMPLETING
         upload = uploads.request_completion(
-            user=user, upload=upload, client_parts=client_parts, sha256=sha256, token=token
+            user=user,
+            upload=upload,
+            client_parts=client_parts,
+            sha256=sha256,
+            token=token,
+            allow_duplicate=allow_duplicate,
         )
         if not was_completing:
             queue_upload_check(upload_id=upload.pk)
@@ -128,7 +138,8 @@ def finish_upload(*, upload_id: uuid.UUID | str) -> str:
     On a match the version is made (`queued`, its promised SHA-256 unchecked) and its build queued in one
     transaction; the build's inspect step hashes the file it downloads and fails the version on a SHA-256
     mismatch. On a size mismatch (or parts the store refuses, or a model being deleted) the upload fails with
-    the reason and its object is deleted.
+    the reason and its object is deleted; so it does when, the upload not allowing duplicates, an identical upload
+    made its version first (error naming `sha256` and that version: the first wins).
     Returns "completed", "failed" or "skipped" (not `completing`, or another worker holds it). Unavailable
     (the store unreachable) propagates after the check is given back, for the task to retry.
     """
@@ -149,7 +160,7 @@ def finish_upload(*, upload_id: uuid.UUID | str) -> str:
             if version is None:
                 return "skipped"
             queue_build(version_id=version.pk, attempt=version.build_attempt)
-    except ConchError as error:  # the model is being deleted
+    except ConchError as error:  # the model is being deleted, or an identical upload made its version first
         uploads.fail_upload(upload_id=upload_id, error=error.detail, field=error.field or "")
         return "failed"
     return "completed"

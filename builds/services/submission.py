@@ -43,8 +43,12 @@ def submit_upload(
     options: Mapping[str, Any],
     sample_inputs: StoredObject | None = None,
     sample_values: Any = None,
+    allow_duplicate: bool = False,
 ) -> ModelVersion:
     """Record a finished upload with its build options and sample inputs, and queue its first build.
+
+    A file that already is a live version of the model is refused (Duplicate, 409 naming `sha256` and the
+    version: `registry.complete_upload`) unless `allow_duplicate`; the caller then discards the upload.
 
     `options` are the raw form fields (max_batch_size, max_queue_delay_microseconds, preferred_batch_size,
     instance_count). `sample_inputs` is an `.npz` the view streamed to the version's incoming samples key
@@ -61,7 +65,11 @@ def submit_upload(
         build_options["samples"] = samples
     with transaction.atomic():
         version = registry.complete_upload(
-            version=version, stored=stored, filename=filename, build_options=build_options
+            version=version,
+            stored=stored,
+            filename=filename,
+            build_options=build_options,
+            allow_duplicate=allow_duplicate,
         )
         queue_build(version_id=version.pk, attempt=version.build_attempt)
     return version

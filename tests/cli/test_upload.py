@@ -441,3 +441,63 @@ def test_a_file_conch_cannot_build_is_refused_before_a_byte_is_sent(cli, model, 
     assert error["detail"].startswith(f"{path} is not an ONNX model")
     assert "Conch builds ONNX models: a .onnx file" in error["detail"] and says in error["detail"]
     assert not Upload.objects.exists() and not ModelVersion.objects.exists()
+
+
+def test_uploading_a_file_that_already_is_a_version_says_so_and_exits_0(cli, model, tmp_path, eager_tasks):
+    # given a file uploaded once: version 1
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(6 * MIB))
+    first = cli("upload", "big", path, "--json")
+    assert first.code == 0, first.err
+    version = first.json()["version"]
+    assert first.json()["duplicate"] is False
+    # when the same command runs again (a pipeline re-run)
+    again = cli("upload", "big", path, "--json")
+    # then it exits 0 with that version, said to be a duplicate, having sent nothing and left no upload open
+    assert again.code == 0, again.err
+    body = again.json()
+    assert (body["duplicate"], body["version"]["id"], body["version"]["number"]) == (True, version["id"], 1)
+    assert (body["upload"], body["sent_bytes"]) == (None, 0)
+    assert Upload.objects.count() == 1 and ModelVersion.objects.count() == 1
+    # and without --json it says so in a line
+    said = cli("upload", "big", path)
+    assert said.code == 0, said.err
+    assert said.out == (
+        f"model.onnx already is big:1 (version id {version['id']}, failed): no new version made "
+        "(--new-version makes one)\n"
+    )
+    # and --wait waits for that version's build as usual (these bytes are no model: it failed)
+    waited = cli("upload", "big", path, "--wait")
+    assert waited.code == 5 and f"error: The build of version {version['id']} failed" in waited.err
+
+
+def test_new_version_uploads_the_same_file_as_the_next_version(cli, model, tmp_path, eager_tasks):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(6 * MIB))
+    assert cli("upload", "big", path).code == 0
+    again = cli("upload", "big", path, "--new-version", "--json")
+    assert again.code == 0, again.err
+    body = again.json()
+    assert (body["duplicate"], body["version"]["number"], body["sent_bytes"]) == (False, 2, 6 * MIB)
+    assert body["upload"]["allow_duplicate"] is True
+
+
+def test_a_duplicate_found_at_the_completion_aborts_the_upload_and_gives_the_version(
+    conch_env, model, tmp_path, eager_tasks
+):
+    from conch_cli.api import ConchApi
+
+    # given version 1 of a file, and the file sent again with its sha256 computed beside the parts (as a run that
+    # did not find that version first does), so the server learns it at the completion
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(6 * MIB))
+    with ConchApi(conch_env.url, conch_env.token) as api:
+        options = dict(
+            build_options={}, parallel=2, part_size=None, progress=transfer.Progress(), timeout_s=60, say=print
+        )
+        made = transfer.upload_file(api, model["id"], path, sha256=transfer.BackgroundHash(path), **options)
+        # when
+        again = transfer.upload_file(api, model["id"], path, sha256=transfer.BackgroundHash(path), **options)
+    # then the upload it started is aborted (nothing stays reserved) and the result is version 1
+    assert (again.duplicate, again.version["id"], again.upload["status"]) == (True, made.version["id"], "aborted")
+    assert ModelVersion.objects.count() == 1

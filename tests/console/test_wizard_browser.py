@@ -728,14 +728,14 @@ def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
 
 
 @pytest.mark.parametrize(
-    ("name", "content", "field", "detail"),
+    ("name", "content", "label", "detail"),
     [
-        ("notes.txt", b"my notes about the model\n" * 100, "filename", "'notes.txt' is not an ONNX model file"),
-        ("notmodel.onnx", b"my notes about the model\n" * 100, "head", "This is not an ONNX model: it looks like"),
+        ("notes.txt", b"my notes about the model\n" * 100, "File name", "'notes.txt' is not an ONNX model file"),
+        ("notmodel.onnx", b"my notes about the model\n" * 100, "File contents", "This is not an ONNX model: it looks"),
     ],
 )
 def test_a_file_conch_cannot_build_is_refused_by_the_server_before_it_is_hashed_or_sent(
-    console_browser, alice, tmp_path, name, content, field, detail
+    console_browser, alice, tmp_path, name, content, label, detail
 ):
     from models_registry.models import Upload
 
@@ -750,11 +750,94 @@ def test_a_file_conch_cannot_build_is_refused_by_the_server_before_it_is_hashed_
     shown = watch_progress(page)
     # when it is chosen
     page.get_by_test_id("upload-file-input").set_input_files(str(path))
-    # then the server's refusal is shown, naming the field, and the file was neither hashed nor sent
+    # then the server's refusal is shown after the field's human label (not the API's `head`), and the file was
+    # neither hashed nor sent
     error = page.locator("#upload-error")
     error.filter(has_text="not an ONNX model").wait_for()
     text = error.inner_text()
-    assert text.startswith(f"{field}: {detail}"), text
+    assert text.startswith(f"{label}: {detail}"), text
     assert not any("checksum" in seen for seen in shown.json_value())
     assert puts == []
     assert not Upload.objects.filter(model_id=model["id"]).exists()
+
+
+def _version_through_the_api(caller, model_id: int, name: str, data: bytes) -> ModelVersion:
+    """`data` uploaded as a version of model `model_id` with the single-request upload (its build runs inline and
+    fails: the bytes are no model)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    response = caller.client.post(f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile(name, data)})
+    assert response.status_code == 201, response.content
+    return ModelVersion.objects.get(pk=response.json()["id"])
+
+
+def _duplicate_page(console_browser, alice, tmp_path):
+    """The upload page after choosing a 1 MiB file that already is version 1 of the model; returns (page, the
+    version, the URLs of the parts the page PUT)."""
+    data = onnx_like(4, 1024 * 1024)
+    path = tmp_path / "again.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "again", "team": "acme"}, format="json").json()
+    version = _version_through_the_api(alice, model["id"], path.name, data)
+    page = console_browser.page_for(alice.user)
+    puts: list[str] = []
+    page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    page.get_by_test_id("upload-duplicate").wait_for()
+    return page, version, puts
+
+
+def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_be_uploaded_anyway(
+    console_browser, alice, eager_tasks, screenshot, tmp_path
+):
+    # when a file that already is version 1 is chosen
+    page, version, puts = _duplicate_page(console_browser, alice, tmp_path)
+    # then the page says so, before a part is sent, linking to that version
+    version.refresh_from_db()
+    expect(page.get_by_test_id("upload-duplicate")).to_contain_text(
+        f"This file is already version 1 of this model ({version.status})."
+    )
+    link = page.get_by_test_id("upload-duplicate-link")
+    assert link.inner_text() == "Open version 1"
+    assert link.get_attribute("href") == f"/wizard/versions/{version.pk}/build/"
+    assert page.locator("#upload-error").is_hidden()
+    assert puts == []
+    screenshot(page, "wizard-2-upload-duplicate")
+    # when "Upload as a new version" is pressed
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-as-new").click()
+    # then the file is sent and becomes version 2
+    made = ModelVersion.objects.get(model_id=version.model_id, number=2)
+    assert made.source_sha256 == version.source_sha256
+    assert page.url.endswith(f"/wizard/versions/{made.pk}/build/")
+
+
+def test_cancel_after_a_duplicate_refusal_aborts_the_upload(console_browser, alice, tmp_path):
+    from models_registry.models import Upload
+
+    page, version, _ = _duplicate_page(console_browser, alice, tmp_path)
+    page.get_by_test_id("upload-duplicate-cancel").click()
+    page.get_by_test_id("upload-progress").filter(has_text="Cancelled").wait_for()
+    assert page.get_by_test_id("upload-duplicate").is_hidden()
+    assert list(Upload.objects.filter(model_id=version.model_id).values_list("status", flat=True)) == ["aborted"]
+    assert list(ModelVersion.objects.filter(model_id=version.model_id).values_list("number", flat=True)) == [1]
+
+
+def test_a_file_that_became_a_version_while_it_was_sent_is_refused_at_the_completion(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    # given an upload waiting to retry a part, and the same file uploaded meanwhile as version 1 by another client
+    page, data, model_id = _interrupted_upload(console_browser, alice, tmp_path, "raced")
+    version = _version_through_the_api(alice, model_id, "raced.onnx", data)
+    # when the connection is back and the page's retry sends the last part
+    page.unroute("**/parts/2")
+    # then the completion is refused as a duplicate, naming version 1
+    expect(page.get_by_test_id("upload-duplicate")).to_contain_text(
+        "This file is already version 1 of this model", timeout=60_000
+    )
+    # and "Upload as a new version" completes it as version 2, from the parts already stored
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-as-new").click()
+    made = ModelVersion.objects.get(model_id=model_id, number=2)
+    assert made.source_sha256 == version.source_sha256 == hashlib.sha256(data).hexdigest()

@@ -209,9 +209,9 @@ def test_version_numbers_count_up_per_model(alice):
     model_b = _create_model(alice, "b")
     numbers = [
         alice.client.post(
-            f"/api/v1/models/{m}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"1"))}
+            f"/api/v1/models/{m}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"..%d" % i))}
         ).json()["number"]
-        for m in (model_a, model_a, model_b, model_a)
+        for i, m in enumerate((model_a, model_a, model_b, model_a))
     ]
     assert numbers == [1, 2, 1, 3]
 
@@ -227,7 +227,7 @@ def test_concurrent_uploads_get_distinct_consecutive_numbers(alice):
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.token}")
         try:
             r = client.post(
-                f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"v%d" % i))}
+                f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"..v%d" % i))}
             )
             results.append((r.status_code, r.json().get("number")))
         except Exception as exc:  # pragma: no cover - reported below

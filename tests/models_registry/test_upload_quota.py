@@ -109,7 +109,7 @@ def test_the_stored_size_is_checked_again_under_the_lock_when_the_upload_complet
     # when the first completes with its 80 bytes
     with pytest.raises(QuotaExceeded) as refused:
         registry.complete_upload(
-            version=version, stored=StoredObject(version.source_key, 80, "0" * 64), filename="b.onnx", build_options={}
+            version=version, stored=StoredObject(version.source_key, 80, "1" * 64), filename="b.onnx", build_options={}
         )
     # then
     assert refused.value.quota == {"limit": 100, "used": 60, "requested": 80}

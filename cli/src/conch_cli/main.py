@@ -286,13 +286,23 @@ def upload(
         ),
     ] = STALL_TIMEOUT_S,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    new_version: Annotated[
+        bool,
+        typer.Option(
+            "--new-version",
+            help="Make a new version even when FILE already is a version of the model (by default that version is "
+            "used: exit 0, said so).",
+        ),
+    ] = False,
     timeout: Timeout = 3600,
     as_json: Json = False,
 ) -> None:
     """Upload FILE as the model's next version: parts in parallel, straight to the object store when Conch uses
     S3. Run the same command again after an interruption and it sends only the parts the store lacks.
     Prints the version as MODEL:NUMBER (what `conch deploy` takes) and its VERSION_ID (what `conch builds wait`
-    takes)."""
+    takes). When FILE already is a version of the model (same sha256), no version is made: it prints that version
+    (`"duplicate": true` with --json) and exits 0, so a pipeline run again goes on with it; --new-version makes
+    another version anyway."""
     options = _build_options(build_option or [])
     part_bytes = _size(part_size) if part_size else None
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
@@ -302,13 +312,21 @@ def upload(
         open_uploads = check_upload_api(api, found["id"], file)
         size = file.stat().st_size
         head = head_sha256(file)
-        if any(
+        resumable = any(
             u.get("filename") == file.name
             and u.get("size_bytes") == size
             and u.get("head_sha256") in (None, "", head)  # started without first bytes, or with this file's
             for u in open_uploads
-        ):
-            # A run of this file may have stopped: the start must send the sha256 to find its upload again.
+        )
+        # A version of the same size may be this very file: the sha256 sent with the start then finds it before a
+        # part is sent.
+        maybe_made = not new_version and any(
+            (v.get("source") or {}).get("size_bytes") == size and v.get("status") != "deleting"
+            for v in api.model_versions(found["id"])
+        )
+        if resumable or maybe_made:
+            # A run of this file may have stopped, or made that version: the start must send the sha256 to find
+            # its upload again, or to be told the file already is a version before a part is sent.
             hashing = time.monotonic()
             sha256: str | BackgroundHash = file_sha256(file, output.progress_for_terminal(quiet))
             sha256_s = time.monotonic() - hashing
@@ -327,11 +345,17 @@ def upload(
             stall_timeout_s=stall_timeout,
             timeout_s=timeout,
             say=output.note,
+            allow_duplicate=new_version,
         )
         version = result.version
         if isinstance(sha256, BackgroundHash):
             sha256_s = sha256.seconds
-        if not as_json:
+        if result.duplicate and not as_json:
+            output.line(
+                f"{file.name} already is {found['name']}:{version['number']} (version id {version['id']}, "
+                f"{version['status']}): no new version made (--new-version makes one)"
+            )
+        elif not as_json:
             output.line(
                 f"uploaded {found['name']}:{version['number']} (version id {version['id']}): "
                 f"{output.mib(result.upload['size_bytes'])}, sha256 {result.upload['sha256']}"
@@ -344,6 +368,7 @@ def upload(
             {
                 "upload": result.upload,
                 "version": version,
+                "duplicate": result.duplicate,
                 "sent_bytes": result.sent_bytes,
                 "resumed_parts": result.resumed_parts,
                 "seconds": {

@@ -14,6 +14,11 @@ mismatch fails the build, naming `sha256`). Re-running the same upload after a c
 store lacks. A part is not given up for taking long, only for standing still: its request fails when no byte has
 gone out or come back for `stall_timeout_s` (STALL_TIMEOUT_S; `conch upload --stall-timeout`), and it is sent again
 like any network failure.
+
+A file that already is a live version of the model (its sha256) is refused by the server with 409 and
+`existing_version`, at the start when the sha256 goes with it, else at the completion: `upload_file` then aborts the
+upload it started (nothing stays reserved) and returns that version as a duplicate, so a pipeline that runs again
+with the same file goes on with the version it made before. `allow_duplicate` asks for a new version anyway.
 """
 
 from __future__ import annotations
@@ -408,12 +413,16 @@ def _s3_message(xml: str) -> str:
 
 @dataclass
 class UploadResult:
-    """What `upload_file` did: the finished upload, the new version, bytes sent now and whether it resumed."""
+    """What `upload_file` did: the finished upload, the new version, bytes sent now and whether it resumed.
 
-    upload: dict
+    `duplicate`: the file already was `version` of the model, so no version was made; `upload` is then the upload
+    that was aborted (None when the start was refused)."""
+
+    upload: dict | None
     version: dict
     sent_bytes: int
     resumed_parts: int
+    duplicate: bool = False
     #: Seconds spent sending parts, then waiting for the sha256 computed beside them (0 when it was done first), then
     #: for the server's check (complete -> completed).
     parts_s: float = 0.0
@@ -435,6 +444,7 @@ def upload_file(
     stall_timeout_s: float = STALL_TIMEOUT_S,
     timeout_s: float,
     say: Callable[[str], None],
+    allow_duplicate: bool = False,
 ) -> UploadResult:
     """Upload `path` as the next version of model `model_id`, resuming the open upload of the same file.
 
@@ -443,6 +453,9 @@ def upload_file(
     Returns when the server has checked the size and made the version (its build is queued; the build checks
     the sha256: the version's `source.sha256_checked` says whether it has yet). A part's request that stands still
     for `stall_timeout_s` seconds (no byte sent or received) fails and the part is sent again.
+    A file that already is a live version of the model (409 with `existing_version`, at the start or the
+    completion) makes no new version unless `allow_duplicate`: the upload is aborted and the result carries that
+    version with `duplicate` True.
     Raises CliError: NOT_FOUND when the server has no upload API, FAILED when the server's check failed
     (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
     """
@@ -461,10 +474,17 @@ def upload_file(
         body["part_size_bytes"] = part_size
     if build_options:
         body["build_options"] = build_options
-    response = api.call("POST", base, json=body, expect=(200, 201, 404))
+    if allow_duplicate:
+        body["allow_duplicate"] = True
+    response = api.call("POST", base, json=body, expect=(200, 201, 404, 409))
     if response.status_code == 404:
         check_upload_api(api, model_id, path)
         raise error_from_response(response, f"POST {base}")
+    existing = _existing_version(response, f"POST {base}")
+    if existing is not None:
+        return UploadResult(
+            upload=None, version=api.get(f"/api/v1/versions/{existing}/"), sent_bytes=0, resumed_parts=0, duplicate=True
+        )
     upload = response.json()
     resumed = 0
     if response.status_code == 200:
@@ -500,7 +520,25 @@ def upload_file(
         if isinstance(sha256, BackgroundHash):
             complete["sha256"] = sha256.result()
         hash_wait_s = time.monotonic() - sent_at
-        upload = api.post(f"{base}{upload['id']}/complete", complete, expect=(200, 202))
+        if allow_duplicate:
+            complete["allow_duplicate"] = True
+        completing = f"{base}{upload['id']}/complete"
+        response = api.call("POST", completing, json=complete, expect=(200, 202, 409))
+        existing = _existing_version(response, f"POST {completing}")
+        if existing is not None:
+            # The upload stays open on the server for a client that wants another version anyway: not this one.
+            api.call("DELETE", f"{base}{upload['id']}/", expect=(204,))
+            upload = api.get(f"{base}{upload['id']}/")
+            return UploadResult(
+                upload=upload,
+                version=api.get(f"/api/v1/versions/{existing}/"),
+                sent_bytes=sent,
+                resumed_parts=resumed,
+                duplicate=True,
+                parts_s=sent_at - started,
+                hash_wait_s=hash_wait_s,
+            )
+        upload = response.json()
     upload = wait_for_upload(api, upload, timeout_s=timeout_s)
     version = api.get(f"/api/v1/versions/{upload['version']}/")
     return UploadResult(
@@ -512,6 +550,20 @@ def upload_file(
         hash_wait_s=hash_wait_s,
         check_s=time.monotonic() - sent_at - hash_wait_s,
     )
+
+
+def _existing_version(response: httpx.Response, call: str) -> int | None:
+    """The id of the version a 409 says the file already is (`existing_version`); None for a 2xx. Any other 409
+    (a quota, a model being deleted) raises its CliError."""
+    if response.status_code != 409:
+        return None
+    try:
+        existing = response.json().get("existing_version")
+    except (ValueError, AttributeError):
+        existing = None
+    if not isinstance(existing, dict) or not isinstance(existing.get("id"), int):
+        raise error_from_response(response, call)
+    return existing["id"]
 
 
 def check_upload_api(api: ConchApi, model_id: int, path: Path) -> list[dict]:

@@ -15,6 +15,10 @@
 // is not given up for taking long, only for standing still: one whose bytes have not moved (no upload progress,
 // no answer) for the page's stall time (data-stall-seconds, the CONCH_UPLOAD_STALL_SECONDS setting, 60 s) is
 // aborted and sent again the same way.
+// A file that already is a version of the model: once the sha256 is known, the start is sent again with it (it
+// finds the upload just started), so the server refuses (409, `existing_version`) before a part is sent; the
+// completion may be refused the same way. The page then links to that version and offers to upload the file as a
+// new version anyway (`allow_duplicate`) or to cancel the upload.
 (() => {
   "use strict";
 
@@ -29,6 +33,11 @@
   const pauseButton = document.getElementById("upload-pause");
   const resumeButton = document.getElementById("upload-resume");
   const cancelButton = document.getElementById("upload-cancel");
+  const duplicateBox = document.getElementById("upload-duplicate");
+  const duplicateText = document.getElementById("upload-duplicate-text");
+  const duplicateLink = document.getElementById("upload-duplicate-link");
+  const asNewButton = document.getElementById("upload-as-new");
+  const duplicateCancelButton = document.getElementById("upload-duplicate-cancel");
 
   const uploadsUrl = root.dataset.uploadsUrl;
   const buildUrl = root.dataset.buildUrl;
@@ -48,6 +57,16 @@
   const API_TIMEOUT_MS = 30 * 1000;
   // A part whose bytes stand still this long is aborted and sent again; a slow part that moves is never cut.
   const STALL_MS = (Number(root.dataset.stallSeconds) || 60) * 1000;
+  // What the API's field names mean to a user, for its refusals ("File contents: This is not an ONNX model…"); a
+  // field not listed is shown as the API names it.
+  const FIELD_LABELS = {
+    file: "File",
+    filename: "File name",
+    head: "File contents",
+    size_bytes: "File size",
+    sha256: "File checksum",
+    part_size_bytes: "Part size",
+  };
 
   const state = {
     file: null,
@@ -59,6 +78,8 @@
     label: "", // what the progress line begins with while no part moves ("Paused", "Stopped")
     retry: { attempt: 0, since: 0, timer: null, waiting: false }, // the automatic retry after a network failure
     finished: false,
+    allowDuplicate: false, // "Upload as a new version" was pressed: the file may already be a version
+    duplicateAt: "", // where the server refused the file as a version's: "start" or "complete"
     samples: [], // [time ms, bytes sent] for the speed over the last seconds
     watchdog: null, // the timer that looks for parts standing still
   };
@@ -138,6 +159,7 @@
       const error = new Error((data && data.detail) || `HTTP ${response.status}`);
       error.status = response.status;
       error.field = data && data.field;
+      error.body = data;
       throw error;
     }
     return data;
@@ -193,8 +215,10 @@
   }
 
   // --- the upload ------------------------------------------------------------------------------------------------
-  async function start(file) {
+  async function start(file, { allowDuplicate = false } = {}) {
     showError("");
+    hideDuplicate();
+    state.allowDuplicate = allowDuplicate;
     state.file = file;
     state.finished = false;
     state.paused = false;
@@ -220,15 +244,22 @@
       // the server says first whether it can build this file (its name, its first bytes), then it is hashed
       const earlier = (await findEarlier(file)) || (await findOnServer(file));
       const fresh = earlier ? null : await startUpload(file);
+      state.upload = fresh;
       state.sha256 = await computeSha256(file);
-      state.upload = fresh || (await takeEarlier(file, earlier));
-      remember(file, state.upload, state.sha256);
-      await refreshParts();
-      setButtons({ pause: true, resume: false, cancel: true });
-      await pump();
+      // a new upload is started again with the sha256, which finds it: a file that already is a version of the
+      // model is refused now, before a part is sent
+      state.upload = fresh ? await startUpload(file) : await takeEarlier(file, earlier);
+      await sendParts();
     } catch (error) {
       failed(error);
     }
+  }
+
+  async function sendParts() {
+    remember(state.file, state.upload, state.sha256);
+    await refreshParts();
+    setButtons({ pause: true, resume: false, cancel: true });
+    await pump();
   }
 
   // The open upload this page started for the same file name and size, with what it remembers of it; null if none.
@@ -311,7 +342,13 @@
       part_size_bytes: partSizeFor(file.size),
     };
     if (state.sha256) body.sha256 = state.sha256;
-    return api("POST", uploadsUrl, body);
+    if (state.allowDuplicate) body.allow_duplicate = true;
+    try {
+      return await api("POST", uploadsUrl, body);
+    } catch (error) {
+      error.at = "start";
+      throw error;
+    }
   }
 
   async function refreshParts() {
@@ -546,6 +583,7 @@
   }
 
   async function cancel() {
+    hideDuplicate();
     state.paused = true;
     stopRetry();
     state.finished = true;
@@ -568,11 +606,13 @@
     setButtons({ pause: false, resume: false, cancel: false });
     progress.textContent = "All parts sent; Conch is joining them and checking the size…";
     const body = state.upload.sha256 ? {} : { sha256: state.sha256 };
+    if (state.allowDuplicate) body.allow_duplicate = true;
     let upload;
     try {
       upload = await api("POST", `${uploadsUrl}${state.upload.id}/complete`, body);
     } catch (error) {
       state.finished = false; // a network failure: a resume finds out whether the completion went through
+      error.at = "complete";
       throw error;
     }
     await waitForCompletion(upload);
@@ -606,10 +646,59 @@
     }
     stopRetry();
     state.paused = true;
+    const existing = error.status === 409 && error.body && error.body.existing_version;
+    if (existing) {
+      showDuplicate(existing, error.at);
+      return;
+    }
     setButtons({ pause: false, resume: !!state.upload && !state.finished, cancel: !!state.upload && !state.finished });
-    // "field: sentence", unless the sentence already begins with its field
-    const prefixed = error.field && !error.message.startsWith(error.field);
-    showError(prefixed ? `${error.field}: ${error.message}` : error.message);
+    showError(describeRefusal(error));
+  }
+
+  // "File contents: sentence" (the field's label), or the sentence alone when it begins with its field already.
+  function describeRefusal(error) {
+    if (!error.field || error.message.startsWith(error.field)) return error.message;
+    return `${FIELD_LABELS[error.field] || error.field}: ${error.message}`;
+  }
+
+  // The server refused the file as one that already is `existing` ({id, number, status}) of this model, at
+  // `at` ("start" or "complete"): say which, link to it, and offer to go on anyway or to cancel.
+  function showDuplicate(existing, at) {
+    state.duplicateAt = at;
+    state.label = "Stopped";
+    setButtons({ pause: false, resume: false, cancel: false });
+    showError("");
+    progress.textContent = "Not uploaded: this file already is a version of this model.";
+    duplicateText.textContent =
+      `This file is already version ${existing.number} of this model (${existing.status}). ` +
+      "Use that version, upload the file as a new version anyway, or cancel the upload.";
+    duplicateLink.textContent = `Open version ${existing.number}`;
+    duplicateLink.href = buildUrl.replace("{id}", existing.id);
+    duplicateBox.hidden = false;
+  }
+
+  function hideDuplicate() {
+    duplicateBox.hidden = true;
+    state.duplicateAt = "";
+  }
+
+  // "Upload as a new version": the refused step again, with allow_duplicate.
+  async function uploadAsNew() {
+    const at = state.duplicateAt;
+    hideDuplicate();
+    state.allowDuplicate = true;
+    state.paused = false;
+    state.label = "";
+    try {
+      if (at === "complete") {
+        await complete();
+      } else {
+        state.upload = await startUpload(state.file);
+        await sendParts();
+      }
+    } catch (error) {
+      failed(error);
+    }
   }
 
   // The bytes of the parts the store holds, and those of the parts on their way (which a dropped connection loses).
@@ -670,4 +759,6 @@
   pauseButton.addEventListener("click", pause);
   resumeButton.addEventListener("click", resume);
   cancelButton.addEventListener("click", cancel);
+  asNewButton.addEventListener("click", uploadAsNew);
+  duplicateCancelButton.addEventListener("click", cancel);
 })();
