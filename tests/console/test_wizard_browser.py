@@ -363,7 +363,7 @@ def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
     from models_registry.models import Upload
 
     # given an open upload of a 20 MiB file that the browser forgot (storage cleared), the connection back
-    page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "replaced")
+    page, first, model_id = _interrupted_upload(console_browser, alice, tmp_path, "replaced")
     page.unroute("**/parts/2")
     page.evaluate("localStorage.clear()")
     page.reload()
@@ -375,10 +375,11 @@ def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
     path.write_bytes(other)
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
-    # then it went whole into a new upload, the open one left as it was, and the stored file has its sha256
+    # then it went whole into a new upload, the open one left as it was (promising the first file's sha256, which
+    # the page sent once it had hashed it), and the stored file has the other file's sha256
     assert sorted(url.rsplit("/", 1)[1] for url in sent) == ["1", "2", "3"]
     uploads = dict(Upload.objects.filter(model_id=model_id).values_list("status", "sha256"))
-    assert uploads == {"uploading": "", "completed": hashlib.sha256(other).hexdigest()}
+    assert uploads == {"uploading": hashlib.sha256(first).hexdigest(), "completed": hashlib.sha256(other).hexdigest()}
     version = ModelVersion.objects.get(model_id=model_id)
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(other).hexdigest(), True)
 
