@@ -288,9 +288,15 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         "(inferences per execution). Read from the samples the periodic scrape stores (every "
         "CONCH_METRICS_SCRAPE_INTERVAL_SECONDS); this request does not scrape. Figures are sums of the increases "
         "of Triton's cumulative counters between consecutive samples (an interval in which Triton restarted counts "
-        "from zero). `series` holds, per model, one point per `step_seconds` (window/60 rounded up to whole scrape "
-        "intervals) with the counts closed in that step, their rates, average latency, queue and compute time, batch "
-        "size, and request latency p50/p99 (Triton's latency summaries; the highest in the step); the counts add up "
+        "from zero). Rates (`throughput_inferences_per_second`, `requests_per_second`) are over the window, not "
+        "over the stretch the samples cover: from the window's start, or from the deployment's creation when that is "
+        "later (stretched back to the first counted interval's begin, whose increase is counted), to now; a model's "
+        "`window_seconds` is that span. A burst followed by idle time, a stop or a Triton restart is a low rate over "
+        "the window. A model with no interval in the window (a single sample, its model loaded before the window) "
+        "has null rates and `window_seconds`. `series` holds, per model, one point per `step_seconds` (window/60 "
+        "rounded up to whole scrape intervals) with the counts closed in that step, their rates, average latency, "
+        "queue and compute time, batch size, and request latency p50/p99 (Triton's latency summaries; the highest "
+        "in the step); the counts add up "
         "to `models`.",
     )
     @action(detail=True, methods=["get"], url_path="metrics")
