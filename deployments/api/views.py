@@ -159,6 +159,10 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             404: ErrorSerializer,
             409: ErrorSerializer,
         },
+        description="Deploy a built version. The deployment's Triton reads its own copy of the version's files "
+        "(and its configuration) in the object store: those bytes count in the team's storage quota from now until "
+        "the deployment is stopped (409 with `quota`, field `storage_bytes`, when they do not fit), as do "
+        "`deployments`, `instances` (local) and `gpu` (Kubernetes).",
     )
     def create(self, request: Request) -> Response:
         deployment = services.create_deployment(user=request.user, token=request.auth, **_create_arguments(request))
@@ -179,7 +183,8 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         "or the very error the create would answer (409 with `quota` when the team's quota has no room), its "
         "`detail`, `field` and `quota` as before, plus `errors`: every refusal at once, that one first, each "
         '`{"detail", "field"}` (and `quota`): the name, the runtime, each placement field, the version, the '
-        "options, the instance kind, each quota field (`deployments`, `instances`, `gpu` per resource) and a "
+        "options, the instance kind, each quota field (`deployments`, `instances`, `gpu` per resource, "
+        "`storage_bytes`: the deployment's own copy of the version's files and configuration) and a "
         "name already taken. The status is the first refusal's. A refusal of the team or of the caller's role "
         "stops the check there.",
     )
