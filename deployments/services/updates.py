@@ -61,6 +61,7 @@ from deployments.services.records import (
 )
 from deployments.services.repository import (
     copy_version_files,
+    deployment_repository_prefix,
     has_deployment_repository,
     record_repository_bytes,
     remove_other_versions,
@@ -145,14 +146,20 @@ def update_model_version(
     is not built, a deployment that is not ready, or one whose update is still running; QuotaExceeded (field
     `instances`) when a local deployment would run more model instances than its team's quota leaves, or (field
     `storage_bytes`) when the version's files, copied into the deployment's own repository beside the served
-    version's, do not fit in its team's storage. Forbidden
-    without the developer role (or, with a token, `deployments:write`).
+    version's, do not fit in its team's storage. Forbidden without the developer role (or, with a token,
+    `deployments:write`).
     """
     require_deployment_access(user=user, deployment=deployment, action="Changing a deployment", token=token)
     version = version_for_deployment(user=user, model_version_id=model_version_id, token=token)
-    # Its files are copied beside the served version's in the deployment's own repository (read before the lock).
-    added_bytes = version_files_bytes(
-        get_object_store(), build_prefix=version.repository_prefix, model_name=version.model.name, number=version.number
+    # Its files are copied beside the served version's in the deployment's own repository, but for those already
+    # there (a version it served before); read before the lock.
+    store, name, number = get_object_store(), version.model.name, version.number
+    added_bytes = max(
+        0,
+        version_files_bytes(store, build_prefix=version.repository_prefix, model_name=name, number=number)
+        - version_files_bytes(
+            store, build_prefix=deployment_repository_prefix(deployment.pk), model_name=name, number=number
+        ),
     )
     with transaction.atomic():
         deployment = (
