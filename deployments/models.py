@@ -76,6 +76,10 @@ class Deployment(models.Model):
     # The model repository this deployment serves, pinned when it is created: a rebuild of the version writes a
     # new prefix and never changes what a running or restarting deployment loads.
     repository_prefix = models.CharField(max_length=500, blank=True)
+    # Bytes of the deployment's own repository in the object store (`deployments.services.repository`): reserved
+    # in the team's storage quota when the deployment is created (and for a hot update's next version), then what
+    # is measured there once written; 0 once the repository is deleted (after a stop).
+    repository_bytes = models.PositiveBigIntegerField(default=0)
     desired_state = models.CharField(max_length=16, choices=DesiredState.choices, default=DesiredState.RUNNING)
     status = models.CharField(max_length=16, choices=DeploymentStatus.choices, default=DeploymentStatus.PENDING)
     error = models.TextField(blank=True)

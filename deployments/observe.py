@@ -6,7 +6,10 @@ summarize what is stored. Triton's counters are cumulative since the model loade
 increases between consecutive samples of a model. An interval in which Triton restarted or
 reloaded the model (its `counters_since` changed, or a counter went down) counts from zero,
 so a restart mid-window never undercounts. The series buckets those same increases with a
-fixed step, so the summary's totals are the sums over the series.
+fixed step, so the summary's totals are the sums over the series. A window's rates (inferences/s,
+requests/s) divide those totals by the time the deployment could have served in the window
+(`rate_span_seconds`), not by the stretch its samples happen to cover: a burst followed by silence
+(or by a stop) is a low rate over the window, as the console's overview shows it.
 """
 
 from __future__ import annotations
@@ -205,6 +208,35 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else 0.0
 
 
+def rate_span_seconds(
+    intervals: list[Interval], *, start: datetime, end: datetime, created_at: datetime | None
+) -> float | None:
+    """Seconds a window's rates are over: from the window's `start`, or from `created_at` (when the deployment
+    was created) when that is later, to the window's `end`; but never starting later than the first counted
+    interval's begin, whose whole increase is in the totals (a baseline sample before `start`, or a load before
+    `created_at`, stretches the span back to it). Time the deployment sat idle, was down between a Triton's
+    restart and its next sample, or has been stopped counts: it served nothing then.
+
+    `intervals`: the model's counted intervals (`window_intervals`), any order. Returns None when there is none
+    (no two samples to subtract, and no load inside the window): nothing is known of the window's traffic, so
+    its rates are unknown rather than zero. The console's overview shows this same rate (the API's
+    `throughput_inferences_per_second`), so the page and the API agree.
+    """
+    if not intervals:
+        return None
+    begin = max(start, created_at) if created_at is not None else start
+    begin = min(begin, min(interval.begin for interval in intervals))
+    return max(0.0, (end - begin).total_seconds())
+
+
+def window_rate(count: float, span_seconds: float | None) -> float | None:
+    """`count` per second over `span_seconds` (`rate_span_seconds`); None when the span is unknown, 0.0 for an
+    empty span (samples all at the window's end)."""
+    if span_seconds is None:
+        return None
+    return _ratio(count, span_seconds)
+
+
 def _totals(intervals: list[Interval]) -> dict[str, float]:
     return {f: sum(interval.increase[f] for interval in intervals) for f in FIELDS}
 
@@ -268,20 +300,21 @@ def _highest(intervals: list[Interval], name: str) -> float | None:
 class ModelWindowStats:
     """What one model did during a window: the sums of its interval increases.
 
-    window_seconds: the time those intervals cover (from the first one's begin to the last
-    sample); throughput: inferences/s over it (an inference is one batch element);
-    requests_per_second; latency and queue/compute times: average microseconds per request;
-    average_batch_size: inferences per model execution; failures: failed requests.
+    window_seconds: the seconds its rates are over (`rate_span_seconds`: the window, from the deployment's
+    creation when that is later; null with no interval); throughput: inferences/s over it (an inference is one
+    batch element), and requests_per_second; both null when the window holds no interval (fewer than two
+    samples of a model loaded before the window). Latency and queue/compute times: average microseconds per
+    request; average_batch_size: inferences per model execution; failures: failed requests.
     """
 
     model_name: str
     model_version: str
-    window_seconds: float
+    window_seconds: float | None
     inference_count: float
     request_count: float
     execution_count: float
-    throughput_inferences_per_second: float
-    requests_per_second: float
+    throughput_inferences_per_second: float | None
+    requests_per_second: float | None
     average_request_latency_us: float
     average_queue_time_us: float
     average_compute_time_us: float
@@ -290,20 +323,22 @@ class ModelWindowStats:
     failures: float
 
 
-def _model_stats(key: tuple[str, str], intervals: list[Interval]) -> ModelWindowStats:
+def _model_stats(
+    key: tuple[str, str], intervals: list[Interval], *, start: datetime, end: datetime, created_at: datetime | None
+) -> ModelWindowStats:
     d = _totals(intervals)
-    covered = (intervals[-1].end - min(i.begin for i in intervals)).total_seconds() if intervals else 0.0
+    span = rate_span_seconds(intervals, start=start, end=end, created_at=created_at)
     requests = d["success_count"]
     compute = d["compute_input_duration_us"] + d["compute_infer_duration_us"] + d["compute_output_duration_us"]
     return ModelWindowStats(
         model_name=key[0],
         model_version=key[1],
-        window_seconds=round(covered, 3),
+        window_seconds=None if span is None else round(span, 3),
         inference_count=d["inference_count"],
         request_count=requests,
         execution_count=d["execution_count"],
-        throughput_inferences_per_second=_ratio(d["inference_count"], covered),
-        requests_per_second=_ratio(requests, covered),
+        throughput_inferences_per_second=window_rate(d["inference_count"], span),
+        requests_per_second=window_rate(requests, span),
         average_request_latency_us=_ratio(d["request_duration_us"], requests),
         average_queue_time_us=_ratio(d["queue_duration_us"], requests),
         average_compute_time_us=_ratio(compute, requests),
@@ -334,8 +369,10 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
     Returns {"window_seconds", "step_seconds", "start", "end" (ISO 8601), "models":
     [ModelWindowStats as dict], "series": [{"model_name", "model_version", "points":
     [bucket_intervals point]}], "servers": [{"server", "models": [ModelWindowStats as dict]}]}; each model's
-    counts equal the sums over its points and over its servers. `servers` breaks a deployment with several
-    Tritons (Kubernetes pods) down by pod; it is [] for a local deployment.
+    counts equal the sums over its points and over its servers. A model's rates are over `rate_span_seconds`
+    (its `window_seconds`): the window from `start` to `end`, or from the deployment's creation when later.
+    `servers` breaks a deployment with several Tritons (Kubernetes pods) down by pod; it is [] for a local
+    deployment.
     Raises InvalidInput (field `window`) for a window outside 10..86400 s.
     """
     if not MIN_WINDOW_SECONDS <= window_seconds <= MAX_WINDOW_SECONDS:
@@ -367,17 +404,18 @@ def summarize(*, deployment: Deployment, window_seconds: int) -> dict:
         intervals = window_intervals(chain, start=start)
         by_model.setdefault(key[:2], []).extend(intervals)
         by_server.setdefault(key[2], {}).setdefault(key[:2], []).extend(intervals)
+    bounds = {"start": start, "end": end, "created_at": deployment.created_at}
     models, series = [], []
     for key, intervals in sorted(by_model.items()):
         intervals.sort(key=lambda interval: interval.end)
-        models.append(asdict(_model_stats(key, intervals)))
+        models.append(asdict(_model_stats(key, intervals, **bounds)))
         points = bucket_intervals(intervals, start=start, step_seconds=step, buckets=buckets)
         series.append({"model_name": key[0], "model_version": key[1], "points": points})
     servers = [
         {
             "server": name,
             "models": [
-                asdict(_model_stats(key, sorted(intervals, key=lambda interval: interval.end)))
+                asdict(_model_stats(key, sorted(intervals, key=lambda interval: interval.end), **bounds))
                 for key, intervals in sorted(per_model.items())
             ],
         }

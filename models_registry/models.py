@@ -57,6 +57,9 @@ class ModelVersion(models.Model):
     source_key = models.CharField(max_length=500, blank=True)
     source_filename = models.CharField(max_length=255, blank=True)
     source_size_bytes = models.BigIntegerField(default=0)
+    # Bytes of the version's stored sample inputs (`sample_inputs.npz` beside its source, for the verify step's and
+    # a hot update's test inferences); 0 without. Counted in the team's storage quota with the source.
+    samples_size_bytes = models.PositiveBigIntegerField(default=0)
     source_sha256 = models.CharField(max_length=64, blank=True)
     source_checked = models.BooleanField(default=True)
     build_options = models.JSONField(default=dict, blank=True)

@@ -350,6 +350,7 @@ def complete_upload(
     filename: str,
     build_options: dict[str, Any],
     allow_duplicate: bool = False,
+    samples_size_bytes: int = 0,
 ) -> ModelVersion:
     """Record a finished upload as `queued` for build attempt 1 (or the next attempt).
 
@@ -357,12 +358,13 @@ def complete_upload(
     `sha256`, `refuse_duplicate_version`) unless `allow_duplicate`; the check runs under the model's row lock, so
     of two identical uploads finishing at once the first wins. The caller then discards the upload.
 
-    `build_options` are already-validated build options (a plain dict). The caller queues the build in the
-    same transaction (`builds.services.submit_upload`). Raises InvalidInput naming `file` for an empty file;
-    the caller then discards the upload (`discard_upload`), as it does for any failure while the body is
-    received. Raises Conflict (field `file`) when the sweeper already gave the upload up (no bytes arrived for
-    longer than CONCH_UPLOAD_STALE_SECONDS), QuotaExceeded (field `storage_bytes`) when the file does not fit in
-    the team's storage quota.
+    `build_options` are already-validated build options (a plain dict). `samples_size_bytes`: bytes of the sample
+    inputs stored with the upload (`sample_inputs_key`), 0 without; they count in storage beside the file. The
+    caller queues the build in the same transaction (`builds.services.submit_upload`). Raises InvalidInput naming
+    `file` for an empty file; the caller then discards the upload (`discard_upload`, which deletes the samples
+    too), as it does for any failure while the body is received. Raises Conflict (field `file`) when the sweeper
+    already gave the upload up (no bytes arrived for longer than CONCH_UPLOAD_STALE_SECONDS), QuotaExceeded
+    (field `storage_bytes`) when the file and its sample inputs do not fit in the team's storage quota.
     """
     if stored.size_bytes == 0:
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
@@ -380,9 +382,14 @@ def complete_upload(
         refuse_duplicate_version(
             model=version.model, sha256=stored.sha256_hex, allow_duplicate=allow_duplicate, exclude_id=version.pk
         )
-        reserve_quota(team=version.model.team, requested={"storage_bytes": stored.size_bytes}, what="this upload")
+        reserve_quota(
+            team=version.model.team,
+            requested={"storage_bytes": stored.size_bytes + samples_size_bytes},
+            what="this upload" + (" with its sample inputs" if samples_size_bytes else ""),
+        )
         version.source_filename = filename[:255]
         version.source_size_bytes = stored.size_bytes
+        version.samples_size_bytes = samples_size_bytes
         version.source_sha256 = stored.sha256_hex
         version.source_checked = True  # hashed while the body was streamed to the store
         version.build_options = build_options
@@ -446,14 +453,18 @@ def mark_rebuild(
     building_stale_before: datetime | None = None,
     queued_stale_before: datetime | None = None,
     build_options: dict[str, Any] | None = None,
+    samples_size_bytes: int | None = None,
 ) -> ModelVersion:
     """Start a new build attempt of a stored version: status `queued`, attempt + 1, error cleared.
 
     `build_options`, when given, replaces the stored (already validated) build options, e.g. with sample inputs
-    added. Raises Conflict while the upload has not finished, or while a build is queued or running, unless that
-    build has stalled: `building` with a heartbeat before `building_stale_before` (its worker stopped), or
-    `queued` since before `queued_stale_before` (its message was lost). The caller queues the build in the
-    same transaction.
+    added. `samples_size_bytes`, when given, is the size of new sample inputs that replace the version's (the
+    caller writes them once this returns, in the same transaction): reserved in the team's storage quota in
+    place of the old ones. Raises Conflict while the upload has not finished, or while a build is queued or
+    running, unless that build has stalled: `building` with a heartbeat before `building_stale_before` (its
+    worker stopped), or `queued` since before `queued_stale_before` (its message was lost); QuotaExceeded
+    (field `storage_bytes`) when the new sample inputs do not fit. The caller queues the build in the same
+    transaction.
     """
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team").get(pk=version.pk)
@@ -470,6 +481,14 @@ def mark_rebuild(
                 "version.rebuild_stalled",
                 extra={"version_id": version.pk, "status": version.status, "attempt": version.build_attempt},
             )
+        if samples_size_bytes is not None:
+            reserve_quota(
+                team=version.model.team,
+                requested={"storage_bytes": samples_size_bytes},
+                released={"storage_bytes": version.samples_size_bytes},
+                what="these sample inputs",
+            )
+            version.samples_size_bytes = samples_size_bytes
         version.status = VersionStatus.QUEUED
         version.error = ""
         version.error_field = ""
@@ -704,14 +723,15 @@ def count_teams_models(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
 
 def count_teams_storage(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
     """The `storage_bytes` quota's part of uploads for each team, in one query: bytes of its uploaded model files
-    (every stored version, until its row is deleted), {team id: {"bytes of storage": n}}. Build outputs are
-    counted by the builds app (`builds.services.storage`).
+    and of their sample inputs (every stored version, until its row is deleted), {team id: {"bytes of storage":
+    n}}. Build outputs are counted by the builds app (`builds.services.storage`), deployments' own repositories
+    by the deployments app.
     """
     rows = (
         ModelVersion.objects.filter(model__team_id__in=team_ids)
         .order_by()
         .values("model__team_id")
-        .annotate(total=Sum("source_size_bytes"))
+        .annotate(total=Sum("source_size_bytes") + Sum("samples_size_bytes"))
         .values_list("model__team_id", "total")
     )
     return {team_id: {"bytes of storage": total or 0} for team_id, total in rows}
@@ -723,7 +743,8 @@ def count_team_models(team: Any) -> dict[str, int]:
 
 
 def count_team_storage(team: Any) -> dict[str, int]:
-    """The `storage_bytes` quota's usage: bytes of the team's uploaded model files (`count_teams_storage`)."""
+    """The `storage_bytes` quota's usage: bytes of the team's uploaded model files and sample inputs
+    (`count_teams_storage`)."""
     return count_teams_storage([team.pk]).get(team.pk, {"bytes of storage": 0})
 
 

@@ -3,7 +3,8 @@
 Limits are a team's `TeamQuota` row, where staff set one, else the CONCH_QUOTA_* settings. Usage is not stored:
 it is counted, when asked, from the tables that own each resource, by counters the owning apps register
 (`register_usage_counter`, from their AppConfig.ready; tenancy sits below them and imports none of them; several
-apps may count parts of one field, e.g. storage: uploads in the registry, build outputs in builds). So
+apps may count parts of one field, e.g. storage: uploads and their sample inputs in the registry, build outputs
+in builds, each deployment's own repository in deployments). So
 usage is never out of date, and a resource stops counting when its own row says it is gone (a deployment once
 `stopped`, a model once deleted).
 

@@ -70,6 +70,7 @@ def submit_upload(
             filename=filename,
             build_options=build_options,
             allow_duplicate=allow_duplicate,
+            samples_size_bytes=sample_inputs.size_bytes if sample_inputs is not None else 0,
         )
         queue_build(version_id=version.pk, attempt=version.build_attempt)
     return version
@@ -95,7 +96,8 @@ def request_rebuild(
     `building` with no heartbeat for CONCH_BUILD_STALE_SECONDS (its worker stopped), or `queued` for
     CONCH_BUILD_QUEUED_STALE_SECONDS with no worker claiming it. Raises InvalidInput (field `sample_inputs` or
     `sample_values`) for bad samples, Conflict while the upload is unfinished or a build is queued or running
-    normally; the version's samples are unchanged then.
+    normally, QuotaExceeded (field `storage_bytes`) when new sample inputs do not fit in the team's storage in
+    place of the old ones; the version's samples are unchanged then.
 
     `options` (the four build option fields, and `dynamic_batching`; see `review.option_fields`), when given,
     replace the version's build options: a field left out or empty goes back to the model's default. They are
@@ -129,6 +131,7 @@ def request_rebuild(
             building_stale_before=building_stale_before(),
             queued_stale_before=queued_stale_before(),
             build_options=build_options,
+            samples_size_bytes=sample_inputs.size_bytes if sample_inputs is not None else None,
         )
         if sample_inputs is not None:
             store.copy(sample_inputs.key, samples["key"])

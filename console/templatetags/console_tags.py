@@ -34,11 +34,12 @@ _QUOTA_NOUNS = {
 
 @register.filter
 def quota_amount(amount, field: str) -> str:
-    """`amount` of the quota field `field` in words: "1 deployment", "2 instances"; storage in bytes ("1.5 GB"); a
+    """`amount` of the quota field `field` in words: "1 deployment", "2 instances"; storage in bytes ("1.5 GB of
+    storage"); a
     field not known here reads as its name. GPUs come as {resource name: count} (`gpu_request`), each resource in
     its own words: "2 GPUs (nvidia.com/gpu)", "1 MIG slice (nvidia.com/mig-1g.10gb)"; none: "no GPU"."""
     if field == "storage_bytes":
-        return filesizeformat(amount)
+        return f"{filesizeformat(amount)} of storage"
     if isinstance(amount, Mapping):
         if not amount:
             return "no GPU"

@@ -159,6 +159,10 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
             404: ErrorSerializer,
             409: ErrorSerializer,
         },
+        description="Deploy a built version. The deployment's Triton reads its own copy of the version's files "
+        "(and its configuration) in the object store: those bytes count in the team's storage quota from now until "
+        "the deployment is stopped (409 with `quota`, field `storage_bytes`, when they do not fit), as do "
+        "`deployments`, `instances` (local) and `gpu` (Kubernetes).",
     )
     def create(self, request: Request) -> Response:
         deployment = services.create_deployment(user=request.user, token=request.auth, **_create_arguments(request))
@@ -179,7 +183,8 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         "or the very error the create would answer (409 with `quota` when the team's quota has no room), its "
         "`detail`, `field` and `quota` as before, plus `errors`: every refusal at once, that one first, each "
         '`{"detail", "field"}` (and `quota`): the name, the runtime, each placement field, the version, the '
-        "options, the instance kind, each quota field (`deployments`, `instances`, `gpu` per resource) and a "
+        "options, the instance kind, each quota field (`deployments`, `instances`, `gpu` per resource, "
+        "`storage_bytes`: the deployment's own copy of the version's files and configuration) and a "
         "name already taken. The status is the first refusal's. A refusal of the team or of the caller's role "
         "stops the check there.",
     )
@@ -288,9 +293,15 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         "(inferences per execution). Read from the samples the periodic scrape stores (every "
         "CONCH_METRICS_SCRAPE_INTERVAL_SECONDS); this request does not scrape. Figures are sums of the increases "
         "of Triton's cumulative counters between consecutive samples (an interval in which Triton restarted counts "
-        "from zero). `series` holds, per model, one point per `step_seconds` (window/60 rounded up to whole scrape "
-        "intervals) with the counts closed in that step, their rates, average latency, queue and compute time, batch "
-        "size, and request latency p50/p99 (Triton's latency summaries; the highest in the step); the counts add up "
+        "from zero). Rates (`throughput_inferences_per_second`, `requests_per_second`) are over the window, not "
+        "over the stretch the samples cover: from the window's start, or from the deployment's creation when that is "
+        "later (stretched back to the first counted interval's begin, whose increase is counted), to now; a model's "
+        "`window_seconds` is that span. A burst followed by idle time, a stop or a Triton restart is a low rate over "
+        "the window. A model with no interval in the window (a single sample, its model loaded before the window) "
+        "has null rates and `window_seconds`. `series` holds, per model, one point per `step_seconds` (window/60 "
+        "rounded up to whole scrape intervals) with the counts closed in that step, their rates, average latency, "
+        "queue and compute time, batch size, and request latency p50/p99 (Triton's latency summaries; the highest "
+        "in the step); the counts add up "
         "to `models`.",
     )
     @action(detail=True, methods=["get"], url_path="metrics")

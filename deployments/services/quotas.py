@@ -7,6 +7,9 @@
 - `gpu`: over Kubernetes deployments not `stopped`, pods × GPUs per pod, pods being `replicas`, or
   `autoscaling.max_replicas` with autoscaling; whole GPUs count as `nvidia.com/gpu`, a MIG slice as one
   `nvidia.com/mig-<profile>` (a separate count per profile, each against the team's GPU limit).
+- `storage_bytes` (its part; uploads and builds count theirs): the bytes of each deployment's own model repository
+  (`Deployment.repository_bytes`: reserved when the deployment is created or a hot update asked for, then measured
+  once written), stopped deployments included until their repository is deleted.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Sum
 
 from deployments.choices import DeploymentStatus, RuntimeName
 from deployments.models import Deployment
@@ -73,6 +76,21 @@ def count_teams_gpus(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
     return {team_id: dict(units) for team_id, units in total.items()}
 
 
+def count_teams_repository_bytes(team_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    rows = (
+        Deployment.objects.filter(team_id__in=team_ids, repository_bytes__gt=0)
+        .order_by()
+        .values("team_id")
+        .annotate(total=Sum("repository_bytes"))
+        .values_list("team_id", "total")
+    )
+    return {team_id: {"bytes of storage": total or 0} for team_id, total in rows}
+
+
+def count_team_repository_bytes(team: Any) -> dict[str, int]:
+    return count_teams_repository_bytes([team.pk]).get(team.pk, {"bytes of storage": 0})
+
+
 def count_team_deployments(team: Any) -> dict[str, int]:
     return count_teams_deployments([team.pk]).get(team.pk, {"deployments": 0})
 
@@ -90,3 +108,4 @@ def register_quota_counters() -> None:
     register_usage_counter("deployments", count_team_deployments, for_teams=count_teams_deployments)
     register_usage_counter("instances", count_team_instances, for_teams=count_teams_instances)
     register_usage_counter("gpu", count_team_gpus, for_teams=count_teams_gpus)
+    register_usage_counter("storage_bytes", count_team_repository_bytes, for_teams=count_teams_repository_bytes)

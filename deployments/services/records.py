@@ -20,6 +20,7 @@ from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
 from deployments.services.placement import Placement, check_instance_kind, check_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
+from deployments.services.repository import repository_request_bytes
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version, lock_built_version
@@ -171,8 +172,10 @@ def create_deployment(
     of its instance groups, where it can run (`deployments.services.placement.check_instance_kind`: KIND_GPU
     needs a GPU on the worker host, or GPUs per pod). Raises InvalidInput naming the field, NotFound for a
     team or version the caller cannot see, Conflict for a version that is not built or
-    a name already used by an active deployment of the team, QuotaExceeded naming `deployments`, `instances`
-    or `gpu` when the team's quota has no room for it (see `deployments.services.quotas` for what counts).
+    a name already used by an active deployment of the team, QuotaExceeded naming `deployments`, `instances`,
+    `gpu` or `storage_bytes` (the deployment's own copy of the build's files, see
+    `deployments.services.repository`) when the team's quota has no room for it (see `deployments.services.quotas`
+    for what counts).
     Needs the developer role in the team and, with a `token`, the `deployments:write` scope and (for a token
     limited to named deployments) `name` among them: Forbidden otherwise.
     """
@@ -218,6 +221,7 @@ def create_deployment(
                 max_queue_delay_microseconds=delay,
                 config_pbtxt=config_to_pbtxt(config),
                 repository_prefix=version.repository_prefix,
+                repository_bytes=requested.get("storage_bytes", 0),
                 created_by=user,
             )
             record_audit(
@@ -246,8 +250,10 @@ def create_deployment(
 class DeploymentPlan:
     """A deployment request checked by every rule but the quota: what `create_deployment` would write.
 
-    `requested`: what it would take from the team's quotas ({"deployments": 1, "instances": n} for local,
-    {"deployments": 1, "gpu": {resource: count}} for kubernetes), as `reserve_quota` takes it.
+    `requested`: what it would take from the team's quotas ({"deployments": 1, "instances": n, "storage_bytes":
+    n} for local, {"deployments": 1, "gpu": {resource: count}, "storage_bytes": n} for kubernetes), as
+    `reserve_quota` takes it; `storage_bytes` is the size of the deployment's own repository
+    (`repository_request_bytes`).
     """
 
     team: Team
@@ -444,6 +450,17 @@ def _check_request(
         requested["gpu"] = gpu_request(
             replicas=placement.replicas, autoscaling=placement.autoscaling, gpu=placement.gpu
         )
+    if config is not None:
+        # The deployment's own copy of the build's files (`deployments.services.repository`) is stored bytes too.
+        _, repository_bytes = attempt(
+            refusals,
+            repository_request_bytes,
+            build_prefix=version.repository_prefix,
+            model_name=version.model.name,
+            number=version.number,
+            config=config,
+        )
+        requested["storage_bytes"] = repository_bytes or 0
     plan = None
     if not refusals:
         plan = DeploymentPlan(

@@ -5,6 +5,11 @@ files of version N copied (server-side on S3) from the immutable build repositor
 `config.pbtxt` is the deployment's effective configuration serving exactly the current version (`version_policy
 { specific { versions: [N] } }`), so a Triton that starts later (a new pod, a restarted server) loads the current
 version by itself. A hot update (`deployments.services.updates`) adds the next version's files beside it.
+
+These copies count in the team's storage quota (`Deployment.repository_bytes`, counted by
+`deployments.services.quotas`): the bytes a copy will take are reserved before it is made (`repository_request_bytes`,
+`version_files_bytes`), the bytes stored are measured once it is written (`record_repository_bytes`), and the count
+goes back to 0 when the repository is deleted.
 """
 
 from __future__ import annotations
@@ -33,6 +38,29 @@ def deployment_repository_prefix(deployment_id: int) -> str:
 def served_config(deployment: Deployment) -> ModelConfig:
     """The deployment's effective configuration, serving exactly its current version."""
     return serving_versions(config_from_pbtxt(deployment.config_pbtxt), [deployment.model_version.number])
+
+
+def version_files_bytes(store: ObjectStore, *, build_prefix: str, model_name: str, number: int) -> int:
+    """Bytes of version `number`'s files (`<model>/<number>/...`) in the build repository at `build_prefix`: what
+    `copy_version_files` copies. Raises Unavailable."""
+    return sum(store.size(key) for key in store.list_keys(f"{build_prefix}/{model_name}/{number}/"))
+
+
+def repository_request_bytes(*, build_prefix: str, model_name: str, number: int, config: ModelConfig) -> int:
+    """Bytes a new deployment's repository will hold: version `number`'s files of the build at `build_prefix`,
+    and `config` written as its `config.pbtxt` serving exactly that version. Raises Unavailable."""
+    files = version_files_bytes(get_object_store(), build_prefix=build_prefix, model_name=model_name, number=number)
+    return files + len(config_to_pbtxt(serving_versions(config, [number])).encode())
+
+
+def record_repository_bytes(*, deployment_id: int) -> int:
+    """Measure the bytes the deployment's repository holds now and record them (`Deployment.repository_bytes`);
+    returns them. Without a quota check: they are written already (what was reserved, give or take a few bytes
+    of configuration, or less once an older version's files went). Raises Unavailable."""
+    store = get_object_store()
+    stored = sum(store.size(key) for key in store.list_keys(f"{DEPLOYMENTS_ROOT}/{deployment_id}/"))
+    Deployment.objects.filter(pk=deployment_id).update(repository_bytes=stored)
+    return stored
 
 
 def copy_version_files(
@@ -84,7 +112,8 @@ def remove_other_versions(store: ObjectStore, *, deployment_id: int, model_name:
 def ensure_deployment_repository(*, deployment: Deployment) -> None:
     """Fill the deployment's repository with its current version and its `config.pbtxt`; idempotent.
 
-    Reads the files of the build the deployment pins (`repository_prefix`). Raises NotFound, Unavailable.
+    Reads the files of the build the deployment pins (`repository_prefix`), and records the bytes the repository
+    then holds (`record_repository_bytes`). Raises NotFound, Unavailable.
     """
     store = get_object_store()
     version = deployment.model_version
@@ -96,6 +125,7 @@ def ensure_deployment_repository(*, deployment: Deployment) -> None:
         deployment_id=deployment.pk,
     )
     write_repository_config(store, deployment_id=deployment.pk, config=served_config(deployment))
+    record_repository_bytes(deployment_id=deployment.pk)
 
 
 def has_deployment_repository(deployment: Deployment) -> bool:
@@ -106,8 +136,11 @@ def has_deployment_repository(deployment: Deployment) -> bool:
 
 
 def delete_deployment_repository(*, deployment_id: int) -> int:
-    """Delete the deployment's repository; returns how many objects went. Raises Unavailable."""
-    return get_object_store().delete_prefix(f"{DEPLOYMENTS_ROOT}/{deployment_id}/")
+    """Delete the deployment's repository; returns how many objects went. Its bytes stop counting in the team's
+    storage once the objects are gone. Raises Unavailable."""
+    deleted = get_object_store().delete_prefix(f"{DEPLOYMENTS_ROOT}/{deployment_id}/")
+    Deployment.objects.filter(pk=deployment_id).update(repository_bytes=0)
+    return deleted
 
 
 def collect_deployment_repositories() -> int:

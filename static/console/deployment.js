@@ -45,7 +45,8 @@
       return;
     }
     const parts = [
-      ["Throughput", `${model.throughput_inferences_per_second.toFixed(2)} inf/s`],
+      ["Throughput", model.throughput_inferences_per_second === null
+        ? "unknown (one sample so far)" : `${model.throughput_inferences_per_second.toFixed(2)} inf/s`],
       ["Requests", `${model.request_count}`],
       ["Average latency", `${(model.average_request_latency_us / 1000).toFixed(2)} ms`],
       ["Queue", `${(model.average_queue_time_us / 1000).toFixed(2)} ms`],

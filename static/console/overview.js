@@ -24,11 +24,12 @@
         const points = body.series.length ? body.series[0].points : [];
         view.update(points.map((p) => Date.parse(p.time) / 1000),
           [points.map((p) => (p.samples ? p.throughput_inferences_per_second : null))]);
-        // The rate over the whole stated window (15 min), not over the stretch its samples happen to cover: one
-        // inference ten minutes ago is 0.001 inf/s, not 0.27 inf/s over the 3.7 s between two samples.
+        // The API's rate: over the whole stated window (15 min, or since the deployment was created), not over the
+        // stretch its samples happen to cover: one inference ten minutes ago is 0.001 inf/s, not 0.27 inf/s over
+        // the 3.7 s between two samples (deployments.observe.rate_span_seconds).
         const model = body.models[0];
-        document.getElementById(`spark-value-${id}`).textContent =
-          model ? rateText(model.inference_count / body.window_seconds) : "no data";
+        const rate = model ? model.throughput_inferences_per_second : null;
+        document.getElementById(`spark-value-${id}`).textContent = rate === null ? "no data" : rateText(rate);
       } catch (err) {
         // A deployment whose metrics cannot be read keeps its empty sparkline.
       }

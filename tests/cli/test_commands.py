@@ -306,6 +306,8 @@ def test_metrics_table_shows_failures_rate_and_latency_of_the_json(cli, conch_en
         team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
     )
     now = timezone.now()
+    # (created before the window: its rate is over the whole window, the same for both commands below)
+    Deployment.objects.filter(pk=deployment.pk).update(created_at=now - timedelta(hours=1))
     for seconds_ago, count in ((70, 0.0), (10, 6.0)):
         fields = {f: 0.0 for f in FIELDS}
         fields.update(

@@ -206,8 +206,10 @@ def test_the_overview_rate_is_over_its_15_minutes_and_a_stopped_deployment_shows
     from deployments.observe import FIELDS
 
     versions, deployment = two_versions
-    # given one inference ten minutes ago, between two samples 3.7 s apart (0.27 inf/s over those 3.7 s)
+    # given a deployment created an hour ago, and one inference ten minutes ago, between two samples 3.7 s apart
+    # (0.27 inf/s over those 3.7 s)
     now = timezone.now()
+    Deployment.objects.filter(pk=deployment.pk).update(created_at=now - timedelta(hours=1))
     for seconds_ago, count in ((600.0, 0.0), (596.3, 1.0)):
         fields = {f: 0.0 for f in FIELDS}
         fields.update(success_count=count, inference_count=count, request_duration_us=40000 * count)

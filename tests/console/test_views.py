@@ -332,6 +332,7 @@ def test_quota_amounts_read_in_singular_and_plural():
     assert quota_amount({"nvidia.com/gpu": 2}, "gpu") == "2 GPUs (nvidia.com/gpu)"
     assert quota_amount({"nvidia.com/mig-1g.10gb": 1}, "gpu") == "1 MIG slice (nvidia.com/mig-1g.10gb)"
     assert quota_amount({}, "gpu") == "no GPU"
+    assert quota_amount(6_800_000, "storage_bytes") == "6.5\xa0MB of storage"
 
 
 def test_adding_a_member_already_in_the_team_says_to_change_the_role_in_the_console(session, alice):

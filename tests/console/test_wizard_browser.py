@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+from django.template.defaultfilters import filesizeformat
 from PIL import Image
 from playwright.sync_api import expect
 
@@ -240,7 +241,10 @@ def test_the_instance_kind_is_chosen_next_to_the_instance_count(console_browser,
     # when she chooses 2 CPU instances, it fits, and the deployment runs them on the CPU
     page.get_by_label("Model instances").fill("2")
     kind.select_option("KIND_CPU")
-    expect(page.get_by_test_id("deploy-fit")).to_have_text("It fits: this deployment takes 1 deployment, 2 instances.")
+    stored = filesizeformat(version.source_size_bytes)  # its own copy of the model file (and a few bytes of config)
+    expect(page.get_by_test_id("deploy-fit")).to_have_text(
+        f"It fits: this deployment takes 1 deployment, 2 instances, {stored} of storage."
+    )
     screenshot(page, "wizard-4-deploy-instance-kind")
     with page.expect_navigation(url="**/status/"):
         page.get_by_test_id("deploy-submit").click()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.template.defaultfilters import filesizeformat
 
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
@@ -141,7 +142,8 @@ def test_a_user_deploys_on_the_cluster_with_the_gpus_it_offers_within_the_teams_
     page.get_by_label("GPUs per pod").fill("1")
     page.get_by_label("Replicas", exact=True).fill("2")
     fit = wait_for_verdict(page, "deploy-fit")
-    assert fit == "It fits: this deployment takes 1 deployment, 2 GPUs (nvidia.com/gpu)."
+    stored = filesizeformat(version.source_size_bytes)  # its own copy of the model file (and a few bytes of config)
+    assert fit == f"It fits: this deployment takes 1 deployment, 2 GPUs (nvidia.com/gpu), {stored} of storage."
     assert page.get_by_test_id("deploy-submit").is_enabled()
     screenshot(page, "wizard-4-deploy-kubernetes")
     with page.expect_navigation(timeout=60_000):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.template.defaultfilters import filesizeformat
 from django.test import Client
 
 from builds.model_config import BuildOptions
@@ -150,14 +151,18 @@ def test_the_deploy_page_refuses_before_submit_with_the_create_s_message(alice):
 
 def test_the_deploy_check_partial_says_it_fits(alice):
     version = write_built_version(alice.team, "classifier", real_models.classifier())
+    # (its own copy of the model file and configuration, in the object store)
+    stored = filesizeformat(version.source_size_bytes + 100)
+    assert stored == filesizeformat(version.source_size_bytes)  # a configuration's few bytes do not show
     response = _client(alice).post(
         f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "2"}
     )
-    assert "It fits: this deployment takes 1 deployment, 2 instances." in response.content.decode()
+    html = response.content.decode()
+    assert f"It fits: this deployment takes 1 deployment, 2 instances, {stored} of storage." in html
     one = _client(alice).post(
         f"/wizard/versions/{version.pk}/deploy/check", {"name": "web", "runtime": "local", "instance_count": "1"}
     )
-    assert "It fits: this deployment takes 1 deployment, 1 instance." in one.content.decode()
+    assert f"It fits: this deployment takes 1 deployment, 1 instance, {stored} of storage." in one.content.decode()
 
 
 def test_the_deploy_check_partial_puts_every_refusal_next_to_its_field(alice, settings):

@@ -520,7 +520,13 @@ def test_offers_show_the_clusters_gpus_and_the_gpu_quota_and_check_refuses_past_
     # and within the quota it fits, saying what it takes, and nothing is created
     fits = alice.client.post("/api/v1/deployments/check", {**body, "replicas": 2, "gpu": a10}, format="json")
     assert fits.status_code == 200, fits.content
-    assert fits.json() == {"fits": True, "requested": {"deployments": 1, "gpu": {"nvidia.com/gpu": 2}}}
+    assert fits.json()["fits"] is True
+    assert fits.json()["requested"] == {
+        "deployments": 1,
+        "gpu": {"nvidia.com/gpu": 2},
+        "storage_bytes": fits.json()["requested"]["storage_bytes"],
+    }
+    assert fits.json()["requested"]["storage_bytes"] > version.source_size_bytes  # its copy of the model file
     assert not Deployment.objects.exists()
 
 

@@ -336,6 +336,99 @@ def test_summary_restarts_deltas_after_a_counter_reset(deployment):
     assert stats["average_batch_size"] == 2
 
 
+def _created(deployment, seconds_ago: float, now):
+    Deployment.objects.filter(pk=deployment.pk).update(created_at=now - timedelta(seconds=seconds_ago))
+    deployment.refresh_from_db()
+
+
+@pytest.mark.django_db
+def test_the_api_rate_of_a_burst_then_a_stop_is_over_the_whole_window(alice, deployment, settings):
+    # given a deployment created an hour ago that served 100 inferences in 10 s, fourteen minutes ago, then stopped
+    # (no sample after it): 10 inf/s over the stretch its samples cover
+    settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = 5.0
+    now = timezone.now()
+    _created(deployment, 3600, now)
+    _sample(deployment, 890, now=now)
+    _sample(deployment, 880, now=now, success_count=50, inference_count=100, execution_count=50)
+    # when the API is asked for the last 15 minutes
+    response = alice.client.get(f"/api/v1/deployments/{deployment.pk}/metrics?window=900")
+    assert response.status_code == 200
+    [model] = response.json()["models"]
+    # then the 100 inferences are spread over the 900 s of the window, not the 10 s between the samples
+    assert model["inference_count"] == 100
+    assert model["window_seconds"] == pytest.approx(900, abs=1)
+    assert model["throughput_inferences_per_second"] == pytest.approx(100 / 900, rel=1e-3)
+    assert model["requests_per_second"] == pytest.approx(50 / 900, rel=1e-3)
+
+
+@pytest.mark.django_db
+def test_the_rate_across_a_triton_restart_counts_both_loads_over_the_window(deployment, settings):
+    # given a baseline before the window, 100 inferences, then Triton restarted (its counters start from zero),
+    # served 20 more and was not scraped again
+    settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = 5.0
+    now = timezone.now()
+    _created(deployment, 3600, now)
+    first, second = now - timedelta(seconds=2000), now - timedelta(seconds=510)
+    _sample(deployment, 910, now=now, counters_since=first, inference_count=500)
+    _sample(deployment, 800, now=now, counters_since=first, inference_count=600)
+    _sample(deployment, 500, now=now, counters_since=second, inference_count=20)
+    # when
+    [stats] = summarize(deployment=deployment, window_seconds=900)["models"]
+    # then both loads count, over the span from the baseline (its interval is counted whole) to now
+    assert stats["inference_count"] == 120
+    assert stats["window_seconds"] == pytest.approx(910, abs=1)
+    assert stats["throughput_inferences_per_second"] == pytest.approx(120 / 910, rel=1e-3)
+
+
+@pytest.mark.django_db
+def test_a_deployment_younger_than_the_window_has_its_rate_over_its_age(deployment, settings):
+    # given a deployment created a minute ago, loaded 5 s later, that served 30 inferences and was scraped twice
+    settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = 5.0
+    now = timezone.now()
+    _created(deployment, 60, now)
+    loaded = now - timedelta(seconds=55)
+    _sample(deployment, 50, now=now, counters_since=loaded, inference_count=5)
+    _sample(deployment, 30, now=now, counters_since=loaded, inference_count=30)
+    # when 15 minutes are asked for
+    [stats] = summarize(deployment=deployment, window_seconds=900)["models"]
+    # then the rate is over the minute it existed: not over 900 s, nor the 25 s its samples cover
+    assert stats["inference_count"] == 30
+    assert stats["window_seconds"] == pytest.approx(60, abs=1)
+    assert stats["throughput_inferences_per_second"] == pytest.approx(30 / 60, rel=1e-2)
+
+
+@pytest.mark.django_db
+def test_one_sample_of_a_model_loaded_inside_the_window_is_a_rate_over_the_window(deployment, settings):
+    settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = 5.0
+    now = timezone.now()
+    _created(deployment, 3600, now)
+    _sample(deployment, 90, now=now, counters_since=now - timedelta(seconds=100), inference_count=9)
+    [stats] = summarize(deployment=deployment, window_seconds=300)["models"]
+    assert stats["inference_count"] == 9
+    assert stats["throughput_inferences_per_second"] == pytest.approx(9 / 300, rel=1e-3)
+
+
+@pytest.mark.django_db
+def test_one_sample_of_a_model_loaded_before_the_window_has_an_unknown_rate(alice, deployment, settings):
+    # given a single sample in the window, its model loaded before it, and no sample before the window
+    settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = 5.0
+    now = timezone.now()
+    _created(deployment, 3600, now)
+    _sample(deployment, 90, now=now, counters_since=now - timedelta(seconds=1000), inference_count=9)
+    # when
+    [model] = alice.client.get(f"/api/v1/deployments/{deployment.pk}/metrics?window=300").json()["models"]
+    # then nothing is known of the window's traffic: no rate (not a rate of zero), and nothing counted
+    assert model["inference_count"] == 0
+    assert (model["throughput_inferences_per_second"], model["requests_per_second"]) == (None, None)
+    assert model["window_seconds"] is None
+
+
+@pytest.mark.django_db
+def test_a_window_without_samples_lists_no_model(deployment):
+    _sample(deployment, 4000, inference_count=9)
+    assert summarize(deployment=deployment, window_seconds=300)["models"] == []
+
+
 @pytest.mark.django_db
 def test_summary_totals_equal_the_sums_over_a_downsampled_series(deployment, settings):
     # given an hour of samples every 5 s, with traffic, failures and two Triton restarts

@@ -7,6 +7,7 @@ import pytest
 from conch.errors import QuotaExceeded
 from deployments import services
 from deployments.models import Deployment
+from models_registry.storage import get_object_store
 from tenancy.quotas import set_quota
 
 pytestmark = [pytest.mark.django_db]
@@ -65,8 +66,18 @@ def test_would_it_fit_says_yes_with_what_it_takes(alice, built_classifier):
     )
     # then
     assert response.status_code == 200
-    assert response.json() == {"fits": True, "requested": {"deployments": 1, "instances": 3}}
+    requested = response.json()["requested"]
+    storage = requested.pop("storage_bytes")
+    assert response.json()["fits"] is True
+    assert requested == {"deployments": 1, "instances": 3}
     assert not Deployment.objects.exists()
+    # and the storage it takes is what its own repository holds once written
+    created = alice.client.post("/api/v1/deployments/", _body(alice, built_classifier, "web", instance_count=3))
+    row = Deployment.objects.get(pk=created.json()["id"])
+    services.ensure_deployment_repository(deployment=row)
+    store = get_object_store()
+    own = services.deployment_repository_prefix(row.pk)
+    assert storage == sum(store.size(key) for key in store.list_keys(own + "/"))
 
 
 def test_would_it_fit_names_the_field_of_a_bad_option_and_a_taken_name(alice, built_classifier):

@@ -108,6 +108,12 @@ def test_an_update_under_continuous_load_fails_no_request_and_restarts_nothing(
     assert (updated.before["number"], updated.after["number"], updated.source) == (1, 2, "task")
     assert _admin(row).ready_versions("adder") == {2}
     assert _repository_versions(row) == [2]
+    # and its repository's bytes, measured after the update, are what the store holds: both versions' files (version
+    # 1's stay until the next update) and the configuration
+    row.refresh_from_db()
+    store = get_object_store()
+    held = sum(store.size(key) for key in store.list_keys(f"{services.deployment_repository_prefix(row.pk)}/"))
+    assert row.repository_bytes == held > v1.source_size_bytes + v2.source_size_bytes
     # when its Triton dies and reconcile restarts it
     os.kill(after.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -129,6 +135,9 @@ def test_an_update_under_continuous_load_fails_no_request_and_restarts_nothing(
     services.reconcile_deployments()
     assert admin.ready_versions("adder") == {2}
     services.stop_deployment(deployment_id=row.pk)
+    # and once stopped its repository no longer counts
+    row.refresh_from_db()
+    assert row.repository_bytes == 0
 
 
 def test_a_version_triton_refuses_rolls_back_and_the_old_one_keeps_serving(
