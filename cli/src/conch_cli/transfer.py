@@ -351,6 +351,8 @@ class PartSender:
                 error.field = error.field or f"parts[{number}]"
                 raise error
             if attempt == PART_ATTEMPTS:
+                if error.field == f"parts[{number}]" or "BadDigest" in error.detail:
+                    error.exit_code = UNAVAILABLE  # the bytes kept arriving damaged: a network's fault, not input
                 error.detail = f"Part {number} failed {PART_ATTEMPTS} times: {error.detail}"
                 error.field = error.field or f"parts[{number}]"
                 raise error
