@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("models_registry", "0007_upload_allow_duplicate"),
+        ("models_registry", "0008_samples_size_bytes"),
     ]
 
     operations = [
