@@ -29,3 +29,9 @@ class UploadTransport(models.TextChoices):
     S3 = "s3", "Straight to the S3 bucket"
     # Clients PUT parts to Conch, which streams them to the store's folder.
     CONCH = "conch", "Through Conch (folder storage)"
+
+
+class PartChecksumAlgorithm(models.TextChoices):
+    # Each part carries the CRC32 of its bytes (base64 of the 4 big-endian bytes, `x-amz-checksum-crc32`): the store
+    # refuses a part whose bytes do not match it (S3: BadDigest) and the joined object gets S3's COMPOSITE CRC32.
+    CRC32 = "CRC32", "CRC32 per part"

@@ -7,7 +7,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
-from models_registry.choices import UploadStatus, UploadTransport, VersionStatus
+from models_registry.choices import PartChecksumAlgorithm, UploadStatus, UploadTransport, VersionStatus
 
 
 class RegisteredModel(models.Model):
@@ -98,6 +98,8 @@ class Upload(models.Model):
     `allow_duplicate`: the client asked (at the start or the completion) for a new version even if the file already
     is a live version of the model; otherwise such a file is refused
     (`models_registry.services.refuse_duplicate_version`).
+    `part_checksum_algorithm` is "CRC32" when the client chose to send each part with the CRC32 of its bytes (the
+    store checks each part as it arrives), "" when it sends parts without checksums.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -114,6 +116,9 @@ class Upload(models.Model):
     store_upload_id = models.CharField(max_length=1024, blank=True)
     build_options = models.JSONField(default=dict, blank=True)
     allow_duplicate = models.BooleanField(default=False)
+    part_checksum_algorithm = models.CharField(
+        max_length=16, choices=PartChecksumAlgorithm.choices, blank=True, default=""
+    )
     expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     check_started_at = models.DateTimeField(null=True, blank=True)

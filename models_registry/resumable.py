@@ -26,7 +26,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
@@ -38,10 +38,11 @@ from django.utils import timezone
 
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from conch.limits import describe_bytes
-from models_registry.choices import UploadStatus, UploadTransport, VersionStatus
+from models_registry.choices import PartChecksumAlgorithm, UploadStatus, UploadTransport, VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel, Upload
 from models_registry.services import allocate_version_number, refuse_duplicate_version
 from models_registry.storage import (
+    CHECKSUM_CRC32_HEADER,
     MAX_PART_SIZE_BYTES,
     MAX_PARTS,
     MIB,
@@ -50,6 +51,7 @@ from models_registry.storage import (
     StoredObject,
     StoredPart,
     get_object_store,
+    is_crc32_base64,
 )
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
@@ -188,6 +190,7 @@ def start_upload(
     part_size_bytes: int | None = None,
     build_options: dict[str, Any] | None = None,
     head_sha256: str = "",
+    part_checksum_algorithm: str | None = None,
     token: TokenGrant | None = None,
     allow_duplicate: bool = False,
 ) -> tuple[Upload, bool]:
@@ -196,6 +199,11 @@ def start_upload(
     With a `sha256` that already is a live version's of the model, the start is refused (Duplicate, 409 naming
     `sha256` with `existing_version`: `refuse_duplicate_version`) unless `allow_duplicate`, which the upload keeps
     (its completion and the worker's check then let the file through too).
+    `part_checksum_algorithm` "CRC32": every part's URL is then given only with the part's CRC32 (`sign_parts`),
+    and the store checks each part against it as it arrives; None or "": parts go without checksums. An open
+    upload of the same file is given back whatever algorithm it has when CRC32 is asked for (a client that can send
+    checksums can also send none: it reads the upload's `part_checksum_algorithm`), but one with CRC32 is not given
+    back to a start without it (a client that sends no checksums could not finish it).
 
     `build_options` are already validated (the builds app parses them). The same model, filename, size and
     SHA-256 while an upload of them is `uploading` gives that upload back (new: False), so a client re-run
@@ -206,10 +214,10 @@ def start_upload(
     and their digests differ (`head_sha256`, hex SHA-256 of those bytes: stored, so `open_uploads` finds the upload
     again). Otherwise the size is reserved in the team's storage
     quota under the team's lock, and only then is the multipart upload started in the store. Raises Forbidden
-    (role developer, token scope `models:write`), InvalidInput naming `filename`, `size_bytes`, `sha256` or
-    `part_size_bytes`, PayloadTooLarge (field `size_bytes`) over CONCH_MAX_UPLOAD_BYTES, Conflict when the model is
-    being deleted, QuotaExceeded (field `storage_bytes`), Unavailable when the store cannot be reached (the upload
-    is then aborted).
+    (role developer, token scope `models:write`), InvalidInput naming `filename`, `size_bytes`, `sha256`,
+    `part_size_bytes` or `part_checksum_algorithm`, PayloadTooLarge (field `size_bytes`) over
+    CONCH_MAX_UPLOAD_BYTES, Conflict when the model is being deleted, QuotaExceeded (field `storage_bytes`),
+    Unavailable when the store cannot be reached (the upload is then aborted).
     """
     _require_writer(user=user, token=token, team=model.team, action="Uploading a model version")
     name = (filename or "").replace("\\", "/").rsplit("/", 1)[-1].strip()
@@ -218,6 +226,13 @@ def start_upload(
             "filename must be the file's name: 1 to 255 characters, no control characters.", field="filename"
         )
     digest = _check_sha256(sha256, required=False)
+    algorithm = part_checksum_algorithm or ""
+    if algorithm and algorithm not in PartChecksumAlgorithm.values:
+        raise InvalidInput(
+            f"part_checksum_algorithm must be {' or '.join(map(repr, PartChecksumAlgorithm.values))} (each part sent "
+            f"with its CRC32), or null to send parts without checksums; got {algorithm!r}.",
+            field="part_checksum_algorithm",
+        )
     max_bytes = settings.CONCH_MAX_UPLOAD_BYTES
     if size_bytes > max_bytes:
         raise PayloadTooLarge(
@@ -240,6 +255,8 @@ def start_upload(
         same = Upload.objects.filter(
             model=locked, filename=name, size_bytes=size_bytes, status=UploadStatus.UPLOADING, expires_at__gt=now
         ).exclude(store_upload_id="")
+        if not algorithm:
+            same = same.filter(part_checksum_algorithm="")
         existing = same.filter(sha256=digest).order_by("-created_at").first() if digest else None
         takeable = same.filter(sha256="")
         if head_sha256:  # a start whose first bytes differ is another file
@@ -269,6 +286,7 @@ def start_upload(
             object_key=upload_key(model_id=locked.pk, upload_id=upload_id),
             build_options=dict(build_options or {}),
             allow_duplicate=allow_duplicate,
+            part_checksum_algorithm=algorithm,
             expires_at=_expiry(),
             created_by=user,
         )
@@ -276,10 +294,16 @@ def start_upload(
             action=AuditAction.UPLOAD_STARTED,
             team=locked.team,
             target=upload,
-            after={"filename": name, "size_bytes": size_bytes, "sha256": digest, "part_count": part_count},
+            after={
+                "filename": name,
+                "size_bytes": size_bytes,
+                "sha256": digest,
+                "part_count": part_count,
+                "part_checksum_algorithm": algorithm,
+            },
         )
     try:
-        store_upload_id = store.start_multipart(upload.object_key)
+        store_upload_id = store.start_multipart(upload.object_key, checksum_algorithm=algorithm)
     except ConchError as error:
         _end(upload.pk, UploadStatus.ABORTED, error=f"The object store could not start the upload: {error.detail}")
         raise
@@ -325,14 +349,64 @@ def _extend(upload: Upload) -> None:
     Upload.objects.filter(pk=upload.pk, status=UploadStatus.UPLOADING).update(expires_at=upload.expires_at)
 
 
+def part_checksums(upload: Upload, numbers: Sequence[int], checksums: Mapping[str, Any] | None) -> dict[int, str]:
+    """Check the client's per-part checksums of parts `numbers` and return them as {number: CRC32 base64}.
+
+    `checksums` maps a part number (as a string: a JSON object's key) to the base64 of the 4 big-endian bytes of
+    the CRC32 of the part's bytes (`zlib.crc32`). An upload with `part_checksum_algorithm` CRC32 needs one for every
+    number asked for; an upload without takes none ({} back). Raises InvalidInput naming `checksums.<n>` (missing,
+    malformed, or for a part not asked for) or `checksums` (sent to an upload without the algorithm).
+    """
+    given = dict(checksums or {})
+    if not upload.part_checksum_algorithm:
+        if given:
+            raise InvalidInput(
+                "This upload was started without part_checksum_algorithm, so its parts go without checksums; leave "
+                "checksums out (or start a new upload with part_checksum_algorithm CRC32).",
+                field="checksums",
+            )
+        return {}
+    asked = {str(number) for number in numbers}
+    for key in given:
+        if key not in asked:
+            raise InvalidInput(
+                f"checksums names part {key!r}, which numbers does not ask for; send a checksum for each part in "
+                "numbers, and only those.",
+                field=f"checksums.{key}",
+            )
+    result = {}
+    for number in numbers:
+        value = given.get(str(number))
+        if not is_crc32_base64(value):
+            start, end = part_range(upload, number)
+            got = "none" if value is None else repr(value)
+            raise InvalidInput(
+                f"This upload checks each part's CRC32 (part_checksum_algorithm {upload.part_checksum_algorithm}): "
+                f'send checksums {{"{number}": "<base64 of the 4 big-endian bytes of the CRC32 of bytes {start} to '
+                f'{end - 1} of the file>"}}, 8 characters (Python: base64.b64encode(zlib.crc32(part).to_bytes(4, '
+                f'"big"))); got {got}.',
+                field=f"checksums.{number}",
+            )
+        result[number] = value
+    return result
+
+
 def sign_parts(
-    *, user: AbstractBaseUser, upload: Upload, numbers: Sequence[int], token: TokenGrant | None = None
+    *,
+    user: AbstractBaseUser,
+    upload: Upload,
+    numbers: Sequence[int],
+    checksums: Mapping[str, Any] | None = None,
+    token: TokenGrant | None = None,
 ) -> list[PartTarget | None]:
     """Return where the client sends each of parts `numbers`: a presigned URL (S3), or None for Conch's own.
 
-    Up to MAX_PARTS_PER_CALL distinct numbers from 1 to `part_count`. Makes no request to the store; pushes the
-    upload's expiry. Raises Forbidden, InvalidInput (field `numbers`), Conflict when the upload is not
-    `uploading` or has expired (field `expires_at`).
+    Up to MAX_PARTS_PER_CALL distinct numbers from 1 to `part_count`. For an upload with `part_checksum_algorithm`
+    CRC32, `checksums` gives each part's CRC32 (`part_checksums`), and each S3 target signs it into its URL and
+    `headers` (`x-amz-checksum-crc32`, `x-amz-sdk-checksum-algorithm`), which the client sends with the bytes.
+    Makes no request to the store; pushes the upload's expiry. Raises Forbidden, InvalidInput (field `numbers`,
+    `checksums` or `checksums.<n>`), Conflict when the upload is not `uploading` or has expired (field
+    `expires_at`).
     """
     _require_writer(user=user, token=token, team=upload.model.team, action="Uploading a model version")
     _require_uploading(upload)
@@ -345,16 +419,33 @@ def sign_parts(
             _check_number(upload, number)
         except InvalidInput as error:
             raise InvalidInput(error.detail, field="numbers") from None
+    crcs = part_checksums(upload, numbers, checksums)
     if not upload.store_upload_id:
         raise Conflict("This upload is still starting in the object store; ask again in a moment.", field="status")
     store = get_object_store()
     expires_in_s = settings.CONCH_UPLOAD_PART_URL_SECONDS
     targets = [
-        store.presign_part(upload.object_key, upload.store_upload_id, number, expires_in_s=expires_in_s)
+        store.presign_part(
+            upload.object_key,
+            upload.store_upload_id,
+            number,
+            expires_in_s=expires_in_s,
+            checksum_crc32=crcs.get(number, ""),
+        )
         for number in numbers
     ]
     _extend(upload)
     return targets
+
+
+def conch_part_headers(upload: Upload, number: int, checksums: Mapping[str, Any] | None) -> dict[str, str]:
+    """Headers a client sends with part `number` of a folder-storage upload (to Conch's own part URL): the
+    content type, and the part's `x-amz-checksum-crc32` (from `checksums`, already checked by `sign_parts`) for
+    an upload with `part_checksum_algorithm`."""
+    headers = {"Content-Type": "application/octet-stream"}
+    if upload.part_checksum_algorithm and checksums:
+        headers[CHECKSUM_CRC32_HEADER] = checksums[str(number)]
+    return headers
 
 
 def receive_part(
@@ -364,14 +455,19 @@ def receive_part(
     number: int,
     stream: BinaryIO,
     content_length: int | None,
+    checksum_crc32: str | None = None,
     token: TokenGrant | None = None,
 ) -> StoredPart:
     """Stream part `number` of a folder-storage upload from `stream` (the request body) into the store.
 
     The body must be exactly the part's bytes (`content_length`, the declared Content-Length): the part size, or
-    what is left for the last part. Raises NotFound for an upload straight to the bucket (its parts go to S3),
-    Forbidden, Conflict (not `uploading`, expired), InvalidInput naming `number` (out of range) or `size_bytes`
-    (a length that is not the part's, or a body that ends early), Unavailable when the disk fails.
+    what is left for the last part. `checksum_crc32` is the request's `x-amz-checksum-crc32` header (None when it
+    has none): required for an upload with `part_checksum_algorithm` CRC32, checked whenever sent; bytes with
+    another CRC32 are not kept (an earlier copy of the part, and the other parts, stay). Raises NotFound for an
+    upload straight to the bucket (its parts go to S3), Forbidden, Conflict (not `uploading`, expired),
+    InvalidInput naming `number` (out of range), `size_bytes` (a length that is not the part's, or a body that
+    ends early), `checksums.<number>` (the header missing or malformed) or `parts[<number>]` (a CRC32 mismatch:
+    send the part again), Unavailable when the disk fails.
     """
     _require_writer(user=user, token=token, team=upload.model.team, action="Uploading a model version")
     if upload.transport != UploadTransport.CONCH:
@@ -389,7 +485,17 @@ def receive_part(
             f"sends {sent}. Send that slice of the file as the body, with its Content-Length.",
             field="size_bytes",
         )
-    part = get_object_store().write_part(upload.object_key, upload.store_upload_id, number, stream, expected)
+    if checksum_crc32 is not None or upload.part_checksum_algorithm:
+        if not is_crc32_base64(checksum_crc32):
+            got = "none" if checksum_crc32 is None else repr(checksum_crc32)
+            raise InvalidInput(
+                f"Part {number} needs the {CHECKSUM_CRC32_HEADER} header its part URL gave (POST .../parts/ with its "
+                f"checksum): base64 of the 4 big-endian bytes of the CRC32 of the part's bytes; got {got}.",
+                field=f"checksums.{number}",
+            )
+    part = get_object_store().write_part(
+        upload.object_key, upload.store_upload_id, number, stream, expected, checksum_crc32=checksum_crc32 or ""
+    )
     _extend(upload)
     return part
 

@@ -15,6 +15,8 @@ e.g. `models/7/versions/1/source/model.onnx`. Only this module imports boto3/bot
 from __future__ import annotations
 
 import abc
+import base64
+import binascii
 import contextlib
 import hashlib
 import io
@@ -25,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -70,6 +73,10 @@ _PART_FILE_RE = re.compile(r"(?P<number>[0-9]{5})-(?P<etag>[0-9a-f]{64})")
 # S3's largest part (S3 API reference, "UploadPart"): 5 GiB.
 MAX_PART_SIZE_BYTES = 5 * 1024 * MIB
 _COPY_BUFFER_BYTES = 1 * MIB
+#: The per-part checksum algorithm a multipart upload may declare, and the header a part's CRC32 travels in
+#: (S3 API reference, "Checking object integrity": base64 of the 4 big-endian bytes of the CRC32 of the part).
+CRC32 = "CRC32"
+CHECKSUM_CRC32_HEADER = "x-amz-checksum-crc32"
 
 # What Triton's S3 filesystem accepts (triton-inference-server/core, src/filesystem/
 # implementations/s3.h, `s3_regex_`): host and port, a bucket name, then path segments.
@@ -110,11 +117,29 @@ class StoredObject:
 @dataclass(frozen=True)
 class StoredPart:
     """One part of an unfinished multipart upload as the store holds it: its `number` (1-based), `size_bytes`
-    and `etag` (S3's ETag, quotes included; a folder store's own tag)."""
+    and `etag` (S3's ETag, quotes included; a folder store's own tag). `checksum_crc32` is the part's CRC32 as the
+    store reports it (base64 of 4 big-endian bytes) for an upload started with CRC32, else ""."""
 
     number: int
     size_bytes: int
     etag: str
+    checksum_crc32: str = ""
+
+
+def crc32_base64(crc: int) -> str:
+    """The `x-amz-checksum-crc32` form of a CRC32 (`zlib.crc32` of the bytes, 0 to 2**32 - 1): base64 of its 4
+    big-endian bytes, 8 characters (e.g. `zlib.crc32(b"abc")` 0x352441C2 -> "NSRBwg==")."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+
+
+def is_crc32_base64(value: object) -> bool:
+    """Whether `value` is a CRC32 in the `x-amz-checksum-crc32` form (base64 of exactly 4 bytes)."""
+    if not isinstance(value, str) or len(value) != 8:
+        return False
+    try:
+        return len(base64.b64decode(value, validate=True)) == 4
+    except (binascii.Error, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -324,19 +349,30 @@ class ObjectStore(abc.ABC):
     transport: str = ""
 
     @abc.abstractmethod
-    def start_multipart(self, key: str) -> str:
-        """Start a multipart upload that will become object `key`; return its id (the store's reference to it)."""
+    def start_multipart(self, key: str, *, checksum_algorithm: str = "") -> str:
+        """Start a multipart upload that will become object `key`; return its id (the store's reference to it).
+
+        `checksum_algorithm` CRC32: every part comes with the CRC32 of its bytes, which the store checks as the
+        part arrives; "": parts come without checksums.
+        """
 
     @abc.abstractmethod
-    def presign_part(self, key: str, upload_id: str, number: int, *, expires_in_s: int) -> PartTarget | None:
+    def presign_part(
+        self, key: str, upload_id: str, number: int, *, expires_in_s: int, checksum_crc32: str = ""
+    ) -> PartTarget | None:
         """Return where a client PUTs part `number` of upload `upload_id` itself, or None when this store takes
-        parts through Conch (`write_part`). Makes no request."""
+        parts through Conch (`write_part`). Makes no request. `checksum_crc32` (base64, `crc32_base64`): the
+        part's CRC32, signed into the target, whose `headers` then carry it for the client to send."""
 
     @abc.abstractmethod
-    def write_part(self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int) -> StoredPart:
+    def write_part(
+        self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int, *, checksum_crc32: str = ""
+    ) -> StoredPart:
         """Store part `number` from `stream`: exactly `size_bytes` bytes read in chunks, never the whole part in
-        memory; replaces an earlier copy of the part. Raises InvalidInput (field `size_bytes`) when the stream
-        ends early, NotFound when the upload is gone, Conflict for a store whose clients write parts themselves.
+        memory; replaces an earlier copy of the part. With `checksum_crc32` (base64, `crc32_base64`) the bytes must
+        have that CRC32, else the part is refused and an earlier copy of it kept. Raises InvalidInput (field
+        `size_bytes`) when the stream ends early, InvalidInput (field `parts[<number>]`) on a CRC32 mismatch,
+        NotFound when the upload is gone, Conflict for a store whose clients write parts themselves.
         """
 
     @abc.abstractmethod
@@ -345,7 +381,8 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def complete_multipart(self, key: str, upload_id: str, parts: list[StoredPart]) -> None:
-        """Join `parts` (numbers 1..n, in order) into object `key` atomically and end the upload.
+        """Join `parts` (numbers 1..n, in order, as `list_parts` gave them: checksums included) into object `key`
+        atomically and end the upload.
 
         Idempotent: when the upload is already gone and `key` exists, it was completed before and nothing is done.
         Raises NotFound when the upload is gone and no object is there, InvalidInput (field `parts`) when the
@@ -614,8 +651,11 @@ class FileObjectStore(ObjectStore):
             raise InvalidInput(f"{upload_id!r} is not an upload id of this store.", field="upload_id")
         return self.root / _STAGING_FOLDER / upload_id
 
-    def start_multipart(self, key: str) -> str:
-        """Make the upload's staging folder; return its id (32 hex digits). Raises Unavailable."""
+    def start_multipart(self, key: str, *, checksum_algorithm: str = "") -> str:
+        """Make the upload's staging folder; return its id (32 hex digits). Raises Unavailable.
+
+        The checksum algorithm needs nothing here: `write_part` checks the CRC32 it is given.
+        """
         self._path(key)
         upload_id = uuid.uuid4().hex
         try:
@@ -624,21 +664,28 @@ class FileObjectStore(ObjectStore):
             raise Unavailable(f"Cannot create the staging folder of an upload in {self.root}: {exc}.") from exc
         return upload_id
 
-    def presign_part(self, key: str, upload_id: str, number: int, *, expires_in_s: int) -> PartTarget | None:
+    def presign_part(
+        self, key: str, upload_id: str, number: int, *, expires_in_s: int, checksum_crc32: str = ""
+    ) -> PartTarget | None:
         """Return None: parts of a folder store come through Conch (`write_part`)."""
         return None
 
-    def write_part(self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int) -> StoredPart:
+    def write_part(
+        self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int, *, checksum_crc32: str = ""
+    ) -> StoredPart:
         """Stream exactly `size_bytes` bytes of `stream` into the part's file (a temp file renamed into place).
 
-        Reads `_COPY_BUFFER_BYTES` at a time; the part's tag is the SHA-256 of its bytes. Raises InvalidInput
-        (field `size_bytes`) when the stream ends before `size_bytes`, NotFound when the upload is gone,
-        Unavailable when the disk fails.
+        Reads `_COPY_BUFFER_BYTES` at a time; the part's tag is the SHA-256 of its bytes. With `checksum_crc32`
+        the CRC32 of the bytes is computed on the way and must equal it, as S3 checks `x-amz-checksum-crc32`
+        (BadDigest): otherwise the temp file is dropped and an earlier copy of the part stays. Raises InvalidInput
+        (field `size_bytes`) when the stream ends before `size_bytes`, InvalidInput (field `parts[<number>]`) on a
+        CRC32 mismatch, NotFound when the upload is gone, Unavailable when the disk fails.
         """
         folder = self._staging(upload_id)
         if not folder.is_dir():
             raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id")
         digest = hashlib.sha256()
+        crc = 0
         received = 0
         try:
             fd, temp_name = tempfile.mkstemp(dir=folder, prefix=f"{_TEMP_MARKER}{number:05d}.", suffix=".part")
@@ -656,8 +703,17 @@ class FileObjectStore(ObjectStore):
                             field="size_bytes",
                         )
                     digest.update(chunk)
+                    if checksum_crc32:
+                        crc = zlib.crc32(chunk, crc)
                     out.write(chunk)
                     received += len(chunk)
+            if checksum_crc32 and crc32_base64(crc) != checksum_crc32:
+                raise InvalidInput(
+                    f"Part {number}'s {received} bytes have CRC32 {crc32_base64(crc)}, not the {checksum_crc32} its "
+                    f"{CHECKSUM_CRC32_HEADER} header gives: they changed on the way. This copy was not kept (the parts "
+                    f"already stored are); send part {number} again.",
+                    field=f"parts[{number}]",
+                )
             for old in folder.glob(f"{number:05d}-*"):
                 old.unlink(missing_ok=True)
             etag = digest.hexdigest()
@@ -668,7 +724,9 @@ class FileObjectStore(ObjectStore):
         except BaseException:
             temp_path.unlink(missing_ok=True)
             raise
-        return StoredPart(number=number, size_bytes=received, etag=etag)
+        return StoredPart(
+            number=number, size_bytes=received, etag=etag, checksum_crc32=crc32_base64(crc) if checksum_crc32 else ""
+        )
 
     def list_parts(self, key: str, upload_id: str) -> list[StoredPart]:
         """Return the finished part files of the upload, by number. Raises NotFound when the upload is gone."""
@@ -1181,33 +1239,52 @@ class S3ObjectStore(ObjectStore):
     def _no_such_upload(self, exc: BaseException) -> bool:
         return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "NoSuchUpload"
 
-    def start_multipart(self, key: str) -> str:
-        """CreateMultipartUpload for `key`; return its UploadId. Raises Unavailable."""
+    def start_multipart(self, key: str, *, checksum_algorithm: str = "") -> str:
+        """CreateMultipartUpload for `key`; return its UploadId. Raises Unavailable.
+
+        `checksum_algorithm` CRC32 declares ChecksumAlgorithm CRC32, as boto3's transfer manager does: S3 then
+        checks each part's `x-amz-checksum-crc32` as it arrives (BadDigest on a mismatch), and the object's checksum
+        is COMPOSITE, the CRC32 of the parts' CRC32s (S3 User Guide, "Checking object integrity", "Using part-level
+        checksums for multipart uploads": COMPOSITE is CRC32's default type, so ChecksumType is not sent, which
+        S3-compatible servers that predate it would refuse). Without it S3 gives the object a full-object
+        CRC64NVME, which some S3 servers (moto) compute by reading the whole object at completion.
+        """
+        extra = {"ChecksumAlgorithm": CRC32} if checksum_algorithm == CRC32 else {}
         with self._errors("start an upload to", key):
-            response = self._client.create_multipart_upload(Bucket=self.bucket, Key=self._object_key(key))
+            response = self._client.create_multipart_upload(Bucket=self.bucket, Key=self._object_key(key), **extra)
         return response["UploadId"]
 
-    def presign_part(self, key: str, upload_id: str, number: int, *, expires_in_s: int) -> PartTarget | None:
+    def presign_part(
+        self, key: str, upload_id: str, number: int, *, expires_in_s: int, checksum_crc32: str = ""
+    ) -> PartTarget | None:
         """Presign UploadPart of part `number` (boto3 `generate_presigned_url`, SigV4 in the query string).
 
-        The client PUTs exactly the part's bytes to the URL and keeps the ETag response header (a browser reads
-        it only where the bucket's CORS rule exposes it: README, "Uploads straight to the bucket").
+        The client PUTs exactly the part's bytes to the URL, with the target's `headers`, and keeps the ETag
+        response header (a browser reads it only where the bucket's CORS rule exposes it: README, "Uploads
+        straight to the bucket"). With `checksum_crc32` the URL signs the headers `x-amz-checksum-crc32` (that
+        value) and `x-amz-sdk-checksum-algorithm` (CRC32), botocore's SigV4 `X-Amz-SignedHeaders`
+        (host;x-amz-checksum-crc32;x-amz-sdk-checksum-algorithm): the client must send both, exactly, and S3
+        refuses bytes with another CRC32 (400 BadDigest), so a part damaged on the way is never stored.
         """
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._object_key(key),
+            "UploadId": upload_id,
+            "PartNumber": number,
+        }
+        headers: dict[str, str] = {}
+        if checksum_crc32:
+            params.update(ChecksumAlgorithm=CRC32, ChecksumCRC32=checksum_crc32)
+            headers = {CHECKSUM_CRC32_HEADER: checksum_crc32, "x-amz-sdk-checksum-algorithm": CRC32}
         with self._errors("sign an upload part of", key):
             url = self._presign_client.generate_presigned_url(
-                "upload_part",
-                Params={
-                    "Bucket": self.bucket,
-                    "Key": self._object_key(key),
-                    "UploadId": upload_id,
-                    "PartNumber": number,
-                },
-                ExpiresIn=expires_in_s,
-                HttpMethod="PUT",
+                "upload_part", Params=params, ExpiresIn=expires_in_s, HttpMethod="PUT"
             )
-        return PartTarget(number=number, method="PUT", url=url, headers={}, expires_in_s=expires_in_s)
+        return PartTarget(number=number, method="PUT", url=url, headers=headers, expires_in_s=expires_in_s)
 
-    def write_part(self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int) -> StoredPart:
+    def write_part(
+        self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int, *, checksum_crc32: str = ""
+    ) -> StoredPart:
         """Refuse: clients PUT the parts of an S3 upload to the bucket themselves (Conflict, field `number`)."""
         raise Conflict(
             "This upload goes straight to the bucket: PUT each part to the URL that POST .../parts/ gives, "
@@ -1216,7 +1293,8 @@ class S3ObjectStore(ObjectStore):
         )
 
     def list_parts(self, key: str, upload_id: str) -> list[StoredPart]:
-        """ListParts of the upload, every page (1,000 parts a page). Raises NotFound when it is gone."""
+        """ListParts of the upload, every page (1,000 parts a page), each part's ChecksumCRC32 kept (an upload
+        started with CRC32). Raises NotFound when it is gone."""
         parts = []
         try:
             paginator = self._client.get_paginator("list_parts")
@@ -1224,7 +1302,12 @@ class S3ObjectStore(ObjectStore):
             for page in pages:
                 for part in page.get("Parts", ()):
                     parts.append(
-                        StoredPart(number=int(part["PartNumber"]), size_bytes=int(part["Size"]), etag=part["ETag"])
+                        StoredPart(
+                            number=int(part["PartNumber"]),
+                            size_bytes=int(part["Size"]),
+                            etag=part["ETag"],
+                            checksum_crc32=part.get("ChecksumCRC32") or "",
+                        )
                     )
         except _S3_ERRORS as exc:
             if self._no_such_upload(exc):
@@ -1233,13 +1316,20 @@ class S3ObjectStore(ObjectStore):
         return sorted(parts, key=lambda part: part.number)
 
     def complete_multipart(self, key: str, upload_id: str, parts: list[StoredPart]) -> None:
-        """CompleteMultipartUpload with `parts`' numbers and ETags; see ObjectStore.complete_multipart."""
+        """CompleteMultipartUpload with `parts`' numbers, ETags and, where a part has one, ChecksumCRC32 (S3
+        requires every part's checksum to complete an upload started with CRC32); see
+        ObjectStore.complete_multipart."""
+        listed = [
+            {"PartNumber": part.number, "ETag": part.etag}
+            | ({"ChecksumCRC32": part.checksum_crc32} if part.checksum_crc32 else {})
+            for part in parts
+        ]
         try:
             self._client.complete_multipart_upload(
                 Bucket=self.bucket,
                 Key=self._object_key(key),
                 UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": part.number, "ETag": part.etag} for part in parts]},
+                MultipartUpload={"Parts": listed},
             )
         except _S3_ERRORS as exc:
             if self._no_such_upload(exc):

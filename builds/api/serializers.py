@@ -19,6 +19,7 @@ from builds.model_config import (
     MAX_QUEUE_DELAY_MICROSECONDS,
 )
 from builds.models import BuildStep
+from models_registry.choices import PartChecksumAlgorithm
 from models_registry.models import ModelVersion, Upload
 
 _SAMPLE_INPUTS_HELP = (
@@ -255,6 +256,21 @@ class StartUploadSerializer(serializers.Serializer):
     )
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=_ALLOW_DUPLICATE_HELP)
 
+    part_checksum_algorithm = serializers.ChoiceField(
+        choices=PartChecksumAlgorithm.choices,
+        required=False,
+        allow_null=True,
+        help_text='Optional: "CRC32" to send every part with the CRC32 of its bytes, which the object store checks '
+        "as the part arrives (a part damaged on the way is refused, not stored), as boto3's transfer manager does. "
+        "Each part URL is then given only with the part's CRC32 (POST .../parts/ `checksums`), and its `headers` carry "
+        "it. Null or left out: parts go without checksums.",
+        error_messages={
+            "invalid_choice": 'must be "CRC32" (each part sent with its CRC32) or null (parts without checksums); '
+            'got "{input}".',
+            "blank": 'must be "CRC32" (each part sent with its CRC32) or null (parts without checksums); got "".',
+        },
+    )
+
     def validate_head(self, value: str) -> bytes:
         """Decode the base64 `head`; 400 naming it when it is not base64 or longer than HEAD_BYTES bytes."""
         try:
@@ -301,6 +317,7 @@ class UploadSerializer(serializers.ModelSerializer):
     )
     parts = serializers.SerializerMethodField()
     version = serializers.PrimaryKeyRelatedField(read_only=True)
+    part_checksum_algorithm = serializers.SerializerMethodField()
 
     class Meta:
         model = Upload
@@ -313,6 +330,7 @@ class UploadSerializer(serializers.ModelSerializer):
             "head_sha256",
             "part_size_bytes",
             "part_count",
+            "part_checksum_algorithm",
             "status",
             "transport",
             "allow_duplicate",
@@ -323,6 +341,16 @@ class UploadSerializer(serializers.ModelSerializer):
             "error",
             "error_field",
         ]
+
+    @extend_schema_field(
+        serializers.ChoiceField(
+            choices=PartChecksumAlgorithm.choices,
+            allow_null=True,
+            help_text='"CRC32": each part URL needs the part\'s CRC32 (POST .../parts/ `checksums`); null: none.',
+        )
+    )
+    def get_part_checksum_algorithm(self, obj: Upload) -> str | None:
+        return obj.part_checksum_algorithm or None
 
     @extend_schema_field(StoredPartSerializer(many=True))
     def get_parts(self, obj: Upload) -> list[dict]:
@@ -337,13 +365,25 @@ class SignPartsSerializer(serializers.Serializer):
         max_length=100,
         help_text="Part numbers (1-based) to send now, at most 100.",
     )
+    checksums = serializers.DictField(
+        child=serializers.CharField(max_length=64, trim_whitespace=False),
+        required=False,
+        help_text="Per-part checksums, required for every number asked for when the upload's "
+        '`part_checksum_algorithm` is "CRC32" (and refused otherwise): a JSON object from part number (as a string) '
+        "to the base64 of the 4 big-endian bytes of the CRC32 of the part's bytes, e.g. "
+        '{"3": "NSRBwg=="} (Python: base64.b64encode(zlib.crc32(part).to_bytes(4, "big"))). The part\'s `headers` '
+        "then carry it (`x-amz-checksum-crc32`); a part whose bytes do not match is refused by the store.",
+    )
 
 
 class PartTargetSerializer(serializers.Serializer):
     number = serializers.IntegerField()
     method = serializers.CharField()
     url = serializers.CharField(help_text="Presigned S3 URL, or Conch's own part URL with folder storage.")
-    headers = serializers.DictField(child=serializers.CharField(), help_text="Headers to send besides the bytes.")
+    headers = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="Headers to send with the bytes, exactly as given (a presigned URL signs the checksum headers).",
+    )
     expires_at = serializers.DateTimeField()
 
 

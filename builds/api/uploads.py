@@ -95,7 +95,10 @@ class ModelUploadsView(APIView):
         "open gives that upload back (200), so a client that stopped resumes. Then ask for part URLs "
         "(POST .../parts/), send the parts, and POST .../complete. With a `sha256` that already is a live version's of "
         "the model the start is refused with 409 naming `sha256`, `existing_version` ({id, number, status}) saying "
-        "which; send `allow_duplicate: true` to make another version from the same file.",
+        "which; send `allow_duplicate: true` to make another version from the same file. With "
+        '`part_checksum_algorithm` "CRC32" every part goes with the CRC32 of its bytes, checked by the store as it '
+        "arrives (any other value: 400 naming the field); a start without it is not given back an open upload that "
+        "has it.",
     )
     def post(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
@@ -111,6 +114,7 @@ class ModelUploadsView(APIView):
             part_size_bytes=data.get("part_size_bytes"),
             build_options={k: v for k, v in (data.get("build_options") or {}).items() if v is not None},
             head=data.get("head"),
+            part_checksum_algorithm=data.get("part_checksum_algorithm"),
             token=request.auth,
             allow_duplicate=data.get("allow_duplicate", False),
         )
@@ -153,14 +157,21 @@ class UploadPartsView(APIView):
         description="Where to PUT each part (up to 100 numbers a call). With S3 storage: presigned UploadPart URLs "
         "of the bucket: PUT exactly the part's bytes there and keep the ETag response header; the bytes never pass "
         "through Conch. With folder storage: Conch's own part URL (send your usual Authorization). Each part is "
-        "`part_size_bytes` bytes (the last one what is left). Asking pushes the upload's `expires_at`.",
+        "`part_size_bytes` bytes (the last one what is left). Asking pushes the upload's `expires_at`. For an "
+        'upload with `part_checksum_algorithm` "CRC32", send `checksums` with each part\'s CRC32 (400 naming '
+        "`checksums.<n>` without it): the part's `headers` then carry `x-amz-checksum-crc32` (and, for S3, "
+        "`x-amz-sdk-checksum-algorithm`), signed into the URL; send them exactly. The store refuses bytes with "
+        "another CRC32 (S3: 400 BadDigest; folder storage: 400 naming `parts[n]`): send that part again.",
     )
     def post(self, request: Request, model_id: int, upload_id: str) -> Response:
         upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         form = SignPartsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         numbers = form.validated_data["numbers"]
-        targets = resumable.sign_parts(user=request.user, upload=upload, numbers=numbers, token=request.auth)
+        checksums = form.validated_data.get("checksums")
+        targets = resumable.sign_parts(
+            user=request.user, upload=upload, numbers=numbers, checksums=checksums, token=request.auth
+        )
         now = timezone.now()
         parts = []
         for number, target in zip(numbers, targets, strict=True):
@@ -173,7 +184,7 @@ class UploadPartsView(APIView):
                         "number": number,
                         "method": "PUT",
                         "url": request.build_absolute_uri(path),
-                        "headers": {"Content-Type": "application/octet-stream"},
+                        "headers": resumable.conch_part_headers(upload, number, checksums),
                         "expires_at": upload.expires_at,
                     }
                 )
@@ -203,7 +214,10 @@ class UploadPartView(APIView):
         description="Folder storage only (404 for an upload straight to the bucket): the body is exactly part "
         "`number`'s bytes, Content-Length equal to its size (400 naming the part otherwise; 413 past "
         "CONCH_MAX_UPLOAD_BYTES). Streamed to the "
-        "store's staging folder a megabyte at a time; sending a part again replaces it.",
+        "store's staging folder a megabyte at a time; sending a part again replaces it. With an "
+        '`x-amz-checksum-crc32` header (required for an upload with `part_checksum_algorithm` "CRC32": 400 naming '
+        "`checksums.<n>` without it) the bytes must have that CRC32: otherwise 400 naming `parts[n]`, the copy is not "
+        "kept (the parts already stored are) and the part must be sent again.",
     )
     @accepts_body(PART_BODY)
     def put(self, request: Request, model_id: int, upload_id: str, number: str) -> Response:
@@ -218,6 +232,7 @@ class UploadPartView(APIView):
             number=int(number),
             stream=request._request,
             content_length=length,
+            checksum_crc32=request.META.get("HTTP_X_AMZ_CHECKSUM_CRC32"),
             token=request.auth,
         )
         return Response({"number": part.number, "size_bytes": part.size_bytes, "etag": part.etag})

@@ -58,6 +58,7 @@ def start_resumable_upload(
     part_size_bytes: int | None = None,
     build_options: Mapping[str, Any] | None = None,
     head: bytes | None = None,
+    part_checksum_algorithm: str | None = None,
     token: TokenGrant | None = None,
     allow_duplicate: bool = False,
 ) -> tuple[Upload, bool]:
@@ -70,7 +71,8 @@ def start_resumable_upload(
     `build_options` is a JSON object with any of BUILD_OPTION_NAMES (values as the version upload takes them).
     Raises InvalidInput naming `filename` when its name says the file is not an ONNX model (an ending other than
     .onnx: `builds.formats.check_model_filename`), `head` when its first bytes are not an ONNX model's, or
-    `build_options.<name>`, and whatever `start_upload` raises. Nothing is reserved or started then.
+    `build_options.<name>`, and whatever `start_upload` raises (`part_checksum_algorithm` is passed on to it).
+    Nothing is reserved or started then.
     """
     check_model_filename(filename or "", field="filename")
     if head is not None:
@@ -96,6 +98,7 @@ def start_resumable_upload(
         part_size_bytes=part_size_bytes,
         build_options=parsed,
         head_sha256=hashlib.sha256(head).hexdigest() if head else "",
+        part_checksum_algorithm=part_checksum_algorithm,
         token=token,
         allow_duplicate=allow_duplicate,
     )

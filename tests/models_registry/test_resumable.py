@@ -11,8 +11,10 @@ import os
 import threading
 import tracemalloc
 import uuid
+import zlib
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
@@ -895,3 +897,205 @@ def test_a_real_model_sent_straight_to_the_bucket_is_built_like_an_ordinary_uplo
 )
 def test_without_a_part_size_conch_plans_16_mib_parts_or_the_least_whole_mib_under_10000_parts(size_bytes, planned):
     assert resumable.plan_parts(size_bytes=size_bytes) == planned
+
+
+# --- Per-part CRC32 (part_checksum_algorithm) ---------------------------------------------------------------------
+
+
+def _crc32(data: bytes) -> str:
+    """`x-amz-checksum-crc32` of `data`: base64 of the 4 big-endian bytes of its CRC32."""
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+def _sign(caller, model_id: int, upload_id: str, body: dict):
+    return caller.client.post(f"/api/v1/models/{model_id}/uploads/{upload_id}/parts/", body, format="json")
+
+
+def test_a_crc32_upload_to_the_bucket_signs_each_part_s_checksum_and_the_object_gets_a_composite_crc32(
+    alice, s3, s3_client, django_capture_on_commit_callbacks
+):
+    # given a 12 MiB file in parts of 5 MiB, started with part_checksum_algorithm CRC32
+    data = os.urandom(12 * MIB + 7)
+    chunks = [data[start : start + PART] for start in range(0, len(data), PART)]
+    model_id = _model(alice)
+    started = _start(alice, model_id, data, part_size_bytes=PART, part_checksum_algorithm="CRC32")
+    # then the upload says so, and the bucket's multipart upload declares CRC32
+    assert started.status_code == 201, started.content
+    upload = started.json()
+    assert upload["part_checksum_algorithm"] == "CRC32"
+    assert Upload.objects.get().part_checksum_algorithm == "CRC32"
+    (pending,) = s3_client.list_multipart_uploads(Bucket=s3.bucket)["Uploads"]
+    assert pending["ChecksumAlgorithm"] == "CRC32"
+    # when part URLs are asked for without a checksum for each
+    refused = _sign(alice, model_id, upload["id"], {"numbers": [1, 2]})
+    # then none is given: 400 naming the first part without one, saying what to send
+    assert refused.status_code == 400, refused.content
+    assert refused.json() == {
+        "detail": "This upload checks each part's CRC32 (part_checksum_algorithm CRC32): send checksums "
+        f'{{"1": "<base64 of the 4 big-endian bytes of the CRC32 of bytes 0 to {PART - 1} of the file>"}}, 8 '
+        'characters (Python: base64.b64encode(zlib.crc32(part).to_bytes(4, "big"))); got none.',
+        "field": "checksums.1",
+    }
+    partial = _sign(alice, model_id, upload["id"], {"numbers": [1, 2], "checksums": {"1": _crc32(chunks[0])}})
+    assert (partial.status_code, partial.json()["field"]) == (400, "checksums.2")
+    malformed = _sign(alice, model_id, upload["id"], {"numbers": [1], "checksums": {"1": "not-a-crc"}})
+    assert (malformed.status_code, malformed.json()["field"]) == (400, "checksums.1")
+    assert malformed.json()["detail"].endswith("got 'not-a-crc'.")
+    stray = _sign(
+        alice, model_id, upload["id"], {"numbers": [1], "checksums": {"1": _crc32(chunks[0]), "3": "AAAAAA=="}}
+    )
+    assert (stray.status_code, stray.json()["field"]) == (400, "checksums.3")
+    # when they are asked for with each part's CRC32
+    checksums = {str(n): _crc32(chunk) for n, chunk in enumerate(chunks, start=1)}
+    signed = _sign(alice, model_id, upload["id"], {"numbers": [1, 2, 3], "checksums": checksums})
+    assert signed.status_code == 200, signed.content
+    # then each URL signs the checksum headers (botocore's SigV4 query signing) and `headers` carries them
+    for target in signed.json()["parts"]:
+        crc = checksums[str(target["number"])]
+        assert target["headers"] == {"x-amz-checksum-crc32": crc, "x-amz-sdk-checksum-algorithm": "CRC32"}
+        query = parse_qs(urlsplit(target["url"]).query)
+        assert query["X-Amz-SignedHeaders"] == ["host;x-amz-checksum-crc32;x-amz-sdk-checksum-algorithm"]
+    # and a PUT of the part's bytes with exactly those headers is stored. (moto checks neither the signature of a
+    # presigned URL nor the CRC32's value; AWS S3 and MinIO answer 403 SignatureDoesNotMatch to a PUT without the
+    # signed headers and 400 BadDigest to bytes with another CRC32, which the folder store's test shows Conch doing.)
+    for target, chunk in zip(signed.json()["parts"], chunks, strict=True):
+        answer = requests.put(target["url"], data=chunk, headers=target["headers"], timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-amz-checksum-crc32"] == checksums[str(target["number"])]
+    # when it is completed and the worker joins the parts
+    with django_capture_on_commit_callbacks():
+        assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    # then the object holds the file, with S3's COMPOSITE CRC32: the CRC32 of the parts' CRC32s, not of the bytes
+    # (AWS S3 appends "-<part count>" and says ChecksumType COMPOSITE; moto's HeadObject does neither when the
+    # upload declared no ChecksumType, CRC32's default)
+    version = Upload.objects.get(pk=upload["id"]).version
+    assert get_object_store().read_bytes(version.source_key) == data
+    head = s3_client.head_object(Bucket=s3.bucket, Key=f"conch/{version.source_key}", ChecksumMode="ENABLED")
+    composite = _crc32(b"".join(zlib.crc32(chunk).to_bytes(4, "big") for chunk in chunks))
+    assert head["ResponseMetadata"]["HTTPHeaders"]["x-amz-checksum-algorithm"] == "CRC32"
+    assert head["ChecksumCRC32"].split("-")[0] == composite != _crc32(data)
+    assert head.get("ChecksumType", "COMPOSITE") == "COMPOSITE"
+
+
+def test_a_folder_store_refuses_a_part_whose_bytes_do_not_match_its_crc32_naming_it_and_takes_it_again(
+    alice, django_capture_on_commit_callbacks
+):
+    # given a folder-store upload with CRC32 of 11 MiB in parts of 5 MiB, part 1 stored
+    data = os.urandom(11 * MIB)
+    chunks = [data[start : start + PART] for start in range(0, len(data), PART)]
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART, part_checksum_algorithm="CRC32").json()
+    assert (upload["transport"], upload["part_checksum_algorithm"]) == ("conch", "CRC32")
+    checksums = {str(n): _crc32(chunk) for n, chunk in enumerate(chunks, start=1)}
+    targets = _sign(alice, model_id, upload["id"], {"numbers": [1, 2, 3], "checksums": checksums}).json()["parts"]
+    # then each part's headers carry its CRC32
+    assert [t["headers"] for t in targets] == [
+        {"Content-Type": "application/octet-stream", "x-amz-checksum-crc32": checksums[str(n)]} for n in (1, 2, 3)
+    ]
+
+    def put(number: int, body: bytes, headers: dict):
+        extra = {f"HTTP_{name.upper().replace('-', '_')}": value for name, value in headers.items()}
+        return alice.client.put(targets[number - 1]["url"], data=body, content_type="application/octet-stream", **extra)
+
+    crc_header = {"x-amz-checksum-crc32": checksums["1"]}
+    assert put(1, chunks[0], crc_header).status_code == 200
+    # when part 2 arrives damaged (one byte changed on the way), with its CRC32
+    damaged = chunks[1][:100] + bytes([chunks[1][100] ^ 1]) + chunks[1][101:]
+    refused = put(2, damaged, {"x-amz-checksum-crc32": checksums["2"]})
+    # then it is refused naming the part and saying to send it again; nothing is kept of it, part 1 stays
+    assert refused.status_code == 400, refused.content
+    assert refused.json() == {
+        "detail": f"Part 2's {PART} bytes have CRC32 {_crc32(damaged)}, not the {checksums['2']} its "
+        "x-amz-checksum-crc32 header gives: they changed on the way. This copy was not kept (the parts already stored "
+        "are); send part 2 again.",
+        "field": "parts[2]",
+    }
+    stored = get_object_store().list_parts(Upload.objects.get().object_key, Upload.objects.get().store_upload_id)
+    assert [part.number for part in stored] == [1]
+    # and a part without the header is refused naming its checksum
+    missing = put(3, chunks[2], {})
+    assert (missing.status_code, missing.json()["field"]) == (400, "checksums.3")
+    assert missing.json()["detail"].startswith("Part 3 needs the x-amz-checksum-crc32 header its part URL gave")
+    # when part 2 is sent again whole, and part 3 with its CRC32, and the upload completes
+    assert put(2, chunks[1], {"x-amz-checksum-crc32": checksums["2"]}).status_code == 200
+    assert put(3, chunks[2], {"x-amz-checksum-crc32": checksums["3"]}).status_code == 200
+    with django_capture_on_commit_callbacks():
+        assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
+        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+    # then the version holds the file
+    assert get_object_store().read_bytes(Upload.objects.get().version.source_key) == data
+
+
+def test_a_stored_part_survives_a_damaged_copy_of_it_sent_again(alice):
+    # given a folder-store CRC32 upload whose part 1 is stored
+    data = os.urandom(6 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART, part_checksum_algorithm="CRC32").json()
+    url = f"/api/v1/models/{model_id}/uploads/{upload['id']}/parts/1"
+    crc = _crc32(data[:PART])
+    first = alice.client.put(
+        url, data=data[:PART], content_type="application/octet-stream", HTTP_X_AMZ_CHECKSUM_CRC32=crc
+    )
+    assert first.status_code == 200
+    # when a damaged copy of part 1 comes again
+    again = alice.client.put(
+        url, data=b"x" + data[1:PART], content_type="application/octet-stream", HTTP_X_AMZ_CHECKSUM_CRC32=crc
+    )
+    # then it is refused and the stored copy is still there, unchanged
+    assert (again.status_code, again.json()["field"]) == (400, "parts[1]")
+    (part,) = get_object_store().list_parts(Upload.objects.get().object_key, Upload.objects.get().store_upload_id)
+    assert (part.number, part.etag) == (1, hashlib.sha256(data[:PART]).hexdigest())
+
+
+@pytest.mark.parametrize("value", ["MD5", "crc32", "", 32])
+def test_a_part_checksum_algorithm_other_than_crc32_is_refused_naming_it(alice, s3, value):
+    data = os.urandom(1000)
+    model_id = _model(alice)
+    response = _start(alice, model_id, data, part_checksum_algorithm=value)
+    assert response.status_code == 400, response.content
+    assert response.json() == {
+        "detail": 'part_checksum_algorithm: must be "CRC32" (each part sent with its CRC32) or null (parts without '
+        f'checksums); got "{value}".',
+        "field": "part_checksum_algorithm",
+    }
+    assert not Upload.objects.exists() and s3() == {"keys": [], "pending": []}
+
+
+def test_an_upload_without_the_algorithm_takes_parts_as_before_and_no_checksums(alice, s3, s3_client):
+    # given an upload started with part_checksum_algorithm null (as a client from before it)
+    data = os.urandom(6 * MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data, part_size_bytes=PART, part_checksum_algorithm=None).json()
+    # then it has none, and neither has the bucket's multipart upload
+    assert upload["part_checksum_algorithm"] is None
+    (pending,) = s3_client.list_multipart_uploads(Bucket=s3.bucket)["Uploads"]
+    assert "ChecksumAlgorithm" not in pending
+    # and its part URLs come without checksum headers, signing none
+    (target,) = _urls(alice, model_id, upload["id"], [1])
+    assert target["headers"] == {}
+    assert parse_qs(urlsplit(target["url"]).query)["X-Amz-SignedHeaders"] == ["host"]
+    # and checksums sent for it are refused naming them
+    refused = _sign(alice, model_id, upload["id"], {"numbers": [1], "checksums": {"1": _crc32(data[:PART])}})
+    assert (refused.status_code, refused.json()["field"]) == (400, "checksums")
+    assert "started without part_checksum_algorithm" in refused.json()["detail"]
+
+
+def test_a_start_with_crc32_resumes_an_open_upload_without_it_but_not_the_other_way(alice, s3):
+    data = os.urandom(6 * MIB)
+    model_id = _model(alice)
+    # given an open upload started without the algorithm
+    plain = _start(alice, model_id, data, part_size_bytes=PART).json()
+    # when the same file is started with CRC32 (a newer client resuming)
+    resumed = _start(alice, model_id, data, part_size_bytes=PART, part_checksum_algorithm="CRC32")
+    # then it gets that upload back, as it is: its parts go without checksums
+    assert (resumed.status_code, resumed.json()["id"]) == (200, plain["id"])
+    assert resumed.json()["part_checksum_algorithm"] is None
+    # given an open upload of another file started with CRC32
+    other = os.urandom(6 * MIB)
+    with_crc = _start(alice, model_id, other, part_size_bytes=PART, part_checksum_algorithm="CRC32").json()
+    # when that file is started without it (a client that cannot send checksums)
+    fresh = _start(alice, model_id, other, part_size_bytes=PART)
+    # then it gets a new upload, not the one it could not finish
+    assert fresh.status_code == 201, fresh.content
+    assert fresh.json()["id"] != with_crc["id"] and fresh.json()["part_checksum_algorithm"] is None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import random
 import re
 import socket
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -541,6 +543,72 @@ def test_a_folder_part_that_ends_early_is_refused_and_leaves_no_file(tmp_path):
     assert refused.value.detail == "Part 3 ended after 10 of its 11 bytes; send the part again whole."
     assert store.list_parts(key, upload_id) == []
     assert files_on_disk(store) == []
+
+
+def test_a_crc32_multipart_upload_takes_each_part_with_its_checksum(store, request):
+    # given an upload that declares CRC32, and two parts with their CRC32s
+    key = "models/1/uploads/c/model.onnx"
+    first, second = payload(5 * MIB, seed=3), payload(1000, seed=4)
+    crcs = [storage.crc32_base64(zlib.crc32(first)), storage.crc32_base64(zlib.crc32(second))]
+    assert storage.crc32_base64(zlib.crc32(b"abc")) == "NSRBwg=="
+    upload_id = store.start_multipart(key, checksum_algorithm="CRC32")
+    # when each part is sent with its CRC32 as a client would (S3: the presigned target's headers)
+    for number, (data, crc) in enumerate(zip((first, second), crcs, strict=True), start=1):
+        target = store.presign_part(key, upload_id, number, expires_in_s=60, checksum_crc32=crc)
+        if target is None:
+            part = store.write_part(key, upload_id, number, io.BytesIO(data), len(data), checksum_crc32=crc)
+            assert (part.number, part.size_bytes, part.checksum_crc32) == (number, len(data), crc)
+        else:
+            assert target.headers == {"x-amz-checksum-crc32": crc, "x-amz-sdk-checksum-algorithm": "CRC32"}
+            assert "X-Amz-SignedHeaders=host%3Bx-amz-checksum-crc32%3Bx-amz-sdk-checksum-algorithm" in target.url
+            assert requests.put(target.url, data=data, headers=target.headers, timeout=30).status_code == 200
+    # then the joined object is the parts
+    store.complete_multipart(key, upload_id, store.list_parts(key, upload_id))
+    assert store.read_bytes(key) == first + second
+    if isinstance(store, S3ObjectStore):
+        # and S3 gives it the COMPOSITE CRC32 of the parts' CRC32s
+        client = request.getfixturevalue("s3_client")
+        head = client.head_object(Bucket=store.bucket, Key=store._object_key(key), ChecksumMode="ENABLED")
+        composite = storage.crc32_base64(zlib.crc32(b"".join(base64.b64decode(crc) for crc in crcs)))
+        assert head["ChecksumCRC32"].split("-")[0] == composite
+
+
+def test_s3_lists_and_completes_the_parts_with_their_crc32(s3_store):
+    # given a CRC32 upload of two parts on the S3 server. (moto's ListParts omits the parts' ChecksumCRC32 that AWS
+    # S3 lists for such an upload, S3 API reference "ListParts", Part.ChecksumCRC32: it is added to the parsed answer
+    # here as S3 gives it; the requests themselves go to the server.)
+    key = "models/1/uploads/d/model.onnx"
+    parts = [payload(5 * MIB, seed=5), payload(10, seed=6)]
+    crcs = [storage.crc32_base64(zlib.crc32(data)) for data in parts]
+    upload_id = s3_store.start_multipart(key, checksum_algorithm="CRC32")
+    for number, (data, crc) in enumerate(zip(parts, crcs, strict=True), start=1):
+        target = s3_store.presign_part(key, upload_id, number, expires_in_s=60, checksum_crc32=crc)
+        assert requests.put(target.url, data=data, headers=target.headers, timeout=30).status_code == 200
+    events = s3_store._client.meta.events
+
+    def as_aws_lists_them(parsed, **kwargs):
+        for part, crc in zip(parsed.get("Parts", []), crcs, strict=True):
+            part.setdefault("ChecksumCRC32", crc)
+
+    completed_with = []
+
+    def record(params, **kwargs):
+        completed_with.append(params)
+
+    events.register("after-call.s3.ListParts", as_aws_lists_them)
+    events.register("provide-client-params.s3.CompleteMultipartUpload", record)
+    try:
+        # when the parts are listed and completed
+        listed = s3_store.list_parts(key, upload_id)
+        s3_store.complete_multipart(key, upload_id, listed)
+    finally:
+        events.unregister("after-call.s3.ListParts", as_aws_lists_them)
+        events.unregister("provide-client-params.s3.CompleteMultipartUpload", record)
+    # then each listed part keeps its CRC32, and CompleteMultipartUpload names it (S3 requires it for CRC32 uploads)
+    assert [part.checksum_crc32 for part in listed] == crcs
+    sent = completed_with[0]["MultipartUpload"]["Parts"]
+    assert [(p["PartNumber"], p["ChecksumCRC32"]) for p in sent] == [(1, crcs[0]), (2, crcs[1])]
+    assert s3_store.read_bytes(key) == parts[0] + parts[1]
 
 
 def test_presigned_part_urls_name_the_public_endpoint(s3_server, s3_bucket):

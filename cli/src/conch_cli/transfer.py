@@ -27,6 +27,7 @@ import base64
 import hashlib
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ HEAD_BYTES = 512
 #: applies its write and read timeouts to each socket send and receive, not to the whole request, so a slow part
 #: that moves is never cut.
 STALL_TIMEOUT_S = 60.0
+#: The per-part checksum `conch upload` asks for: the store checks each part's CRC32 as it arrives, and the header
+#: that carries it (S3's `x-amz-checksum-crc32`: base64 of the 4 big-endian bytes).
+PART_CHECKSUM_ALGORITHM = "CRC32"
+CRC32_HEADER = "x-amz-checksum-crc32"
 #: A part URL this close to its expiry is asked for again.
 URL_MARGIN = timedelta(seconds=60)
 OPEN_STATUSES = ("uploading", "completing")
@@ -189,6 +194,9 @@ class PartSender:
     Part n covers bytes [(n - 1) * part_size, n * part_size) of the file (the last one shorter). Part URLs are
     asked for in batches of up to 100, just before they are needed, so none expires while others are sent. A part
     whose request stands still for `stall_timeout_s` seconds (nothing sent or received) fails and is sent again.
+    For an upload with `part_checksum_algorithm` CRC32 each part is read once for its CRC32 before its URL is
+    asked for (one part a request: the URL signs the checksum), and sent with the URL's checksum headers; the store
+    refuses bytes that do not match (S3 BadDigest, Conch 400 naming `parts[n]`), and the part is sent again.
     """
 
     def __init__(
@@ -209,6 +217,8 @@ class PartSender:
         self.progress = progress
         self.rate_limit = rate_limit
         self.base = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
+        # An upload started without the algorithm (by another client, or before Conch had it) takes no checksums.
+        self.crc32 = upload.get("part_checksum_algorithm") == PART_CHECKSUM_ALGORITHM
         self._urls: dict[int, PartUrl] = {}
         self._lock = threading.Lock()
         self._pending: list[int] = []
@@ -239,16 +249,32 @@ class PartSender:
             if n not in stored or stored[n].get("size_bytes") != self.part_size(n)
         ]
 
-    def _url(self, number: int, *, fresh: bool = False) -> PartUrl:
+    def _part_crc32(self, number: int) -> str:
+        """The CRC32 of part `number`'s bytes in the file, as `x-amz-checksum-crc32` takes it (base64 of the 4
+        big-endian bytes), read in PIECE_BYTES pieces."""
+        crc = 0
+        with self.path.open("rb") as handle:
+            handle.seek((number - 1) * self.upload["part_size_bytes"])
+            left = self.part_size(number)
+            while left > 0 and (piece := handle.read(min(PIECE_BYTES, left))):
+                crc = zlib.crc32(piece, crc)
+                left -= len(piece)
+        return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+
+    def _url(self, number: int, *, fresh: bool = False, checksum: str = "") -> PartUrl:
         with self._lock:
             known = self._urls.get(number)
-            if known and not fresh:
+            if known and not fresh and known.headers.get(CRC32_HEADER, "") == checksum:
                 if known.expires_at is None or known.expires_at - URL_MARGIN > datetime.now(UTC):
                     return known
-            # Ask for this part and the next pending ones that have no URL yet.
-            batch = [number] + [n for n in self._pending if n != number and n not in self._urls]
+            # Ask for this part and the next pending ones that have no URL yet (only this one with its checksum:
+            # the others' are not read yet).
+            batch = [number] + [n for n in self._pending if n != number and n not in self._urls and not checksum]
             batch = batch[:URLS_PER_CALL]
-            answer = self.api.post(self.base + "parts/", {"numbers": batch}, expect=(200,))
+            request: dict = {"numbers": batch}
+            if checksum:
+                request["checksums"] = {str(number): checksum}
+            answer = self.api.post(self.base + "parts/", request, expect=(200,))
             for item in answer["parts"]:
                 self._urls[item["number"]] = PartUrl(
                     method=item.get("method") or "PUT",
@@ -285,11 +311,13 @@ class PartSender:
                     self.sent_bytes += len(piece)
 
     def send_part(self, number: int) -> str:
-        """PUT part `number` (retrying network errors, a stall, 5xx and an expired URL) and return its ETag."""
+        """PUT part `number` (retrying network errors, a stall, 5xx, an expired URL and the store's refusal of bytes
+        that do not match the part's CRC32) and return its ETag."""
         size = self.part_size(number)
         fresh = False
+        checksum = self._part_crc32(number) if self.crc32 else ""
         for attempt in range(1, PART_ATTEMPTS + 1):
-            target = self._url(number, fresh=fresh)
+            target = self._url(number, fresh=fresh, checksum=checksum)
             url = target.url
             headers = {**target.headers, "Content-Length": str(size)}
             if self.upload.get("transport") == "conch" or url.startswith("/"):
@@ -314,15 +342,19 @@ class PartSender:
             error = error_from_response(response, call)
             if "<Error>" in error.detail:  # S3's XML error: keep its code and message
                 error.detail = _s3_message(error.detail)
-            # An expired or refused signature: ask for a new URL; 5xx: try again; any other 4xx: give up.
+            # An expired or refused signature, or S3's BadDigest: ask for a new URL; 5xx, or Conch's refusal of bytes
+            # that do not match the CRC32 (400 naming the part): try again; any other 4xx: give up.
             if response.status_code in (400, 403) and "<Error>" in response.text:
                 fresh = True
-            elif response.status_code < 500 and response.status_code != 429:
+            elif response.status_code < 500 and response.status_code != 429 and error.field != f"parts[{number}]":
                 error.detail = f"Part {number} was refused: {error.detail}"
                 error.field = error.field or f"parts[{number}]"
                 raise error
             if attempt == PART_ATTEMPTS:
+                if error.field == f"parts[{number}]" or "BadDigest" in error.detail:
+                    error.exit_code = UNAVAILABLE  # the bytes kept arriving damaged: a network's fault, not input
                 error.detail = f"Part {number} failed {PART_ATTEMPTS} times: {error.detail}"
+                error.field = error.field or f"parts[{number}]"
                 raise error
             time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
@@ -460,10 +492,12 @@ def upload_file(
     (the upload's `error` and `error_field`), UNAVAILABLE on a timeout, or what the API refused.
     """
     base = f"/api/v1/models/{model_id}/uploads/"
+    # Every part with its CRC32, checked by the store as it arrives (a server without the field ignores it).
     body = {
         "filename": path.name,
         "size_bytes": path.stat().st_size,
         "head": base64.b64encode(file_head(path)).decode(),
+        "part_checksum_algorithm": PART_CHECKSUM_ALGORITHM,
     }
     if isinstance(sha256, str):
         body["sha256"] = sha256
