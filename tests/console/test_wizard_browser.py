@@ -388,6 +388,40 @@ def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(other).hexdigest(), True)
 
 
+def test_an_open_upload_whose_client_promised_part_checksums_is_not_taken_over(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    from models_registry.models import Upload
+
+    # given an open upload of this very file (name, size, first bytes) started by a client that promised each
+    # part's CRC32 (as `conch upload` does), which this page does not compute
+    data = onnx_like(11, 20 * 1024 * 1024)
+    path = tmp_path / "crc.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "crc", "team": "acme"}, format="json").json()
+    started = alice.client.post(
+        f"/api/v1/models/{model['id']}/uploads/",
+        {
+            "filename": "crc.onnx",
+            "size_bytes": len(data),
+            "head": base64.b64encode(data[:512]).decode(),
+            "part_checksum_algorithm": "CRC32",
+        },
+        format="json",
+    )
+    assert started.status_code == 201, started.content
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # when the file is chosen in the wizard
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page made its own upload (the other left to its client) and the version has the file's sha256
+    statuses = sorted(Upload.objects.filter(model_id=model["id"]).values_list("status", "part_checksum_algorithm"))
+    assert statuses == [("completed", ""), ("uploading", "CRC32")]
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
 def _interrupted_upload(console_browser, alice, tmp_path, name: str):
     """A page whose upload of a 20 MiB file loses part 2 to a connection that drops it every time (the others
     stored), the page waiting to retry it; returns (page, file bytes, model id). page.unroute("**/parts/2") mends

@@ -294,7 +294,9 @@
         upload.status === "uploading" &&
         upload.filename === file.name &&
         upload.size_bytes === file.size &&
-        upload.head_sha256 === head,
+        upload.head_sha256 === head &&
+        // an upload whose client promised each part's CRC32 (`conch upload`) wants checksums this page does not send
+        !upload.part_checksum_algorithm,
     );
     if (found.length === 0) return null;
     return { upload: found[found.length - 1], known: { id: found[found.length - 1].id, sha256: "" }, onServer: true };
