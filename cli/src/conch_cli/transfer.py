@@ -42,6 +42,8 @@ from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, UNAVAILABLE, USAGE,
 PIECE_BYTES = 1024 * 1024
 #: Part numbers per request for part URLs (the API's limit).
 URLS_PER_CALL = 100
+#: With per-part CRC32s, the parts whose checksums are read ahead so that one call signs their URLs together.
+CRC_AHEAD = 8
 #: Tries per part before the upload gives up (network errors, 5xx, an expired URL, a stall).
 PART_ATTEMPTS = 5
 #: How many first bytes of the file the start carries (`head`, the server's builds.formats.HEAD_BYTES): the server
@@ -219,6 +221,7 @@ class PartSender:
         self.base = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
         # An upload started without the algorithm (by another client, or before Conch had it) takes no checksums.
         self.crc32 = upload.get("part_checksum_algorithm") == PART_CHECKSUM_ALGORITHM
+        self._crcs: dict[int, str] = {}  # part number -> its CRC32, read ahead for a batch of URLs
         self._urls: dict[int, PartUrl] = {}
         self._lock = threading.Lock()
         self._pending: list[int] = []
@@ -249,6 +252,13 @@ class PartSender:
             if n not in stored or stored[n].get("size_bytes") != self.part_size(n)
         ]
 
+    def _crc_for(self, number: int) -> str:
+        """Part `number`'s CRC32 (`_part_crc32`), read once: kept from a batch that read it ahead."""
+        known = self._crcs.get(number)
+        if known is None:
+            known = self._crcs[number] = self._part_crc32(number)
+        return known
+
     def _part_crc32(self, number: int) -> str:
         """The CRC32 of part `number`'s bytes in the file, as `x-amz-checksum-crc32` takes it (base64 of the 4
         big-endian bytes), read in PIECE_BYTES pieces."""
@@ -267,13 +277,13 @@ class PartSender:
             if known and not fresh and known.headers.get(CRC32_HEADER, "") == checksum:
                 if known.expires_at is None or known.expires_at - URL_MARGIN > datetime.now(UTC):
                     return known
-            # Ask for this part and the next pending ones that have no URL yet (only this one with its checksum:
-            # the others' are not read yet).
-            batch = [number] + [n for n in self._pending if n != number and n not in self._urls and not checksum]
-            batch = batch[:URLS_PER_CALL]
+            # Ask for this part and the next pending ones that have no URL yet; with checksums, the next
+            # CRC_AHEAD - 1 of them, whose CRC32s are read now (each part's file bytes are read once for it).
+            others = [n for n in self._pending if n != number and n not in self._urls]
+            batch = [number] + others[: CRC_AHEAD - 1 if checksum else URLS_PER_CALL - 1]
             request: dict = {"numbers": batch}
             if checksum:
-                request["checksums"] = {str(number): checksum}
+                request["checksums"] = {str(number): checksum, **{str(n): self._crc_for(n) for n in batch[1:]}}
             answer = self.api.post(self.base + "parts/", request, expect=(200,))
             for item in answer["parts"]:
                 self._urls[item["number"]] = PartUrl(
@@ -315,7 +325,7 @@ class PartSender:
         that do not match the part's CRC32) and return its ETag."""
         size = self.part_size(number)
         fresh = False
-        checksum = self._part_crc32(number) if self.crc32 else ""
+        checksum = self._crc_for(number) if self.crc32 else ""
         for attempt in range(1, PART_ATTEMPTS + 1):
             target = self._url(number, fresh=fresh, checksum=checksum)
             url = target.url
