@@ -837,6 +837,11 @@ def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_b
     expect(page.get_by_test_id("upload-duplicate")).to_contain_text(
         f"This file is already version 1 of this model ({version.status})."
     )
+    # with what to do with it, by its status
+    todo = {"built": "Deploy that version", "failed": "see why its build failed and rebuild it with other options"}
+    expect(page.get_by_test_id("upload-duplicate")).to_contain_text(
+        todo.get(version.status, "Wait for that version's build")
+    )
     link = page.get_by_test_id("upload-duplicate-link")
     assert link.inner_text() == "Open version 1"
     assert link.get_attribute("href") == f"/wizard/versions/{version.pk}/build/"

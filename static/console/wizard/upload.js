@@ -671,9 +671,16 @@
     setButtons({ pause: false, resume: false, cancel: false });
     showError("");
     progress.textContent = "Not uploaded: this file already is a version of this model.";
+    // what to do with that version, by its status (the console's words: its page has Rebuild and Deploy)
+    const todo =
+      existing.status === "built"
+        ? "Deploy that version"
+        : existing.status === "failed"
+          ? "Open that version to see why its build failed and rebuild it with other options"
+          : "Wait for that version's build";
     duplicateText.textContent =
       `This file is already version ${existing.number} of this model (${existing.status}). ` +
-      "Use that version, upload the file as a new version anyway, or cancel the upload.";
+      `${todo}, upload the file as a new version anyway, or cancel the upload.`;
     duplicateLink.textContent = `Open version ${existing.number}`;
     duplicateLink.href = buildUrl.replace("{id}", existing.id);
     duplicateBox.hidden = false;
