@@ -52,6 +52,31 @@ def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> 
     return f"models/{model_id}/versions/{number}/source/{name}"
 
 
+def measure_unmeasured_samples(*, limit: int = 100) -> int:
+    """Record the size (bytes) of sample inputs stored before Conch counted them in storage: migration 0008 left
+    `samples_size_bytes` at 0 on versions that already had a `.npz` (`build_options["samples"]["key"]`). Each such
+    version gets the stored object's size, at most `limit` a call; returns how many were measured. A version whose
+    object is gone keeps 0; a store that cannot be reached ends the call (the next one goes on). Run by the builds
+    app's periodic sweep, so usage heals by itself after an upgrade."""
+    store = get_object_store()
+    measured = 0
+    unmeasured = (
+        ModelVersion.objects.filter(samples_size_bytes=0, build_options__samples__has_key="key")
+        .exclude(status=VersionStatus.DELETING)
+        .values_list("pk", "build_options")[:limit]
+    )
+    for pk, options in unmeasured:
+        try:
+            size = store.size(options["samples"]["key"])
+        except NotFound:
+            continue
+        except ConchError as error:
+            log.warning("samples.measure_failed", extra={"version_id": pk, "error": error.detail})
+            break
+        measured += ModelVersion.objects.filter(pk=pk, samples_size_bytes=0).update(samples_size_bytes=size)
+    return measured
+
+
 def model_root(*, model_id: int) -> str:
     """Object-store folder holding every object of a model (all its versions' keys are under it)."""
     return f"models/{model_id}"

@@ -52,6 +52,8 @@ def sweep_stalled_versions() -> dict[str, int]:
     - resumable uploads left `uploading` past their `expires_at`: aborted in the store, quota freed
       (`expired_uploads`); `completing` ones whose checking worker stopped (no sign for CONCH_UPLOAD_STALE_SECONDS):
       the check is queued again (`requeued_upload_checks`).
+    - sample inputs stored before Conch counted them in storage: their size is recorded
+      (`measured_samples`, `models_registry.services.measure_unmeasured_samples`).
     """
     counts = {"requeued": 0, "failed": 0, "requeued_unclaimed": 0, "aborted_uploads": 0, "finished_deletions": 0}
     building_before = building_stale_before()
@@ -109,6 +111,7 @@ def sweep_stalled_versions() -> dict[str, int]:
         started_before=timezone.now() - timedelta(seconds=settings.CONCH_DELETION_RETRY_SECONDS)
     )
     counts.update(sweep_uploads())
+    counts["measured_samples"] = registry.measure_unmeasured_samples()
     return counts
 
 

@@ -27,6 +27,7 @@ from deployments.services.repository import (
     delete_deployment_repository,
     deployment_repository_prefix,
     ensure_deployment_repository,
+    measure_unmeasured_repositories,
     served_config,
 )
 from deployments.services.updates import (
@@ -546,13 +547,16 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
 def collect_repository_garbage() -> int:
     """Delete repository prefixes of old build attempts that no deployment pins (see
     `builds.services.collect_repository_garbage`), and the own repositories of stopped deployments; returns how
-    many prefixes were deleted."""
+    many prefixes were deleted. Also records the size of serving repositories not counted yet
+    (`measure_unmeasured_repositories`)."""
     pinned = set(
         Deployment.objects.exclude(status=DeploymentStatus.STOPPED)
         .exclude(repository_prefix="")
         .values_list("repository_prefix", flat=True)
     )
-    return builds.collect_repository_garbage(keep=pinned) + collect_deployment_repositories()
+    deleted = builds.collect_repository_garbage(keep=pinned) + collect_deployment_repositories()
+    measure_unmeasured_repositories()
+    return deleted
 
 
 def stop_all_local_servers() -> int:

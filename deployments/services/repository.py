@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 
-from conch.errors import NotFound
+from conch.errors import ConchError, NotFound
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
 from models_registry.storage import ObjectStore, get_object_store
@@ -61,6 +61,26 @@ def record_repository_bytes(*, deployment_id: int) -> int:
     stored = sum(store.size(key) for key in store.list_keys(f"{DEPLOYMENTS_ROOT}/{deployment_id}/"))
     Deployment.objects.filter(pk=deployment_id).update(repository_bytes=stored)
     return stored
+
+
+def measure_unmeasured_repositories(*, limit: int = 50) -> int:
+    """Record the bytes of deployment repositories written before Conch counted them in storage: migration 0011 left
+    `repository_bytes` at 0 on deployments already serving. Each such deployment that serves (`ready` or
+    `degraded`: its repository is written) is measured (`record_repository_bytes`), at most `limit` a call; returns
+    how many were. A store that cannot be reached ends the call (the next one goes on). Run by the periodic
+    repository garbage collection, so usage heals by itself after an upgrade."""
+    measured = 0
+    unmeasured = Deployment.objects.filter(
+        repository_bytes=0, status__in=(DeploymentStatus.READY, DeploymentStatus.DEGRADED)
+    ).values_list("pk", flat=True)[:limit]
+    for deployment_id in unmeasured:
+        try:
+            record_repository_bytes(deployment_id=deployment_id)
+        except ConchError as error:
+            log.warning("repository.measure_failed", extra={"deployment_id": deployment_id, "error": error.detail})
+            break
+        measured += 1
+    return measured
 
 
 def copy_version_files(

@@ -41,6 +41,7 @@ NOTHING_DONE = {
     "finished_deletions": 0,
     "expired_uploads": 0,
     "requeued_upload_checks": 0,
+    "measured_samples": 0,
 }
 
 

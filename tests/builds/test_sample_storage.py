@@ -140,3 +140,22 @@ def test_a_rebuild_s_new_sample_inputs_count_in_place_of_the_old_ones(alice, s3)
     assert response.status_code == 202, response.content
     assert s3(key) == {key: len(large)}
     assert _storage(alice) == len(MODEL) + len(large)
+
+
+def test_sample_inputs_stored_before_they_were_counted_are_measured_by_the_sweep(alice, s3):
+    from builds.services import sweep_stalled_versions
+
+    # given a version whose sample inputs are stored but counted as 0 (as migration 0008 leaves versions uploaded
+    # before Conch counted them)
+    model_id = _model(alice)
+    samples = _npz(3)
+    version = ModelVersion.objects.get(pk=_upload(alice, model_id, samples).json()["id"])
+    ModelVersion.objects.filter(pk=version.pk).update(samples_size_bytes=0)
+    assert _storage(alice) == len(MODEL)
+    # when the periodic sweep runs
+    counts = sweep_stalled_versions()
+    # then their size is recorded and counts in the team's storage
+    version.refresh_from_db()
+    assert counts["measured_samples"] == 1
+    assert version.samples_size_bytes == len(samples)
+    assert _storage(alice) == len(MODEL) + len(samples)

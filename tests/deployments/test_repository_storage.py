@@ -156,3 +156,23 @@ def test_a_hot_update_reserves_the_next_version_s_files_and_a_stop_frees_them(al
     row.refresh_from_db()
     assert (_stored(row.pk), row.repository_bytes) == (0, 0)
     assert _storage(alice)["used"] == uploads
+
+
+def test_a_serving_repository_written_before_it_was_counted_is_measured_by_the_periodic_collection(alice, s3, tmp_path):
+    # given a ready deployment whose repository is written but counted as 0 (as migration 0011 leaves one that was
+    # serving before Conch counted repositories), and a stopped one
+    v1, _ = write_adder_versions(alice.team, tmp_path)
+    row = Deployment.objects.get(pk=_deploy(alice, v1).json()["id"])
+    services.ensure_deployment_repository(deployment=row)
+    Deployment.objects.filter(pk=row.pk).update(status="ready", repository_bytes=0)
+    stopped = Deployment.objects.get(pk=_deploy(alice, v1, "old").json()["id"])
+    Deployment.objects.filter(pk=stopped.pk).update(status="stopped", repository_bytes=0)
+    before = _storage(alice)["used"]
+    # when the periodic repository collection runs
+    services.collect_repository_garbage()
+    # then the serving one counts what its repository holds, the stopped one nothing
+    row.refresh_from_db()
+    stopped.refresh_from_db()
+    assert row.repository_bytes == _stored(row.pk) > 0
+    assert stopped.repository_bytes == 0
+    assert _storage(alice)["used"] == before + row.repository_bytes
