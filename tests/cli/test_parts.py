@@ -1,21 +1,17 @@
 """Pure pieces of the CLI: inference bodies from .npy files, outputs back to arrays, sizes, exit codes, the shared
-rate limit, the log-style progress line and the file hash that also gives the parts' CRC32s."""
+rate limit and the log-style progress line."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
-import os
 import time
-import zlib
 
 import numpy as np
 import pytest
 from conch_cli import output, tensors
 from conch_cli.errors import CliError, exit_code_for_status
 from conch_cli.main import _size
-from conch_cli.transfer import BackgroundHash, RateLimit
+from conch_cli.transfer import RateLimit
 
 
 def test_build_request_puts_each_array_as_little_endian_binary_after_the_json_header(tmp_path):
@@ -116,30 +112,3 @@ def test_a_text_file_as_an_input_is_said_to_need_numpy_save_naming_the_input(tmp
         f"{notes} is not a .npy file (input 'x'): give an array saved with numpy.save"
     )
     assert "pickle" not in refused.value.detail
-
-
-def test_the_background_hash_gives_the_sha256_and_each_parts_crc32_from_one_read(tmp_path):
-    # given a file of two whole 2 MiB parts and a shorter third
-    data = os.urandom(2 * 2 * 1024 * 1024 + 12345)
-    path = tmp_path / "model.onnx"
-    path.write_bytes(data)
-    step = 2 * 1024 * 1024
-    # when it is hashed with the upload's part size
-    hashed = BackgroundHash(path)
-    hashed.start(part_size=step)
-    # then each part's CRC32 is the one of its bytes (base64 of the big-endian 4 bytes, as S3 takes it), there is no
-    # fourth part, and the sha256 is the whole file's
-    for number in (1, 2, 3):
-        piece = data[(number - 1) * step : number * step]
-        assert hashed.part_crc32(number) == base64.b64encode(zlib.crc32(piece).to_bytes(4, "big")).decode()
-    assert hashed.part_crc32(4) is None
-    assert hashed.result() == hashlib.sha256(data).hexdigest()
-
-
-def test_a_background_hash_without_a_part_size_gives_no_crc32_and_does_not_wait(tmp_path):
-    path = tmp_path / "model.onnx"
-    path.write_bytes(b"x" * 1000)
-    hashed = BackgroundHash(path)
-    # result() starts it when nothing did
-    assert hashed.result() == hashlib.sha256(b"x" * 1000).hexdigest()
-    assert hashed.part_crc32(1) is None and hashed.known_part_crc32(1) is None

@@ -140,82 +140,29 @@ def file_sha256(path: Path, progress: Progress) -> str:
 
 
 class BackgroundHash:
-    """The sha256 of a file computed by a thread while the caller does other work (sends the file's parts), and,
-    once told the upload's part size (`start(part_size=…)`), each part's CRC32 in the same pass.
+    """The sha256 of a file computed by a thread while the caller does other work (sends the file's parts).
 
-    The thread reads the file once, in order, 8 MiB at a time (never across a part's end); the parts are read by
-    other threads, so the page cache usually serves one of the two reads. The thread starts at `start()` (the
-    upload's part size is known once its start has answered) or at `result()`, whichever comes first.
-    """
+    The thread reads the file once, in order, 8 MiB at a time; the parts are read by other threads, so the page
+    cache usually serves one of the two reads."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.seconds = 0.0
         self._digest: str | None = None
         self._error: BaseException | None = None
-        self._part_size: int | None = None
-        self._crcs: dict[int, str] = {}  # part number (1-based) -> base64 CRC32 of its bytes
-        self._crc_ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="conch-sha256", daemon=True)
-        self._started = False
-        self._start_lock = threading.Lock()
-
-    def start(self, *, part_size: int | None = None) -> None:
-        """Start the thread (once); with `part_size` (bytes) it also computes each part's CRC32."""
-        with self._start_lock:
-            if not self._started:
-                self._part_size = part_size
-                self._started = True
-                self._thread.start()
+        self._thread.start()
 
     def _run(self) -> None:
         started = time.monotonic()
         try:
-            self._digest = self._hash()
+            self._digest = file_sha256(self.path, Progress())
         except BaseException as error:  # given to the caller by result()
             self._error = error
-        finally:
-            with self._crc_ready:
-                self._crc_ready.notify_all()
         self.seconds = time.monotonic() - started
-
-    def _hash(self) -> str:
-        digest = hashlib.sha256()
-        step = self._part_size or 0
-        with self.path.open("rb") as handle:
-            number, crc, left = 1, 0, step
-            while piece := handle.read(min(8 * PIECE_BYTES, left) if step else 8 * PIECE_BYTES):
-                digest.update(piece)
-                if step:
-                    crc = zlib.crc32(piece, crc)
-                    left -= len(piece)
-                    if left == 0:
-                        self._part_done(number, crc)
-                        number, crc, left = number + 1, 0, step
-            if step and left != step:  # the last, shorter part
-                self._part_done(number, crc)
-        return digest.hexdigest()
-
-    def _part_done(self, number: int, crc: int) -> None:
-        with self._crc_ready:
-            self._crcs[number] = base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
-            self._crc_ready.notify_all()
-
-    def known_part_crc32(self, number: int) -> str | None:
-        """Part `number`'s CRC32 (base64, as `x-amz-checksum-crc32` takes it) if the thread has read it, else None."""
-        return self._crcs.get(number)
-
-    def part_crc32(self, number: int) -> str | None:
-        """Wait for part `number`'s CRC32 and return it; None when this hash computes none (started without a part
-        size) or its thread failed (the caller then reads the part itself)."""
-        with self._crc_ready:
-            while number not in self._crcs and self._part_size and self._thread.is_alive():
-                self._crc_ready.wait(1.0)
-            return self._crcs.get(number)
 
     def result(self) -> str:
         """Wait for the hash and return it (hex); raises what the thread raised (an OSError reading the file)."""
-        self.start()
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -249,11 +196,9 @@ class PartSender:
     Part n covers bytes [(n - 1) * part_size, n * part_size) of the file (the last one shorter). Part URLs are
     asked for in batches of up to 100, just before they are needed, so none expires while others are sent. A part
     whose request stands still for `stall_timeout_s` seconds (nothing sent or received) fails and is sent again.
-    For an upload with `part_checksum_algorithm` CRC32 a part's URL is asked for with its CRC32 (the URL signs
-    it), from `crc_source` (the file's BackgroundHash, which reads each part for the sha256 anyway) or else read
-    for it; one call takes the part and up to CRC_AHEAD - 1 next ones whose CRC32s are at hand. The part goes with
-    the URL's checksum headers; the store refuses bytes that do not match (S3 BadDigest, Conch 400 naming
-    `parts[n]`), and the part is sent again.
+    For an upload with `part_checksum_algorithm` CRC32 each part is read once for its CRC32 before its URL is
+    asked for (one part a request: the URL signs the checksum), and sent with the URL's checksum headers; the store
+    refuses bytes that do not match (S3 BadDigest, Conch 400 naming `parts[n]`), and the part is sent again.
     """
 
     def __init__(
@@ -266,12 +211,9 @@ class PartSender:
         progress: Progress,
         rate_limit: RateLimit | None = None,
         stall_timeout_s: float = STALL_TIMEOUT_S,
-        crc_source: BackgroundHash | None = None,
     ) -> None:
         self.api = api
         self.upload = upload
-        # The parts' CRC32s from the hash that reads the whole file anyway (None: each part is read for its own).
-        self.crc_source = crc_source
         self.path = path
         self.parallel = parallel
         self.progress = progress
@@ -311,21 +253,11 @@ class PartSender:
         ]
 
     def _crc_for(self, number: int) -> str:
-        """Part `number`'s CRC32: from the file's hash (`crc_source`, waiting for it to get there), else read for
-        itself (`_part_crc32`); once, kept from a batch that read it ahead."""
+        """Part `number`'s CRC32 (`_part_crc32`), read once: kept from a batch that read it ahead."""
         known = self._crcs.get(number)
-        if known is None and self.crc_source is not None:
-            known = self.crc_source.part_crc32(number)
         if known is None:
-            known = self._part_crc32(number)
-        self._crcs[number] = known
+            known = self._crcs[number] = self._part_crc32(number)
         return known
-
-    def _crc_at_hand(self, number: int) -> bool:
-        """Whether part `number`'s CRC32 can be had without waiting for the file's hash."""
-        if number in self._crcs or self.crc_source is None:
-            return True
-        return self.crc_source.known_part_crc32(number) is not None
 
     def _part_crc32(self, number: int) -> str:
         """The CRC32 of part `number`'s bytes in the file, as `x-amz-checksum-crc32` takes it (base64 of the 4
@@ -348,9 +280,7 @@ class PartSender:
             # Ask for this part and the next pending ones that have no URL yet; with checksums, the next
             # CRC_AHEAD - 1 of them, whose CRC32s are read now (each part's file bytes are read once for it).
             others = [n for n in self._pending if n != number and n not in self._urls]
-            if checksum:  # those whose CRC32 the file's hash has already read (or, without it, read now)
-                others = [n for n in others[: CRC_AHEAD - 1] if self._crc_at_hand(n)]
-            batch = [number] + others[: URLS_PER_CALL - 1]
+            batch = [number] + others[: CRC_AHEAD - 1 if checksum else URLS_PER_CALL - 1]
             request: dict = {"numbers": batch}
             if checksum:
                 request["checksums"] = {str(number): checksum, **{str(n): self._crc_for(n) for n in batch[1:]}}
@@ -609,10 +539,6 @@ def upload_file(
     sent = 0
     started = time.monotonic()
     if upload["status"] == "uploading":
-        crc32 = upload.get("part_checksum_algorithm") == PART_CHECKSUM_ALGORITHM
-        if isinstance(sha256, BackgroundHash):
-            # One read of the file for both: the sha256 and, when the upload takes them, the parts' CRC32s.
-            sha256.start(part_size=upload["part_size_bytes"] if crc32 else None)
         sender = PartSender(
             api,
             upload,
@@ -621,7 +547,6 @@ def upload_file(
             progress=progress,
             rate_limit=rate_limit,
             stall_timeout_s=stall_timeout_s,
-            crc_source=sha256 if isinstance(sha256, BackgroundHash) and crc32 else None,
         )
         try:
             sent = sender.send_missing()
