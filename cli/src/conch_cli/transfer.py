@@ -196,9 +196,10 @@ class PartSender:
     Part n covers bytes [(n - 1) * part_size, n * part_size) of the file (the last one shorter). Part URLs are
     asked for in batches of up to 100, just before they are needed, so none expires while others are sent. A part
     whose request stands still for `stall_timeout_s` seconds (nothing sent or received) fails and is sent again.
-    For an upload with `part_checksum_algorithm` CRC32 each part is read once for its CRC32 before its URL is
-    asked for (one part a request: the URL signs the checksum), and sent with the URL's checksum headers; the store
-    refuses bytes that do not match (S3 BadDigest, Conch 400 naming `parts[n]`), and the part is sent again.
+    For an upload with `part_checksum_algorithm` CRC32 a part's URL is asked for with its CRC32 (the URL signs it):
+    one call takes the part and the next CRC_AHEAD - 1 pending ones, whose CRC32s are read then (each part's bytes
+    are read once for it, `_crc_for`). The part goes with the URL's checksum headers; the store refuses bytes that
+    do not match (S3 BadDigest, Conch 400 naming `parts[n]`), and the part is sent again.
     """
 
     def __init__(
