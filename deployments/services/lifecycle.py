@@ -144,18 +144,32 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
 
 def _fill_repository(deployment: Deployment) -> bool:
     """Fill the deployment's own repository from its pinned build (`ensure_deployment_repository`); when that
-    fails, mark the deployment `failed` saying what to do (permanent unless the store was only unreachable) and
-    return False."""
+    fails, mark the deployment `failed` saying what to do and return False.
+
+    A store that was only unreachable is a transient failure: the restart after the backoff fills the repository
+    again, so its reserved bytes stay counted and the restart still fits the team's storage. Any other failure (the
+    build's files are gone) is permanent: nothing restarts the deployment, so what was written of its repository is
+    deleted and its bytes stop counting at once, not only when it is stopped (a store that fails then leaves the
+    objects to `collect_repository_garbage` once the deployment is stopped).
+    """
     try:
         ensure_deployment_repository(deployment=deployment)
     except ConchError as exc:
+        permanent = not isinstance(exc, Unavailable)
         _record_failure(
             deployment.pk,
             f"The deployment's model repository could not be written: {exc.detail} If the build's files are gone, "
             "rebuild the version (POST /api/v1/versions/{id}/rebuild/) and deploy it again.",
             state=None,
-            permanent=not isinstance(exc, Unavailable),
+            permanent=permanent,
         )
+        if permanent:
+            try:
+                delete_deployment_repository(deployment_id=deployment.pk)
+            except ConchError as error:
+                log.warning(
+                    "deployment.repository.not_deleted", extra={"deployment_id": deployment.pk, "error": error.detail}
+                )
         return False
     return True
 

@@ -114,6 +114,27 @@ def test_a_deployment_whose_repository_does_not_fit_is_refused_like_any_storage_
     assert _deploy(alice, v1, "two").status_code == 201
 
 
+def test_a_deployment_whose_build_files_are_gone_fails_for_good_and_frees_its_repository_at_once(alice, s3, tmp_path):
+    # given a deployment whose repository is reserved and half written (a copy that stopped), and its build's files
+    # deleted from the bucket since
+    v1, _ = write_adder_versions(alice.team, tmp_path)
+    uploads = v1.source_size_bytes * 2
+    row = Deployment.objects.get(pk=_deploy(alice, v1).json()["id"])
+    assert row.repository_bytes > 0
+    store = get_object_store()
+    store.put_bytes(f"deployments/{row.pk}/repository/{row.model_name}/1/model.onnx.part", b"half a copy")
+    store.delete_prefix(v1.repository_prefix + "/")
+    # when it is started
+    assert services.ensure_deployment_started(deployment_id=row.pk) == "failed"
+    # then it failed for good (nothing would restart it), saying what to do, and what it had written is gone
+    # from the bucket and from the team's storage, without waiting for a stop
+    row.refresh_from_db()
+    assert (row.status, row.permanent_failure) == ("failed", True)
+    assert "rebuild the version" in row.error
+    assert (_stored(row.pk), row.repository_bytes) == (0, 0)
+    assert _storage(alice)["used"] == uploads
+
+
 def test_a_hot_update_reserves_the_next_version_s_files_and_a_stop_frees_them(alice, s3, tmp_path):
     # given a ready deployment of version 1 with its repository written
     v1, v2 = write_adder_versions(alice.team, tmp_path)
