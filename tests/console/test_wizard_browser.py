@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,11 @@ def onnx_like(seed: int, size: int) -> bytes:
     """`size` random bytes that begin as an ONNX file does (ir_version 7), so the upload's start takes them: the
     tests here are about moving bytes; the build that follows fails on them (no graph), after checking the sha256."""
     return b"\x08\x07" + np.random.default_rng(seed).integers(0, 256, size - 2, dtype=np.uint8).tobytes()
+
+
+def crc32_base64(part: bytes) -> str:
+    """A part's CRC32 as the uploads API and S3's x-amz-checksum-crc32 take it: base64 of the 4 big-endian bytes."""
+    return base64.b64encode(zlib.crc32(part).to_bytes(4, "big")).decode()
 
 
 def watch_progress(page):
@@ -388,13 +394,13 @@ def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(other).hexdigest(), True)
 
 
-def test_an_open_upload_whose_client_promised_part_checksums_is_not_taken_over(
+def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_them(
     console_browser, alice, eager_tasks, tmp_path
 ):
     from models_registry.models import Upload
 
     # given an open upload of this very file (name, size, first bytes) started by a client that promised each
-    # part's CRC32 (as `conch upload` does), which this page does not compute
+    # part's CRC32 (as `conch upload` does), with part 1 of its 3 already stored
     data = onnx_like(11, 20 * 1024 * 1024)
     path = tmp_path / "crc.onnx"
     path.write_bytes(data)
@@ -405,19 +411,82 @@ def test_an_open_upload_whose_client_promised_part_checksums_is_not_taken_over(
             "filename": "crc.onnx",
             "size_bytes": len(data),
             "head": base64.b64encode(data[:512]).decode(),
+            "part_size_bytes": 8 * 1024 * 1024,
             "part_checksum_algorithm": "CRC32",
         },
         format="json",
     )
     assert started.status_code == 201, started.content
+    upload_url = f"/api/v1/models/{model['id']}/uploads/{started.json()['id']}/"
+    first = data[: 8 * 1024 * 1024]
+    signed = alice.client.post(
+        f"{upload_url}parts/", {"numbers": [1], "checksums": {"1": crc32_base64(first)}}, format="json"
+    )
+    assert signed.status_code == 200, signed.content
+    stored = alice.client.generic(
+        "PUT",
+        f"{upload_url}parts/1",
+        first,
+        content_type="application/octet-stream",
+        **{"HTTP_X_AMZ_CHECKSUM_CRC32": crc32_base64(first)},
+    )
+    assert stored.status_code < 300, stored.content
     page = console_browser.page_for(alice.user)
+    puts: dict[str, str] = {}
+    page.on(
+        "request",
+        lambda request: (
+            puts.__setitem__(request.url.rsplit("/", 1)[1], request.headers.get("x-amz-checksum-crc32"))
+            if request.method == "PUT"
+            else None
+        ),
+    )
     page.goto(f"/wizard/models/{model['id']}/upload/")
     # when the file is chosen in the wizard
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
-    # then the page made its own upload (the other left to its client) and the version has the file's sha256
-    statuses = sorted(Upload.objects.filter(model_id=model["id"]).values_list("status", "part_checksum_algorithm"))
-    assert statuses == [("completed", ""), ("uploading", "CRC32")]
+    # then the page went on with that upload: only parts 2 and 3 were sent, each with its own CRC32
+    parts = {"2": data[8 * 2**20 : 16 * 2**20], "3": data[16 * 2**20 :]}
+    assert puts == {n: crc32_base64(part) for n, part in parts.items()}
+    statuses = list(Upload.objects.filter(model_id=model["id"]).values_list("status", "part_checksum_algorithm"))
+    assert statuses == [("completed", "CRC32")]
+    version = ModelVersion.objects.get(model_id=model["id"])
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+
+
+def test_a_part_damaged_on_the_way_is_refused_by_its_crc32_and_sent_again(
+    console_browser, alice, eager_tasks, tmp_path
+):
+    from models_registry.models import Upload
+
+    # given a 10 MiB file (two parts) and a connection that flips a byte of part 2 the first time it goes
+    data = onnx_like(23, 10 * 1024 * 1024)
+    path = tmp_path / "damaged.onnx"
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": "damaged", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    damaged: list[int] = []
+    answers: list[int] = []
+
+    def damage_once(route):
+        body = route.request.post_data_buffer
+        if damaged:
+            route.continue_()
+            return
+        damaged.append(len(body))
+        route.continue_(post_data=body[:100] + bytes([body[100] ^ 0xFF]) + body[101:])
+
+    page.route("**/parts/2", damage_once)
+    page.on("response", lambda response: answers.append(response.status) if response.url.endswith("/parts/2") else None)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # when the file is chosen
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the damaged copy was refused (its CRC32 did not match) and kept nowhere, the part was sent again by
+    # itself, and the stored file has the file's sha256
+    assert damaged == [len(data) - 8 * 1024 * 1024]
+    assert answers[0] == 400 and answers[-1] < 300, answers
+    assert Upload.objects.get(model_id=model["id"]).part_checksum_algorithm == "CRC32"
     version = ModelVersion.objects.get(model_id=model["id"])
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
 
@@ -490,13 +559,24 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
     model = alice.client.post("/api/v1/models/", {"name": "stored", "team": "acme"}, format="json").json()
     page = console_browser.page_for(alice.user)
     puts: list[str] = []
-    page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
+    checksums: list[str | None] = []
+
+    def record(request):
+        if request.method == "PUT":
+            puts.append(request.url)
+            checksums.append(request.headers.get("x-amz-checksum-crc32"))
+
+    page.on("request", record)
     # when the file is uploaded through the wizard
     page.goto(f"/wizard/models/{model['id']}/upload/")
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
-    # then both parts went to the bucket, not to Conch, and the stored file has the file's sha256
+    # then both parts went to the bucket, not to Conch, each with its CRC32 signed into its URL, and the stored
+    # file has the file's sha256
     assert len(puts) == 2 and all(url.startswith(f"{endpoint}/{bucket}/") for url in puts), puts
+    assert all("x-amz-checksum-crc32" in url.lower() for url in puts), puts
+    parts = [data[: 8 * 1024 * 1024], data[8 * 1024 * 1024 :]]
+    assert sorted(checksums) == sorted(crc32_base64(part) for part in parts)
     version = ModelVersion.objects.get(model_id=model["id"])
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
 

@@ -15,6 +15,11 @@
 // is not given up for taking long, only for standing still: one whose bytes have not moved (no upload progress,
 // no answer) for the page's stall time (data-stall-seconds, the CONCH_UPLOAD_STALL_SECONDS setting, 60 s) is
 // aborted and sent again the same way.
+// Each part goes with its CRC32 (hash-wasm, read in pieces like the sha256): the start asks for
+// `part_checksum_algorithm` CRC32, every part URL is signed for its part's checksum, and the store refuses bytes
+// that do not match (S3: 400 BadDigest; folder storage: 400 naming `parts[n]`), so a part damaged on the way is
+// never stored; it is sent again like a network failure. An open upload started without the algorithm (an older
+// page, curl) is resumed without checksums: the page follows the upload's `part_checksum_algorithm`.
 // A file that already is a version of the model: once the sha256 is known, the start is sent again with it (it
 // finds the upload just started), so the server refuses (409, `existing_version`) before a part is sent; the
 // completion may be refused the same way. The page then links to that version and offers to upload the file as a
@@ -48,6 +53,7 @@
   const HASH_CHUNK = 2 * 1024 * 1024;
   const PARALLEL_PARTS = 3;
   const SIGN_BATCH = 100; // the API signs at most 100 parts per call
+  const PART_CHECKSUM_ALGORITHM = "CRC32";
   const MIB = 1024 * 1024;
   // Parts of 8 MiB (S3's least is 5 MiB) unless the file needs bigger ones to stay within 10,000 parts: a dropped
   // connection loses at most one part's worth, and progress moves in small steps.
@@ -73,6 +79,7 @@
     sha256: "",
     upload: null, // the API's Upload object
     done: new Map(), // part number -> etag
+    crcs: new Map(), // part number -> its CRC32 (base64 of the 4 big-endian bytes), read once per file
     inflight: new Map(), // part number -> {xhr, loaded, movedAt (ms), stalled}
     paused: false, // Pause pressed, or a problem that waits for Resume: no new part starts
     label: "", // what the progress line begins with while no part moves ("Paused", "Stopped")
@@ -165,12 +172,40 @@
     return data;
   }
 
-  // --- sha256, chunk by chunk (never the whole file in memory) ----------------------------------------------
-  // The file is read through one reused buffer: a BYOB ("bring your own buffer") reader on file.stream() fills
+  // --- sha256 and CRC32s, chunk by chunk (never the whole file in memory) ----------------------------------
+  // The file is read through one reused buffer: a BYOB ("bring your own buffer") reader on blob.stream() fills
   // the same HASH_CHUNK bytes each time and hands them back. Reading with file.slice(…).arrayBuffer() instead
   // allocates a new buffer per piece; each is garbage at once but freed only when the garbage collector gets to
   // it, and over a 2 GiB file that lag held ~200 MiB (bench/browser_upload.py). Browsers whose Blob streams are
-  // not byte streams get the slices.
+  // not byte streams get the slices. `holder.buffer` is the buffer to reuse (kept for the next read: the parts'
+  // CRC32s are read one after another through the same one); returns the number of bytes read.
+  async function readChunks(blob, onChunk, holder = { buffer: null }) {
+    let reader = null;
+    try {
+      reader = blob.stream().getReader({ mode: "byob" });
+    } catch (_) {
+      // not a byte stream here: read slices
+    }
+    let read = 0;
+    if (reader) {
+      for (;;) {
+        if (!holder.buffer || holder.buffer.byteLength !== HASH_CHUNK) holder.buffer = new ArrayBuffer(HASH_CHUNK);
+        const { done, value } = await reader.read(new Uint8Array(holder.buffer, 0, HASH_CHUNK));
+        holder.buffer = value ? value.buffer : null; // the read took the buffer over and gives it back in `value`
+        if (done) break;
+        onChunk(value);
+        read += value.byteLength;
+      }
+    } else {
+      for (let offset = 0; offset < blob.size; offset += HASH_CHUNK) {
+        const chunk = new Uint8Array(await blob.slice(offset, offset + HASH_CHUNK).arrayBuffer());
+        onChunk(chunk);
+        read += chunk.length;
+      }
+    }
+    return read;
+  }
+
   async function computeSha256(file) {
     const hasher = await hashwasm.createSHA256();
     hasher.init();
@@ -184,34 +219,36 @@
       progress.textContent = `Computing the checksum: ${percent} %`;
     };
     show();
-    let reader = null;
-    try {
-      reader = file.stream().getReader({ mode: "byob" });
-    } catch (_) {
-      // not a byte stream here: read slices
-    }
-    if (reader) {
-      let buffer = new ArrayBuffer(HASH_CHUNK);
-      for (;;) {
-        const { done, value } = await reader.read(new Uint8Array(buffer, 0, HASH_CHUNK));
-        if (done) break;
-        hasher.update(value);
-        hashed += value.byteLength;
-        buffer = value.buffer; // the read took the buffer over and gives it back in `value`
-        show();
-      }
-    } else {
-      for (let offset = 0; offset < file.size; offset += HASH_CHUNK) {
-        const chunk = new Uint8Array(await file.slice(offset, offset + HASH_CHUNK).arrayBuffer());
-        hasher.update(chunk);
-        hashed += chunk.length;
-        show();
-      }
-    }
+    await readChunks(file, (chunk) => {
+      hasher.update(chunk);
+      hashed += chunk.byteLength;
+      show();
+    });
     if (hashed !== file.size) {
       throw new Error(`${file.name} changed while its checksum was computed (${hashed} of ${file.size} bytes read).`);
     }
     return hasher.digest("hex");
+  }
+
+  // Part `number`'s CRC32 as the API takes it (`checksums`): base64 of the 4 big-endian bytes (S3's
+  // x-amz-checksum-crc32). hash-wasm's digest is those bytes in hex.
+  const crcBuffer = { buffer: null };
+  async function partCrc32(number) {
+    const known = state.crcs.get(number);
+    if (known) return known;
+    const [begin, end] = partRange(number);
+    const hasher = await hashwasm.createCRC32();
+    hasher.init();
+    const read = await readChunks(state.file.slice(begin, end), (chunk) => hasher.update(chunk), crcBuffer);
+    if (read !== end - begin) {
+      throw new Error(`${state.file.name} changed while it was sent (part ${number}: ${read} of ${end - begin} bytes read).`);
+    }
+    const hex = hasher.digest("hex");
+    let binary = "";
+    for (let i = 0; i < 8; i += 2) binary += String.fromCharCode(parseInt(hex.slice(i, i + 2), 16));
+    const value = btoa(binary);
+    state.crcs.set(number, value);
+    return value;
   }
 
   // --- the upload ------------------------------------------------------------------------------------------------
@@ -225,6 +262,7 @@
     state.label = "";
     stopRetry();
     state.done = new Map();
+    state.crcs = new Map();
     state.samples = [];
     fileName.textContent = `${file.name}, ${describeBytes(file.size)}`;
     setButtons({ pause: false, resume: false, cancel: false });
@@ -294,9 +332,7 @@
         upload.status === "uploading" &&
         upload.filename === file.name &&
         upload.size_bytes === file.size &&
-        upload.head_sha256 === head &&
-        // an upload whose client promised each part's CRC32 (`conch upload`) wants checksums this page does not send
-        !upload.part_checksum_algorithm,
+        upload.head_sha256 === head,
     );
     if (found.length === 0) return null;
     return { upload: found[found.length - 1], known: { id: found[found.length - 1].id, sha256: "" }, onServer: true };
@@ -342,6 +378,7 @@
       size_bytes: file.size,
       head: btoa(binary),
       part_size_bytes: partSizeFor(file.size),
+      part_checksum_algorithm: PART_CHECKSUM_ALGORITHM,
     };
     if (state.sha256) body.sha256 = state.sha256;
     if (state.allowDuplicate) body.allow_duplicate = true;
@@ -389,7 +426,14 @@
         continue;
       }
       const batch = missing.slice(0, Math.min(free, SIGN_BATCH));
-      const signed = await api("POST", `${uploadsUrl}${state.upload.id}/parts/`, { numbers: batch });
+      const request = { numbers: batch };
+      if (state.upload.part_checksum_algorithm === PART_CHECKSUM_ALGORITHM) {
+        // each URL is signed for its part's CRC32 (an upload started without the algorithm takes none)
+        request.checksums = {};
+        for (const number of batch) request.checksums[number] = await partCrc32(number);
+        if (state.paused || state.retry.waiting || mine !== generation) return;
+      }
+      const signed = await api("POST", `${uploadsUrl}${state.upload.id}/parts/`, request);
       if (state.paused || state.retry.waiting || mine !== generation) return;
       for (const part of signed.parts) {
         if (!state.done.has(part.number) && !state.inflight.has(part.number)) sendPart(part);
@@ -447,12 +491,19 @@
         showProgress();
       } else {
         let detail = `part ${part.number}: HTTP ${xhr.status}`;
+        let field = "";
         try {
-          detail = JSON.parse(xhr.responseText).detail || detail;
+          const answer = JSON.parse(xhr.responseText);
+          detail = answer.detail || detail;
+          field = answer.field || "";
         } catch (_) {
-          // S3's errors are XML; the status says enough
+          // S3's errors are XML; the status says enough, or its code does
+          if (/<Code>BadDigest<\/Code>/.test(xhr.responseText || "")) detail = `part ${part.number}: BadDigest`;
         }
-        if (isTransient({ status: xhr.status })) retryLater(`part ${part.number}: ${detail}`);
+        // the store refused bytes that do not match the part's CRC32 (damaged on the way): send it again
+        const damaged = xhr.status === 400 && (field === `parts[${part.number}]` || detail.endsWith("BadDigest"));
+        if (damaged) state.crcs.delete(part.number); // read again: the file may have changed on the disk
+        if (damaged || isTransient({ status: xhr.status })) retryLater(`part ${part.number}: ${detail}`);
         else interrupt(`The upload stopped (${detail}). Press Resume to go on.`);
       }
       wakeUp();
