@@ -27,7 +27,6 @@ import base64
 import hashlib
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -36,13 +35,21 @@ from pathlib import Path
 
 import httpx
 
+try:
+    # ISA-L's CRC32 (carry-less multiplication): the same CRC32 as zlib's, about ten times faster (0.011 s against
+    # 0.11 s per 256 MiB on a 2-core test machine), so the parts' checksums take little CPU from the rest.
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without ISA-L's wheel
+    from zlib import crc32
+
 from conch_cli.api import CONNECT_TIMEOUT_S, ConchApi, error_from_response, unavailable
 from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, UNAVAILABLE, USAGE, CliError
 
 PIECE_BYTES = 1024 * 1024
 #: Part numbers per request for part URLs (the API's limit).
 URLS_PER_CALL = 100
-#: With per-part CRC32s, the parts whose checksums are read ahead so that one call signs their URLs together.
+#: With per-part CRC32s, the parts whose checksums are read ahead so that one call signs their URLs together (the
+#: first call signs only the FIRST_IN_FLIGHT parts that start at once, so that the first part waits for no others).
 CRC_AHEAD = 8
 #: Tries per part before the upload gives up (network errors, 5xx, an expired URL, a stall).
 PART_ATTEMPTS = 5
@@ -268,7 +275,7 @@ class PartSender:
             handle.seek((number - 1) * self.upload["part_size_bytes"])
             left = self.part_size(number)
             while left > 0 and (piece := handle.read(min(PIECE_BYTES, left))):
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 left -= len(piece)
         return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
@@ -279,9 +286,11 @@ class PartSender:
                 if known.expires_at is None or known.expires_at - URL_MARGIN > datetime.now(UTC):
                     return known
             # Ask for this part and the next pending ones that have no URL yet; with checksums, the next
-            # CRC_AHEAD - 1 of them, whose CRC32s are read now (each part's file bytes are read once for it).
+            # CRC_AHEAD - 1 of them (FIRST_IN_FLIGHT - 1 on the first call), whose CRC32s are read now (each part's
+            # file bytes are read once for it).
             others = [n for n in self._pending if n != number and n not in self._urls]
-            batch = [number] + others[: CRC_AHEAD - 1 if checksum else URLS_PER_CALL - 1]
+            ahead = (CRC_AHEAD if self._urls else FIRST_IN_FLIGHT) if checksum else URLS_PER_CALL
+            batch = [number] + others[: ahead - 1]
             request: dict = {"numbers": batch}
             if checksum:
                 request["checksums"] = {str(number): checksum, **{str(n): self._crc_for(n) for n in batch[1:]}}
@@ -631,10 +640,19 @@ def check_upload_api(api: ConchApi, model_id: int, path: Path) -> list[dict]:
         )
 
 
+#: How often the server's check of a completed upload is polled: every POLL_FIRST_S for the first POLL_FAST_FOR_S
+#: seconds (a check of a few GiB joins its parts in seconds, and a pipeline waits for each of them), then less often
+#: (up to every POLL_MAX_S) for a long check.
+POLL_FIRST_S = 0.1
+POLL_FAST_FOR_S = 30.0
+POLL_MAX_S = 1.0
+
+
 def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
     """Poll the upload until it is completed (returned) or failed/aborted (CliError FAILED), at most `timeout_s`."""
     path = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     delay = 0.05
     while upload["status"] in OPEN_STATUSES:
         if time.monotonic() > deadline:
@@ -644,7 +662,7 @@ def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
                 UNAVAILABLE,
             )
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+        delay = POLL_FIRST_S if time.monotonic() - started < POLL_FAST_FOR_S else min(delay * 1.5, POLL_MAX_S)
         upload = api.get(path)
     if upload["status"] != "completed":
         raise CliError(
