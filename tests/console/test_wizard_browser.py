@@ -74,6 +74,21 @@ def crc32_base64(part: bytes) -> str:
     return base64.b64encode(zlib.crc32(part).to_bytes(4, "big")).decode()
 
 
+def model_and_file(alice, path: Path, data: bytes, *, name: str) -> tuple[dict, Path]:
+    """Write `data` to `path` and register model `name` in alice's team; returns (the model as the API gave it,
+    path)."""
+    path.write_bytes(data)
+    model = alice.client.post("/api/v1/models/", {"name": name, "team": "acme"}, format="json").json()
+    return model, path
+
+
+def stored_version(*, model_id: int, data: bytes) -> ModelVersion:
+    """The model's one version, checked to be `data` as stored: its sha256, checked by its build."""
+    version = ModelVersion.objects.get(model_id=model_id)
+    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    return version
+
+
 def watch_progress(page):
     """Keep every text the upload's progress line shows from now on; returns a handle to that list."""
     return page.evaluate_handle(
@@ -363,8 +378,7 @@ def test_an_upload_resumes_from_the_server_when_the_browser_forgot_it(
     # and the stored file has the file's sha256
     assert [url.rsplit("/", 1)[1] for url in sent] == ["2"]
     assert Upload.objects.filter(model_id=model_id).count() == 1
-    version = ModelVersion.objects.get(model_id=model_id)
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model_id, data=data)
 
 
 def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
@@ -390,8 +404,7 @@ def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
     assert sorted(url.rsplit("/", 1)[1] for url in sent) == ["1", "2", "3"]
     uploads = dict(Upload.objects.filter(model_id=model_id).values_list("status", "sha256"))
     assert uploads == {"uploading": hashlib.sha256(first).hexdigest(), "completed": hashlib.sha256(other).hexdigest()}
-    version = ModelVersion.objects.get(model_id=model_id)
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(other).hexdigest(), True)
+    stored_version(model_id=model_id, data=other)
 
 
 def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_them(
@@ -402,9 +415,7 @@ def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_the
     # given an open upload of this very file (name, size, first bytes) started by a client that promised each
     # part's CRC32 (as `conch upload` does), with part 1 of its 3 already stored
     data = onnx_like(11, 20 * 1024 * 1024)
-    path = tmp_path / "crc.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "crc", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "crc.onnx", data, name="crc")
     started = alice.client.post(
         f"/api/v1/models/{model['id']}/uploads/",
         {
@@ -450,8 +461,7 @@ def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_the
     assert puts == {n: crc32_base64(part) for n, part in parts.items()}
     statuses = list(Upload.objects.filter(model_id=model["id"]).values_list("status", "part_checksum_algorithm"))
     assert statuses == [("completed", "CRC32")]
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def test_a_part_damaged_on_the_way_is_refused_by_its_crc32_and_sent_again(
@@ -461,9 +471,7 @@ def test_a_part_damaged_on_the_way_is_refused_by_its_crc32_and_sent_again(
 
     # given a 10 MiB file (two parts) and a connection that flips a byte of part 2 the first time it goes
     data = onnx_like(23, 10 * 1024 * 1024)
-    path = tmp_path / "damaged.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "damaged", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "damaged.onnx", data, name="damaged")
     page = console_browser.page_for(alice.user)
     damaged: list[int] = []
     answers: list[int] = []
@@ -487,8 +495,7 @@ def test_a_part_damaged_on_the_way_is_refused_by_its_crc32_and_sent_again(
     assert damaged == [len(data) - 8 * 1024 * 1024]
     assert answers[0] == 400 and answers[-1] < 300, answers
     assert Upload.objects.get(model_id=model["id"]).part_checksum_algorithm == "CRC32"
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def _interrupted_upload(console_browser, alice, tmp_path, name: str):
@@ -496,9 +503,7 @@ def _interrupted_upload(console_browser, alice, tmp_path, name: str):
     stored), the page waiting to retry it; returns (page, file bytes, model id). page.unroute("**/parts/2") mends
     the connection."""
     data = onnx_like(9, 20 * 1024 * 1024)
-    path = tmp_path / f"{name}.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": name, "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / f"{name}.onnx", data, name=name)
     page = console_browser.page_for(alice.user)
     dropped: list[str] = []
 
@@ -522,8 +527,7 @@ def test_resume_goes_on_without_a_reload(console_browser, alice, eager_tasks, tm
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-resume").click()
     # then the upload completes with the file's sha256
-    version = ModelVersion.objects.get(model_id=model_id)
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model_id, data=data)
 
 
 def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path):
@@ -554,9 +558,7 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
         Bucket=bucket, CORSConfiguration={"CORSRules": [{**rule, "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 60}]}
     )
     data = onnx_like(3, 10 * 1024 * 1024)
-    path = tmp_path / "s3.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "stored", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "s3.onnx", data, name="stored")
     page = console_browser.page_for(alice.user)
     puts: list[str] = []
     checksums: list[str | None] = []
@@ -577,16 +579,13 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
     assert all("x-amz-checksum-crc32" in url.lower() for url in puts), puts
     parts = [data[: 8 * 1024 * 1024], data[8 * 1024 * 1024 :]]
     assert sorted(checksums) == sorted(crc32_base64(part) for part in parts)
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_hashed(console_browser, alice, settings, tmp_path):
     # given a server that takes model files of at most 2 KiB, and a 4 KiB file
     settings.CONCH_MAX_UPLOAD_BYTES = 2048
-    path = tmp_path / "large.onnx"
-    path.write_bytes(b"\x08\x07" + b"\x01" * 4094)
-    model = alice.client.post("/api/v1/models/", {"name": "large", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "large.onnx", b"\x08\x07" + b"\x01" * 4094, name="large")
     page = console_browser.page_for(alice.user)
     calls: list[str] = []
     page.on("request", lambda request: calls.append(request.url) if "/uploads/" in request.url else None)
@@ -604,9 +603,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_hashed(console_brows
 
 def test_the_servers_refusal_is_not_prefixed_with_a_field_it_already_names(console_browser, alice, settings, tmp_path):
     # given the upload page loaded while the limit was large, then the server's limit lowered
-    path = tmp_path / "large.onnx"
-    path.write_bytes(b"\x08\x07" + b"\x01" * 4094)
-    model = alice.client.post("/api/v1/models/", {"name": "large", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "large.onnx", b"\x08\x07" + b"\x01" * 4094, name="large")
     page = console_browser.page_for(alice.user)
     page.goto(f"/wizard/models/{model['id']}/upload/")
     settings.CONCH_MAX_UPLOAD_BYTES = 2048
@@ -622,9 +619,7 @@ def test_a_browser_without_byte_streams_hashes_the_file_by_slices(console_browse
     # given a browser whose files' streams are not byte streams (no reader that fills a buffer of ours), and a
     # 5 MiB file: three of the page's 2 MiB slices, the last one short
     data = onnx_like(7, 5 * 1024 * 1024)
-    path = tmp_path / "sliced.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "sliced", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "sliced.onnx", data, name="sliced")
     page = console_browser.page_for(alice.user)
     page.add_init_script("Blob.prototype.stream = function () { return new ReadableStream(); };")
     page.goto(f"/wizard/models/{model['id']}/upload/")
@@ -632,8 +627,7 @@ def test_a_browser_without_byte_streams_hashes_the_file_by_slices(console_browse
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then the page read it in slices (that stream gives no bytes) and the stored file has the file's sha256
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def record_changes(page, selector: str, expression: str) -> list:
@@ -676,9 +670,7 @@ def test_an_upload_goes_on_by_itself_after_the_browser_was_offline_for_seconds(
 ):
     # given a 20 MiB file (three parts) going at 4 MiB/s
     data = onnx_like(13, 20 * 1024 * 1024)
-    path = tmp_path / "offline.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "offline", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "offline.onnx", data, name="offline")
     page = console_browser.page_for(alice.user)
     page.goto(f"/wizard/models/{model['id']}/upload/")
     set_offline = throttle_uploads(page, 4 * 1024 * 1024)
@@ -696,17 +688,14 @@ def test_an_upload_goes_on_by_itself_after_the_browser_was_offline_for_seconds(
     # file's sha256, and the progress shown never went back
     assert any(re.search(r"^Connection lost \(.+\); retrying in \d+ s \(Resume now\)$", text) for text in said), said
     assert not any(text.startswith("Failed to fetch") for text in said), said
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
     assert stored == sorted(stored), stored
 
 
 def test_a_part_answered_503_is_sent_again_by_itself(console_browser, alice, eager_tasks, tmp_path):
     # given a 10 MiB file (two parts) and a server that answers part 2 with 503 the first time
     data = onnx_like(17, 10 * 1024 * 1024)
-    path = tmp_path / "busy.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "busy", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "busy.onnx", data, name="busy")
     page = console_browser.page_for(alice.user)
     refused: list[str] = []
 
@@ -724,8 +713,7 @@ def test_a_part_answered_503_is_sent_again_by_itself(console_browser, alice, eag
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then part 2 was sent again without a press of Resume, and the stored file has the file's sha256
     assert len(refused) == 1
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def test_a_part_whose_bytes_stop_moving_is_aborted_and_sent_again(
@@ -735,9 +723,7 @@ def test_a_part_whose_bytes_stop_moving_is_aborted_and_sent_again(
     # 10 MiB file (two parts) and a link that holds part 2 the first time: the request open, no byte moving
     settings.CONCH_UPLOAD_STALL_SECONDS = 2
     data = onnx_like(19, 10 * 1024 * 1024)
-    path = tmp_path / "stalled.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "stalled", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "stalled.onnx", data, name="stalled")
     page = console_browser.page_for(alice.user)
     held: list = []
 
@@ -759,8 +745,7 @@ def test_a_part_whose_bytes_stop_moving_is_aborted_and_sent_again(
     assert any(
         re.search(r"^Connection lost \(part 2 moved no bytes for 2 s\); retrying in \d+ s", text) for text in said
     ), said
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def test_a_slow_part_that_moves_is_never_aborted(console_browser, alice, eager_tasks, settings, tmp_path):
@@ -768,9 +753,7 @@ def test_a_slow_part_that_moves_is_never_aborted(console_browser, alice, eager_t
     # takes several times the stall time, its bytes moving all along
     settings.CONCH_UPLOAD_STALL_SECONDS = 2
     data = onnx_like(23, 10 * 1024 * 1024)
-    path = tmp_path / "slow.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "slow", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "slow.onnx", data, name="slow")
     page = console_browser.page_for(alice.user)
     puts: list[str] = []
     page.on("request", lambda request: puts.append(request.url) if request.method == "PUT" else None)
@@ -782,15 +765,12 @@ def test_a_slow_part_that_moves_is_never_aborted(console_browser, alice, eager_t
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then no part was aborted or sent twice, and the stored file has the file's sha256
     assert [text for text in said if text] == [] and len(puts) == 2, (said, puts)
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 def test_a_part_refused_with_a_4xx_that_names_the_problem_stops_with_it(console_browser, alice, eager_tasks, tmp_path):
     # given a server that refuses part 2, naming why
-    path = tmp_path / "refused.onnx"
-    path.write_bytes(onnx_like(19, 10 * 1024 * 1024))
-    model = alice.client.post("/api/v1/models/", {"name": "refused", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "refused.onnx", onnx_like(19, 10 * 1024 * 1024), name="refused")
     page = console_browser.page_for(alice.user)
     tries: list[str] = []
 
@@ -821,9 +801,7 @@ def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
 
     # given a 40 MiB file (five parts of 8 MiB, three at a time) going at 4 MiB/s
     data = onnx_like(23, 40 * 1024 * 1024)
-    path = tmp_path / "paused.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "paused", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "paused.onnx", data, name="paused")
     page = console_browser.page_for(alice.user)
     page.goto(f"/wizard/models/{model['id']}/upload/")
     throttle_uploads(page, 4 * 1024 * 1024)
@@ -842,8 +820,7 @@ def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
     # and Resume sends the other two: the stored file has the file's sha256
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-resume").click()
-    version = ModelVersion.objects.get(model_id=model["id"])
-    assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), True)
+    stored_version(model_id=model["id"], data=data)
 
 
 @pytest.mark.parametrize(
@@ -894,9 +871,7 @@ def _duplicate_page(console_browser, alice, tmp_path):
     """The upload page after choosing a 1 MiB file that already is version 1 of the model; returns (page, the
     version, the URLs of the parts the page PUT)."""
     data = onnx_like(4, 1024 * 1024)
-    path = tmp_path / "again.onnx"
-    path.write_bytes(data)
-    model = alice.client.post("/api/v1/models/", {"name": "again", "team": "acme"}, format="json").json()
+    model, path = model_and_file(alice, tmp_path / "again.onnx", data, name="again")
     version = _version_through_the_api(alice, model["id"], path.name, data)
     page = console_browser.page_for(alice.user)
     puts: list[str] = []
