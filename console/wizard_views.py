@@ -481,12 +481,16 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
             error = _error(exc)
         return render(request, "console/wizard/_infer_output.html", {"result": result, "error": error})
     image_field = form["inputs"][0] if form["image_input"] else None
+    role = tenancy.role_in_team(user=request.user, team=deployment.team)
     return _page(
         request,
         "console/wizard/test.html",
         {
             "step": 6,
             "deployment": deployment,
+            # a viewer sees the form and its shapes but no Send: sending an inference needs the developer role
+            "role": role,
+            "can_infer": role is not None and role.rank >= Role.DEVELOPER.rank,
             "form": form,
             "image_field": image_field,
             "example_json": form["example_json"],

@@ -44,16 +44,24 @@
       summary.textContent = "No metric samples in this range yet.";
       return;
     }
+    // Averages over the whole range (or since the deployment was created, when that is later), idle time
+    // included: a burst of traffic reads lower here than at its peak on the chart. With no request in the range
+    // the per-request averages have nothing to average: a dash, not 0.
+    const served = model.request_count > 0;
+    const ms = (us) => (served ? `${(us / 1000).toFixed(2)} ms` : "—");
     const parts = [
-      ["Throughput", model.throughput_inferences_per_second === null
+      ["Average throughput", model.throughput_inferences_per_second === null
         ? "unknown (one sample so far)" : `${model.throughput_inferences_per_second.toFixed(2)} inf/s`],
       ["Requests", `${model.request_count}`],
-      ["Average latency", `${(model.average_request_latency_us / 1000).toFixed(2)} ms`],
-      ["Queue", `${(model.average_queue_time_us / 1000).toFixed(2)} ms`],
-      ["Compute", `${(model.average_compute_time_us / 1000).toFixed(2)} ms`],
-      ["Batch size", model.average_batch_size.toFixed(2)],
+      ["Average latency", ms(model.average_request_latency_us)],
+      ["Queue", ms(model.average_queue_time_us)],
+      ["Compute", ms(model.average_compute_time_us)],
+      ["Batch size", served ? model.average_batch_size.toFixed(2) : "—"],
       ["Failures", String(model.failures)],
     ];
+    const over = document.createElement("span");
+    over.textContent = "Over the time range (or since the deployment was created):";
+    summary.appendChild(over);
     for (const [name, value] of parts) {
       const span = document.createElement("span");
       span.textContent = `${name}: ${value}`;

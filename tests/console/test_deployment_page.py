@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from playwright.sync_api import expect
@@ -31,6 +33,12 @@ def test_charts_show_points_after_inferences_on_a_real_deployment(
     x = np.random.default_rng(3).standard_normal((2, 3, 224, 224), dtype=np.float32)
     body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
     assert scrape_ready_deployments() == 1
+    assert scrape_ready_deployments() == 1
+    # (before them, with samples but no request, the page's averages are dashes, not 0)
+    page.goto(f"/deployments/{deployment['id']}/")
+    page.locator("#summary").filter(has_text="Requests: 0").wait_for()
+    idle = page.locator("#summary").inner_text()
+    assert "Average latency: —" in idle and "Batch size: —" in idle, idle
     for _ in range(3):
         response = alice.client.post(f"/api/v1/deployments/{deployment['id']}/infer", body, format="json")
         assert response.status_code == 200, response.content
@@ -46,7 +54,11 @@ def test_charts_show_points_after_inferences_on_a_real_deployment(
     assert _chart_points(page, "chart-throughput") > 0
     assert _chart_points(page, "chart-latency") > 0
     assert page.locator("[data-testid=chart-throughput] canvas").count() == 1
-    assert "Throughput: " in page.locator("#summary").inner_text()
+    summary = page.locator("#summary")
+    summary.filter(has_text="Requests: 3").wait_for()
+    assert summary.inner_text().startswith("Over the time range (or since the deployment was created):")
+    assert "Average throughput: " in summary.inner_text()
+    assert re.search(r"Average latency: \d+\.\d\d ms", summary.inner_text()), summary.inner_text()
     # and a wider range reads the same samples again
     page.get_by_label("Time range").select_option("3600")
     page.wait_for_function("Number(document.querySelector('[data-testid=chart-throughput]').dataset.points) > 0")

@@ -613,6 +613,8 @@ def test_the_servers_refusal_is_not_prefixed_with_a_field_it_already_names(conso
     error.filter(has_text="is larger than").wait_for()
     # then its sentence is shown once, not "size_bytes: size_bytes …"
     assert error.inner_text().startswith("size_bytes 4096 is larger than the 2 KiB")
+    # and the progress line says the file was not uploaded (not "No file chosen." beside the file's name)
+    assert page.get_by_test_id("upload-progress").inner_text() == "Not uploaded."
 
 
 def test_a_browser_without_byte_streams_hashes_the_file_by_slices(console_browser, alice, eager_tasks, tmp_path):
@@ -885,6 +887,8 @@ def _duplicate_page(console_browser, alice, tmp_path):
 def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_be_uploaded_anyway(
     console_browser, alice, eager_tasks, screenshot, tmp_path
 ):
+    from models_registry.models import Upload
+
     # when a file that already is version 1 is chosen
     page, version, puts = _duplicate_page(console_browser, alice, tmp_path)
     # then the page says so, before a part is sent, linking to that version
@@ -902,11 +906,15 @@ def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_b
     assert link.get_attribute("href") == f"/wizard/versions/{version.pk}/build/"
     assert page.locator("#upload-error").is_hidden()
     assert puts == []
+    # and the upload the page had started for it is aborted (it reserved the file's size of the team's storage)
+    uploads = Upload.objects.filter(model_id=version.model_id)
+    assert list(uploads.values_list("status", flat=True)) == ["aborted"]
     screenshot(page, "wizard-2-upload-duplicate")
     # when "Upload as a new version" is pressed
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
         page.get_by_test_id("upload-as-new").click()
-    # then the file is sent and becomes version 2
+    # then the file is sent (in a new upload) and becomes version 2
+    assert sorted(uploads.values_list("status", flat=True)) == ["aborted", "completed"]
     made = ModelVersion.objects.get(model_id=version.model_id, number=2)
     assert made.source_sha256 == version.source_sha256
     assert page.url.endswith(f"/wizard/versions/{made.pk}/build/")

@@ -493,3 +493,20 @@ def test_a_test_inference_in_image_mode_without_an_image_names_the_input(alice):
     page = response.content.decode()
     assert 'data-field="image"' in page
     assert f"Choose an image for input &#x27;{name}&#x27;." in page and "values but shape" not in page
+
+
+def test_a_viewer_sees_the_test_form_without_its_send_button(alice):
+    # given a ready deployment and a viewer of its team
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    deployment = Deployment.objects.create(
+        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    viewer = _client(make_caller("victor", "acme", role="viewer"))
+    # when the viewer opens the test step, and a developer does
+    page = viewer.get(f"/wizard/deployments/{deployment.pk}/test/").content.decode()
+    developer_page = _client(alice).get(f"/wizard/deployments/{deployment.pk}/test/").content.decode()
+    # then the viewer sees the inputs but no Send, and is told why before trying; the developer has Send
+    assert 'data-testid="infer-input"' in page or 'data-testid="infer-json"' in page
+    assert 'data-testid="infer-submit"' not in page
+    assert "Your role in team" in page and "is viewer: sending a test inference needs the developer role" in page
+    assert 'data-testid="infer-submit"' in developer_page

@@ -265,6 +265,8 @@
     state.crcs = new Map();
     state.samples = [];
     fileName.textContent = `${file.name}, ${describeBytes(file.size)}`;
+    progress.textContent = "Checking the file…";
+    bar.value = 0;
     setButtons({ pause: false, resume: false, cancel: false });
     if (maxBytes > 0 && file.size > maxBytes) {
       state.upload = null;
@@ -278,10 +280,11 @@
     }
     state.upload = null;
     state.sha256 = "";
+    let fresh = null;
     try {
       // the server says first whether it can build this file (its name, its first bytes), then it is hashed
       const earlier = (await findEarlier(file)) || (await findOnServer(file));
-      const fresh = earlier ? null : await startUpload(file);
+      fresh = earlier ? null : await startUpload(file);
       state.upload = fresh;
       state.sha256 = await computeSha256(file);
       // a new upload is started again with the sha256, which finds it: a file that already is a version of the
@@ -289,8 +292,24 @@
       state.upload = fresh ? await startUpload(file) : await takeEarlier(file, earlier);
       await sendParts();
     } catch (error) {
+      if (fresh && error.status === 409 && error.body && error.body.existing_version) {
+        // the upload this page just started for a file that already is a version holds no part but reserves the
+        // file's size of the team's storage until it expires: abort it now ("Upload as a new version" starts a
+        // new one, with allow_duplicate)
+        await dropFresh(file, fresh);
+      }
       failed(error);
     }
+  }
+
+  async function dropFresh(file, fresh) {
+    try {
+      await api("DELETE", `${uploadsUrl}${fresh.id}/`);
+    } catch (_) {
+      // the sweeper aborts it when it expires
+    }
+    localStorage.removeItem(storageKey(file));
+    state.upload = null;
   }
 
   async function sendParts() {
@@ -705,6 +724,7 @@
       return;
     }
     setButtons({ pause: false, resume: !!state.upload && !state.finished, cancel: !!state.upload && !state.finished });
+    if (!state.upload) progress.textContent = "Not uploaded.";
     showError(describeRefusal(error));
   }
 
