@@ -26,6 +26,7 @@ from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
     batching_reason,
+    built_option_values,
     check_build_options,
     config_diff,
     current_option_values,
@@ -270,7 +271,17 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
             return redirect("console:wizard:build", version_id=version.pk)
     context = _build_context(request, version)
     batching_on = not version.config_pbtxt or any(row.batch_axis for row in context["rows"])
-    context.update({"step": 3, "error": error, "check": check, "values": values, "batching_on": batching_on})
+    context.update(
+        {
+            "step": 3,
+            "error": error,
+            "check": check,
+            "values": values,
+            # what the built configuration has, shown beside each option left empty (the model's default)
+            "built": built_option_values(version),
+            "batching_on": batching_on,
+        }
+    )
     return _page(request, "console/wizard/build.html", context, status=400 if error else 200)
 
 

@@ -115,6 +115,31 @@ def check_build_options(*, version: ModelVersion, fields: Mapping[str, Any]) -> 
     return OptionsCheck(errors=errors)
 
 
+def built_option_values(version: ModelVersion) -> dict[str, str]:
+    """The values the version's built `config.pbtxt` has for the build options, as a form shows them (strings; an
+    option the configuration leaves out, or a version not built, is absent).
+
+    What a form shows beside an option left to the model's default: `max_batch_size`,
+    `max_queue_delay_microseconds` and `preferred_batch_size` of the dynamic batcher, and `instance_count` (the
+    instance groups' counts added up) — Triton "Model Configuration", "Maximum Batch Size", "Dynamic Batcher",
+    "Instance Groups".
+    """
+    if not version.config_pbtxt:
+        return {}
+    try:
+        config = config_from_pbtxt(version.config_pbtxt)
+    except InvalidInput:
+        return {}
+    values = {"max_batch_size": str(config.max_batch_size)}
+    if config.HasField("dynamic_batching"):
+        values["max_queue_delay_microseconds"] = str(config.dynamic_batching.max_queue_delay_microseconds)
+        if config.dynamic_batching.preferred_batch_size:
+            values["preferred_batch_size"] = ", ".join(str(n) for n in config.dynamic_batching.preferred_batch_size)
+    if config.instance_group:
+        values["instance_count"] = str(sum(group.count or 1 for group in config.instance_group))
+    return values
+
+
 def current_option_values(version: ModelVersion) -> dict[str, Any]:
     """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8"."""
     stored = version.build_options or {}

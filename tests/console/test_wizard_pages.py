@@ -510,3 +510,29 @@ def test_a_viewer_sees_the_test_form_without_its_send_button(alice):
     assert 'data-testid="infer-submit"' not in page
     assert "Your role in team" in page and "is viewer: sending a test inference needs the developer role" in page
     assert 'data-testid="infer-submit"' in developer_page
+
+
+def test_a_failed_build_says_what_to_do_next_with_links(alice):
+    # given a version whose build failed
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    version.status, version.error = "failed", "The file starts like an ONNX model but is damaged."
+    version.save(update_fields=["status", "error"])
+    # when its build step is opened
+    page = _client(alice).get(f"/wizard/versions/{version.pk}/build/").content.decode()
+    # then the page offers the way on: rebuild with other options, upload a fixed file, delete this version
+    assert 'data-testid="build-failed-actions"' in page
+    assert "change the options under" in page
+    assert f'href="/wizard/models/{version.model_id}/upload/"' in page
+    assert f'href="/models/{version.model_id}/"' in page
+
+
+def test_the_options_form_shows_the_values_the_built_configuration_has(alice):
+    # given a version built with the model's default largest batch (8) and a dynamic batcher
+    version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
+    version.build_options = {}
+    version.save(update_fields=["build_options"])
+    # when its build step is opened
+    page = _client(alice).get(f"/wizard/versions/{version.pk}/build/").content.decode()
+    # then each option left to the model's default says the value the configuration has
+    assert "As built: 8 (the model's default; empty keeps it)" in page
+    assert "max_batch_size: 8" in page
