@@ -328,9 +328,25 @@ def test_metrics_table_shows_failures_rate_and_latency_of_the_json(cli, conch_en
     row = table.out.strip().splitlines()[1].split()
     assert row == [
         "adder",
-        "6.0",
-        "6.0",
-        "1.0",
+        "6",
+        "6",
+        "1",
         str(round(model["throughput_inferences_per_second"], 3)),
         "40000",
     ]
+
+
+def test_metrics_of_a_deployment_with_no_sample_yet_say_so(cli, conch_env, tmp_path):
+    # given a deployment just ready, not scraped yet
+    version = write_built_version(
+        conch_env.caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions()
+    )
+    Deployment.objects.create(
+        team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+    )
+    # when its metrics are printed
+    result = cli("metrics", "web")
+    # then the table is empty and a note says why and what to do
+    assert result.code == 0, result.err
+    assert "No metric samples of web in the last 300 s yet" in " ".join(result.err.split())
+    assert "Run this again shortly." in result.err

@@ -720,15 +720,22 @@ def metrics(
     rows = [
         [
             m.get("model_name"),
-            m.get("request_count"),
-            m.get("inference_count"),
-            m.get("failures"),
+            # counts of requests: Triton's counters arrive as floats (Prometheus samples), shown as whole numbers
+            _round(m.get("request_count"), 0),
+            _round(m.get("inference_count"), 0),
+            _round(m.get("failures"), 0),
             _round(m.get("throughput_inferences_per_second"), 3),
             _round(m.get("average_request_latency_us"), 0),
         ]
         for m in summary.get("models") or []
     ]
     output.table(["MODEL", "REQUESTS", "INFERENCES", "FAILURES", "INFER/S", "AVG LATENCY µs"], rows)
+    if not rows:
+        # a deployment just ready has not been scraped yet: say so rather than print a bare header
+        output.note(
+            f"No metric samples of {found['name']} in the last {window} s yet: Conch reads a ready deployment's "
+            "Triton metrics every few seconds. Run this again shortly."
+        )
 
 
 def _round(value: float | None, digits: int) -> float | int | None:
