@@ -621,3 +621,36 @@ def test_an_upload_started_without_the_algorithm_resumes_without_checksums(
     assert body["upload"]["id"] == started["id"] and body["upload"]["part_checksum_algorithm"] is None
     assert (body["resumed_parts"], body["sent_bytes"]) == (1, 8 * MIB)
     assert body["version"]["source"]["sha256"] == sha256
+
+
+def test_an_upload_another_client_completed_meanwhile_ends_with_its_version(
+    conch_env, model, tmp_path, eager_tasks, monkeypatch
+):
+    from conch_cli.api import ConchApi
+
+    # given two clients sending the same file at once: the second one (another pipeline) resumes the first one's
+    # open upload and completes it while the first is about to send its parts
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(12 * MIB))
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    options = dict(build_options={}, parallel=2, part_size=None, progress=transfer.Progress(), timeout_s=60)
+    original = transfer.PartSender.send_missing
+    other: dict = {}
+    said: list[str] = []
+
+    def other_client_first(sender):
+        if not other:
+            other["started"] = True  # (its own send_missing is the plain one)
+            with ConchApi(conch_env.url, conch_env.token) as api:
+                other["result"] = transfer.upload_file(api, model["id"], path, sha256=sha256, say=print, **options)
+        return original(sender)
+
+    monkeypatch.setattr(transfer.PartSender, "send_missing", other_client_first)
+    # when the first client goes on
+    with ConchApi(conch_env.url, conch_env.token) as api:
+        first = transfer.upload_file(api, model["id"], path, sha256=sha256, say=said.append, **options)
+    # then it ends with the version the other made from the same upload, saying so, and no second version exists
+    assert other["result"].upload["id"] == first.upload["id"]
+    assert first.version["id"] == other["result"].version["id"]
+    assert any("was completed meanwhile by another client" in line for line in said), said
+    assert ModelVersion.objects.count() == 1

@@ -566,6 +566,8 @@ def upload_file(
                 f"interrupted; run the same command again to resume ({stored} of {upload['part_count']} parts stored)",
                 INTERRUPTED,
             ) from None
+        except CliError as error:
+            upload = _finished_elsewhere(api, f"{base}{upload['id']}/", error, say)
     sent_at = time.monotonic()
     hash_wait_s = 0.0
     if upload["status"] == "uploading":
@@ -578,7 +580,11 @@ def upload_file(
             complete["allow_duplicate"] = True
         completing = f"{base}{upload['id']}/complete"
         response = api.call("POST", completing, json=complete, expect=(200, 202, 409))
-        existing = _existing_version(response, f"POST {completing}")
+        try:
+            existing = _existing_version(response, f"POST {completing}")
+        except CliError as error:
+            upload = _finished_elsewhere(api, f"{base}{upload['id']}/", error, say)
+            response, existing = None, None
         if existing is not None:
             # The upload stays open on the server for a client that wants another version anyway: not this one.
             api.call("DELETE", f"{base}{upload['id']}/", expect=(204,))
@@ -592,7 +598,8 @@ def upload_file(
                 parts_s=sent_at - started,
                 hash_wait_s=hash_wait_s,
             )
-        upload = response.json()
+        if response is not None:
+            upload = response.json()
     upload = wait_for_upload(api, upload, timeout_s=timeout_s)
     version = api.get(f"/api/v1/versions/{upload['version']}/")
     return UploadResult(
@@ -604,6 +611,20 @@ def upload_file(
         hash_wait_s=hash_wait_s,
         check_s=time.monotonic() - sent_at - hash_wait_s,
     )
+
+
+def _finished_elsewhere(api: ConchApi, path: str, error: CliError, say: Callable[[str], None]) -> dict:
+    """The upload at `path` when another client sending the same file completed it while this one was sending
+    (two pipelines uploading one file at once both resume the same open upload; the server then refuses the later
+    one's parts or completion with 409 naming `status`), for this one to wait for the same version; else `error`
+    is raised again."""
+    if error.status != 409:
+        raise error
+    upload = api.get(path)
+    if upload["status"] not in ("completing", "completed"):
+        raise error
+    say(f"upload {upload['id']} was completed meanwhile by another client sending the same file: using its version")
+    return upload
 
 
 def _existing_version(response: httpx.Response, call: str) -> int | None:
