@@ -536,3 +536,15 @@ def test_the_options_form_shows_the_values_the_built_configuration_has(alice):
     # then each option left to the model's default says the value the configuration has
     assert "As built: 8 (the model's default; empty keeps it)" in page
     assert "max_batch_size: 8" in page
+
+
+def test_the_deploy_page_s_quota_names_the_team_and_shows_its_storage_in_bytes_units(alice):
+    # given a team with a storage limit of 2 GiB
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    set_quota(team=alice.team, limits={"storage_bytes": 2 * 1024**3})
+    # when the deploy step opens
+    page = _client(alice).get(f"/wizard/versions/{version.pk}/deploy/").content.decode()
+    # then the quota is headed with the team's name and lists storage in readable units
+    assert f"Quota of team {alice.team.name}</h2>" in page
+    row = page.split('data-testid="quota-storage"')[1].split("</tr>")[0]
+    assert "<td>Storage</td>" in row and "2.0\xa0GB" in row
