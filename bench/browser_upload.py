@@ -4,9 +4,10 @@ Conch comes up as `bench/time_to_serve.py` brings it up (gunicorn web process an
 defaults: SQLite, kombu's filesystem broker, folder storage, in a scratch CONCH_VAR_DIR). Folder storage is the
 heavier case for the web process: every part comes through it (with S3 storage the parts go to the bucket and the
 web process only signs). Playwright drives Debian's Chromium (/usr/bin/chromium): sign in, register a model, choose
-a --size-mib file of random bytes on the upload page (by path: the test process never reads it), and wait until the
-page moves on to the build page, i.e. the worker has checked the stored object's size and sha256 and made the
-version. (The build that follows fails at once: random bytes are no ONNX model; it is not timed.)
+a --size-mib file of random bytes (after ONNX's first two) on the upload page (by path: the test process never reads
+it), and wait until the page moves on to the build page, i.e. the worker has checked the stored object's size and
+sha256 and made the version. (The build that follows fails at once: random bytes are no ONNX model; it is not
+timed.)
 
 Every 100 ms the RSS of the browser's processes (the Chromium processes under this script) and of the web process
 (gunicorn's master and workers) is sampled. Growth = peak during the upload - RSS once the upload page has loaded.
@@ -22,6 +23,7 @@ Run: .venv/bin/python bench/browser_upload.py [--size-mib 2048]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import sys
@@ -35,21 +37,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from time_to_serve import TEAM, Conch  # noqa: E402  (bench/ on sys.path)
+from upload import make_file  # noqa: E402  (random bytes that open like an ONNX file, as the page checks)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 MIB = 1024 * 1024
-
-
-def make_file(path: Path, size: int) -> None:
-    """Write `size` random bytes (a repeated 8 MiB random block: the content does not matter, only its size)."""
-    block = os.urandom(8 * MIB)
-    with path.open("wb") as handle:
-        left = size
-        while left:
-            piece = block[: min(left, len(block))]
-            handle.write(piece)
-            left -= len(piece)
 
 
 def tree_rss(root: psutil.Process, keep=lambda process: True) -> int:
@@ -144,7 +136,7 @@ def main() -> None:
                 time.sleep(1)
                 sampler = Sampler(web)
                 base_browser, base_web = sampler.now()
-                with sampler:
+                with sampler, _say_what_the_page_shows_on_failure(page):
                     started = time.monotonic()
                     page_started = page.evaluate("Date.now()")
                     with page.expect_navigation(url="**/build/", timeout=args.timeout * 1000):
@@ -180,6 +172,20 @@ def main() -> None:
         f"send_mib_per_s={args.size_mib / send_seconds:.0f} browser_rss_growth_mib={browser_growth:.0f} "
         f"web_rss_growth_mib={web_growth:.0f}"
     )
+
+
+@contextlib.contextmanager
+def _say_what_the_page_shows_on_failure(page):
+    """On an exception (a timeout), print the upload page's progress line and error before it propagates."""
+    try:
+        yield
+    except Exception:
+        for selector in ("[data-testid=upload-progress]", "#upload-error"):
+            try:
+                print(f"page {selector}: {page.locator(selector).inner_text(timeout=2000)!r}", file=sys.stderr)
+            except Exception as error:  # the page itself is gone
+                print(f"page {selector}: unreadable ({error})", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":
