@@ -13,6 +13,12 @@ from tenancy.choices import Role
 SESSION_TEAM = "console_team"
 
 
+def role_can_write(role: Role | None) -> bool:
+    """Whether `role` (None: not in the team) is developer or stronger: deploy, scale, stop, upload, delete, send
+    test inferences. What the console offers; the services check the role again on every write."""
+    return role is not None and role.rank >= Role.DEVELOPER.rank
+
+
 @dataclass(frozen=True)
 class TeamContext:
     """The teams the user sees (slug order), the current one (None: the user is in no team) and their role in it
@@ -24,8 +30,8 @@ class TeamContext:
 
     @property
     def can_write(self) -> bool:
-        """Whether the role is developer or stronger (deploy, scale, stop, upload, delete)."""
-        return self.role is not None and self.role.rank >= Role.DEVELOPER.rank
+        """Whether the role is developer or stronger (`role_can_write`)."""
+        return role_can_write(self.role)
 
     @property
     def is_admin(self) -> bool:

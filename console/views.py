@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from conch.errors import ConchError, Conflict, InUse, InvalidInput, NotFound
 from console import presenters
-from console.context import SESSION_TEAM, team_context
+from console.context import SESSION_TEAM, role_can_write, team_context
 from deployments import services as deployments
 from models_registry import deletion
 from models_registry import services as registry
@@ -143,7 +143,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         context["usage"] = [_usage_line(line) for line in team_usage(team=console.team)]
         role = tenancy.role_in_team(user=request.user, team=console.team)
         # the wizard is for developers; a viewer is told why there is no button instead
-        context["can_upload"] = role is not None and role.rank >= Role.DEVELOPER.rank
+        context["can_upload"] = role_can_write(role)
         context["role"] = role
     return render(request, "console/overview.html", context)
 
@@ -222,7 +222,7 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
         {
             "model": model,
             "versions": versions,
-            "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
+            "can_write": role_can_write(role),
             "error": error,
             "error_status": _status_text(status),
         },
@@ -339,7 +339,7 @@ def _deployment_page(request: HttpRequest, deployment, *, status: int = 200, err
             "pods": (deployment.observed or {}).get("pods") or [],
             "log_tail": deployments.log_tail(deployment),
             "other_versions": other_versions,
-            "can_write": role is not None and role.rank >= Role.DEVELOPER.rank,
+            "can_write": role_can_write(role),
             "running": deployment.desired_state == "running",
             "error": error,
             "error_status": _status_text(status),

@@ -35,7 +35,7 @@ from builds.services.review import (
 )
 from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
 from conch.limits import INFERENCE_BODY, accepts_body, describe_bytes
-from console.context import team_context
+from console.context import role_can_write, team_context
 from console.views import _deployment_of
 from deployments import services as deployments
 from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
@@ -501,7 +501,7 @@ def test_inference(request: HttpRequest, deployment_id: int) -> HttpResponse:
             "deployment": deployment,
             # a viewer sees the form and its shapes but no Send: sending an inference needs the developer role
             "role": role,
-            "can_infer": role is not None and role.rank >= Role.DEVELOPER.rank,
+            "can_infer": role_can_write(role),
             "form": form,
             "image_field": image_field,
             "example_json": form["example_json"],
