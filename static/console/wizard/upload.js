@@ -296,20 +296,16 @@
         // the upload this page just started for a file that already is a version holds no part but reserves the
         // file's size of the team's storage until it expires: abort it now ("Upload as a new version" starts a
         // new one, with allow_duplicate)
-        await dropFresh(file, fresh);
+        // (nothing of it is remembered yet: sendParts records an upload in localStorage)
+        try {
+          await api("DELETE", `${uploadsUrl}${fresh.id}/`);
+        } catch (_) {
+          // the sweeper aborts it when it expires
+        }
+        state.upload = null;
       }
       failed(error);
     }
-  }
-
-  async function dropFresh(file, fresh) {
-    try {
-      await api("DELETE", `${uploadsUrl}${fresh.id}/`);
-    } catch (_) {
-      // the sweeper aborts it when it expires
-    }
-    localStorage.removeItem(storageKey(file));
-    state.upload = null;
   }
 
   async function sendParts() {
