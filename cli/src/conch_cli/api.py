@@ -68,8 +68,12 @@ class ConchApi:
     def __init__(self, url: str, token: str) -> None:
         self.url = url.rstrip("/")
         self.token = token
+        #: The TLS settings (the system's trusted CAs) of this client and of the upload's storage client: loading
+        #: the CAs takes tens of milliseconds, once.
+        self.ssl_context = httpx.create_ssl_context()
         self.http = httpx.Client(
             base_url=self.url,
+            verify=self.ssl_context,
             headers={"Authorization": f"Bearer {token}", "User-Agent": f"conch-cli/{__version__}"},
             timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             follow_redirects=False,

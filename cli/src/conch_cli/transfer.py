@@ -244,6 +244,7 @@ class PartSender:
             timeout=httpx.Timeout(stall_timeout_s, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel),
             headers={"User-Agent": api.http.headers["User-Agent"]},
+            verify=api.ssl_context,
         )
 
     def part_size(self, number: int) -> int:
