@@ -9,10 +9,12 @@ All send the same file to the same S3 protocol server (moto, over HTTP on 127.0.
             untimed here)
   old path: POST /api/v1/models/{id}/versions/ (multipart/form-data through the web process, which streams the
             body into an S3 multipart upload), for comparison
-The web process's RSS (gunicorn, one worker, as `make demo` configures it) is sampled every 20 ms during the
-`conch upload` runs, after a first small upload by each path (what the process loads on its first request of a
-kind is not growth); the old path's growth is shown beside it. The timed `conch upload` includes everything its
-user waits for: the CLI's start, the sha256, the parts, and the worker's check until the version exists.
+Conch's worker gets its tasks from a Redis, as in production (`--broker-url`; the demo's filesystem broker looks
+for tasks every 0.1 s). The web process's RSS (gunicorn, one worker, as `make demo` configures it) is sampled
+every 20 ms during the `conch upload` runs, after a first small upload by each path (what the process loads on its
+first request of a kind is not growth); the old path's growth is shown beside it. The timed `conch upload`
+includes everything its user waits for: the CLI's start, the sha256, the parts, and the worker's check until the
+version exists.
 
 Both end with the S3 server's CompleteMultipartUpload, which moto does by copying the 1 GiB twice into new memory.
 On a virtual machine that hands freed memory back to its host at once (free page reporting: Firecracker's
@@ -33,6 +35,7 @@ machine-readable line:
       without_completion_ratio=<best (conch - its check)/best (baseline - its completion)> \
       old_path_ratio=<old/baseline> old_path_rss_growth_mib=<…>
 Run: .venv/bin/python bench/upload.py [--size-mib 1024] [--rounds 5] [--skip-old-path] [--plain-s3-server]
+     [--broker-url redis://127.0.0.1:6379/12 | filesystem://]
 """
 
 from __future__ import annotations
@@ -84,6 +87,22 @@ def wait_http(port: int, path: str = "/", timeout: float = 60) -> None:
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"nothing answered on port {port}")
+
+
+def bench_broker(url: str) -> str:
+    """The Celery broker the bench's web process and worker use: `url` (a Redis, as in production), emptied first so
+    that no task of an earlier run reaches this run's worker; kombu's filesystem transport (the demo's, which looks
+    into its folder every 0.1 s) when `url` is "filesystem://" or no Redis answers there."""
+    if url.startswith("filesystem://"):
+        return url
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
+    except redis.RedisError as exc:
+        print(f"no Redis at {url} ({exc}): the Celery broker is kombu's filesystem transport")
+        return "filesystem://"
+    return url
 
 
 def make_file(path: Path, size: int) -> None:
@@ -213,6 +232,11 @@ def main() -> None:
     parser.add_argument("--part-size", help="conch upload --part-size (default: the server's choice).")
     parser.add_argument("--skip-old-path", action="store_true", help="Leave out the old single-request upload.")
     parser.add_argument(
+        "--broker-url",
+        default="redis://127.0.0.1:6379/12",
+        help="Celery broker (production's is a Redis; this database is emptied); filesystem:// for the demo's.",
+    )
+    parser.add_argument(
         "--plain-s3-server",
         action="store_true",
         help="Run moto as it comes: its memory given back after each request, objects in temporary files.",
@@ -255,8 +279,10 @@ def main() -> None:
             )
 
             env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CELERY_", "CONCH_"))}
+            broker = bench_broker(args.broker_url)
             env.update(
                 {
+                    "CELERY_BROKER_URL": broker,
                     "CONCH_VAR_DIR": str(tmp / "var"),
                     "CONCH_STORAGE_URL": f"s3://{BUCKET}/conch",
                     "CONCH_S3_ENDPOINT_URL": endpoint,
@@ -340,7 +366,7 @@ def main() -> None:
 
             path = tmp / "model.onnx"
             make_file(path, size)
-            print(f"file: {args.size_mib} MiB")
+            print(f"file: {args.size_mib} MiB; Celery broker: {broker}")
 
             # Warm up: a first small upload by each path, so that what the web process loads on its first request
             # of each kind (code, connections) is not counted as growth.
