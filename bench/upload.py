@@ -22,8 +22,8 @@ virtio-balloon), every such copy pays the host's page faults again, and the comp
 13 s from one upload to the next, for boto3 and Conch alike. So that the bench compares the two clients and not the
 host's faults, moto runs here with its memory kept once touched (glibc's allocator in one arena, never returning
 memory: GLIBC_TUNABLES arena_max=1, mmap_max=0, trim_threshold) and its objects in that memory instead of temporary
-files (MOTO_S3_DEFAULT_KEY_BUFFER_SIZE), and an untimed upload of the full size by boto3 first makes moto's memory
-grow to its working size; then its completion of 1 GiB takes about 0.5-1 s. `--plain-s3-server` runs moto as
+files (MOTO_S3_DEFAULT_KEY_BUFFER_SIZE), and an untimed upload of the full size by each side first makes moto's
+memory grow to its working size; then its completion of 1 GiB takes about 0.5-1 s. `--plain-s3-server` runs moto as
 it comes. Each round prints the server's completion beside each side's time (boto3's CompleteMultipartUpload call;
 Conch's check, which is mostly that call), and the summary gives, besides the ratio of the best times, the median of
 the rounds' ratios and the ratio of the best times with the completion taken out.
@@ -377,10 +377,13 @@ def main() -> None:
                 upload_through_api(web_port, token, model_id, small)
             time.sleep(3)  # the warm-up versions' builds (a 1 MiB file fails at once)
             empty_bucket()
-            # And one untimed upload of the full size, after which the S3 server's memory has grown to what an upload
-            # of this size needs (with --plain-s3-server it is given back anyway).
+            # And one untimed upload of the full size by each side, after which the S3 server's memory has grown to
+            # what each one's parts and completion need (with --plain-s3-server it is given back anyway).
             s3.upload_file(str(path), BUCKET, "warmup/model.onnx")
             empty_bucket()
+            _, warmup, _ = conch_upload(cli_env, str(model_id), path, args.parallel, args.part_size)
+            empty_bucket()
+            wait_build(web_port, token, warmup["version"]["id"])
 
             moto_pid, me = procs[0].pid, os.getpid()
             web = psutil.Process(procs[web_index].pid)
