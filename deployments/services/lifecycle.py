@@ -20,7 +20,7 @@ from conch.errors import ConchError, Unavailable
 from deployments.choices import DeploymentStatus, DesiredState
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
-from deployments.runtimes.base import DeploymentSpec, Phase, Runtime
+from deployments.runtimes.base import DeploymentSpec, OwnedWorkload, Phase, Runtime
 from deployments.services.records import ENABLED_RUNTIMES, log_tail, queue_task
 from deployments.services.repository import (
     collect_deployment_repositories,
@@ -362,6 +362,8 @@ def reconcile_deployments() -> dict[str, int]:
                 continue
             if not runtime.waits_for_ready and workload.deployment_id in running_ids:
                 continue  # applied a moment ago, its state not saved yet: it is not an orphan
+            if _being_started(runtime, workload):
+                continue
             try:
                 runtime.delete(workload.state)
             except ConchError as exc:
@@ -371,6 +373,24 @@ def reconcile_deployments() -> dict[str, int]:
             log.warning("deployment.orphan_killed", extra={"workload": workload.key})
     counts["orphans_killed"] += stop_verify_servers(only_abandoned=True)
     return counts
+
+
+def _being_started(runtime: Runtime, workload: OwnedWorkload) -> bool:
+    """Whether `workload`, found with no deployment recording it, may belong to a start still in progress.
+
+    The states were read at the start of the reconcile pass, and a start saves its workload's state only after the
+    runtime's `apply` returns; so the deployment is read again now: its workload if the state saved since records
+    it, and any workload of a deployment that is `starting` under a fresh heartbeat (the start may have made it a
+    moment ago). A start that died lets its heartbeat go stale; its workload is then an orphan like any other.
+    """
+    if workload.deployment_id is None:
+        return False
+    deployment = Deployment.objects.filter(pk=workload.deployment_id).first()
+    if deployment is None or deployment.desired_state != DesiredState.RUNNING:
+        return False
+    if runtime.same_workload(deployment.runtime_state, workload):
+        return True
+    return deployment.status == DeploymentStatus.STARTING and _heartbeat_is_fresh(deployment, timezone.now())
 
 
 def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> str | None:

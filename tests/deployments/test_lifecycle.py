@@ -183,6 +183,48 @@ def test_reconcile_reports_a_dead_triton_and_restarts_it(
     services.stop_deployment(deployment_id=row.pk)
 
 
+def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
+):
+    # given a deployment being started again (`starting`, fresh heartbeat) whose start has launched its Triton but
+    # not yet saved that server's state (the window between the runtime's apply and the save)
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    row = Deployment.objects.get(pk=d["id"])
+    server = _server(row)
+    Deployment.objects.filter(pk=row.pk).update(status="starting", heartbeat_at=timezone.now())
+    backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
+    ports = triton_server.allocate_ports(3)
+    launched = triton_server.start_server(
+        server_id=server.server_id,
+        repository=str(settings.CONCH_TRITON_DIR),
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=settings.CONCH_TRITON_DIR / "launched.log",
+        backend_root=backend_root,
+        api_key=triton_api_key(server.server_id),
+    )
+    try:
+        # when reconcile runs in that window
+        counts = services.reconcile_deployments()
+        # then the start's server is not taken for an orphan
+        assert counts["orphans_killed"] == 0
+        assert triton_server.is_alive(launched.pid, launched.create_time)
+        # and when that start stops beating (its worker died), the server it left is an orphan after all
+        stale = timezone.now() - timedelta(seconds=settings.CONCH_DEPLOYMENT_HEARTBEAT_STALE_SECONDS + 5)
+        Deployment.objects.filter(pk=row.pk).update(heartbeat_at=stale)
+        with django_capture_on_commit_callbacks(execute=True):
+            counts = services.reconcile_deployments()
+        assert counts["orphans_killed"] == 1 and counts["restarted"] == 1
+        assert not triton_server.is_alive(launched.pid, launched.create_time)
+        row.refresh_from_db()
+        assert row.status == "ready" and _server(row) == server
+    finally:
+        if triton_server.is_alive(launched.pid, launched.create_time):
+            triton_server.stop_server(launched.pid, launched.create_time)
+        services.stop_deployment(deployment_id=row.pk)
+
+
 def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
