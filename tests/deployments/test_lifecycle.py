@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -40,6 +41,23 @@ def _server(row: Deployment) -> LocalServerState:
     """The local runtime's record of a deployment's tritonserver."""
     row.refresh_from_db()
     return LocalServerState.from_state(row.runtime_state)
+
+
+def _second_triton(server: LocalServerState, triton_dir: Path, name: str) -> triton_server.ServerProcess:
+    """Start another Triton under `server`'s server id (as a crashed start, or one not yet recorded, leaves one),
+    its log at `triton_dir`/<name>.log."""
+    backend_root = triton_server.ensure_backend_directory(triton_dir / "backends")
+    ports = triton_server.allocate_ports(3)
+    return triton_server.start_server(
+        server_id=server.server_id,
+        repository=str(triton_dir),
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=triton_dir / f"{name}.log",
+        backend_root=backend_root,
+        api_key=triton_api_key(server.server_id),
+    )
 
 
 def _port_is_free(port: int) -> bool:
@@ -192,18 +210,7 @@ def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
     row = Deployment.objects.get(pk=d["id"])
     server = _server(row)
     Deployment.objects.filter(pk=row.pk).update(status="starting", heartbeat_at=timezone.now())
-    backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
-    ports = triton_server.allocate_ports(3)
-    launched = triton_server.start_server(
-        server_id=server.server_id,
-        repository=str(settings.CONCH_TRITON_DIR),
-        http_port=ports[0],
-        grpc_port=ports[1],
-        metrics_port=ports[2],
-        log_path=settings.CONCH_TRITON_DIR / "launched.log",
-        backend_root=backend_root,
-        api_key=triton_api_key(server.server_id),
-    )
+    launched = _second_triton(server, settings.CONCH_TRITON_DIR, "launched")
     try:
         # when reconcile runs in that window
         counts = services.reconcile_deployments()
@@ -231,19 +238,8 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     # given a ready deployment, and a second Triton tagged for it (as left by a crashed start)
     d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
     row = Deployment.objects.get(pk=d["id"])
-    backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
-    ports = triton_server.allocate_ports(3)
     server = _server(row)
-    orphan = triton_server.start_server(
-        server_id=server.server_id,
-        repository=str(settings.CONCH_TRITON_DIR),
-        http_port=ports[0],
-        grpc_port=ports[1],
-        metrics_port=ports[2],
-        log_path=settings.CONCH_TRITON_DIR / "orphan.log",
-        backend_root=backend_root,
-        api_key=triton_api_key(server.server_id),
-    )
+    orphan = _second_triton(server, settings.CONCH_TRITON_DIR, "orphan")
     triton_server.wait_until_ready(orphan, timeout_s=60)
     # when Conch restarts (nothing in the database changes) and reconcile runs
     with django_capture_on_commit_callbacks(execute=True):
