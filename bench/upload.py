@@ -56,6 +56,7 @@ from pathlib import Path
 
 import boto3
 import psutil
+import redis
 from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,8 +96,6 @@ def bench_broker(url: str) -> str:
     into its folder every 0.1 s) when `url` is "filesystem://" or no Redis answers there."""
     if url.startswith("filesystem://"):
         return url
-    import redis
-
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).flushdb()
     except redis.RedisError as exc:
