@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -135,6 +136,29 @@ def get_upload(
     upload = visible_uploads(user=user, token=token).filter(pk=key, model_id=model_id).first()
     if upload is None:
         raise NotFound(f"Upload {upload_id} does not exist or is not in one of your teams.")
+    return upload
+
+
+#: A GET that waits for the worker's check (`wait_for_check`) looks at the upload's status every WAIT_POLL_S seconds,
+#: for at most MAX_WAIT_S seconds: a web thread is held that long, so the bound is short and a client asks again.
+WAIT_POLL_S = 0.02
+MAX_WAIT_S = 10.0
+
+
+def wait_for_check(*, upload: Upload, wait_s: float) -> Upload:
+    """The upload once it has left `completing` (the worker's check ended: `completed` naming its version, or
+    `failed`), else as it is after `wait_s` seconds (at most MAX_WAIT_S); at once when it is not `completing`.
+
+    For a client waiting for the check (a long poll): it hears of the end within WAIT_POLL_S seconds of the
+    worker's commit, instead of within its own polling interval, and sends one request where it would send many.
+    Reads only the row's status while it waits.
+    """
+    deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
+    while upload.status == UploadStatus.COMPLETING and time.monotonic() < deadline:
+        time.sleep(min(WAIT_POLL_S, max(deadline - time.monotonic(), 0.0)))
+        if Upload.objects.filter(pk=upload.pk).values_list("status", flat=True).first() != UploadStatus.COMPLETING:
+            upload.refresh_from_db()
+            break
     return upload
 
 

@@ -299,6 +299,19 @@ class UploadListFilterSerializer(serializers.Serializer):
     )
 
 
+class UploadWaitSerializer(serializers.Serializer):
+    """Query of GET /models/{model_id}/uploads/{upload_id}/: how long to wait for the worker's check."""
+
+    wait = serializers.FloatField(
+        required=False,
+        min_value=0,
+        max_value=3600,
+        help_text="Seconds (at most 10 are waited) to hold the answer while the upload is `completing`: it comes "
+        "as soon as the check ends (`completed` or `failed`), or with the upload still `completing` when the time "
+        "is up (ask again). Without it, or for an upload in any other status, the answer comes at once.",
+    )
+
+
 class StoredPartSerializer(serializers.Serializer):
     number = serializers.IntegerField()
     size_bytes = serializers.IntegerField()

@@ -26,6 +26,7 @@ from builds.api.serializers import (
     StoredPartSerializer,
     UploadListFilterSerializer,
     UploadSerializer,
+    UploadWaitSerializer,
 )
 from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
 from conch.limits import BodyLimit, accepts_body
@@ -125,13 +126,19 @@ class UploadDetailView(APIView):
     """GET one upload with the parts the store holds; DELETE aborts it."""
 
     @extend_schema(
+        parameters=[UploadWaitSerializer],
         responses={200: UploadSerializer, **_ERRORS, **_STORE_DOWN},
         description="The upload, with `parts` listed fresh from the object store: resume by sending the others. "
-        "Poll it after POST .../complete until `completed` (`version` is then the new version, its build queued) or "
-        "`failed` (`error` says why and what to do).",
+        "After POST .../complete, ask again until `completed` (`version` is then the new version, its build queued) "
+        "or `failed` (`error` says why and what to do); with `wait` the answer comes as soon as the check ends "
+        "(a long poll of at most 10 s). A bad `wait` is 400 naming it.",
     )
     def get(self, request: Request, model_id: int, upload_id: str) -> Response:
+        query = UploadWaitSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
         upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        if query.validated_data.get("wait"):
+            upload = resumable.wait_for_check(upload=upload, wait_s=query.validated_data["wait"])
         return Response(_render([upload]))
 
     @extend_schema(

@@ -654,3 +654,57 @@ def test_an_upload_another_client_completed_meanwhile_ends_with_its_version(
     assert first.version["id"] == other["result"].version["id"]
     assert any("was completed meanwhile by another client" in line for line in said), said
     assert ModelVersion.objects.count() == 1
+
+
+@pytest.mark.parametrize("server_waits", [True, False], ids=["long-poll", "server-answers-at-once"])
+def test_upload_waits_for_a_worker_s_check_that_ends_later(cli, model, model_file, monkeypatch, server_waits):
+    from conch_cli.api import ConchApi
+
+    from builds import services as builds
+    from models_registry import resumable
+
+    # given no task runs inline: the check waits for a worker, here a thread that runs it 0.5 s after the upload
+    # becomes `completing`
+    path, sha256 = model_file
+    if not server_waits:  # a Conch that answers at once, `wait` or not (one before the long poll)
+        monkeypatch.setattr(resumable, "wait_for_check", lambda *, upload, wait_s: upload)
+    asked: list[dict] = []
+    original_get = ConchApi.get
+
+    def recording_get(api, path, **kwargs):
+        if "/uploads/" in path and path.endswith("/"):
+            asked.append(kwargs.get("params") or {})
+        return original_get(api, path, **kwargs)
+
+    monkeypatch.setattr(ConchApi, "get", recording_get)
+    checked: list[str] = []
+
+    def worker() -> None:
+        from django.db import connection
+
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                upload = Upload.objects.filter(status="completing").first()
+                if upload is not None:
+                    time.sleep(0.5)
+                    checked.append(builds.finish_upload(upload_id=upload.pk))
+                    return
+                time.sleep(0.02)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    # when the file is uploaded
+    result = cli("upload", "big", path, "--part-size", "5M", "--json")
+    thread.join()
+    # then the CLI waited for the check and ends with the version it made
+    assert result.code == 0, result.err
+    assert checked == ["completed"]
+    body = result.json()
+    assert body["upload"]["status"] == "completed" and body["version"]["source"]["sha256"] == sha256
+    # each GET of the completing upload asked the server to wait; a server that waits needed one, one that answers
+    # at once was asked again after pauses
+    assert asked and all(float(params["wait"]) > 0 for params in asked)
+    assert len(asked) == 1 if server_waits else len(asked) > 1

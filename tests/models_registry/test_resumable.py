@@ -5,10 +5,12 @@ start, resume, complete, the worker's check, failures, quota, expiry, other team
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import threading
+import time
 import tracemalloc
 import uuid
 import zlib
@@ -1099,3 +1101,73 @@ def test_a_start_with_crc32_resumes_an_open_upload_without_it_but_not_the_other_
     # then it gets a new upload, not the one it could not finish
     assert fresh.status_code == 201, fresh.content
     assert fresh.json()["id"] != with_crc["id"] and fresh.json()["part_checksum_algorithm"] is None
+
+
+def _completing_upload(caller, data: bytes, capture=contextlib.nullcontext) -> tuple[int, str]:
+    """A folder-store upload of `data` in one part, completed by its client: `completing`, its check not run
+    (`capture` keeps it from the queue; in a transactional test it goes to the broker, which no worker reads)."""
+    model_id = _model(caller)
+    upload = _start(caller, model_id, data).json()
+    (target,) = _urls(caller, model_id, upload["id"], [1])
+    assert caller.client.put(target["url"], data=data, content_type="application/octet-stream").status_code == 200
+    with capture():  # the check is queued, not run
+        completed = caller.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete")
+    assert completed.status_code == 202 and completed.json()["status"] == "completing"
+    return model_id, upload["id"]
+
+
+def test_a_get_that_waits_for_a_check_nobody_runs_answers_completing_when_its_time_is_up(
+    alice, django_capture_on_commit_callbacks, monkeypatch
+):
+    model_id, upload_id = _completing_upload(alice, os.urandom(MIB), django_capture_on_commit_callbacks)
+    slept = []
+    monkeypatch.setattr(resumable.time, "sleep", slept.append)  # the wait looks again without sleeping
+    answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload_id}/", {"wait": "0.2"})
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["status"] == "completing"
+    # it looked at the status again while it waited, and stopped when the time was up
+    assert slept and all(0 <= pause <= resumable.WAIT_POLL_S for pause in slept)
+    # a wait longer than the server holds a request is cut to MAX_WAIT_S: the answer still comes
+    monkeypatch.setattr(resumable, "MAX_WAIT_S", 0.1)
+    answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload_id}/", {"wait": "3600"})
+    assert answer.status_code == 200 and answer.json()["status"] == "completing"
+
+
+def test_a_get_that_waits_answers_at_once_for_an_upload_that_is_not_completing(alice, monkeypatch):
+    data = os.urandom(MIB)
+    model_id = _model(alice)
+    upload = _start(alice, model_id, data).json()
+    monkeypatch.setattr(resumable.time, "sleep", lambda pause: pytest.fail(f"waited {pause} s on an open upload"))
+    answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/", {"wait": "10"})
+    assert answer.status_code == 200 and answer.json()["status"] == "uploading"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_get_that_waits_answers_as_soon_as_the_worker_s_check_ends():
+    caller = make_caller("alice", "acme")
+    data = os.urandom(MIB)
+    model_id, upload_id = _completing_upload(caller, data)
+
+    def worker() -> None:  # the worker's check, on another connection, once the GET below waits
+        try:
+            time.sleep(0.3)
+            assert builds.finish_upload(upload_id=upload_id) == "completed"  # its version's build is queued
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    answer = caller.client.get(f"/api/v1/models/{model_id}/uploads/{upload_id}/", {"wait": "60"})
+    thread.join()
+    assert answer.status_code == 200, answer.content
+    done = answer.json()
+    assert done["status"] == "completed" and done["version"] == Upload.objects.get(pk=upload_id).version_id
+
+
+@pytest.mark.parametrize(("wait", "says"), [("-1", "greater than or equal to 0"), ("soon", "valid number")])
+def test_a_bad_wait_is_refused_naming_it(alice, wait, says):
+    model_id = _model(alice)
+    upload = _start(alice, model_id, os.urandom(MIB)).json()
+    answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/", {"wait": wait})
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["field"] == "wait" and says in answer.json()["detail"]

@@ -662,30 +662,39 @@ def check_upload_api(api: ConchApi, model_id: int, path: Path) -> list[dict]:
         )
 
 
-#: How often the server's check of a completed upload is polled: every POLL_FIRST_S for the first POLL_FAST_FOR_S
-#: seconds (a check of a few GiB joins its parts in seconds, and a pipeline waits for each of them), then less often
-#: (up to every POLL_MAX_S) for a long check.
+#: Seconds each GET of a completing upload asks the server to wait for the end of its check (`?wait=`, a long
+#: poll: the answer comes as soon as the check ends, the server waiting at most 10 s a request).
+CHECK_WAIT_S = 10.0
+#: A server that answers a waiting GET at once (one without `wait`) is polled instead: every POLL_FIRST_S for the
+#: first POLL_FAST_FOR_S seconds (a check of a few GiB joins its parts in seconds, and a pipeline waits for each of
+#: them), then less often (up to every POLL_MAX_S) for a long check.
 POLL_FIRST_S = 0.1
 POLL_FAST_FOR_S = 30.0
 POLL_MAX_S = 1.0
 
 
 def wait_for_upload(api: ConchApi, upload: dict, *, timeout_s: float) -> dict:
-    """Poll the upload until it is completed (returned) or failed/aborted (CliError FAILED), at most `timeout_s`."""
+    """Wait until the upload is completed (returned) or failed/aborted (CliError FAILED), at most `timeout_s`:
+    each GET waits on the server for the check's end (CHECK_WAIT_S); an answer that came back early with the upload
+    still open (a server that does not wait) is followed by a pause, as plain polling does."""
     path = f"/api/v1/models/{upload['model']}/uploads/{upload['id']}/"
     started = time.monotonic()
     deadline = started + timeout_s
-    delay = 0.05
+    delay = POLL_FIRST_S
     while upload["status"] in OPEN_STATUSES:
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise CliError(
                 f"Upload {upload['id']} is still {upload['status']!r} after {timeout_s:.0f} s; run the same command "
                 "again to keep waiting.",
                 UNAVAILABLE,
             )
-        time.sleep(delay)
-        delay = POLL_FIRST_S if time.monotonic() - started < POLL_FAST_FOR_S else min(delay * 1.5, POLL_MAX_S)
-        upload = api.get(path)
+        wait = min(CHECK_WAIT_S, left)
+        asked = time.monotonic()
+        upload = api.get(path, params={"wait": f"{wait:.3f}"})
+        if upload["status"] in OPEN_STATUSES and time.monotonic() - asked < wait / 2:
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = POLL_FIRST_S if time.monotonic() - started < POLL_FAST_FOR_S else min(delay * 1.5, POLL_MAX_S)
     if upload["status"] != "completed":
         raise CliError(
             f"Upload {upload['id']} {upload['status']}: {upload.get('error') or 'no reason given'}",

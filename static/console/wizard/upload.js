@@ -690,11 +690,16 @@
     state.finished = true;
     setButtons({ pause: false, resume: false, cancel: false });
     while (upload.status === "completing" || upload.status === "uploading") {
-      await new Promise((resolve) => setTimeout(resolve, 500));
+      // The server holds the answer until its check ends (a long poll of at most 10 s); an answer that comes back
+      // early with the upload still open (or a dropped connection) is followed by a pause before asking again.
+      const asked = Date.now();
       try {
-        upload = await api("GET", `${uploadsUrl}${state.upload.id}/`);
+        upload = await api("GET", `${uploadsUrl}${state.upload.id}/?wait=10`);
       } catch (error) {
         if (!isTransient(error)) throw error; // a dropped connection: ask again
+      }
+      if ((upload.status === "completing" || upload.status === "uploading") && Date.now() - asked < 5000) {
+        await new Promise((resolve) => setTimeout(resolve, 500));
       }
     }
     localStorage.removeItem(storageKey(state.file));
