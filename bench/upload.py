@@ -44,6 +44,7 @@ import argparse
 import http.client
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -185,13 +186,16 @@ def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tupl
     return elapsed, json.loads(body)
 
 
-def conch_upload(env: dict, model: str, path: Path, parallel: int, part_size: str | None) -> tuple[float, dict, int]:
-    """Run `conch upload MODEL PATH --json`; return (seconds, its JSON, its peak RSS in bytes)."""
+def conch_upload(
+    env: dict, model: str, path: Path, parallel: int, part_size: str | None
+) -> tuple[float, dict, int, float]:
+    """Run `conch upload MODEL PATH --json`; return (seconds, its JSON, its peak RSS in bytes, its CPU seconds)."""
     # --new-version: every round sends the same file, and each one must be sent (not found to be a version).
     command = [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--new-version"]
     command += ["--parallel", str(parallel)]
     if part_size:
         command += ["--part-size", part_size]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     process = subprocess.Popen(
         command,
@@ -208,7 +212,10 @@ def conch_upload(env: dict, model: str, path: Path, parallel: int, part_size: st
     sampler.join()
     if process.returncode != 0:
         raise SystemExit(f"conch upload failed ({process.returncode}): {err[-2000:]}")
-    return elapsed, json.loads(out), sampler.peak
+    # The other children (the servers) still run: only this one, now waited for, is counted here.
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    return elapsed, json.loads(out), sampler.peak, cpu
 
 
 def wait_build(port: int, token: str, version_id: int, timeout: float = 600) -> None:
@@ -380,7 +387,7 @@ def main() -> None:
             # what each one's parts and completion need (with --plain-s3-server it is given back anyway).
             s3.upload_file(str(path), BUCKET, "warmup/model.onnx")
             empty_bucket()
-            _, warmup, _ = conch_upload(cli_env, str(model_id), path, args.parallel, args.part_size)
+            _, warmup, _, _ = conch_upload(cli_env, str(model_id), path, args.parallel, args.part_size)
             empty_bucket()
             wait_build(web_port, token, warmup["version"]["id"])
 
@@ -412,7 +419,9 @@ def main() -> None:
                 before = sampler.current()
                 sampler.start()
                 cpu0 = cpu_seconds([moto_pid]), cpu_seconds(web_pids, children=False)
-                elapsed, result, client_peak = conch_upload(cli_env, str(model_id), path, args.parallel, args.part_size)
+                elapsed, result, client_peak, client_cpu = conch_upload(
+                    cli_env, str(model_id), path, args.parallel, args.part_size
+                )
                 sampler.stop_event.set()
                 sampler.join()
                 conch_times.append(elapsed)
@@ -425,7 +434,7 @@ def main() -> None:
                 print(
                     f"round {round_number} conch upload (CLI):         {elapsed:6.2f} s "
                     f"{size / elapsed / 2**20:5.0f} MiB/s   CPU s: S3 server {cpu_seconds([moto_pid]) - cpu0[0]:.1f}, "
-                    f"web {cpu_seconds(web_pids, children=False) - cpu0[1]:.1f}   "
+                    f"web {cpu_seconds(web_pids, children=False) - cpu0[1]:.1f}, client {client_cpu:.1f}   "
                     f"{result['upload']['part_count']} parts of {result['upload']['part_size_bytes'] / 2**20:.0f} MiB, "
                     f"client peak RSS {client_peak / 2**20:.0f} MiB, "
                     f"web RSS growth {(sampler.peak - before) / 2**20:.1f} MiB, "
