@@ -187,12 +187,13 @@ def upload_through_api(port: int, token: str, model_id: int, path: Path) -> tupl
 
 
 def conch_upload(
-    env: dict, model: str, path: Path, parallel: int, part_size: str | None
+    env: dict, model: str, path: Path, parallel: int | None, part_size: str | None
 ) -> tuple[float, dict, int, float]:
     """Run `conch upload MODEL PATH --json`; return (seconds, its JSON, its peak RSS in bytes, its CPU seconds)."""
     # --new-version: every round sends the same file, and each one must be sent (not found to be a version).
     command = [str(BIN / "conch"), "upload", model, str(path), "--json", "--quiet", "--new-version"]
-    command += ["--parallel", str(parallel)]
+    if parallel:
+        command += ["--parallel", str(parallel)]
     if part_size:
         command += ["--part-size", part_size]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -234,7 +235,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds; the best time of each counts.")
-    parser.add_argument("--parallel", type=int, default=8, help="conch upload --parallel (parts at once).")
+    parser.add_argument("--parallel", type=int, help="conch upload --parallel (parts at once; default: the CLI's).")
     parser.add_argument("--part-size", help="conch upload --part-size (default: the server's choice).")
     parser.add_argument("--skip-old-path", action="store_true", help="Leave out the old single-request upload.")
     parser.add_argument(
