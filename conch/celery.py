@@ -18,6 +18,11 @@ import os
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 from kombu import Queue
+from kombu.transport import TRANSPORT_ALIASES
+
+# `filesystem://` is kombu's filesystem transport with messages that appear whole (conch.broker): set before any
+# connection resolves the name.
+TRANSPORT_ALIASES["filesystem"] = "conch.broker:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
 
