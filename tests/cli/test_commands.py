@@ -112,6 +112,8 @@ def test_a_taken_name_is_a_conflict_unless_exist_ok(cli):
     # then exit 4 with the server's detail and field
     assert again.code == 4
     assert "(field: name) [HTTP 409 from POST /api/v1/models/]" in again.err
+    # and says how to use the existing model instead
+    assert "(--exist-ok uses the existing model instead)" in again.err
     # and with --exist-ok the existing model is returned
     existing = cli("models", "create", "dup", "--exist-ok", "--json")
     assert existing.code == 0

@@ -183,7 +183,10 @@ def models_create(
         try:
             model = api.post("/api/v1/models/", {"name": name, "team": team}, expect=(201,))
         except CliError as exc:
-            if not (exist_ok and exc.status == 409 and exc.field == "name"):
+            if exc.status != 409 or exc.field != "name":
+                raise
+            if not exist_ok:
+                exc.detail = f"{exc.detail} (--exist-ok uses the existing model instead)"
                 raise
             model, created = api.find_model(name, team), False
     if as_json:
