@@ -200,7 +200,7 @@ def test_an_unknown_runtime_is_a_usage_error_naming_the_accepted_ones(cli):
 @pytest.mark.parametrize(
     ("command", "usage", "option", "metavar"),
     [
-        (["builds", "wait"], "conch builds wait [OPTIONS] VERSION_ID", "--timeout", "SECONDS"),
+        (["builds", "wait"], "conch builds wait [OPTIONS] VERSION", "--timeout", "SECONDS"),
         (["upload"], "conch upload [OPTIONS] MODEL FILE", "--build-option", "KEY=VALUE"),
         (["deploy"], "conch deploy [OPTIONS] MODEL[:NUMBER]", "--runtime", "local|kubernetes"),
         (["infer"], "conch infer [OPTIONS] DEPLOYMENT", "--input", "NAME=FILE.npy"),
@@ -234,6 +234,25 @@ def test_builds_wait_exits_5_with_the_build_error_when_the_build_fails(cli, conc
     error = result.json()["error"]
     assert error["detail"].startswith(f"The build of version {version_id} failed: ")
     assert error["exit_code"] == 5
+    # and so it does when the version is named as MODEL:NUMBER, as `conch upload` prints it first
+    by_name = cli("builds", "wait", "broken:1", "--json")
+    assert by_name.code == 5 and by_name.json()["error"]["detail"].startswith(f"The build of version {version_id} ")
+
+
+@pytest.mark.parametrize(
+    ("version", "code", "says"),
+    [
+        ("broken", 1, "VERSION is a version id (as in 12) or MODEL:NUMBER"),
+        ("broken:x", 1, "got 'x'"),
+        ("broken:7", 3, "has no version number 7"),
+        ("nosuch:1", 3, "nosuch"),
+    ],
+)
+def test_builds_wait_names_what_is_wrong_with_the_version(cli, version, code, says):
+    cli("models", "create", "broken")
+    result = cli("builds", "wait", version, "--json")
+    assert result.code == code, result.err
+    assert says in result.json()["error"]["detail"]
 
 
 def test_deploy_of_a_version_number_the_model_lacks_is_not_found(cli):

@@ -316,10 +316,10 @@ def upload(
 ) -> None:
     """Upload FILE as the model's next version: parts in parallel, straight to the object store when Conch uses
     S3. Run the same command again after an interruption and it sends only the parts the store lacks.
-    Prints the version as MODEL:NUMBER (what `conch deploy` takes) and its VERSION_ID (what `conch builds wait`
-    takes). When FILE already is a version of the model (same sha256), no version is made: it prints that version
-    (`"duplicate": true` with --json) and exits 0, so a pipeline run again goes on with it; --new-version makes
-    another version anyway."""
+    Prints the version as MODEL:NUMBER (what `conch deploy` and `conch builds wait` take) and its VERSION_ID
+    (which `conch builds wait` takes too). When FILE already is a version of the model (same sha256), no version
+    is made: it prints that version (`"duplicate": true` with --json) and exits 0, so a pipeline run again goes on
+    with it; --new-version makes another version anyway."""
     options = _build_options(build_option or [])
     part_bytes = _size(part_size) if part_size else None
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
@@ -430,18 +430,32 @@ def _wait_build(api: ConchApi, version_id: int | str, timeout_s: float, *, quiet
 @builds_app.command("wait", cls=_Command)
 def builds_wait(
     version: Annotated[
-        int,
+        str,
         typer.Argument(
-            metavar="VERSION_ID", help="The version's id, unique in Conch, as `conch upload` prints it (version id N)."
+            metavar="VERSION",
+            help="The version: its id, unique in Conch (`conch upload` prints `version id N`), or MODEL:NUMBER "
+            "(as `conch upload` prints it first).",
         ),
     ],
+    team: Team = None,
     timeout: Timeout = 3600,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No step lines on stderr.")] = False,
     as_json: Json = False,
 ) -> None:
     """Wait until a version's build ends: exit 0 when built, 5 when it failed (with the build's error)."""
     with _api() as api:
-        found = _wait_build(api, version, timeout, quiet=quiet or as_json)
+        if version.isdigit():
+            version_id = int(version)
+        else:
+            model_ref, colon, number = version.partition(":")
+            if not colon or not model_ref:
+                raise CliError(
+                    f"VERSION is a version id (as in 12) or MODEL:NUMBER (as in classifier:2), got {version!r}.",
+                    USAGE,
+                    field="version",
+                )
+            version_id = _pick_version(api, api.find_model(model_ref, team), number)["id"]
+        found = _wait_build(api, version_id, timeout, quiet=quiet or as_json)
     if as_json:
         output.emit_json(found)
     else:
