@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from conch.errors import Conflict, Unavailable
+from conch.errors import Conflict, InvalidInput, Unavailable
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
@@ -55,7 +55,29 @@ def infer(
         with TritonClient(url, timeout_s=60) as client:
             return client.infer_request_body(deployment.model_name, body, header_length=header_length)
 
-    return send_to_a_server(deployment, send)
+    try:
+        return send_to_a_server(deployment, send)
+    except InvalidInput as error:
+        raise _with_model_inputs(error, deployment) from None
+
+
+#: Words of Triton's refusals of a request whose input names do not match the model's: an unknown input, a
+#: missing one, or a count that differs (core's "expected 2 inputs but got 3 inputs").
+_INPUT_NAME_PROBLEMS = ("unexpected inference input", "missing required input", "inputs but got")
+
+
+def _with_model_inputs(error: InvalidInput, deployment: Deployment) -> InvalidInput:
+    """`error` with the model's inputs appended ("The model's inputs: x FP32 [-1, 4]; shift FP32 [-1, 1]", -1
+    marking a variable axis) when Triton refused the request's input names, so the caller reads what to send
+    instead; any other error unchanged."""
+    if not any(words in error.detail for words in _INPUT_NAME_PROBLEMS):
+        return error
+    inputs = (deployment.model_version.signature or {}).get("inputs") or []
+    if not inputs:
+        return error
+    listed = "; ".join(f"{spec['name']} {spec['datatype']} {list(spec['dims'])}" for spec in inputs)
+    error.detail = f"{error.detail.rstrip('.')}. The model's inputs: {listed}."
+    return error
 
 
 def send_to_a_server(deployment: Deployment, send: Callable[[str], T]) -> T:

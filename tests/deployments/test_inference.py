@@ -186,6 +186,11 @@ def test_triton_errors_about_a_tensor_name_it_in_field(
         body = response.json()
         assert body["field"] == field, (problem, body)
         assert words in body["detail"], (problem, body)
+        # and a request whose input names are not the model's is told which inputs the model has
+        if problem in ("unknown input", "missing input", "an input too many"):
+            assert body["detail"].endswith("The model's inputs: x FP32 [-1, 4]; shift FP32 [-1, 1]."), body
+        else:
+            assert "The model's inputs" not in body["detail"], body
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/x-www-form-urlencoded", "text/plain"])
