@@ -90,6 +90,12 @@ class InputField:
     width: int = 0
     example: list[Any] = field(default_factory=list)
 
+    @property
+    def dims_text(self) -> str:
+        """The model's dims as a page shows them: `[?, 3, 224, 224]`, `?` for an axis sized per request (the batch
+        axis among them)."""
+        return "[" + ", ".join(str(size) if size >= 0 else "?" for size in self.dims) + "]"
+
 
 def inference_form(deployment: Deployment) -> dict[str, Any]:
     """The test form of `deployment`, from its version's inspected signature.

@@ -45,6 +45,7 @@ def test_the_form_offers_an_image_for_the_classifier_s_nchw_input(alice, built_c
     assert (field.name, field.datatype, field.image_layout) == ("x", "FP32", "NCHW")
     assert (field.height, field.width) == (224, 224)
     assert field.shape == (1, 3, 224, 224)
+    assert field.dims_text == "[?, 3, 224, 224]"  # as the page shows it: the batch axis sized per request
     assert field.example == []  # too large to write out as zeros
     assert form["image_input"] == "x"
     assert form["outputs"] == [{"name": "fetch_name_0", "datatype": "FP32", "dims": [-1, 4]}]
