@@ -198,6 +198,7 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             # seconds a part may stand still (no bytes moving) before the page aborts it and sends it again
             "stall_seconds": settings.CONCH_UPLOAD_STALL_SECONDS,
             "build_url_template": reverse("console:wizard:build", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
+            "deploy_url_template": reverse("console:wizard:deploy", kwargs={"version_id": 0}).replace("/0/", "/{id}/"),
             "open_uploads": _open_uploads(model),
         },
     )

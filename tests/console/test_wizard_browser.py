@@ -901,9 +901,15 @@ def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_b
     expect(page.get_by_test_id("upload-duplicate")).to_contain_text(
         todo.get(version.status, "Wait for that version's build")
     )
+    # (a built one's deploy step, another's build page)
     link = page.get_by_test_id("upload-duplicate-link")
-    assert link.inner_text() == "Open version 1"
-    assert link.get_attribute("href") == f"/wizard/versions/{version.pk}/build/"
+    if version.status == "built":
+        assert link.inner_text() == "Deploy version 1"
+        assert link.get_attribute("href") == f"/wizard/versions/{version.pk}/deploy/"
+    else:
+        assert link.inner_text() == "Open version 1"
+        assert link.get_attribute("href") == f"/wizard/versions/{version.pk}/build/"
+    assert page.get_by_test_id("upload-progress").evaluate("() => document.getElementById('upload-bar').value") == 0
     assert page.locator("#upload-error").is_hidden()
     assert puts == []
     # and the upload the page had started for it is aborted (it reserved the file's size of the team's storage)

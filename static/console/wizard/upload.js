@@ -46,6 +46,7 @@
 
   const uploadsUrl = root.dataset.uploadsUrl;
   const buildUrl = root.dataset.buildUrl;
+  const deployUrl = root.dataset.deployUrl;
   const csrf = root.dataset.csrf;
   const maxBytes = Number(root.dataset.maxBytes);
   const maxText = root.dataset.maxText;
@@ -753,8 +754,11 @@
     duplicateText.textContent =
       `This file is already version ${existing.number} of this model (${existing.status}). ` +
       `${todo}, upload the file as a new version anyway, or cancel the upload.`;
-    duplicateLink.textContent = `Open version ${existing.number}`;
-    duplicateLink.href = buildUrl.replace("{id}", existing.id);
+    // a built version links to its deploy step, any other to its build page
+    const built = existing.status === "built";
+    duplicateLink.textContent = `${built ? "Deploy" : "Open"} version ${existing.number}`;
+    duplicateLink.href = (built ? deployUrl : buildUrl).replace("{id}", existing.id);
+    bar.value = 0; // nothing of this file was sent (the bar may show its sha256 computed)
     duplicateBox.hidden = false;
   }
 
