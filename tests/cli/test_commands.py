@@ -44,6 +44,17 @@ def test_login_with_a_page_s_url_uses_its_scheme_host_and_port(cli, conch_env):
     assert json.loads(conch_env.config.read_text())["url"] == conch_env.url
 
 
+def test_login_to_the_inference_gateway_s_url_says_to_give_the_console_s(cli, conch_env, gateway):
+    # when the user logs in with the gateway's URL (its port is next to the console's in var/demo.env)
+    result = cli("login", "--url", gateway.url, "--token", conch_env.token, "--json", CONCH_URL=None, CONCH_TOKEN=None)
+    # then it is not found there, and the error says which URL to give instead; nothing is saved
+    assert result.code == 3
+    detail = result.json()["error"]["detail"]
+    assert detail.startswith(f"{gateway.url} has no Conch API (GET /api/v1/teams/ answered 404: ")
+    assert "Give the URL of Conch's console and REST API (CONCH_URL in var/demo.env)" in detail
+    assert not conch_env.config.exists()
+
+
 def test_login_with_a_bad_token_exits_2_and_saves_nothing(cli, conch_env):
     result = cli("login", "--url", conch_env.url, "--token", "conch_nottherightone", "--json")
     assert result.code == 2

@@ -146,6 +146,13 @@ def login(
         parts = urlsplit(settings.url)
         origin = f"{parts.scheme}://{parts.netloc}"
         if origin == settings.url:
+            if error.status == 404:
+                # A server without Conch's API there: often the inference gateway's port instead of the console's.
+                error.detail = (
+                    f"{settings.url} has no Conch API (GET /api/v1/teams/ answered 404: {error.detail}). Give the URL "
+                    "of Conch's console and REST API (CONCH_URL in var/demo.env), not the inference gateway's "
+                    "(which serves only /serve/…)"
+                )
             raise
         try:
             teams = _login_teams(Settings(url=origin, token=settings.token))
