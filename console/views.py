@@ -14,6 +14,7 @@ from http import HTTPStatus
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Case, When
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat
@@ -25,6 +26,7 @@ from conch.errors import ConchError, Conflict, InUse, InvalidInput, NotFound
 from console import presenters
 from console.context import SESSION_TEAM, role_can_write, team_context
 from deployments import services as deployments
+from deployments.choices import DeploymentStatus
 from models_registry import deletion
 from models_registry import services as registry
 from tenancy import members as team_members
@@ -132,8 +134,11 @@ def overview(request: HttpRequest) -> HttpResponse:
     console = team_context(request)
     context: dict = {"deployments": [], "builds": [], "usage": []}
     if console.team is not None:
+        # the ones that serve or are on their way first, the stopped ones after them; newest first in each
         context["deployments"] = (
-            deployments.visible_deployments(user=request.user).filter(team=console.team).order_by("-created_at")
+            deployments.visible_deployments(user=request.user)
+            .filter(team=console.team)
+            .order_by(Case(When(status=DeploymentStatus.STOPPED, then=1), default=0), "-created_at")
         )
         context["builds"] = (
             registry.visible_versions(user=request.user)

@@ -50,6 +50,21 @@ def test_the_overview_shows_the_current_teams_deployments_builds_and_quota(sessi
     assert 'id="quota-deployments"' in html and "1 of 10 deployments" in html
 
 
+def test_the_overview_lists_stopped_deployments_after_the_others(session, alice, adder):
+    version, ready = adder
+    # given two deployments stopped after the ready one was made (newer)
+    stopped = [
+        Deployment.objects.create(
+            team=alice.team, name=name, model_version=version, status="stopped", config_pbtxt=version.config_pbtxt
+        )
+        for name in ("old-a", "old-b")
+    ]
+    html = session.get("/").content.decode()
+    # then the ready one comes first, the stopped ones after it, newest first
+    places = [html.index(f'href="/deployments/{d.pk}/"') for d in (ready, stopped[1], stopped[0])]
+    assert places == sorted(places)
+
+
 def test_switching_team_changes_the_overview_and_refuses_a_team_not_ones_own(session, alice):
     other = TeamFactory(slug="initech", name="Initech")
     MembershipFactory(user=alice.user, team=other, role="viewer")
