@@ -56,12 +56,12 @@ case $code in
   *) cat "$errors" >&2; exit "$code" ;;
 esac
 
-model=$(conch models create "$name" --team "$team" --exist-ok --json)
-model_id=$(field id <<<"$model")
-if [[ $(field created <<<"$model") == True ]]; then echo "model $model_id (created)"; else echo "model $model_id (existing)"; fi
-
-uploaded=$(conch upload "$model_id" "$model_file" --build-option max_batch_size=8 \
+# The model is registered by the upload when the team has none of that name, once the file passed conch's local
+# check: a file conch refuses (exit 1) leaves no empty model behind.
+uploaded=$(conch upload "$name" "$model_file" --team "$team" --create-model --build-option max_batch_size=8 \
   --build-option max_queue_delay_microseconds=1000 --json)
+model_id=$(field version model <<<"$uploaded")
+if [[ $(field model_created <<<"$uploaded") == True ]]; then echo "model $model_id (created)"; else echo "model $model_id (existing)"; fi
 version_id=$(field version id <<<"$uploaded")
 version_number=$(field version number <<<"$uploaded")
 if [[ $(field duplicate <<<"$uploaded") == True ]]; then

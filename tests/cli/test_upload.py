@@ -708,3 +708,27 @@ def test_upload_waits_for_a_worker_s_check_that_ends_later(cli, model, model_fil
     # at once was asked again after pauses
     assert asked and all(float(params["wait"]) > 0 for params in asked)
     assert len(asked) == 1 if server_waits else len(asked) > 1
+
+
+def test_create_model_registers_a_missing_model_only_for_a_file_that_passes_the_check(cli, tmp_path, eager_tasks):
+    from models_registry.models import RegisteredModel
+
+    # a refused file registers nothing
+    bad = tmp_path / "notes.txt"
+    bad.write_bytes(b"some notes\n")
+    assert cli("upload", "fresh", bad, "--create-model", "--json").code == 1
+    assert not RegisteredModel.objects.filter(name="fresh").exists()
+    # a good file registers the model, then becomes its version 1
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(6 * MIB))
+    result = cli("upload", "fresh", path, "--create-model", "--json")
+    assert result.code == 0, result.err
+    body = result.json()
+    assert body["model_created"] is True and body["version"]["number"] == 1
+    assert body["version"]["model"] == RegisteredModel.objects.get(name="fresh").pk
+    # run again, the model exists: it is used, not created again (and the file is that version already)
+    again = cli("upload", "fresh", path, "--create-model", "--json")
+    assert again.code == 0, again.err
+    assert again.json()["model_created"] is False and again.json()["duplicate"] is True
+    # without the flag, a missing model is still not found (exit 3)
+    assert cli("upload", "other", path, "--json").code == 3

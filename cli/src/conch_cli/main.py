@@ -310,6 +310,14 @@ def upload(
         ),
     ] = STALL_TIMEOUT_S,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    create_model: Annotated[
+        bool,
+        typer.Option(
+            "--create-model",
+            help="Register MODEL (a name) in the team when it has no model of that name, once FILE passed the "
+            "local check: a refused file leaves no empty model behind.",
+        ),
+    ] = False,
     new_version: Annotated[
         bool,
         typer.Option(
@@ -332,7 +340,21 @@ def upload(
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
     check_model_file(file)  # a file Conch cannot build is refused here, before a byte is hashed or sent
     with _api() as api:
-        found = api.find_model(model, team)
+        model_created = False
+        try:
+            found = api.find_model(model, team)
+        except CliError as error:
+            if not (create_model and error.exit_code == NOT_FOUND and not model.isdigit()):
+                raise
+            try:
+                found = api.post("/api/v1/models/", {"name": model, "team": api.default_team(team)}, expect=(201,))
+                model_created = True
+            except CliError as taken:  # another run registered it meanwhile: use that one
+                if taken.status != 409 or taken.field != "name":
+                    raise
+                found = api.find_model(model, team)
+            if model_created and not as_json:
+                output.note(f"model {found['id']} {found['name']!r} created in team {found['team']}")
         open_uploads = check_upload_api(api, found["id"], file)
         size = file.stat().st_size
         head = head_sha256(file)
@@ -392,6 +414,7 @@ def upload(
             {
                 "upload": result.upload,
                 "version": version,
+                "model_created": model_created,
                 "duplicate": result.duplicate,
                 "sent_bytes": result.sent_bytes,
                 "resumed_parts": result.resumed_parts,
