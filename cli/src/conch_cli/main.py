@@ -185,22 +185,30 @@ def models_create(
 ) -> None:
     """Register a model name in a team."""
     with _api() as api:
-        team = api.default_team(team)
-        created = True
-        try:
-            model = api.post("/api/v1/models/", {"name": name, "team": team}, expect=(201,))
-        except CliError as exc:
-            if exc.status != 409 or exc.field != "name":
-                raise
-            if not exist_ok:
-                exc.detail = f"{exc.detail} (--exist-ok uses the existing model instead)"
-                raise
-            model, created = api.find_model(name, team), False
+        model, created = _register_model(api, name, team, exist_ok=exist_ok)
     if as_json:
         output.emit_json({**model, "created": created})
     else:
         how = "created" if created else "existing"
         output.line(f"model {model['id']} {model['name']!r} in team {model['team']} ({how})")
+
+
+def _register_model(api: ConchApi, name: str, team: str | None, *, exist_ok: bool) -> tuple[dict, bool]:
+    """Register model `name` in `team` (the token's only team when None); return (the model, True).
+
+    A name the team already has (409 naming `name`, also when another client registered it a moment ago) gives
+    (that model, False) with `exist_ok`, else raises that CliError, saying --exist-ok uses the existing model.
+    Raises the API's other refusals (CliError)."""
+    team = api.default_team(team)
+    try:
+        return api.post("/api/v1/models/", {"name": name, "team": team}, expect=(201,)), True
+    except CliError as exc:
+        if exc.status != 409 or exc.field != "name":
+            raise
+        if not exist_ok:
+            exc.detail = f"{exc.detail} (--exist-ok uses the existing model instead)"
+            raise
+        return api.find_model(name, team), False
 
 
 @models_app.command("list", cls=_Command)
@@ -346,13 +354,8 @@ def upload(
         except CliError as error:
             if not (create_model and error.exit_code == NOT_FOUND and not model.isdigit()):
                 raise
-            try:
-                found = api.post("/api/v1/models/", {"name": model, "team": api.default_team(team)}, expect=(201,))
-                model_created = True
-            except CliError as taken:  # another run registered it meanwhile: use that one
-                if taken.status != 409 or taken.field != "name":
-                    raise
-                found = api.find_model(model, team)
+            # exist_ok: another run may have registered it meanwhile, and that one is used
+            found, model_created = _register_model(api, model, team, exist_ok=True)
             if model_created and not as_json:
                 output.note(f"model {found['id']} {found['name']!r} created in team {found['team']}")
         open_uploads = check_upload_api(api, found["id"], file)

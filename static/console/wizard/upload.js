@@ -690,7 +690,8 @@
   async function waitForCompletion(upload) {
     state.finished = true;
     setButtons({ pause: false, resume: false, cancel: false });
-    while (upload.status === "completing" || upload.status === "uploading") {
+    const open = (u) => u.status === "completing" || u.status === "uploading";
+    while (open(upload)) {
       // The server holds the answer until its check ends (a long poll of at most 10 s); an answer that comes back
       // early with the upload still open (or a dropped connection) is followed by a pause before asking again.
       const asked = Date.now();
@@ -699,7 +700,7 @@
       } catch (error) {
         if (!isTransient(error)) throw error; // a dropped connection: ask again
       }
-      if ((upload.status === "completing" || upload.status === "uploading") && Date.now() - asked < 5000) {
+      if (open(upload) && Date.now() - asked < 5000) {
         await new Promise((resolve) => setTimeout(resolve, 500));
       }
     }
