@@ -4,7 +4,8 @@
 Pure (no onnx import), so the edges refuse another format before its bytes are stored: the resumable upload's start
 checks the promised filename, the single-request upload its filename and then its first bytes as they stream in, and
 the build's inspect step checks the first bytes again on the stored copy (`builds.inspection`). The `conch` CLI
-applies the same rules to a local file before sending it (`conch_cli.files`, a copy: the CLI imports no server code).
+asks the server (POST /api/v1/uploads/check/, `builds.services.check_upload_file`) before it sends a file: the rules
+exist here only.
 """
 
 from __future__ import annotations
@@ -154,12 +155,3 @@ def _as_text(head: bytes) -> str | None:
             return None
     printable = sum(ch.isprintable() or ch in "\r\n\t" for ch in text)
     return text if text and printable / len(text) > 0.95 else None
-
-
-def _starts_like_onnx(head: bytes) -> bool:
-    """True when the file opens with ModelProto field 1 (ir_version, varint) holding a plausible version.
-
-    Protobuf serializers write fields in field-number order, and every exporter sets ir_version, so a real
-    ONNX file starts with tag byte 0x08 followed by a small varint.
-    """
-    return len(head) >= 2 and head[0] == 0x08 and 1 <= head[1] <= _MAX_SNIFF_IR_VERSION

@@ -273,13 +273,41 @@ class StartUploadSerializer(serializers.Serializer):
 
     def validate_head(self, value: str) -> bytes:
         """Decode the base64 `head`; 400 naming it when it is not base64 or longer than HEAD_BYTES bytes."""
-        try:
-            head = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise serializers.ValidationError("head must be base64 (RFC 4648) of the file's first bytes.") from None
-        if not head or len(head) > HEAD_BYTES:
-            raise serializers.ValidationError(f"head must hold 1 to {HEAD_BYTES} bytes; it holds {len(head)}.")
-        return head
+        return _decode_head(value)
+
+
+def _decode_head(value: str) -> bytes:
+    """The bytes of a base64 `head`; a ValidationError when it is not base64 or holds 0 or over HEAD_BYTES bytes."""
+    try:
+        head = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise serializers.ValidationError("head must be base64 (RFC 4648) of the file's first bytes.") from None
+    if not head or len(head) > HEAD_BYTES:
+        raise serializers.ValidationError(f"head must hold 1 to {HEAD_BYTES} bytes; it holds {len(head)}.")
+    return head
+
+
+class CheckUploadFileSerializer(serializers.Serializer):
+    """Body of POST /uploads/check/: a file's name and first bytes, asked about before it is hashed or sent."""
+
+    filename = serializers.CharField(max_length=255, help_text="The file's name, e.g. model.onnx.")
+    head = serializers.CharField(
+        max_length=4 * ((HEAD_BYTES + 2) // 3),
+        help_text=f"The file's first {HEAD_BYTES} bytes (all of it when shorter), base64.",
+    )
+    size_bytes = serializers.IntegerField(
+        required=False, min_value=0, max_value=2**63 - 1, help_text="Optional: the file's size in bytes."
+    )
+
+    def validate_head(self, value: str) -> bytes:
+        """Decode the base64 `head` (400 naming it when it is not base64 or too long)."""
+        return _decode_head(value)
+
+
+class CheckedUploadFileSerializer(serializers.Serializer):
+    """Answer of POST /uploads/check/ for a file Conch can build."""
+
+    format = serializers.CharField(help_text='What the file will be built as: "onnx".')
 
 
 class UploadListFilterSerializer(serializers.Serializer):

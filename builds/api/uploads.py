@@ -19,6 +19,8 @@ from rest_framework.views import APIView
 
 from builds import services as builds
 from builds.api.serializers import (
+    CheckedUploadFileSerializer,
+    CheckUploadFileSerializer,
     CompleteUploadSerializer,
     SignedPartsSerializer,
     SignPartsSerializer,
@@ -48,6 +50,29 @@ def _render(uploads: list, *, many: bool = False) -> dict | list:
     parts = {upload.pk: resumable.stored_parts(upload=upload) for upload in uploads}
     data = UploadSerializer(uploads, many=True, context={"parts": parts}).data
     return data if many else data[0]
+
+
+class CheckUploadFileView(APIView):
+    """POST: can Conch build this file? Asked with its name and first bytes, before it is hashed or sent."""
+
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=CheckUploadFileSerializer,
+        responses={200: CheckedUploadFileSerializer, **_ERRORS},
+        description="The rules of an upload's start on a file's name (`filename`) and first bytes (`head`), without "
+        "a model or an upload: 200 with the format Conch builds the file as, or 400 naming `filename` or `head` with "
+        "what the file looks like and what to do. Nothing is stored. `conch upload` asks this before it hashes a "
+        "file or registers a model, so the rules exist once, on the server.",
+    )
+    def post(self, request: Request) -> Response:
+        form = CheckUploadFileSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        found = builds.check_upload_file(
+            filename=data["filename"], head=data["head"], size_bytes=data.get("size_bytes")
+        )
+        return Response({"format": found})
 
 
 class ModelUploadsView(APIView):

@@ -16,6 +16,7 @@ urlpatterns = [
     ),
     re_path(r"^versions/(?P<version_id>[0-9]+)/review/?$", views.VersionReviewView.as_view(), name="version-review"),
     # Resumable uploads (README, "Resumable uploads").
+    re_path(r"^uploads/check/?$", uploads.CheckUploadFileView.as_view(), name="upload-check"),
     re_path(r"^models/(?P<model_id>[0-9]+)/uploads/?$", uploads.ModelUploadsView.as_view(), name="model-uploads"),
     re_path(
         r"^models/(?P<model_id>[0-9]+)/uploads/(?P<upload_id>[^/]+)/?$",

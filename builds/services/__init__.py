@@ -25,6 +25,7 @@ from builds.services.pipeline import (
 )
 from builds.services.recovery import collect_repository_garbage, sweep_stalled_versions
 from builds.services.resumable import (
+    check_upload_file,
     complete_resumable_upload,
     finish_upload,
     start_resumable_upload,
@@ -44,6 +45,7 @@ __all__ = [
     "BuildHeartbeat",
     "BuildSuperseded",
     "StepLog",
+    "check_upload_file",
     "collect_repository_garbage",
     "complete_resumable_upload",
     "fail_build_after_retries",

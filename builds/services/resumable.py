@@ -48,6 +48,19 @@ def queue_upload_check(*, upload_id: uuid.UUID | str) -> None:
     transaction.on_commit(lambda: current_app.signature(CHECK_TASK, args=(str(upload_id),)).delay())
 
 
+def check_upload_file(*, filename: str, head: bytes, size_bytes: int | None = None) -> str:
+    """Tell whether Conch can build a file from its name and first bytes, before the file is hashed or sent.
+
+    `head` is the file's first bytes (up to `builds.formats.HEAD_BYTES`), `size_bytes` its size when known. Returns
+    the format the file will be built as ("onnx"). Raises InvalidInput naming `filename` or `head` with what the file
+    looks like and what to do: the same rules, and the same messages, as the upload's start
+    (`start_resumable_upload`), so a client (`conch upload`) asks once and keeps no copy of them.
+    """
+    check_model_filename(filename or "", field="filename")
+    check_model_head(head, size_bytes=size_bytes, field="head")
+    return "onnx"
+
+
 def start_resumable_upload(
     *,
     user: AbstractBaseUser,

@@ -4,7 +4,8 @@ by the server (the version's build), an interrupted upload resumed by running th
 refusals' exit codes.
 
 Tasks run inline (eager): completing an upload checks it and makes the version, whose build then fails at once
-(these files are random bytes after ONNX's first two, which pass the CLI's local check but are no model), which
+(these files are random bytes after ONNX's first two, which pass the check of a name and first bytes but are no
+model), which
 `--wait` reports with exit 5.
 """
 
@@ -421,12 +422,12 @@ def test_a_limited_upload_without_a_part_size_asks_for_parts_of_about_two_second
 @pytest.mark.parametrize(
     ("name", "head", "says"),
     [
-        ("weights.bin", os.urandom(64), "its name ends in .bin, usually a weights file without the graph"),
-        ("notes.txt", b"some notes\n", "its name ends in .txt. If it is an ONNX model, rename it to end in .onnx."),
-        ("model.pt", b"PK\x03\x04" + os.urandom(60), "its name ends in .pt, usually a PyTorch checkpoint"),
-        ("model.onnx", b"PK\x03\x04" + os.urandom(60), "begins with 50 4b 03 04"),
-        ("model.onnx", b"just text, no model\n", "looks like a text file"),
-        ("model", b"\x80\x04\x95" + os.urandom(60), "looks like a Python pickle"),
+        ("weights.bin", os.urandom(64), "a .bin file is usually a weights file (no graph)"),
+        ("notes.txt", b"some notes\n", "'notes.txt' is not an ONNX model file: Conch builds ONNX models"),
+        ("model.pt", b"PK\x03\x04" + os.urandom(60), "a .pt file is usually a PyTorch checkpoint"),
+        ("model.onnx", b"PK\x03\x04" + os.urandom(60), "This is not an ONNX model: it looks like a ZIP archive"),
+        ("model.onnx", b"just text, no model\n", "but this file begins with the bytes 6a 75 73 74 20 74 65 78"),
+        ("model", b"\x80\x04\x95" + os.urandom(60), "it looks like a Python pickle"),
     ],
     ids=["bin", "txt", "pt", "zip-as-onnx", "text-as-onnx", "pickle-without-ending"],
 )
@@ -436,12 +437,13 @@ def test_a_file_conch_cannot_build_is_refused_before_a_byte_is_sent(cli, model, 
     path.write_bytes(head + os.urandom(6 * MIB))
     # when it is uploaded
     result = cli("upload", "big", path, "--json")
-    # then the CLI refuses it (usage, exit 1) naming the file and what Conch builds, and nothing reached Conch
+    # then the server's check refuses it (usage, exit 1) and the CLI says so naming the file, before it hashed or
+    # sent a byte: nothing was stored
     assert result.code == 1, result.err
     error = result.json()["error"]
-    assert error["field"] == "file" and "status" not in error
-    assert error["detail"].startswith(f"{path} is not an ONNX model")
-    assert "Conch builds ONNX models: a .onnx file" in error["detail"] and says in error["detail"]
+    assert (error["field"], error["status"], error["exit_code"]) == ("file", 400, 1)
+    assert "[HTTP 400 from POST /api/v1/uploads/check/]" in cli("upload", "big", path).err
+    assert error["detail"].startswith(f"{path}: ") and says in error["detail"], error["detail"]
     assert not Upload.objects.exists() and not ModelVersion.objects.exists()
 
 
@@ -732,3 +734,14 @@ def test_create_model_registers_a_missing_model_only_for_a_file_that_passes_the_
     assert again.json()["model_created"] is False and again.json()["duplicate"] is True
     # without the flag, a missing model is still not found (exit 3)
     assert cli("upload", "other", path, "--json").code == 3
+
+
+def test_an_empty_file_is_refused_before_anything_is_asked(cli, model, tmp_path):
+    # given an empty file
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"")
+    # when it is uploaded, then it is refused (usage, exit 1) naming it, and nothing was stored
+    result = cli("upload", "big", path, "--json")
+    assert result.code == 1, result.err
+    assert result.json()["error"]["detail"] == f"{path} is empty (0 bytes): there is no model in it to upload."
+    assert not Upload.objects.exists()

@@ -28,6 +28,18 @@ from tests import real_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
+#: The part size the server plans in these tests: the page sends the parts the server's plan says (it has no part size
+#: of its own), and files of a few tens of MiB should make several parts.
+PLANNED_PART_BYTES = 8 * 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _parts_of_8_mib(monkeypatch):
+    from models_registry import resumable
+
+    monkeypatch.setattr(resumable, "DEFAULT_PART_SIZE_BYTES", PLANNED_PART_BYTES)
+
+
 #: ImageNet's mean and std, as typed into the test form (the server does the preprocessing with them).
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -312,7 +324,7 @@ def test_the_whole_wizard_from_file_drop_to_a_test_inference(console_browser, al
 def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
     console_browser, alice, eager_tasks, screenshot, tmp_path
 ):
-    # given a 20 MiB file (three parts of the page's 8 MiB) and a connection that drops part 2 every time
+    # given a 20 MiB file (three parts of the server's 8 MiB) and a connection that drops part 2 every time
     data = onnx_like(5, 20 * 1024 * 1024)
     path = tmp_path / "big.onnx"
     path.write_bytes(data)
@@ -422,14 +434,14 @@ def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_the
             "filename": "crc.onnx",
             "size_bytes": len(data),
             "head": base64.b64encode(data[:512]).decode(),
-            "part_size_bytes": 8 * 1024 * 1024,
+            "part_size_bytes": PLANNED_PART_BYTES,
             "part_checksum_algorithm": "CRC32",
         },
         format="json",
     )
     assert started.status_code == 201, started.content
     upload_url = f"/api/v1/models/{model['id']}/uploads/{started.json()['id']}/"
-    first = data[: 8 * 1024 * 1024]
+    first = data[:PLANNED_PART_BYTES]
     signed = alice.client.post(
         f"{upload_url}parts/", {"numbers": [1], "checksums": {"1": crc32_base64(first)}}, format="json"
     )
@@ -492,7 +504,7 @@ def test_a_part_damaged_on_the_way_is_refused_by_its_crc32_and_sent_again(
         page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then the damaged copy was refused (its CRC32 did not match) and kept nowhere, the part was sent again by
     # itself, and the stored file has the file's sha256
-    assert damaged == [len(data) - 8 * 1024 * 1024]
+    assert damaged == [len(data) - PLANNED_PART_BYTES]
     assert answers[0] == 400 and answers[-1] < 300, answers
     assert Upload.objects.get(model_id=model["id"]).part_checksum_algorithm == "CRC32"
     stored_version(model_id=model["id"], data=data)
@@ -577,8 +589,38 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
     # file has the file's sha256
     assert len(puts) == 2 and all(url.startswith(f"{endpoint}/{bucket}/") for url in puts), puts
     assert all("x-amz-checksum-crc32" in url.lower() for url in puts), puts
-    parts = [data[: 8 * 1024 * 1024], data[8 * 1024 * 1024 :]]
+    parts = [data[:PLANNED_PART_BYTES], data[PLANNED_PART_BYTES:]]
     assert sorted(checksums) == sorted(crc32_base64(part) for part in parts)
+    stored_version(model_id=model["id"], data=data)
+
+
+def test_the_page_sends_the_parts_the_server_plans(console_browser, alice, eager_tasks, monkeypatch, tmp_path):
+    import json
+
+    from models_registry import resumable
+
+    # given a server that plans parts of 5 MiB, and a 12 MiB file
+    monkeypatch.setattr(resumable, "DEFAULT_PART_SIZE_BYTES", 5 * 1024 * 1024)
+    data = onnx_like(31, 12 * 1024 * 1024)
+    model, path = model_and_file(alice, tmp_path / "planned.onnx", data, name="planned")
+    page = console_browser.page_for(alice.user)
+    starts: list[dict] = []
+    parts: dict[str, int] = {}
+
+    def record(request):
+        if request.method == "POST" and request.url.endswith("/uploads/"):
+            starts.append(json.loads(request.post_data))
+        elif request.method == "PUT":
+            parts[request.url.rsplit("/", 1)[1]] = len(request.post_data_buffer)
+
+    page.on("request", record)
+    # when the file is uploaded through the wizard
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
+        page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page asked for no part size of its own and sent the server's three parts of 5, 5 and 2 MiB
+    assert [start.get("part_size_bytes") for start in starts] == [None]
+    assert parts == {"1": 5 * 2**20, "2": 5 * 2**20, "3": 2 * 2**20}
     stored_version(model_id=model["id"], data=data)
 
 

@@ -1171,3 +1171,28 @@ def test_a_bad_wait_is_refused_naming_it(alice, wait, says):
     answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/", {"wait": wait})
     assert answer.status_code == 400, answer.content
     assert answer.json()["field"] == "wait" and says in answer.json()["detail"]
+
+
+def test_the_file_check_answers_with_the_upload_starts_rules_and_stores_nothing(alice):
+    # given the first bytes of a real ONNX model, of a ZIP file, and a name Conch does not build
+    onnx_head = real_models.classifier().read_bytes()[:512]
+
+    def check(filename: str, head: bytes, **extra):
+        body = {"filename": filename, "head": base64.b64encode(head).decode(), **extra}
+        return alice.client.post("/api/v1/uploads/check/", body, format="json")
+
+    # when each is checked
+    good = check("model.onnx", onnx_head, size_bytes=123456)
+    zipped = check("model.onnx", b"PK\x03\x04" + os.urandom(60))
+    named = check("weights.safetensors", onnx_head)
+    empty = check("model.onnx", b"")
+    # then the ONNX file is built as onnx; the others are refused with the start's own messages, naming the field
+    assert (good.status_code, good.json()) == (200, {"format": "onnx"})
+    assert zipped.status_code == 400 and zipped.json()["field"] == "head"
+    assert zipped.json()["detail"].startswith("This is not an ONNX model: it looks like a ZIP archive")
+    assert named.status_code == 400 and named.json()["field"] == "filename"
+    assert "a .safetensors file is usually a weights file" in named.json()["detail"]
+    assert empty.status_code == 400 and empty.json()["field"] == "head"
+    # and nothing was reserved or stored; a caller without credentials is refused
+    assert not Upload.objects.exists()
+    assert APIClient().post("/api/v1/uploads/check/", {}, format="json").status_code == 401

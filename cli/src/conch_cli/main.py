@@ -21,11 +21,11 @@ from conch_cli import __version__, output, tensors
 from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
 from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
-from conch_cli.files import check_model_file
 from conch_cli.transfer import (
     STALL_TIMEOUT_S,
     BackgroundHash,
     RateLimit,
+    check_model_file,
     check_upload_api,
     file_sha256,
     head_sha256,
@@ -322,8 +322,8 @@ def upload(
         bool,
         typer.Option(
             "--create-model",
-            help="Register MODEL (a name) in the team when it has no model of that name, once FILE passed the "
-            "local check: a refused file leaves no empty model behind.",
+            help="Register MODEL (a name) in the team when it has no model of that name, once the server said it "
+            "can build FILE: a refused file leaves no empty model behind.",
         ),
     ] = False,
     new_version: Annotated[
@@ -346,8 +346,8 @@ def upload(
     options = _build_options(build_option or [])
     part_bytes = _size(part_size) if part_size else None
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
-    check_model_file(file)  # a file Conch cannot build is refused here, before a byte is hashed or sent
     with _api() as api:
+        check_model_file(api, file)  # the server refuses a file it cannot build before a byte is hashed or sent
         model_created = False
         try:
             found = api.find_model(model, team)

@@ -642,6 +642,26 @@ def _existing_version(response: httpx.Response, call: str) -> int | None:
     return existing["id"]
 
 
+def check_model_file(api: ConchApi, path: Path) -> None:
+    """Ask the server whether Conch can build the file at `path` (POST /api/v1/uploads/check/ with its name and
+    first HEAD_BYTES bytes), before a byte is hashed or sent or a model registered. The rules are the server's only.
+
+    Raises CliError (USAGE, field `file`) naming `path` with the server's reason (what the file looks like and what
+    to do), or for an empty file. A server without the check (an older Conch: 404) is not asked; its upload's start
+    applies the same rules.
+    """
+    head = file_head(path)
+    if not head:
+        raise CliError(f"{path} is empty (0 bytes): there is no model in it to upload.", USAGE, field="file")
+    body = {"filename": path.name, "head": base64.b64encode(head).decode(), "size_bytes": path.stat().st_size}
+    try:
+        api.call("POST", "/api/v1/uploads/check/", json=body, expect=(200, 404))
+    except CliError as error:
+        if error.status != 400:
+            raise
+        raise CliError(f"{path}: {error.detail}", USAGE, field="file", status=400, call=error.call) from None
+
+
 def check_upload_api(api: ConchApi, model_id: int, path: Path) -> list[dict]:
     """Return the model's open uploads (the first page); raise CliError (NOT_FOUND) saying so when the server has
     no resumable upload API (an older Conch): the model exists but its uploads list answers 404. Cheap, so

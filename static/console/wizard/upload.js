@@ -55,10 +55,6 @@
   const PARALLEL_PARTS = 3;
   const SIGN_BATCH = 100; // the API signs at most 100 parts per call
   const PART_CHECKSUM_ALGORITHM = "CRC32";
-  const MIB = 1024 * 1024;
-  // Parts of 8 MiB (S3's least is 5 MiB) unless the file needs bigger ones to stay within 10,000 parts: a dropped
-  // connection loses at most one part's worth, and progress moves in small steps.
-  const partSizeFor = (size) => Math.max(8 * MIB, Math.ceil(size / 10000 / MIB) * MIB);
   const RETRY_MAX_S = 30;
   const RETRY_FOR_MS = 5 * 60 * 1000; // then the page stops and waits for Resume
   const API_TIMEOUT_MS = 30 * 1000;
@@ -393,7 +389,6 @@
       filename: file.name,
       size_bytes: file.size,
       head: btoa(binary),
-      part_size_bytes: partSizeFor(file.size),
       part_checksum_algorithm: PART_CHECKSUM_ALGORITHM,
     };
     if (state.sha256) body.sha256 = state.sha256;
