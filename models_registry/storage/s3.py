@@ -3,13 +3,13 @@ repository itself over S3. Only this module of Conch imports boto3, botocore and
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import io
 import re
 import threading
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
@@ -20,6 +20,9 @@ from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from s3transfer.futures import TransferFuture
+from s3transfer.manager import TransferConfig as S3TransferConfig
+from s3transfer.manager import TransferManager
 
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from models_registry.storage.base import (
@@ -98,133 +101,182 @@ class _S3BodyReader(io.RawIOBase):
         super().close()
 
 
-class _S3ObjectWriter(ObjectWriter):
-    """Buffers one part at a time; small objects become one PutObject, larger ones a multipart upload.
+class _WriterAborted(Exception):
+    """Raised inside s3transfer's read of a `_Pipe` whose writer aborted, so that the transfer ends at once."""
 
-    Full parts go to a small thread pool. A semaphore bounds the parts in flight, so `write()`
-    blocks (back-pressure) rather than buffering more than `max_concurrency + 1` parts.
+
+class _Pipe:
+    """The bytes a writer pushes, read by s3transfer's submission thread as a non-seekable file object.
+
+    It holds at most `capacity` bytes: `put` blocks (back-pressure) until the reader took enough, and `read(n)`
+    blocks until it has `n` bytes or the writer closed it, because s3transfer takes a short read for the end of the
+    stream (a part under 5 MiB that is not the last would be refused). Chunks are kept as they were put, not
+    copied, until read.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._closed = False
+        self._aborted = False
+        self._changed = threading.Condition()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def put(self, data: bytes, *, alive: Callable[[], bool]) -> None:
+        """Append `data` once there is room. Returns early, without taking it, when `alive()` turns False (the
+        transfer failed; the caller then raises its error)."""
+        with self._changed:
+            while self._buffered >= self._capacity and not self._aborted:
+                if not alive():
+                    return
+                self._changed.wait(0.1)
+            self._chunks.append(data)
+            self._buffered += len(data)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """End of the stream: a read takes what is left, then gets b""."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def abort(self) -> None:
+        """Make the reader's next (or current) read raise _WriterAborted."""
+        with self._changed:
+            self._aborted = True
+            self._chunks.clear()
+            self._buffered = 0
+            self._changed.notify_all()
+
+    def read(self, amount: int = -1) -> bytes:
+        """Return `amount` bytes (all until the end for -1), fewer only at the end of the stream."""
+        with self._changed:
+            while not self._aborted and not self._closed and (amount < 0 or self._buffered < amount):
+                self._changed.wait()
+            if self._aborted:
+                raise _WriterAborted
+            take = self._buffered if amount < 0 else min(amount, self._buffered)
+            pieces: list[bytes] = []
+            while take:
+                chunk = self._chunks.popleft()
+                if len(chunk) > take:
+                    pieces.append(chunk[:take])
+                    self._chunks.appendleft(chunk[take:])
+                else:
+                    pieces.append(chunk)
+                take -= len(pieces[-1])
+                self._buffered -= len(pieces[-1])
+            self._changed.notify_all()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+class _S3ObjectWriter(ObjectWriter):
+    """Streams to one object through s3transfer: an object under one part becomes one PutObject; a larger one
+    becomes s3transfer's multipart upload of a non-seekable stream (its own part threads, retries, and the abort
+    of the multipart upload when a part fails or the writer aborts).
+
+    Bytes go through a `_Pipe` of one part that s3transfer reads as it sends; with s3transfer keeping at most
+    `max_concurrency` parts in memory, a writer holds about (max_concurrency + 2) parts and `write()` blocks
+    (back-pressure) rather than buffering more. s3transfer's transfer starts (CreateMultipartUpload) once a whole
+    part was written, in its own thread.
     """
 
     def __init__(self, store: S3ObjectStore, key: str) -> None:
         super().__init__(key)
         self._store = store
-        self._client = store._client
         self._object_key = store._object_key(key)
-        self._part_size = store.part_size_bytes
-        # The part being filled: allocated on first use, handed to the upload thread when full
-        # (bytearray bodies go to botocore as they are, so a part is never copied).
-        self._buffer = bytearray()
-        self._filled = 0
-        self._upload_id: str | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._slots = threading.BoundedSemaphore(store.max_concurrency)
-        self._futures: list[Future[dict[str, Any]]] = []
-        self._next_part_number = 1
-        self._failure: BaseException | None = None
+        self._first: list[bytes] = []  # the bytes before the transfer starts (under one part)
+        self._first_bytes = 0
+        self._pipe: _Pipe | None = None
+        self._manager: TransferManager | None = None
+        self._future: TransferFuture | None = None
 
     def _write(self, view: memoryview) -> None:
-        self._raise_failure()
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        while view.nbytes:
-            if not self._buffer:
-                self._buffer = bytearray(self._part_size)
-            take = min(self._part_size - self._filled, view.nbytes)
-            self._buffer[self._filled : self._filled + take] = view[:take]
-            self._filled += take
-            view = view[take:]
-            if self._filled == self._part_size:
-                self._submit_part(self._take_buffer())
-
-    def _take_buffer(self) -> bytearray:
-        """Return the filled bytes of the current part (trimmed in place) and start a new one."""
-        part = self._buffer
-        del part[self._filled :]
-        self._buffer = bytearray()
-        self._filled = 0
-        return part
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-
-    def _submit_part(self, data: bytearray) -> None:
-        if self._upload_id is None:
-            with self._store._errors("start an upload to", self.key):
-                response = self._client.create_multipart_upload(Bucket=self._store.bucket, Key=self._object_key)
-            self._upload_id = response["UploadId"]
-            self._executor = ThreadPoolExecutor(
-                max_workers=self._store.max_concurrency, thread_name_prefix="conch-s3-part"
-            )
-        if self._next_part_number > MAX_PARTS:
+        if self.size_bytes > MAX_PARTS * self._store.part_size_bytes:
             raise PayloadTooLarge(
-                f"Object {self.key!r} needs more than {MAX_PARTS} parts of {self._part_size} bytes; "
+                f"Object {self.key!r} needs more than {MAX_PARTS} parts of {self._store.part_size_bytes} bytes; "
                 "raise the part size.",
                 field="file",
             )
-        part_number = self._next_part_number
-        self._next_part_number += 1
-        self._slots.acquire()
-        if self._failure is not None:
-            self._slots.release()
-            raise self._failure
-        assert self._executor is not None
-        future = self._executor.submit(self._upload_part, part_number, data)
-        future.add_done_callback(lambda _done: self._slots.release())
-        self._futures.append(future)
+        data = view.obj if isinstance(view.obj, bytes) and view.nbytes == len(view.obj) else view.tobytes()
+        if self._pipe is None:
+            self._first.append(data)
+            self._first_bytes += len(data)
+            if self._first_bytes < self._store.part_size_bytes:
+                return
+            self._start_transfer()
+            return
+        self._put(data)
 
-    def _upload_part(self, part_number: int, data: bytearray) -> dict[str, Any]:
+    def _start_transfer(self) -> None:
+        """Hand the bytes so far to a new s3transfer upload of a non-seekable stream."""
+        part = self._store.part_size_bytes
+        config = S3TransferConfig(
+            multipart_threshold=part,
+            multipart_chunksize=part,
+            max_request_concurrency=self._store.max_concurrency,
+            max_in_memory_upload_chunks=self._store.max_concurrency,
+        )
+        self._pipe = _Pipe(capacity=part)
+        self._manager = TransferManager(self._store._client, config)
+        self._future = self._manager.upload(self._pipe, self._store.bucket, self._object_key)
+        first, self._first, self._first_bytes = self._first, [], 0
+        for data in first:
+            self._put(data)
+
+    def _put(self, data: bytes) -> None:
+        assert self._pipe is not None and self._future is not None
+        future = self._future
+        self._pipe.put(data, alive=lambda: not future.done())
+        if future.done():
+            self._raise_transfer_error()
+
+    def _raise_transfer_error(self) -> None:
+        """Raise the transfer's failure as Unavailable (it ended before the writer did)."""
+        assert self._future is not None
         try:
-            with self._store._errors("upload a part of", self.key):
-                response = self._client.upload_part(
-                    Bucket=self._store.bucket,
-                    Key=self._object_key,
-                    UploadId=self._upload_id,
-                    PartNumber=part_number,
-                    Body=data,
-                )
-        except BaseException as exc:
-            if self._failure is None:
-                self._failure = exc
-            raise
-        return {"PartNumber": part_number, "ETag": response["ETag"]}
+            self._future.result()
+        except _S3_ERRORS as exc:
+            raise self._store._translate(exc, "write", self.key) from exc
+        raise Unavailable(f"The upload of {self.key!r} to the object store ended before all of it was written.")
 
     def _commit(self) -> None:
-        if self._upload_id is None:
-            body = self._take_buffer()
+        if self._pipe is None:
+            body = b"".join(self._first)
+            self._first = []
             with self._store._errors("write", self.key):
-                self._client.put_object(Bucket=self._store.bucket, Key=self._object_key, Body=body)
+                self._store._client.put_object(Bucket=self._store.bucket, Key=self._object_key, Body=body)
             return
-        if self._filled:
-            self._submit_part(self._take_buffer())
-        parts = [future.result() for future in self._futures]
-        assert self._executor is not None
-        self._executor.shutdown(wait=True)
-        with self._store._errors("finish the upload of", self.key):
-            self._client.complete_multipart_upload(
-                Bucket=self._store.bucket,
-                Key=self._object_key,
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": parts},
-            )
+        assert self._future is not None and self._manager is not None
+        self._pipe.close()
+        try:
+            with self._store._errors("write", self.key):
+                self._future.result()
+        finally:
+            self._manager.shutdown()
+
+    def __del__(self) -> None:
+        # A writer dropped while open (never committed nor aborted) must not leave s3transfer's thread waiting for
+        # bytes for ever: its read raises, and the transfer's clean-up aborts the multipart upload.
+        if self._pipe is not None and self._state == "open":
+            self._pipe.abort()
 
     def _abort(self) -> None:
-        self._buffer = bytearray()
-        self._filled = 0
-        if self._executor is not None:
-            # Parts still uploading would otherwise land after the abort and be kept by S3.
-            self._executor.shutdown(wait=True, cancel_futures=True)
-        if self._upload_id is None:
+        self._first = []
+        if self._pipe is None:
             return
-        try:
-            self._client.abort_multipart_upload(
-                Bucket=self._store.bucket, Key=self._object_key, UploadId=self._upload_id
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
-                return
-            raise self._store._translate(exc, "abort the upload of", self.key) from exc
-        except _S3_ERRORS as exc:
-            raise self._store._translate(exc, "abort the upload of", self.key) from exc
+        assert self._future is not None and self._manager is not None
+        # The read that s3transfer is waiting in raises, and the transfer's failure clean-up aborts the multipart
+        # upload (AbortMultipartUpload) once the parts in flight end: no part is left stored.
+        self._pipe.abort()
+        self._future.cancel()
+        self._manager.shutdown()
 
 
 class S3ObjectStore(ObjectStore):

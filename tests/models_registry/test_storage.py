@@ -59,6 +59,17 @@ def pending_uploads(store: ObjectStore, request) -> list:
     return client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
 
 
+def started_uploads(store: ObjectStore, request, count: int) -> list:
+    """The multipart uploads of the store's bucket once `count` of them exist ([] for folders): an S3 writer's
+    transfer starts them in its own thread once a whole part was written."""
+    if not isinstance(store, S3ObjectStore):
+        return []
+    deadline = time.monotonic() + 10
+    while len(uploads := pending_uploads(store, request)) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return uploads
+
+
 def files_on_disk(store: ObjectStore) -> list[str]:
     """Every file under a FileObjectStore's root, temp files included."""
     if not isinstance(store, FileObjectStore) or not store.root.exists():
@@ -173,16 +184,16 @@ def test_writer_refuses_use_after_commit(store):
     assert store.read_bytes("k") == b"abc"
 
 
-def test_s3_failed_part_aborts_writer_and_raises_unavailable(s3_store, s3_client):
+def test_s3_failed_part_aborts_writer_and_raises_unavailable(s3_store, s3_client, request):
     # given a multipart upload that the server forgets (as when it is aborted behind our back)
     writer = s3_store.open_writer("model.onnx")
     writer.write(payload(8 * MIB))
-    [upload] = s3_client.list_multipart_uploads(Bucket=s3_store.bucket)["Uploads"]
+    [upload] = started_uploads(s3_store, request, 1)
     time.sleep(0.5)  # let part 1 finish before pulling the upload away
     s3_client.abort_multipart_upload(Bucket=s3_store.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
 
     # when the next parts are sent (S3 answers NoSuchUpload; moto answers 500, retried then given up)
-    with pytest.raises(Unavailable, match="upload a part of 'model.onnx'"):
+    with pytest.raises(Unavailable, match="when asked to write 'model.onnx'"):
         writer.write(payload(8 * MIB, seed=1))
         writer.commit()
 
@@ -454,6 +465,7 @@ def test_abort_multipart_uploads_drops_what_a_dead_writer_left(store, request):
     store.put_bytes("models/1/source/model.onnx", b"committed earlier")
     sibling = store.open_writer("models/1/source/model.onnx.sig")
     sibling.write(payload(9 * MIB, seed=2))
+    started_uploads(store, request, 2)
 
     # when
     aborted = store.abort_multipart_uploads("models/1/source/model.onnx")
@@ -473,9 +485,10 @@ def test_abort_multipart_uploads_drops_what_a_dead_writer_left(store, request):
     assert store.abort_multipart_uploads("models/2/source/model.onnx") == 0
 
 
-def test_commit_after_abort_multipart_uploads_raises_unavailable(store):
+def test_commit_after_abort_multipart_uploads_raises_unavailable(store, request):
     writer = store.open_writer("models/1/source/model.onnx")
     writer.write(payload(9 * MIB))
+    started_uploads(store, request, 1)
 
     store.abort_multipart_uploads("models/1/source/model.onnx")
 
