@@ -448,10 +448,13 @@ def wait_until_ready(process: ServerProcess, *, timeout_s: float, poll_interval_
     while True:
         if not is_alive(process.pid, process.create_time):
             ended = wait_for_exit_status(process, timeout_s=1.0)
-            how = f"{ended.description}" if ended is not None else "exited"
-            raise TritonStartError(
-                f"tritonserver '{process.server_id}' {how} during start-up", log_lines=_tail_or_empty(process)
-            )
+            if ended is None:
+                how = "exited during start-up"
+            elif ended.returncode > 0:
+                how = f"exited during start-up with code {ended.returncode}"
+            else:
+                how = f"{ended.description} during start-up"
+            raise TritonStartError(f"tritonserver '{process.server_id}' {how}", log_lines=_tail_or_empty(process))
         remaining = deadline - time.monotonic()
         if _probe_ready(url, timeout_s=max(0.05, min(1.0, remaining))):
             return

@@ -238,8 +238,8 @@ def test_a_triton_that_exits_with_a_code_says_the_code(
     shown = alice.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
     assert shown["status"] == "failed"
     assert shown["status_message"] == (
-        f"Triton did not become ready: tritonserver '{settings.CONCH_INSTANCE_ID}.dep.{shown['id']}' exited with "
-        "code 1 during start-up"
+        f"Triton did not become ready: tritonserver '{settings.CONCH_INSTANCE_ID}.dep.{shown['id']}' exited during "
+        "start-up with code 1"
     )
     assert "failed to start" in shown["error"]
 
