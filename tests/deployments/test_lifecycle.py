@@ -25,9 +25,13 @@ from django.utils import timezone
 
 from deployments import services, tasks
 from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+from deployments.runtimes.base import DeploymentSpec, Phase
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from tests import real_models
+from tests.tritonserving.test_server import _write_classifier
 from tritonserving import server as triton_server
+from tritonserving.client import TritonClient
 
 pytestmark = pytest.mark.django_db
 
@@ -242,6 +246,38 @@ def test_a_triton_that_exits_with_a_code_says_the_code(
         "start-up with code 1"
     )
     assert "failed to start" in shown["error"]
+
+
+def test_the_local_runtime_says_the_exit_code_of_a_triton_that_exited_with_one(settings, tmp_path):
+    # given a deployment's Triton that ends with an error of its own: asked to stop (SIGTERM) with no time left to
+    # unload its model (`--exit-timeout-secs=0`), it logs "Exit timeout expired" and exits with code 1
+    repository = tmp_path / "repository"
+    _write_classifier(repository, "orientation")
+    backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
+    ports = triton_server.allocate_ports(3)
+    server_id = f"{settings.CONCH_INSTANCE_ID}.dep.1"
+    process = triton_server.start_server(
+        server_id=server_id,
+        repository=repository,
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=settings.CONCH_TRITON_DIR / "logs" / "deployment-1.log",
+        backend_root=backend_root,
+        api_key=triton_api_key(server_id),
+        exit_timeout_s=0,
+    )
+    triton_server.wait_until_ready(process, timeout_s=60)
+    with TritonClient(process.http_url, timeout_s=60, api_key=triton_api_key(server_id)) as client:
+        client.load_model("orientation")
+    os.kill(process.pid, signal.SIGTERM)
+    state = LocalServerState.of_process(process, log_path=process.log_path)
+    _wait_until_gone(state)
+    # when the local runtime observes it (as reconcile does, from any worker process)
+    spec = DeploymentSpec(deployment_id=1, model_name="orientation", repository=str(repository), config_json="{}")
+    observation = get_runtime("local").observe(spec, state.to_state())
+    # then it says the code
+    assert (observation.phase, observation.message) == (Phase.ABSENT, "Triton exited with code 1.")
 
 
 def test_a_triton_that_shuts_down_on_sigterm_says_so(
