@@ -2,9 +2,11 @@
 
 Owns: finding the Triton 2.51 installation inside the `nvidia-pytriton` wheel, building the backend directory our
 servers use (Triton's Python backend plus our Python-based backends from `triton_backends/`), starting a server
-detached from Conch, waiting for it, telling whether it still runs, stopping it, and finding servers left running
-by an earlier Conch process. It talks to the operating system (processes, ports, files) and to Triton's health
-endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading live in `tritonserving.client`.
+detached from Conch under a watcher parent that records how it ends (`exit_watch`, `exit_status`), waiting for it,
+telling whether it still runs, stopping it, and finding servers left running by an earlier Conch process (by id
+prefix and, to tell installations apart, by backend directory). It talks to the operating system (processes, ports,
+files) and to Triton's health endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading
+live in `tritonserving.client`.
 
 Every server is locked down: its repository, config, shared-memory, statistics, trace and logging endpoints answer
 only to requests carrying its key (`tritonserving.access`, Triton "Limit Endpoint Access"), and its environment
@@ -532,10 +534,13 @@ def exit_status(process: ServerProcess) -> ServerExit | None:
             continue
         returncode = -int(match.group(2)) if match.group(2) is not None else int(match.group(3))
         received = None
-        for line in lines[:index]:
+        for line in reversed(lines[:index]):
+            if line.startswith("# conch: starting "):
+                break  # what came before is an earlier server's
             signalled = _SIGNAL_RECEIVED.match(line)
             if signalled is not None:
                 received = int(signalled.group(1))
+                break
         return ServerExit(pid=process.pid, returncode=returncode, signal_received=received)
     return None
 
