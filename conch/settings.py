@@ -13,6 +13,7 @@ on by default (secure cookies, HSTS, redirect to HTTPS), so the security checks 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from datetime import timedelta
@@ -443,9 +444,11 @@ CONCH_RESTART_BACKOFF_RESET_SECONDS = env("CONCH_RESTART_BACKOFF_RESET_SECONDS",
 CONCH_FIELD_ENCRYPTION_KEYS = env("CONCH_FIELD_ENCRYPTION_KEYS", [], cast=list)
 # Name of this worker host; local Tritons belong to the host that started them (default: the host name).
 CONCH_WORKER_HOST = env("CONCH_WORKER_HOST", "")
-# Tags every Triton this Conch starts (`--id=<prefix>-...`), so a restarted Conch can
-# find, adopt or kill its own processes and never touches another installation's.
-CONCH_INSTANCE_ID = env("CONCH_INSTANCE_ID", "conch")
+# Tags every Triton this Conch starts (`--id=<instance>.dep.<id>`) and its Kubernetes objects, so a restarted Conch
+# can find, adopt or kill its own and never touches another installation's. Default: "conch-" and 10 hex digits of
+# the data folder's path, so two installations on one host (two checkouts, each with its own var/) never share one,
+# while web, worker and beat of one installation (one CONCH_VAR_DIR) do.
+CONCH_INSTANCE_ID = env("CONCH_INSTANCE_ID", "") or f"conch-{hashlib.sha256(str(VAR_DIR).encode()).hexdigest()[:10]}"
 if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", CONCH_INSTANCE_ID):
     raise ImproperlyConfigured("CONCH_INSTANCE_ID must be 1-40 letters, digits, '_' or '-' (no '.').")
 

@@ -2,9 +2,11 @@
 
 Owns: finding the Triton 2.51 installation inside the `nvidia-pytriton` wheel, building the backend directory our
 servers use (Triton's Python backend plus our Python-based backends from `triton_backends/`), starting a server
-detached from Conch, waiting for it, telling whether it still runs, stopping it, and finding servers left running
-by an earlier Conch process. It talks to the operating system (processes, ports, files) and to Triton's health
-endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading live in `tritonserving.client`.
+detached from Conch under a watcher parent that records how it ends (`exit_watch`, `exit_status`), waiting for it,
+telling whether it still runs, stopping it, and finding servers left running by an earlier Conch process (by id
+prefix and, to tell installations apart, by backend directory). It talks to the operating system (processes, ports,
+files) and to Triton's health endpoints (`/v2/health/ready`, KServe v2 "Health" API). Inference and model loading
+live in `tritonserving.client`.
 
 Every server is locked down: its repository, config, shared-memory, statistics, trace and logging endpoints answer
 only to requests carrying its key (`tritonserving.access`, Triton "Limit Endpoint Access"), and its environment
@@ -23,6 +25,7 @@ import http.client
 import importlib.util
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -50,8 +53,16 @@ LOG_TAIL_LINES = 40
 # Two process start times (psutil, seconds since the epoch) closer than this are the same process.
 _CREATE_TIME_TOLERANCE_S = 0.01
 
-# Popen objects of the servers this Conch process started, by pid: polling them reaps our own zombies.
+# The watcher (`exit_watch`, the server's parent) of each server this Conch process started, by the server's pid:
+# polling a watcher reaps it once its server has ended.
 _CHILDREN: dict[int, subprocess.Popen] = {}
+_EXIT_WATCH = Path(__file__).resolve().parent / "exit_watch.py"
+# The line `exit_watch` appends to a server's log when the server ends, and the one Triton logs when a signal asks
+# it to shut down (it then exits with code 0).
+_ENDED = re.compile(
+    r"# conch: tritonserver pid (\d+) (?:was stopped by signal .+? \((\d+)\)|exited with code (-?\d+))$"
+)
+_SIGNAL_RECEIVED = re.compile(r"^Signal \((\d+)\) received\.")
 
 
 class TritonNotInstalled(Unavailable):
@@ -370,32 +381,44 @@ def start_server(
         restricted = " ".join(flag.split("=", 1)[0] + "=<restricted>" for flag in restriction)
         log.write(f"# conch: starting {' '.join(command)} {restricted}\n".encode())
         log.flush()
+        read_fd, write_fd = os.pipe()
         try:
-            child = subprocess.Popen(
-                command + restriction,
+            # The server's parent is a watcher that records how it ends (`exit_watch`, `exit_status`); the server
+            # itself leads a session of its own, as before.
+            watcher = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_EXIT_WATCH), str(write_fd), *command, *restriction],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=environment,
-                # A fixed, existing cwd: the backend stubs inherit it, and Conch's own cwd may go away.
+                # A fixed, existing cwd: the server and its backend stubs inherit it, and Conch's own cwd may go away.
                 cwd=backend_root,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(write_fd,),
             )
         except OSError as exc:
-            raise TritonStartError(f"cannot run {installation.binary}: {exc}", log_lines=[]) from None
-    _CHILDREN[child.pid] = child
+            os.close(read_fd)
+            raise TritonStartError(f"cannot run {sys.executable}: {exc}", log_lines=[]) from None
+        finally:
+            os.close(write_fd)
+    report = _read_report(read_fd, timeout_s=30.0)
+    if not report.isdigit():
+        watcher.poll()
+        detail = report.removeprefix("error ") or f"the watcher exited (code {watcher.returncode})"
+        raise TritonStartError(f"cannot run {installation.binary}: {detail}", log_lines=tail_log(log_path))
+    pid = int(report)
+    _CHILDREN[pid] = watcher
     try:
-        create_time = psutil.Process(child.pid).create_time()
+        create_time = psutil.Process(pid).create_time()
     except psutil.Error:
-        child.poll()
         raise TritonStartError(
-            f"tritonserver '{server_id}' exited right after start (exit code {child.returncode})",
+            f"tritonserver '{server_id}' exited right after start ({_ending(log_path, pid)})",
             log_lines=tail_log(log_path),
         ) from None
     return ServerProcess(
         server_id=server_id,
-        pid=child.pid,
+        pid=pid,
         create_time=create_time,
         http_port=http_port,
         grpc_port=grpc_port,
@@ -426,11 +449,14 @@ def wait_until_ready(process: ServerProcess, *, timeout_s: float, poll_interval_
     deadline = time.monotonic() + timeout_s
     while True:
         if not is_alive(process.pid, process.create_time):
-            child = _CHILDREN.get(process.pid)
-            code = f" (exit code {child.returncode})" if child is not None and child.returncode is not None else ""
-            raise TritonStartError(
-                f"tritonserver '{process.server_id}' exited during start-up{code}", log_lines=_tail_or_empty(process)
-            )
+            ended = wait_for_exit_status(process, timeout_s=1.0)
+            if ended is None:
+                how = "exited during start-up"
+            elif ended.returncode > 0:
+                how = f"exited during start-up with code {ended.returncode}"
+            else:
+                how = f"{ended.description} during start-up"
+            raise TritonStartError(f"tritonserver '{process.server_id}' {how}", log_lines=_tail_or_empty(process))
         remaining = deadline - time.monotonic()
         if _probe_ready(url, timeout_s=max(0.05, min(1.0, remaining))):
             return
@@ -447,6 +473,108 @@ def _tail_or_empty(process: ServerProcess) -> list[str]:
     return tail_log(process.log_path) if process.log_path is not None else []
 
 
+def _read_report(read_fd: int, *, timeout_s: float) -> str:
+    """The watcher's one line on the pipe `read_fd` (the server's pid, or `error <reason>`); "" when it wrote
+    nothing before closing the pipe or within `timeout_s` seconds. Closes `read_fd`."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    try:
+        while b"\n" not in data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([read_fd], [], [], remaining)[0]:
+                break
+            chunk = os.read(read_fd, 256)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_fd)
+    return data.decode(errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class ServerExit:
+    """How a server ended, as its watcher saw it: `returncode` is Popen's (negative: killed by that signal's
+    number); `signal_received` is the signal Triton logged it shut down on ("Signal (15) received.") when it then
+    exited by itself, else None."""
+
+    pid: int
+    returncode: int
+    signal_received: int | None = None
+
+    @property
+    def description(self) -> str:
+        """E.g. "was stopped by signal SIGKILL (9)", "shut down on signal SIGTERM (15)", "exited with code 1"."""
+        if self.returncode < 0:
+            return f"was stopped by signal {_signal_name(-self.returncode)}"
+        if self.signal_received is not None and self.returncode == 0:
+            return f"shut down on signal {_signal_name(self.signal_received)}"
+        return f"exited with code {self.returncode}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} ({number})"
+    except ValueError:
+        return f"{number}"
+
+
+def exit_status(process: ServerProcess) -> ServerExit | None:
+    """How `process` ended, read from the line its watcher appended to its log (`tritonserving.exit_watch`).
+
+    None while it runs, when it has no log, or when nothing recorded its end: a server started by a Conch older
+    than the watcher, or whose watcher was killed. Reads only the end of the log. Never raises.
+    """
+    if process.log_path is None:
+        return None
+    lines = tail_log(process.log_path, lines=200)
+    for index in range(len(lines) - 1, -1, -1):
+        match = _ENDED.match(lines[index])
+        if match is None or int(match.group(1)) != process.pid:
+            continue
+        returncode = -int(match.group(2)) if match.group(2) is not None else int(match.group(3))
+        received = None
+        for line in reversed(lines[:index]):
+            if line.startswith("# conch: starting "):
+                break  # what came before is an earlier server's
+            signalled = _SIGNAL_RECEIVED.match(line)
+            if signalled is not None:
+                received = int(signalled.group(1))
+                break
+        return ServerExit(pid=process.pid, returncode=returncode, signal_received=received)
+    return None
+
+
+def wait_for_exit_status(process: ServerProcess, *, timeout_s: float) -> ServerExit | None:
+    """`exit_status`, waiting up to `timeout_s` seconds for it while the watcher may still be writing it (the
+    server is gone a moment before its watcher has reaped it and written the line). None when nothing came."""
+    if process.log_path is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ended = exit_status(process)
+        if ended is not None or time.monotonic() >= deadline:
+            return ended
+        time.sleep(0.02)
+
+
+def _ending(log_path: Path, pid: int) -> str:
+    """How server `pid` that logged to `log_path` ended, for a message ("exited with code 1")."""
+    process = ServerProcess(
+        server_id="",
+        pid=pid,
+        create_time=0.0,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        bind_address="",
+        repository="",
+        log_path=log_path,
+    )
+    ended = wait_for_exit_status(process, timeout_s=1.0)
+    return ended.description if ended is not None else "its exit status was not recorded"
+
+
 def _reap(pid: int) -> None:
     child = _CHILDREN.get(pid)
     if child is not None:
@@ -456,6 +584,16 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:  # not our child: its parent (or init) reaps it
         pass
+
+
+def _forget(pid: int) -> None:
+    """Drop the watcher of server `pid`, which has ended; reap the watcher once it has written the server's end."""
+    watcher = _CHILDREN.pop(pid, None)
+    if watcher is not None:
+        try:
+            watcher.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass  # subprocess reaps it later (its list of unfinished children)
 
 
 def _matches(proc: psutil.Process, create_time: float) -> bool:
@@ -544,10 +682,10 @@ def stop_server(pid: int, create_time: float, *, timeout_s: float = 10.0) -> Non
     try:
         server = psutil.Process(pid)
     except psutil.Error:
-        _CHILDREN.pop(pid, None)
+        _forget(pid)
         return
     if not _matches(server, create_time):
-        _CHILDREN.pop(pid, None)
+        _forget(pid)
         return
     procs = [(server, create_time)]
     try:
@@ -565,7 +703,7 @@ def stop_server(pid: int, create_time: float, *, timeout_s: float = 10.0) -> Non
         _signal_all(pid, alive, signal.SIGKILL)
         alive = _wait_for_exit(alive, 5.0)
     if not alive:
-        _CHILDREN.pop(pid, None)
+        _forget(pid)
         return
     raise TritonStopError(f"processes {[proc.pid for proc, _ in alive]} of tritonserver {pid} survived SIGKILL")
 
@@ -596,16 +734,20 @@ def _stdout_path(pid: int) -> Path | None:
     return Path(target) if target.startswith("/") else None
 
 
-def find_servers(server_id_prefix: str) -> list[ServerProcess]:
+def find_servers(server_id_prefix: str, *, backend_root: Path | None = None) -> list[ServerProcess]:
     """List running `tritonserver` processes whose `--id` starts with `server_id_prefix`, oldest first.
 
-    Used after a Conch restart to adopt or stop servers an earlier process started. Ports, bind address,
+    Used after a Conch restart to adopt or stop servers an earlier process started. With `backend_root`, only
+    servers started with that backend directory (`--backend-directory`) are listed: each installation builds its
+    own under its own data folder (`ensure_backend_directory`), so that folder, not a name anyone may choose,
+    proves which installation started a server. Pass it before stopping what is found. Ports, bind address,
     repository and API key come from the command line (Triton's defaults 8000/8001/8002 when a flag is absent);
     `log_path` from the process's stdout when readable. Raises `InvalidInput` for an empty prefix (it would match
     servers Conch does not own).
     """
     if not server_id_prefix:
         raise InvalidInput("a server id prefix is required", field="server_id_prefix")
+    wanted_backends = str(Path(backend_root).resolve()) if backend_root is not None else None
     found: list[ServerProcess] = []
     for proc in psutil.process_iter(["cmdline", "create_time", "status"]):
         try:
@@ -616,6 +758,8 @@ def find_servers(server_id_prefix: str) -> list[ServerProcess]:
             flags = _parse_flags(cmdline[1:])
             server_id = flags.get("--id", "")
             if not server_id.startswith(server_id_prefix):
+                continue
+            if wanted_backends is not None and flags.get("--backend-directory") != wanted_backends:
                 continue
             found.append(
                 ServerProcess(

@@ -595,7 +595,7 @@ def _remove_abandoned_scratch(work_dir: Path, server_id_prefix: str) -> None:
         owner = folder.name[len(server_id_prefix) :].split("-", 1)[0]
         if not owner.isdigit() or triton_server.process_exists(int(owner)):
             continue
-        if triton_server.find_servers(folder.name):
+        if triton_server.find_servers(folder.name, backend_root=work_dir / "backends"):
             continue  # its server still runs; the periodic sweep stops it first
         shutil.rmtree(folder, ignore_errors=True)
         (work_dir / "logs" / f"{folder.name}.log").unlink(missing_ok=True)

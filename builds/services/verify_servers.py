@@ -63,10 +63,12 @@ def stop_warm_verify_server() -> None:
 def stop_verify_servers(*, only_abandoned: bool = True) -> int:
     """Stop this installation's verify servers on this host whose build worker process is gone (all of them
     when `only_abandoned` is False, at shutdown); returns how many. Run by the periodic reconcile, so a verify
-    server whose build died is stopped within one reconcile interval."""
+    server whose build died is stopped within one reconcile interval. A server counts as this installation's when
+    its id starts with `<CONCH_INSTANCE_ID>.verify.` and it runs on the backend directory under CONCH_TRITON_DIR
+    (`find_servers`): another installation's verify servers are left alone."""
     stopped = 0
     prefix = f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}"
-    for found in triton_server.find_servers(prefix):
+    for found in triton_server.find_servers(prefix, backend_root=Path(settings.CONCH_TRITON_DIR) / "backends"):
         owner = found.server_id[len(prefix) :].split("-", 1)[0]
         if only_abandoned and owner.isdigit() and triton_server.process_exists(int(owner)):
             continue

@@ -3,9 +3,10 @@
 The server runs with `--model-control-mode=explicit`; the model is loaded through Triton's repository API with
 the deployment's effective configuration (Triton "Model Repository" doc, "Model Control Mode EXPLICIT";
 repository extension `load` with a `config` parameter). The process is identified by (pid, create time) and by
-`--id=<instance>.dep.<deployment id>`, so a restarted Conch adopts its servers instead of starting duplicates, and
-kills the ones no deployment owns. Processes belong to one worker host (`CONCH_WORKER_HOST`): another host never
-observes, restarts or deletes them.
+`--id=<instance>.dep.<deployment id>` plus this installation's own backend directory, so a restarted Conch adopts
+its servers instead of starting duplicates, and kills the ones no deployment owns, never another installation's.
+Processes belong to one worker host (`CONCH_WORKER_HOST`): another host never observes, restarts or deletes them.
+A server that is gone is described by how it ended (`ended_message`: the signal or exit code its watcher recorded).
 
 State kept on the deployment (`LocalServerState`): host, server id, pid, create time, the three ports, log path.
 """
@@ -40,6 +41,7 @@ __all__ = [
     "LocalRuntime",
     "LocalServerState",
     "local_gpu_count",
+    "ended_message",
     "triton_api_key",
     "worker_host",
 ]
@@ -253,7 +255,7 @@ class LocalRuntime(Runtime):
         if not server.has_process:
             return Observation(Phase.ABSENT, "No Triton process runs for this deployment.")
         if not self._alive(server):
-            return Observation(Phase.ABSENT, "Triton exited unexpectedly.")
+            return Observation(Phase.ABSENT, ended_message(server))
         try:
             with self._client(server, timeout_s=5) as client:
                 if client.model_ready(spec.model_name):
@@ -271,10 +273,12 @@ class LocalRuntime(Runtime):
             triton_server.stop_server(int(server.pid), float(server.create_time))
 
     def list_owned(self) -> list[OwnedWorkload]:
-        """Deployment servers of this installation running on this host, from their `--id`."""
+        """Deployment servers of this installation running on this host: their `--id` starts with
+        `<CONCH_INSTANCE_ID>.dep.` and they run on this installation's backend directory (under CONCH_TRITON_DIR),
+        so a server of another installation is never listed, even one whose id looks like ours."""
         prefix = settings.CONCH_INSTANCE_ID + SERVER_ID_INFIX_DEPLOYMENT
         owned = []
-        for found in triton_server.find_servers(prefix):
+        for found in triton_server.find_servers(prefix, backend_root=self._root() / "backends"):
             suffix = found.server_id[len(prefix) :]
             state = LocalServerState.of_process(found, log_path=found.log_path)
             owned.append(
@@ -335,6 +339,17 @@ class LocalRuntime(Runtime):
         server = LocalServerState.from_state(state)
         number = {"http": server.http_port, "metrics": server.metrics_port}[port]
         return f"http://{settings.CONCH_TRITON_INTERNAL_HOST}:{number}{path}" if number else ""
+
+
+def ended_message(server: LocalServerState) -> str:
+    """What a user reads when a deployment's Triton is gone: how it ended, as its watcher recorded it
+    (`tritonserving.server.exit_status`), e.g. "Triton was stopped by signal SIGKILL (9).", "Triton exited with
+    code 1.", "Triton shut down on signal SIGTERM (15)."; a server whose end nobody recorded (started by an older
+    Conch, or its watcher was killed too) "exited unexpectedly"."""
+    ended = triton_server.wait_for_exit_status(server.process(), timeout_s=1.0) if server.has_process else None
+    if ended is None:
+        return "Triton exited unexpectedly; its exit status was not recorded."
+    return f"Triton {ended.description}."
 
 
 def _port_is_free(host: str, port: int) -> bool:

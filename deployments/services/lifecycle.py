@@ -91,7 +91,8 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
     Idempotent: a ready deployment, or one another task is starting (fresh heartbeat), is left alone; a server
     that still runs is adopted, not duplicated. Returns the resulting status. A start that fails marks the
     deployment `failed` with the runtime's message and Triton's last log lines; `permanent_failure` is set when
-    Triton refused the model (reconcile then stops retrying).
+    Triton refused the model (reconcile then stops retrying). Ready clears `error` and `status_message`: a past
+    failure stays in `last_failure` and the history (audit `deployment.failed`, then `deployment.recovered`).
     """
     now = timezone.now()
     kind = Deployment.objects.filter(pk=deployment_id).values_list("runtime", flat=True).first()
@@ -109,7 +110,8 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.status = DeploymentStatus.STARTING
         deployment.heartbeat_at = now
         deployment.error = ""
-        deployment.save(update_fields=["status", "heartbeat_at", "error", "updated_at"])
+        deployment.status_message = "starting Triton and loading the model"
+        deployment.save(update_fields=["status", "heartbeat_at", "error", "status_message", "updated_at"])
         spec = deployment_spec(deployment)
         previous_state = deployment.runtime_state
     if not _fill_repository(deployment):
@@ -134,10 +136,27 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment = _locked(deployment_id)
         if deployment.runtime_state != state or deployment.desired_state != DesiredState.RUNNING:
             return deployment.status
+        # Ready after a failure (a restart): a recovery, recorded in the history next to that failure.
+        recovering = deployment.failed_at is not None and (
+            deployment.ready_at is None or deployment.failed_at > deployment.ready_at
+        )
         deployment.status = DeploymentStatus.READY
         deployment.ready_at = timezone.now()
         deployment.permanent_failure = False
-        deployment.save(update_fields=["status", "ready_at", "permanent_failure", "updated_at"])
+        # A past failure is history (`last_failure`, the audit entries), not the current status.
+        deployment.error = ""
+        deployment.status_message = ""
+        deployment.save(
+            update_fields=["status", "ready_at", "permanent_failure", "error", "status_message", "updated_at"]
+        )
+        if recovering:
+            record_audit(
+                action=AuditAction.DEPLOYMENT_RECOVERED,
+                team=deployment.team,
+                target=deployment,
+                before={"status": DeploymentStatus.FAILED, "failed_at": deployment.failed_at.isoformat()},
+                after={"status": DeploymentStatus.READY, "restart_count": deployment.restart_count},
+            )
     log.info("deployment.ready", extra={"deployment_id": deployment_id})
     return DeploymentStatus.READY
 

@@ -81,6 +81,10 @@
     badge.textContent = body.status;
     badge.className = `status status-${body.status}`;
     document.getElementById("status-message").textContent = body.status_message || "";
+    document.getElementById("restart-count").textContent = String(body.restart_count);
+    const error = document.getElementById("error");
+    error.textContent = body.error || "";
+    error.hidden = !body.error;
     document.getElementById("endpoint-http").textContent = body.endpoints.http || "—";
   }
 

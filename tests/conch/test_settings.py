@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,22 @@ def test_docker_compose_publishes_no_backing_service_and_keeps_secrets_in_an_env
     example = (ROOT / "conch.env.example").read_text()
     for name in ("DJANGO_SECRET_KEY", "DATABASE_URL", "POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD"):
         assert f"\n{name}=" in example
+
+
+def _instance_id(tmp_path: Path, var_dir: Path, **variables: str) -> str:
+    code = "import django; django.setup(); from django.conf import settings; print(settings.CONCH_INSTANCE_ID)"
+    completed = _run(tmp_path, ["-c", code], CONCH_VAR_DIR=str(var_dir), **variables)
+    assert completed.returncode == 0, completed.stderr
+    return completed.stdout.strip()
+
+
+def test_each_data_folder_is_an_installation_with_an_instance_id_of_its_own(tmp_path):
+    # when two checkouts' processes read their settings, neither setting CONCH_INSTANCE_ID
+    first = _instance_id(tmp_path, tmp_path / "a" / "var")
+    again = _instance_id(tmp_path, tmp_path / "a" / "var")
+    second = _instance_id(tmp_path, tmp_path / "b" / "var")
+    # then each data folder has its own id, the same in every process that reads it (web, worker, beat)
+    assert first == again != second
+    assert re.fullmatch(r"conch-[0-9a-f]{10}", first) and re.fullmatch(r"conch-[0-9a-f]{10}", second)
+    # and an id that is set wins
+    assert _instance_id(tmp_path, tmp_path / "a" / "var", CONCH_INSTANCE_ID="prod_1") == "prod_1"

@@ -244,3 +244,19 @@ def test_the_overview_rate_is_over_its_15_minutes_and_a_stopped_deployment_shows
     assert value.inner_text() == "0.001 inf/s"
     assert page.locator(f"#spark-value-{stopped.pk}").inner_text() == "— (stopped)"
     assert page.locator(f'[data-sparkline="{stopped.pk}"]').count() == 0
+
+
+def test_an_open_page_drops_the_error_once_the_deployment_is_ready_again(page, alice, two_versions):
+    _, deployment = two_versions
+    # given the page open while the deployment has failed
+    Deployment.objects.filter(pk=deployment.pk).update(
+        status="failed", error="Triton was stopped by signal SIGKILL (9).", restart_count=3
+    )
+    page.goto(f"/deployments/{deployment.pk}/")
+    expect(page.locator("#error")).to_have_text("Triton was stopped by signal SIGKILL (9).")
+    # when it is ready again after its fourth restart (as `ensure_deployment_started` leaves it)
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready", error="", status_message="", restart_count=4)
+    # then the page's live refresh shows it ready with no error, and the count of restarts
+    expect(page.get_by_test_id("deployment-status")).to_have_text("ready", timeout=15_000)
+    expect(page.locator("#error")).to_be_hidden()
+    expect(page.locator("#restart-count")).to_have_text("4")

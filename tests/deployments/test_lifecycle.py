@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,13 +20,18 @@ import numpy as np
 import onnxruntime
 import psutil
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from deployments import services, tasks
 from deployments.models import Deployment
+from deployments.runtimes import get_runtime
+from deployments.runtimes.base import DeploymentSpec, Phase
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from tests import real_models
+from tests.tritonserving.test_server import _write_classifier
 from tritonserving import server as triton_server
+from tritonserving.client import TritonClient
 
 pytestmark = pytest.mark.django_db
 
@@ -173,32 +180,121 @@ def test_a_deployments_triton_answers_only_to_conchs_key_and_gets_no_secret(
     services.stop_deployment(deployment_id=d["id"])
 
 
+def _wait_until_gone(server: LocalServerState) -> None:
+    deadline = time.monotonic() + 10
+    while triton_server.is_alive(server.pid, server.create_time) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_reconcile_reports_a_dead_triton_and_restarts_it(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
-    # given a ready deployment whose Triton then dies
+    # given a ready deployment whose Triton is then killed by SIGKILL
     d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
     row = Deployment.objects.get(pk=d["id"])
     old = _server(row)
     os.kill(old.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while triton_server.is_alive(old.pid, old.create_time) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_until_gone(old)
     # when the periodic reconcile runs
     with django_capture_on_commit_callbacks(execute=True):
         counts = services.reconcile_deployments()
-    # then it reported the failure with Triton's last log lines and started a new Triton on the same ports
+    # then it reported the failure, naming the signal, with Triton's last log lines, and started a new Triton on
+    # the same ports
     assert counts["failed"] == 1
     new = _server(row)
     assert row.status == "ready"
     assert row.restart_count == 1
     assert new.pid != old.pid and triton_server.is_alive(new.pid, new.create_time)
     assert (new.http_port, new.grpc_port, new.metrics_port) == (old.http_port, old.grpc_port, old.metrics_port)
-    assert "Triton exited unexpectedly" in row.last_failure
-    assert "Last lines of Triton's log" in row.last_failure
+    assert row.last_failure.startswith("Triton was stopped by signal SIGKILL (9).\nLast lines of Triton's log:\n")
     x, request = _classifier_request(batch=1)
     assert alice.client.post(f"/api/v1/deployments/{d['id']}/infer", request, format="json").status_code == 200
+    # and, ready again, it shows no current error in the API or on its page: the failure is in its history
+    shown = alice.client.get(f"/api/v1/deployments/{d['id']}/").json()
+    assert (shown["status"], shown["error"], shown["status_message"]) == ("ready", "", "")
+    assert shown["last_failure"] == row.last_failure
+    console = Client()
+    console.force_login(alice.user)
+    html = console.get(f"/deployments/{d['id']}/").content.decode()
+    assert '<pre class="error" id="error" hidden></pre>' in html
+    assert '<p id="status-message" class="muted"></p>' in html
+    history = [(e.action, e.after.get("message")) for e in services.deployment_events(row)]
+    assert history[:3] == [
+        ("deployment.recovered", None),
+        ("deployment.restarted", None),
+        ("deployment.failed", "Triton was stopped by signal SIGKILL (9)."),
+    ]
+    assert "deployment.failed" in html and "Triton was stopped by signal SIGKILL (9)." in html
     services.stop_deployment(deployment_id=row.pk)
+
+
+def test_a_triton_that_exits_with_a_code_says_the_code(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
+):
+    # given Triton told to listen on an address this host does not have (TEST-NET-1, RFC 5737): it exits with a
+    # code of its own during start-up
+    settings.CONCH_TRITON_BIND_ADDRESS = "192.0.2.1"
+    # when a deployment starts
+    body = {"name": "web", "team": alice.team.slug, "model_version": built_classifier.pk, "runtime": "local"}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post("/api/v1/deployments/", body, format="json")
+    # then it failed saying Triton's exit code
+    shown = alice.client.get(f"/api/v1/deployments/{response.json()['id']}/").json()
+    assert shown["status"] == "failed"
+    assert shown["status_message"] == (
+        f"Triton did not become ready: tritonserver '{settings.CONCH_INSTANCE_ID}.dep.{shown['id']}' exited during "
+        "start-up with code 1"
+    )
+    assert "failed to start" in shown["error"]
+
+
+def test_the_local_runtime_says_the_exit_code_of_a_triton_that_exited_with_one(settings, tmp_path):
+    # given a deployment's Triton that ends with an error of its own: asked to stop (SIGTERM) with no time left to
+    # unload its model (`--exit-timeout-secs=0`), it logs "Exit timeout expired" and exits with code 1
+    repository = tmp_path / "repository"
+    _write_classifier(repository, "orientation")
+    backend_root = triton_server.ensure_backend_directory(settings.CONCH_TRITON_DIR / "backends")
+    ports = triton_server.allocate_ports(3)
+    server_id = f"{settings.CONCH_INSTANCE_ID}.dep.1"
+    process = triton_server.start_server(
+        server_id=server_id,
+        repository=repository,
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=settings.CONCH_TRITON_DIR / "logs" / "deployment-1.log",
+        backend_root=backend_root,
+        api_key=triton_api_key(server_id),
+        exit_timeout_s=0,
+    )
+    triton_server.wait_until_ready(process, timeout_s=60)
+    with TritonClient(process.http_url, timeout_s=60, api_key=triton_api_key(server_id)) as client:
+        client.load_model("orientation")
+    os.kill(process.pid, signal.SIGTERM)
+    state = LocalServerState.of_process(process, log_path=process.log_path)
+    _wait_until_gone(state)
+    # when the local runtime observes it (as reconcile does, from any worker process)
+    spec = DeploymentSpec(deployment_id=1, model_name="orientation", repository=str(repository), config_json="{}")
+    observation = get_runtime("local").observe(spec, state.to_state())
+    # then it says the code
+    assert (observation.phase, observation.message) == (Phase.ABSENT, "Triton exited with code 1.")
+
+
+def test_a_triton_that_shuts_down_on_sigterm_says_so(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
+):
+    # given a ready deployment whose Triton someone stops with SIGTERM (Triton shuts down by itself, code 0)
+    d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+    row = Deployment.objects.get(pk=d["id"])
+    old = _server(row)
+    os.kill(old.pid, signal.SIGTERM)
+    _wait_until_gone(old)
+    # when reconcile sees it (its restart not run yet)
+    with django_capture_on_commit_callbacks(execute=False):
+        services.reconcile_deployments()
+    # then the deployment says which signal ended it
+    row.refresh_from_db()
+    assert (row.status, row.status_message) == ("failed", "Triton shut down on signal SIGTERM (15).")
 
 
 def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
@@ -292,6 +388,95 @@ def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back
     assert (row.status, row.restart_count, row.last_failure) == ("ready", 0, "")
     assert triton_server.is_alive(again.pid, again.create_time)
     services.stop_deployment(deployment_id=row.pk)
+
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _default_instance_id(var_dir: Path) -> str:
+    """The CONCH_INSTANCE_ID of an installation whose data folder is `var_dir` and that sets none (settings are
+    read once per process, so in a subprocess)."""
+    environment = {name: value for name, value in os.environ.items() if name != "CONCH_INSTANCE_ID"}
+    environment.update(CONCH_VAR_DIR=str(var_dir), DJANGO_SETTINGS_MODULE="conch.settings")
+    code = "import django; django.setup(); from django.conf import settings; print(settings.CONCH_INSTANCE_ID)"
+    completed = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    return completed.stdout.strip()
+
+
+def _triton_of(triton_dir: Path, server_id: str) -> triton_server.ServerProcess:
+    """Start a Triton as the installation whose Triton folder is `triton_dir` starts one: on its own backend
+    directory, tagged `server_id`."""
+    backend_root = triton_server.ensure_backend_directory(triton_dir / "backends")
+    ports = triton_server.allocate_ports(3)
+    return triton_server.start_server(
+        server_id=server_id,
+        repository=str(triton_dir),
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        log_path=triton_dir / f"{server_id}.log",
+        backend_root=backend_root,
+        api_key=triton_api_key(server_id),
+    )
+
+
+def test_a_second_installation_on_the_host_leaves_the_first_ones_tritons_alone(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings, tmp_path
+):
+    # given two installations on one host (two checkouts), each with its own data folder, neither setting
+    # CONCH_INSTANCE_ID
+    first_var, second_var = tmp_path / "first" / "var", tmp_path / "second" / "var"
+    first_id, second_id = _default_instance_id(first_var), _default_instance_id(second_var)
+    assert first_id != second_id
+    # the first serves its deployment 1 on a Triton
+    first = _triton_of(first_var / "triton", f"{first_id}.dep.1")
+    try:
+        # and this Conch is the second, serving a deployment of its own
+        settings.VAR_DIR, settings.CONCH_TRITON_DIR, settings.CONCH_INSTANCE_ID = (
+            second_var,
+            second_var / "triton",
+            second_id,
+        )
+        d = _deploy(alice, built_classifier, django_capture_on_commit_callbacks)
+        mine = _server(Deployment.objects.get(pk=d["id"]))
+        # when the second's reconcile looks for orphans, then the second shuts down (the demo's Ctrl-C)
+        counts = services.reconcile_deployments()
+        stopped = services.stop_all_local_servers()
+        # then only the second's own Triton was stopped; the first's still runs
+        assert (counts["orphans_killed"], stopped) == (0, 1)
+        assert not triton_server.is_alive(mine.pid, mine.create_time)
+        assert triton_server.is_alive(first.pid, first.create_time)
+    finally:
+        triton_server.stop_server(first.pid, first.create_time)
+
+
+def test_a_server_named_like_ours_but_not_started_by_this_installation_is_left_alone(settings, tmp_path):
+    # given two Tritons named like this installation's deployment servers, no deployment recording either: one on
+    # this installation's backend folder (an orphan of ours), one started by another checkout that was given the
+    # same CONCH_INSTANCE_ID; and that checkout's verify server, also named like ours
+    prefix = settings.CONCH_INSTANCE_ID
+    elsewhere = tmp_path / "elsewhere" / "triton"
+    orphan = _triton_of(settings.CONCH_TRITON_DIR, f"{prefix}.dep.998")
+    look_alikes = [
+        _triton_of(elsewhere, f"{prefix}.dep.999"),
+        _triton_of(elsewhere, f"{prefix}.verify.{os.getpid()}-abc"),
+    ]
+    try:
+        # when reconcile looks for orphans
+        counts = services.reconcile_deployments()
+        # then only ours was stopped
+        assert counts["orphans_killed"] == 1
+        assert not triton_server.is_alive(orphan.pid, orphan.create_time)
+        assert all(triton_server.is_alive(s.pid, s.create_time) for s in look_alikes)
+        # and when this installation shuts down (the demo's Ctrl-C), the look-alikes still run
+        assert services.stop_all_local_servers() == 0
+        assert all(triton_server.is_alive(s.pid, s.create_time) for s in look_alikes)
+    finally:
+        for server in look_alikes:
+            triton_server.stop_server(server.pid, server.create_time)
 
 
 def test_deploying_a_version_that_is_not_built_gets_409(alice, built_classifier):

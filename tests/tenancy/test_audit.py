@@ -164,7 +164,11 @@ def test_a_reconcile_task_that_finds_triton_gone_records_failed_and_restarted_as
         ("deployment.restarted", "system", "deployments.reconcile_deployments", "acme"),
     ]
     assert entries[0].before == {"status": "ready"}
-    assert entries[0].after == {"status": "failed", "message": "Triton exited unexpectedly.", "permanent": False}
+    assert entries[0].after == {
+        "status": "failed",
+        "message": "Triton exited unexpectedly; its exit status was not recorded.",
+        "permanent": False,
+    }
     assert entries[1].after == {"restart_count": 1, "waited_s": 0.0}
 
 

@@ -265,6 +265,39 @@ def test_killed_server_is_not_alive_and_stopping_it_is_a_no_op(start, server_id_
     assert is_alive(process.pid, process.create_time) is False
     stop_server(process.pid, process.create_time)  # no error
     assert find_servers(server_id_prefix) == []
+    # and its watcher wrote down how it ended, in its log
+    ended = triton_server.wait_for_exit_status(process, timeout_s=5)
+    assert ended == triton_server.ServerExit(pid=process.pid, returncode=-9)
+    assert ended.description == "was stopped by signal SIGKILL (9)"
+    assert (
+        tail_log(process.log_path)[-1] == f"# conch: tritonserver pid {process.pid} was stopped by signal SIGKILL (9)"
+    )
+
+
+def test_a_server_asked_to_shut_down_by_sigterm_is_recorded_as_such(start, server_id_prefix):
+    # given
+    process = start(f"{server_id_prefix}term")
+
+    # when: Triton handles SIGTERM itself, logs "Signal (15) received." and exits with code 0
+    os.kill(process.pid, signal.SIGTERM)
+    ended = triton_server.wait_for_exit_status(process, timeout_s=30)
+
+    # then
+    assert ended == triton_server.ServerExit(pid=process.pid, returncode=0, signal_received=15)
+    assert ended.description == "shut down on signal SIGTERM (15)"
+    assert is_alive(process.pid, process.create_time) is False
+
+
+def test_find_servers_with_a_backend_folder_lists_only_servers_started_on_it(start, server_id_prefix, tmp_path):
+    # given two servers whose ids share a prefix, started on two backend folders (two installations)
+    other_backends = ensure_backend_directory(tmp_path / "other" / "backends")
+    ours = start(f"{server_id_prefix}ours")
+    theirs = start(f"{server_id_prefix}theirs", backend_root=other_backends)
+
+    # when / then
+    assert [s.pid for s in find_servers(server_id_prefix)] == [ours.pid, theirs.pid]
+    assert [s.pid for s in find_servers(server_id_prefix, backend_root=other_backends)] == [theirs.pid]
+    assert [s.pid for s in find_servers(server_id_prefix, backend_root=tmp_path / "elsewhere")] == []
 
 
 def test_is_alive_rejects_a_reused_pid_and_a_missing_process():
@@ -299,7 +332,8 @@ def test_wait_until_ready_fails_fast_with_the_log_when_the_server_exits(start, s
 
     # then
     assert time.monotonic() - started < 20
-    assert f"tritonserver '{server_id_prefix}clash' exited during start-up" in raised.value.detail
+    assert f"tritonserver '{server_id_prefix}clash' exited during start-up with code 1" in raised.value.detail
+    assert triton_server.exit_status(process) == triton_server.ServerExit(pid=process.pid, returncode=1)
     assert any(f"Socket '127.0.0.1:{taken}' already in use" in line for line in raised.value.log_lines)
     assert is_alive(process.pid, process.create_time) is False
 
