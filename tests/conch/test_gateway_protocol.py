@@ -22,7 +22,8 @@ modules = (httptools_impl, h11_impl, flow_control)
 before = {m.__name__: {k: id(v) for k, v in vars(m).items()} for m in modules}
 import conch.gateway_protocol
 after = {m.__name__: {k: id(v) for k, v in vars(m).items()} for m in modules}
-changed = sorted(f"{m}.{k}" for m in before for k in before[m].keys() | after[m].keys() if before[m].get(k) != after[m].get(k))
+names = [(m, k) for m in before for k in before[m].keys() | after[m].keys()]
+changed = sorted(f"{m}.{k}" for m, k in names if before[m].get(k) != after[m].get(k))
 print(json.dumps({"changed": changed, "cycle": httptools_impl.RequestResponseCycle.__module__}))
 """
 
