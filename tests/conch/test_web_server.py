@@ -190,6 +190,52 @@ def test_a_declared_body_over_the_view_s_limit_is_refused_before_it_is_read(web)
     assert b"10000000000 bytes, larger than the 1 MiB" in answer
 
 
+def test_a_chunked_body_over_the_view_s_limit_is_cut_off_with_413(web):
+    # given a sign-in POST with a chunked body (no declared length) that goes on past the 1 MiB limit
+    connection = web.raw()
+    connection.sendall(b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    # (1 MiB and 4 KiB of it, then nothing: the server has read all that was sent when it answers and closes)
+    for size in (256 * 1024,) * 4 + (4096,):
+        connection.sendall(b"%x\r\n" % size + b"u" * size + b"\r\n")
+    # then it is answered 413 naming the limit, and the connection closed
+    answer = _answer(connection)
+    connection.close()
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    assert b"larger than the 1 MiB" in answer
+
+
+class _PeakRss:
+    """Samples the summed RSS of `process` and its children every 20 ms while in the `with` block; `growth` is
+    the peak minus the RSS at the start."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self._processes = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        self._stop = threading.Event()
+        self._start = self._peak = 0
+
+    def _rss(self) -> int:
+        return sum(process.memory_info().rss for process in self._processes)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self._peak = max(self._peak, self._rss())
+
+    def __enter__(self) -> _PeakRss:
+        self._start = self._peak = self._rss()
+        self._thread = threading.Thread(target=self._sample)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, self._rss())
+
+    @property
+    def growth(self) -> int:
+        return self._peak - self._start
+
+
 def _sign_in(session: requests.Session, url: str, username: str, password: str) -> requests.Response:
     page = session.get(f"{url}/accounts/login/", timeout=ANSWER_TIMEOUT)
     token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1).decode()
@@ -229,23 +275,21 @@ def test_uploads_downloads_and_static_files_go_through_with_the_web_process_boun
     )
     assert created.status_code == 201, created.text
     model_id = created.json()["id"]
-    workers = psutil.Process(web.process.pid).children(recursive=True)
-    rss_before = sum(worker.memory_info().rss for worker in workers)
     # when a 96 MiB file is uploaded by the old path (multipart through the web process)
     data = onnx_like(os.urandom(96 * MIB))
-    uploaded = requests.post(
-        f"{web.url}/api/v1/models/{model_id}/versions/",
-        files={"file": ("big.onnx", data)},
-        headers=headers,
-        timeout=120,
-    )
-    rss_after = sum(worker.memory_info().rss for worker in workers)
-    # then it makes a version of that size, and the web processes grew by much less than the file
+    with _PeakRss(web.process) as upload_memory:
+        uploaded = requests.post(
+            f"{web.url}/api/v1/models/{model_id}/versions/",
+            files={"file": ("big.onnx", data)},
+            headers=headers,
+            timeout=120,
+        )
+    # then it makes a version of that size, and the web processes never grew by half the file
     assert uploaded.status_code == 201, uploaded.text
     version = uploaded.json()
     assert version["source"]["size_bytes"] == len(data)
     assert version["source"]["sha256"] == hashlib.sha256(data).hexdigest()
-    assert rss_after - rss_before < 48 * MIB
+    assert upload_memory.growth < 48 * MIB, upload_memory.growth
     # when a resumable upload sends a 5 MiB part through Conch (folder storage)
     part = os.urandom(5 * MIB)
     whole = part + os.urandom(MIB)
@@ -280,10 +324,17 @@ def test_uploads_downloads_and_static_files_go_through_with_the_web_process_boun
     # when the signed-in user downloads the first version's file from the console
     session = requests.Session()
     assert _sign_in(session, web.url, "dave", "pw-for-tests-1").status_code == 302
-    download = session.get(f"{web.url}/models/{model_id}/versions/{version['id']}/download/", timeout=120, stream=True)
-    # then it gets the file's bytes
+    digest = hashlib.sha256()
+    with _PeakRss(web.process) as download_memory:
+        download = session.get(
+            f"{web.url}/models/{model_id}/versions/{version['id']}/download/", timeout=120, stream=True
+        )
+        for piece in download.iter_content(MIB):
+            digest.update(piece)
+    # then it gets the file's bytes, streamed: the web processes never held half of it
     assert download.status_code == 200
-    assert hashlib.sha256(download.raw.read()).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert download_memory.growth < 48 * MIB, download_memory.growth
     # and static files are served (WhiteNoise)
     css = next((ROOT / "static" / "console").glob("*.css"))
     static = requests.get(f"{web.url}/static/console/{css.name}", timeout=ANSWER_TIMEOUT)
