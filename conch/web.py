@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         loop=os.environ.get("CONCH_WEB_LOOP", "uvloop"),
         http=ConsoleProtocol,  # httptools, with bounds on heads and timeouts on slow heads and bodies
         lifespan="off",  # Django speaks no lifespan protocol
+        ws="none",  # nor WebSocket: an upgrade request is served as plain HTTP
         timeout_graceful_shutdown=30,  # on SIGTERM, requests under way get this long (gunicorn's graceful_timeout)
         access_log=False,
         server_header=False,
