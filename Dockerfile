@@ -15,4 +15,6 @@ COPY --from=assets /app/static/vendor static/vendor
 RUN useradd --create-home conch && mkdir -p /app/var && chown -R conch /app/var
 USER conch
 EXPOSE 8000
-CMD ["gunicorn", "-c", "gunicorn.conf.py", "--bind", "0.0.0.0:8000", "--workers", "3"]
+# The console (uvicorn, conch.web): slow clients are cut off after CONCH_WEB_HEADER_TIMEOUT_SECONDS and
+# CONCH_WEB_BODY_TIMEOUT_SECONDS; request bodies are spooled under TMPDIR (/tmp) before a view runs.
+CMD ["python", "-m", "conch.web", "--bind", "0.0.0.0:8000", "--workers", "3"]

@@ -1,16 +1,17 @@
 """Benchmark: a large upload through the wizard's page in Chromium, with the browser's and the web process's memory.
 
-Conch comes up as `bench/time_to_serve.py` brings it up (gunicorn web process and a Celery worker on the embedded
-defaults: SQLite, kombu's filesystem broker, folder storage, in a scratch CONCH_VAR_DIR). Folder storage is the
-heavier case for the web process: every part comes through it (with S3 storage the parts go to the bucket and the
-web process only signs). Playwright drives Debian's Chromium (/usr/bin/chromium): sign in, register a model, choose
-a --size-mib file of random bytes (after ONNX's first two) on the upload page (by path: the test process never reads
-it), and wait until the page moves on to the build page, i.e. the worker has checked the stored object's size and
-sha256 and made the version. (The build that follows fails at once: random bytes are no ONNX model; it is not
-timed.)
+Conch comes up as `bench/time_to_serve.py` brings it up (a `python -m conch.web` web process and a Celery worker on
+the embedded defaults: SQLite, kombu's filesystem broker, folder storage, in a scratch CONCH_VAR_DIR). Folder
+storage is the heavier case for the web process: every part comes through it (with S3 storage the parts go to the
+bucket and the web process only signs). Playwright drives Debian's Chromium (/usr/bin/chromium): sign in, register
+a model, choose a --size-mib file of random bytes (after ONNX's first two) on the upload page (by path: the test
+process never reads it), and wait until the page moves on to the build page, i.e. the worker has checked the stored
+object's size and sha256 and made the version. (The build that follows fails at once: random bytes are no ONNX
+model; it is not timed.)
 
 Every 100 ms the RSS of the browser's processes (the Chromium processes under this script) and of the web process
-(gunicorn's master and workers) is sampled. Growth = peak during the upload - RSS once the upload page has loaded.
+(the web server's main process and workers) is sampled. Growth = peak during the upload - RSS once the upload page
+has loaded.
 The page's progress line is timestamped in the page, splitting the time into the browser's sha256 (hash-wasm,
 read through one reused 2 MiB buffer) and sending the parts (8 MiB parts, 3 at a time, or bigger past 10,000 parts).
 

@@ -1,6 +1,6 @@
 """Benchmark: time from uploading the demo classifier to its first good inference, through Conch's REST API.
 
-Conch comes up as `make demo` brings it up: a gunicorn web process (gunicorn.conf.py) and a Celery worker with two
+Conch comes up as `make demo` brings it up: a web process (`python -m conch.web`) and a Celery worker with two
 pool processes (`-Q celery,periodic --concurrency 2`), on the embedded defaults (SQLite, kombu's filesystem broker,
 folder storage) in a scratch CONCH_VAR_DIR, with its own CONCH_INSTANCE_ID. Beat is not started: a deployment
 becomes ready through its own start task, and nothing here waits on a periodic task. Before the first timed upload

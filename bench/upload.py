@@ -10,7 +10,7 @@ All send the same file to the same S3 protocol server (moto, over HTTP on 127.0.
   old path: POST /api/v1/models/{id}/versions/ (multipart/form-data through the web process, which streams the
             body into an S3 multipart upload), for comparison
 Conch's worker gets its tasks from a Redis, as in production (`--broker-url`; the demo's filesystem broker looks
-for tasks every 0.1 s). The web process's RSS (gunicorn, one worker, as `make demo` configures it) is sampled
+for tasks every 0.1 s). The web process's RSS (`python -m conch.web`, one worker, as `make demo` runs it) is sampled
 every 20 ms during the `conch upload` runs, after a first small upload by each path (what the process loads on its
 first request of a kind is not growth); the old path's growth is shown beside it. The timed `conch upload`
 includes everything its user waits for: the CLI's start, the sha256, the parts, and the worker's check until the
@@ -62,6 +62,10 @@ from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+
+from conch.processes import web_command  # noqa: E402  (needs ROOT on sys.path)
+
 ACCESS, SECRET, REGION, BUCKET = "bench-access", "bench-secret", "us-east-1", "conch-bench"
 #: moto's environment unless --plain-s3-server (see the docstring): glibc's malloc in one arena that never unmaps or
 #: trims (the memory of one completion is reused by the next instead of faulted in again from the host), and objects
@@ -327,16 +331,8 @@ def main() -> None:
             web_port = free_port()
             procs.append(
                 subprocess.Popen(
-                    # The same server settings as `make demo` (gunicorn.conf.py), with one worker process.
-                    [
-                        str(BIN / "gunicorn"),
-                        "-c",
-                        str(ROOT / "gunicorn.conf.py"),
-                        "--bind",
-                        f"127.0.0.1:{web_port}",
-                        "--workers",
-                        "1",
-                    ],
+                    # The same server as `make demo` runs, with one worker process.
+                    web_command(BIN, web_port, workers=1),
                     env=env,
                     cwd=ROOT,
                     stdout=subprocess.DEVNULL,

@@ -1,10 +1,10 @@
 """The inference gateway's server process: `python -m conch.gateway` (uvicorn, uvloop, httptools).
 
 Serves `deployments.api.gateway.GatewayApp` on CONCH_GATEWAY_BIND (127.0.0.1:8001 by default) with
-CONCH_GATEWAY_WORKERS processes. Why a process of its own and not a view of the console's gunicorn: the console's
-requests are blocking Django views (uploads of GiBs among them), while the gateway relays many small concurrent
-requests; an event loop with pooled keep-alive connections to Triton adds far less to each request than a
-thread of a WSGI server (bench/serving.py, system e).
+CONCH_GATEWAY_WORKERS processes. Why a process of its own and not a view of the console's web server
+(`conch.web`): the console's requests are blocking Django views (uploads of GiBs among them), each run in a thread,
+while the gateway relays many small concurrent requests; an event loop with pooled keep-alive connections to
+Triton adds far less to each request than a thread of a WSGI server (bench/serving.py, system e).
 """
 
 from __future__ import annotations

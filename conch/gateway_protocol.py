@@ -1,29 +1,27 @@
-"""uvicorn's httptools HTTP/1.1 protocol with a bound on a request's head, and request bodies passed on uncopied.
-
-uvicorn (0.54) puts no limit on the head when it parses with httptools: a client could send a header of hundreds
-of MB, all of it held in memory, while the event loop parses it. `BoundedHttpToolsProtocol` answers 431 and
-closes the connection as soon as a head passes `MAX_HEAD_BYTES`, before its request reaches the gateway.
+"""The inference gateway's HTTP/1.1 protocol: uvicorn's httptools one with a bound on a request's head
+(`conch.http_protocol.HeadLimitProtocol`), and request bodies passed on uncopied.
 
 Its request bodies reach the application in the pieces read from the socket (`PiecewiseCycle`): uvicorn joins
 a body into one bytearray and copies that into bytes for each `http.request` message, two copies of every body
 that, for a 600 KB inference request, cost the gateway more CPU than parsing and checking the request does.
+
+uvicorn's `on_headers_complete` makes each request's cycle from its module's global `RequestResponseCycle`. The
+protocol runs a copy of that method whose globals name `PiecewiseCycle` instead, so uvicorn's module stays as it
+is for every other server in the process (the console's, `conch.web`, among them).
 """
 
 from __future__ import annotations
 
 import collections
-import json
+import types
 from typing import Any
 
 from django.conf import settings
 from uvicorn.protocols.http import httptools_impl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from conch.http_protocol import MAX_HEAD_BYTES, HeadLimitProtocol
 
 __all__ = ["MAX_HEAD_BYTES", "BoundedHttpToolsProtocol"]
-
-#: Most bytes a request's head may take (a chunk read with the head's end may add a few hundred KiB of body
-#: to the count, so this is well above any real head: tokens and headers of clients are a few KiB).
-MAX_HEAD_BYTES = 1024 * 1024
 
 # Bytes of a request body buffered before the socket stops being read until the application takes them: the
 # gateway's CONCH_GATEWAY_STREAM_FROM_BYTES, the size it reads whole anyway (uvicorn's own HIGH_WATER_LIMIT is
@@ -97,26 +95,33 @@ class _HeadHoldingTransport:
         return getattr(self._transport, name)
 
 
-# uvicorn's protocol makes its cycle from this module global (uvicorn is pinned: requirements.txt).
-httptools_impl.RequestResponseCycle = PiecewiseCycle
+def _with_cycle_class(function: types.FunctionType, cycle_class: type) -> types.FunctionType:
+    """A copy of uvicorn's `function` that makes its request cycles from `cycle_class`: the same code, run with a
+    copy of its module's globals in which `RequestResponseCycle` names `cycle_class`.
+
+    Raises RuntimeError at import when `function` no longer reads that global (uvicorn is pinned:
+    requirements.txt; a new release must be checked against this)."""
+    if "RequestResponseCycle" not in function.__code__.co_names:
+        raise RuntimeError(f"uvicorn's {function.__qualname__} no longer makes its cycle from RequestResponseCycle")
+    scope = dict(function.__globals__)
+    scope["RequestResponseCycle"] = cycle_class
+    copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__, function.__closure__)
+    copy.__qualname__ = function.__qualname__
+    return copy
 
 
-class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol that refuses (431, connection closed) a request whose head passes MAX_HEAD_BYTES."""
+_piecewise_on_headers_complete = _with_cycle_class(httptools_impl.HttpToolsProtocol.on_headers_complete, PiecewiseCycle)
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._in_head = True
-        self._head_bytes = 0
 
-    def on_message_begin(self) -> None:
-        self._in_head = True
-        self._head_bytes = 0
-        super().on_message_begin()
+class BoundedHttpToolsProtocol(HeadLimitProtocol):
+    """HeadLimitProtocol (431 past MAX_HEAD_BYTES) whose requests run in `PiecewiseCycle`s, their body pieces
+    buffered up to CONCH_GATEWAY_STREAM_FROM_BYTES before the socket stops being read."""
+
+    log_prefix = "gateway"
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        super().on_headers_complete()
+        _piecewise_on_headers_complete(self)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -127,19 +132,3 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if cycle.buffered > settings.CONCH_GATEWAY_STREAM_FROM_BYTES:
             self.flow.pause_reading()
         cycle.message_event.set()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if not self._in_head or self.transport.is_closing():
-            return
-        self._head_bytes += len(data)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            body = json.dumps(
-                {"error": f"The request line and headers pass {MAX_HEAD_BYTES} bytes; send them shorter."}
-            ).encode()
-            self.logger.warning("gateway.request.head_too_large client=%s", self.client)
-            self.transport.write(
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-            )
-            self.transport.close()

@@ -7,9 +7,10 @@ that declares nothing gets `JSON_BODY` (CONCH_MAX_JSON_BODY_BYTES, 1 MiB by defa
 console and admin forms. `STREAMED` marks a view that enforces its own limit while it streams the body (model
 uploads: `models_registry.uploads`), so the refusal can name the file.
 
-Without a Content-Length Django reads no body at all under WSGI, so a declared length is all there is to check.
-Under ASGI, Django's handler has spooled the whole body (to disk past 2.5 MB) before any middleware runs: the 413
-then spares the parsing only, and the ASGI server's own limit is what bounds the transfer.
+Under ASGI (`python -m conch.web`), Django's handler spools the whole body (to disk past 2.5 MB) before any
+middleware runs, so `conch.asgi` applies the same limits before that: a declared length over the view's limit is
+answered 413 without reading a byte, and a chunked body once it passes the limit (plus, for a STREAMED view, room
+for its other form fields: `conch.middleware.transfer_limit`).
 """
 
 from __future__ import annotations

@@ -20,13 +20,17 @@ from collections.abc import Callable
 from http import HTTPStatus
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 
-from conch.limits import STREAMED, body_limit_of
+from conch.limits import INFERENCE_BODY, JSON_BODY, STREAMED, BodyLimit, body_limit_of
 
 API_PREFIX = "/api/"
 # Views that answer their own 413 in the form their clients read: the inference gateway's `{"error"}` (its body is
 # read under DATA_UPLOAD_MAX_MEMORY_SIZE, CONCH_MAX_REQUEST_BODY_BYTES).
 _OWN_LIMIT_URL_NAMES = frozenset({"serve"})
+# What a view marked STREAMED may receive past CONCH_MAX_UPLOAD_BYTES before the server stops reading: its form
+# fields and sample inputs (the view refuses, naming the field, anything over its own limit once it has read it).
+STREAMED_SLACK_BYTES = 64 * 1024**2
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Headers of the original error that still matter to a client (RFC 9110: 405 Allow, 401 WWW-Authenticate, 503
 # Retry-After); the rest describe the HTML body that is replaced.
@@ -146,7 +150,29 @@ class RequestBodyLimitMiddleware:
             length = 0  # Django reads no body then
         if length <= limit.max_bytes():
             return None
-        refusal = limit.refusal(length)
-        if request.path_info.startswith(API_PREFIX):
-            return _error(refusal.detail, field=refusal.field, status=refusal.status_code)
-        return HttpResponse(refusal.detail, status=refusal.status_code, content_type="text/plain; charset=utf-8")
+        return body_refusal(request.path_info, limit, length)
+
+
+def body_refusal(path_info: str, limit: BodyLimit, length: int) -> HttpResponse:
+    """The 413 for a body of `length` bytes over `limit` at `path_info`: `{"detail", "field"}` under `/api/`,
+    the same sentence as plain text elsewhere (console and admin forms)."""
+    refusal = limit.refusal(length)
+    if path_info.startswith(API_PREFIX):
+        return _error(refusal.detail, field=refusal.field, status=refusal.status_code)
+    return HttpResponse(refusal.detail, status=refusal.status_code, content_type="text/plain; charset=utf-8")
+
+
+def transfer_limit(path_info: str, method: str) -> tuple[BodyLimit, int]:
+    """The body limit of the view `path_info` resolves to for `method`, and the most bytes the web server reads of
+    such a body before the view runs (`conch.asgi`): the limit, plus STREAMED_SLACK_BYTES for a view that streams
+    and checks its body itself. A path that resolves to nothing gets JSON_BODY; the gateway view, INFERENCE_BODY.
+    """
+    try:
+        match = resolve(path_info)
+    except Resolver404:
+        return JSON_BODY, JSON_BODY.max_bytes()
+    if match.url_name in _OWN_LIMIT_URL_NAMES:
+        return INFERENCE_BODY, INFERENCE_BODY.max_bytes()
+    limit = body_limit_of(match.func, method)
+    slack = STREAMED_SLACK_BYTES if limit is STREAMED else 0
+    return limit, limit.max_bytes() + slack

@@ -13,12 +13,14 @@ from conch.celery import DEFAULT_QUEUE, PERIODIC_QUEUE
 
 __all__ = ["beat_command", "gateway_command", "web_command", "worker_command"]
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 
-
-def web_command(bin_dir: Path, port: int) -> list[str]:
-    """gunicorn with the project's gunicorn.conf.py, listening on 127.0.0.1:`port` only."""
-    return [str(bin_dir / "gunicorn"), "-c", str(BASE_DIR / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}"]
+def web_command(bin_dir: Path, port: int, workers: int | None = None) -> list[str]:
+    """The console's web server (`conch.web`: uvicorn), listening on 127.0.0.1:`port` only, with `workers`
+    processes (None: CONCH_WEB_WORKERS, 2 by default)."""
+    command = [str(bin_dir / "python"), "-m", "conch.web", "--bind", f"127.0.0.1:{port}"]
+    if workers is not None:
+        command += ["--workers", str(workers)]
+    return command
 
 
 def gateway_command(bin_dir: Path) -> list[str]:

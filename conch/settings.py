@@ -369,6 +369,14 @@ if min(DATA_UPLOAD_MAX_MEMORY_SIZE, CONCH_MAX_UPLOAD_BYTES, CONCH_MAX_JSON_BODY_
         "CONCH_MAX_REQUEST_BODY_BYTES, CONCH_MAX_UPLOAD_BYTES and CONCH_MAX_JSON_BODY_BYTES must be at least 1024."
     )
 
+# --- The console's web server (`python -m conch.web`: uvicorn with Django's ASGI handler, conch.http_protocol) ---
+# Seconds a client may take to send a request's line and headers, and seconds it may go without sending a byte of
+# a request body; past either it gets 408 and its connection is closed.
+CONCH_WEB_HEADER_TIMEOUT_SECONDS = env("CONCH_WEB_HEADER_TIMEOUT_SECONDS", 20.0, cast=float)
+CONCH_WEB_BODY_TIMEOUT_SECONDS = env("CONCH_WEB_BODY_TIMEOUT_SECONDS", 30.0, cast=float)
+if min(CONCH_WEB_HEADER_TIMEOUT_SECONDS, CONCH_WEB_BODY_TIMEOUT_SECONDS) <= 0:
+    raise ImproperlyConfigured("CONCH_WEB_HEADER_TIMEOUT_SECONDS and CONCH_WEB_BODY_TIMEOUT_SECONDS must be above 0.")
+
 # --- Default team quotas (a team without a limit set in the admin, the API or `manage.py set_quota`) ----------
 # GPUs: nvidia.com/gpu over a team's Kubernetes deployments (replicas x GPUs per pod, autoscaling at its maximum),
 # and as many slices of each MIG profile. Instances: model instances of local deployments, summed.

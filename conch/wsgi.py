@@ -1,4 +1,5 @@
-"""WSGI entry point (gunicorn conch.wsgi)."""
+"""WSGI entry point, for a WSGI server in front of Conch (Conch itself serves the console with `conch.web`,
+ASGI, so that a slow client holds no thread: see conch.asgi)."""
 
 import os
 

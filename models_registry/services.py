@@ -300,7 +300,7 @@ def touch_upload(*, version_id: int) -> None:
 def abort_stale_uploads(*, stale_before: datetime) -> int:
     """Remove versions still `uploading` whose last bytes arrived before `stale_before`; return how many.
 
-    Such an upload's web worker died or was stopped mid-body (Ctrl-C, a killed gunicorn worker). For each:
+    Such an upload's web worker died or was stopped mid-body (Ctrl-C, a killed web worker). For each:
     the open multipart upload of its source key is aborted and any stored object deleted (no lock is held
     while the store is called), then the row is deleted if it is still `uploading` and stale. A store that
     fails leaves the row for the next sweep (logged, not raised).

@@ -1,7 +1,7 @@
 """The embedded default path, as `make demo` runs it: SQLite, filesystem broker, folder storage.
 
 Runs `manage.py run_demo` in a fresh var folder with none of the production variables set:
-it starts gunicorn, a Celery worker and beat as processes and drives upload -> build ->
+it starts the web server (`python -m conch.web`), a Celery worker and beat as processes and drives upload -> build ->
 deploy -> infer through the REST API over HTTP. Then, against that one running demo (the
 tests below run in order and share it): a CI pipeline drives a second model with the `conch` CLI
 (examples/ci_pipeline.sh); a worker whose pool processes were SIGKILLed (it then takes no task)
@@ -96,7 +96,7 @@ class Demo:
 
     def child(self, name: str) -> psutil.Process:
         """The demo's web, worker or beat main process."""
-        marker = {"web": "gunicorn", "worker": "worker", "beat": "beat"}[name]
+        marker = {"web": "conch.web", "worker": "worker", "beat": "beat"}[name]
         for child in psutil.Process(self.process.pid).children():
             if any(arg.endswith(marker) or arg == marker for arg in child.cmdline()):
                 return child

@@ -1,6 +1,6 @@
 """The inference gateway's HTTP edge: an ASGI application serving `/serve/<team>/<deployment>/v2/...`.
 
-It runs in its own process (`python -m conch.gateway`, uvicorn), apart from the console's WSGI server, so that
+It runs in its own process (`python -m conch.gateway`, uvicorn), apart from the console's web server, so that
 a request costs little more than the relay itself: the body streams from the client to a pooled keep-alive
 connection to Triton (`tritonserving.relay`) and the answer streams back, while the rules live in
 `deployments.services.gateway`. Per request and in the steady state it does no database query: the (token,

