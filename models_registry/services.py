@@ -53,8 +53,8 @@ def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> 
 
 
 def measure_unmeasured_samples(*, limit: int = 100) -> int:
-    """Record the size (bytes) of sample inputs stored before Conch counted them in storage: migration 0008 left
-    `samples_size_bytes` at 0 on versions that already had a `.npz` (`build_options["samples"]["key"]`). Each such
+    """Record the size (bytes) of sample inputs stored before Conch counted them in storage: a database from then has
+    `samples_size_bytes` 0 on versions that already had a `.npz` (`build_options["samples"]["key"]`). Each such
     version gets the stored object's size, at most `limit` a call; returns how many were measured. A version whose
     object is gone keeps 0; a store that cannot be reached ends the call (the next one goes on). Run by the builds
     app's periodic sweep, so usage heals by itself after an upgrade."""

@@ -17,7 +17,7 @@ the admin from post_delete of the models each app names with `audit_admin_deleti
 selected", whose LogEntries are written without signals, is recorded too, cascades included).
 
 Entries are append-only: nothing here changes or deletes one, and the database refuses UPDATE and DELETE on the
-table (a trigger, migration 0005).
+table (a trigger, migration 0001).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class AuditEntry(models.Model):
     """One mutation: who did it (user and token prefix, or "system"), where from, in which team, to what.
 
     Written only by `tenancy.audit.record_audit`; never changed or deleted (a database trigger refuses UPDATE
-    and DELETE, migration 0005). `team` and `user` keep no foreign-key constraint and are not cleared when the
+    and DELETE, migration 0001). `team` and `user` keep no foreign-key constraint and are not cleared when the
     row they name is deleted: the entry keeps `team_slug` and `actor` as they were.
     """
 

@@ -64,8 +64,8 @@ def record_repository_bytes(*, deployment_id: int) -> int:
 
 
 def measure_unmeasured_repositories(*, limit: int = 50) -> int:
-    """Record the bytes of deployment repositories written before Conch counted them in storage: migration 0011 left
-    `repository_bytes` at 0 on deployments already serving. Each such deployment that serves (`ready` or
+    """Record the bytes of deployment repositories written before Conch counted them in storage: an older database has
+    `repository_bytes` 0 on deployments already serving. Each such deployment that serves (`ready` or
     `degraded`: its repository is written) is measured (`record_repository_bytes`), at most `limit` a call; returns
     how many were. A store that cannot be reached ends the call (the next one goes on). Run by the periodic
     repository garbage collection, so usage heals by itself after an upgrade."""

@@ -145,8 +145,8 @@ def test_a_rebuild_s_new_sample_inputs_count_in_place_of_the_old_ones(alice, s3)
 def test_sample_inputs_stored_before_they_were_counted_are_measured_by_the_sweep(alice, s3):
     from builds.services import sweep_stalled_versions
 
-    # given a version whose sample inputs are stored but counted as 0 (as migration 0008 leaves versions uploaded
-    # before Conch counted them)
+    # given a version whose sample inputs are stored but counted as 0 (as in a database from before Conch counted
+    # them)
     model_id = _model(alice)
     samples = _npz(3)
     version = ModelVersion.objects.get(pk=_upload(alice, model_id, samples).json()["id"])

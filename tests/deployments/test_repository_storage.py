@@ -180,8 +180,8 @@ def test_a_hot_update_reserves_the_next_version_s_files_and_a_stop_frees_them(al
 
 
 def test_a_serving_repository_written_before_it_was_counted_is_measured_by_the_periodic_collection(alice, s3, tmp_path):
-    # given a ready deployment whose repository is written but counted as 0 (as migration 0011 leaves one that was
-    # serving before Conch counted repositories), and a stopped one
+    # given a ready deployment whose repository is written but counted as 0 (as in a database from before Conch
+    # counted repositories), and a stopped one
     v1, _ = write_adder_versions(alice.team, tmp_path)
     row = Deployment.objects.get(pk=_deploy(alice, v1).json()["id"])
     services.ensure_deployment_repository(deployment=row)
