@@ -4,6 +4,7 @@ secret shown once, the download; and the pure presenters."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 from django.test import Client
@@ -11,6 +12,7 @@ from django.test import Client
 from builds.model_config import BuildOptions
 from console import presenters
 from deployments.models import Deployment
+from tenancy.models import ApiToken
 from tests import real_models
 from tests.deployments.conftest import write_built_version
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
@@ -229,6 +231,25 @@ def test_a_token_secret_is_shown_once_and_bad_input_names_the_field(session, ali
     assert response.status_code == 400 and "root" in response.content.decode()
     response = session.post("/teams/acme/tokens/", {"name": "ci", "expires_in_days": "soon"})
     assert response.status_code == 400 and "expires_in_days: give a whole number" in response.content.decode()
+
+
+def test_a_viewer_is_offered_only_the_read_scope_and_gets_a_read_token(alice):
+    # given a viewer of acme signed in to the console
+    vera = UserFactory(username="vera")
+    MembershipFactory(user=vera, team=alice.team, role="viewer")
+    viewer = Client()
+    viewer.force_login(vera)
+    # when the team page is shown, then its token form offers read alone
+    page = viewer.get("/teams/acme/").content.decode()
+    assert re.findall(r'name="scopes" value="([^"]+)"', page) == ["read"]
+    # and a token made with no scope ticked can only read
+    assert viewer.post("/teams/acme/tokens/", {"name": "dash"}).status_code == 302
+    assert ApiToken.objects.get(user=vera, name="dash").scopes == ["read"]
+    # while a developer is offered every scope
+    developer_page = Client()
+    developer_page.force_login(alice.user)
+    offered = re.findall(r'name="scopes" value="([^"]+)"', developer_page.get("/teams/acme/").content.decode())
+    assert offered == ["read", "models:write", "deployments:write", "infer"]
 
 
 def test_only_a_team_admin_edits_roles(session, alice):
