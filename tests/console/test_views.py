@@ -264,6 +264,34 @@ def test_only_a_team_admin_edits_roles(session, alice):
     assert response.status_code == 400
 
 
+#: A symbolic axis name as exporters write a formula: 400 characters.
+FORMULA = "((" + " + ".join(f"floor((sequence_length_{i} - 1) / 2)" for i in range(12)) + "))"
+
+
+def test_a_long_symbolic_axis_name_is_shortened_in_the_signatures_and_the_build_log_whole_on_hover(alice, tmp_path):
+    from builds.verify_step import axis_names_text
+
+    assert len(FORMULA) > 400
+    short = f"{FORMULA[:20]}…{FORMULA[-8:]} [{len(FORMULA)} chars]"
+    # given a built version whose input and output have that name on axis 1
+    version = write_built_version(alice.team, "formula", add_constant(tmp_path / "f.onnx", 1.0), BuildOptions())
+    for kind in ("inputs", "outputs"):
+        (tensor,) = version.signature[kind]
+        tensor.update(dims=[-1, -1], dim_names=["batch", FORMULA])
+    version.save(update_fields=["signature"])
+    session = Client()
+    session.force_login(alice.user)
+    # when the model page and the wizard's build page show its signature
+    for url in (f"/models/{version.model_id}/", f"/wizard/versions/{version.pk}/build/"):
+        page = session.get(url).content.decode()
+        # then the name is shown short, and whole only in the title the pointer shows
+        assert page.count(FORMULA) == 2, url  # one title per tensor
+        assert len(re.findall(rf'title="[^"]*{re.escape(FORMULA)}[^"]*">[^<]*{re.escape(short)}', page)) == 2, url
+    # and the build log's line for it is short too
+    assert axis_names_text(("batch", FORMULA)) == f" axes [batch, {short}]"
+    assert axis_names_text(("batch", "sequence")) == " axes [batch, sequence]"
+
+
 def test_signature_rows_mark_the_batch_axis_and_dynamic_axes():
     signature = {
         "inputs": [{"name": "ids", "datatype": "INT64", "dims": [-1, -1], "dim_names": ["batch", "sequence"]}],
