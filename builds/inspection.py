@@ -110,6 +110,20 @@ _SUPPORTED_TYPES_TEXT = (
 _MAX_TOP_LEVEL_FIELDS = 100_000
 
 
+#: Characters of a symbolic axis name shown in logs, messages and tables; a longer one (an exporter may write a
+#: whole formula, hundreds of characters) is shortened by `short_dim_name`, its full text kept in the signature.
+DIM_NAME_SHOWN = 32
+
+
+def short_dim_name(name: str) -> str:
+    """`name` as logs and tables show it: whole up to DIM_NAME_SHOWN characters, else its first 20 and last 8
+    characters around an ellipsis, with its length ("(seq_len + 2 * pad) …en // 4) [412 chars]"). The console
+    shows the full name when the pointer rests on the short one (a `title`)."""
+    if len(name) <= DIM_NAME_SHOWN:
+        return name
+    return f"{name[:20]}…{name[-8:]} [{len(name)} chars]"
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One model input or output as Triton sees it.

@@ -27,7 +27,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
-from builds.inspection import ModelSignature, TensorSpec
+from builds.inspection import ModelSignature, TensorSpec, short_dim_name
 from conch.errors import InvalidInput
 from models_registry.naming import validate_model_name
 from tritonserving.config import ModelConfig
@@ -262,7 +262,8 @@ def read_batch_axis(signature: ModelSignature) -> BatchAxisReading:
         for axis, dim_name in enumerate(spec.dim_names):
             if axis > 0 and dim_name and _BATCH_NAME_RE.search(dim_name):
                 doubts.append(
-                    f"{role} {spec.name!r} names axis {axis} {dim_name!r}, so its batch axis is axis {axis}, not axis 0"
+                    f"{role} {spec.name!r} names axis {axis} {short_dim_name(dim_name)!r}, so its batch axis is axis "
+                    f"{axis}, not axis 0"
                 )
     if not blockers:
         names = {spec.dim_names[0] for _, spec in tensors}
@@ -496,7 +497,7 @@ def _enable_dynamic_batcher(config: ModelConfig, delay: int | None, preferred: S
 
 
 def _axis_name(name: str | None) -> str:
-    return f"axis 0 {name!r}" if name else "axis 0 unnamed"
+    return f"axis 0 {short_dim_name(name)!r}" if name else "axis 0 unnamed"
 
 
 def _batching_refused(requested: int, blocker: str) -> InvalidInput:

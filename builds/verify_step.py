@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from builds.inspection import ModelSignature
+from builds.inspection import ModelSignature, short_dim_name
 from builds.model_config import BuildOptions, read_batch_axis, without_batching
 from builds.verification import (
     SAMPLE_INPUTS_FIELD,
@@ -50,8 +50,9 @@ def load_samples(store: ObjectStore, build_options: Mapping[str, Any]) -> UserSa
 
 
 def axis_names_text(names: tuple[str | None, ...]) -> str:
-    """Log text such as ' axes [seq, batch, -]' for a tensor with symbolic axis names ('-' = unnamed), else ''."""
-    shown = [name if name else "-" for name in names]
+    """Log text such as ' axes [seq, batch, -]' for a tensor with symbolic axis names ('-' = unnamed), else ''.
+    A long name is shortened (`short_dim_name`); the model page's signature shows it whole on hover."""
+    shown = [short_dim_name(name) if name else "-" for name in names]
     return f" axes [{', '.join(shown)}]" if any(names) else ""
 
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from builds.inspection import short_dim_name
 from conch.errors import InvalidInput
 from tritonserving.config import config_from_pbtxt
 
@@ -38,6 +39,16 @@ class TensorRow:
     datatype: str
     axes: tuple[str, ...]
     batch_axis: bool
+
+    @property
+    def shown_axes(self) -> list[tuple[str, str]]:
+        """(short, full) text of each axis: a long symbolic name is shortened (`short_dim_name`) and the page shows
+        the full one on hover."""
+        shown = []
+        for axis in self.axes:
+            name = axis[len("? (") : -1] if axis.startswith("? (") and axis.endswith(")") else ""
+            shown.append((f"? ({short_dim_name(name)})" if name else axis, axis))
+        return shown
 
     @property
     def example_shape(self) -> list[int]:

@@ -480,7 +480,8 @@ def _team_page(
             "is_admin": is_admin,
             "members": members,
             "roles": Role.choices,
-            "scopes": Scope.choices,
+            # Only the scopes the member's role can use (a viewer's token reads).
+            "scopes": [(v, label) for v, label in Scope.choices if role and v in tenancy.scopes_for_role(role)],
             "tokens": tokens,
             "new_token": new_token,
             "token_form": token_form or {"name": "", "scopes": [], "expires_in_days": ""},

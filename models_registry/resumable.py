@@ -275,7 +275,9 @@ def start_upload(
         locked = RegisteredModel.objects.select_for_update().select_related("team").filter(pk=model.pk).first()
         if locked is None or locked.deletion_requested_at is not None:
             raise Conflict(f"Model '{model.name}' is being deleted; register it again to upload.", field="model")
-        refuse_duplicate_version(model=locked, sha256=digest, allow_duplicate=allow_duplicate)
+        refuse_duplicate_version(
+            model=locked, sha256=digest, allow_duplicate=allow_duplicate, build_options=build_options
+        )
         same = Upload.objects.filter(
             model=locked, filename=name, size_bytes=size_bytes, status=UploadStatus.UPLOADING, expires_at__gt=now
         ).exclude(store_upload_id="")
@@ -607,7 +609,12 @@ def request_completion(
             field="sha256",
         )
     allow = allow_duplicate or upload.allow_duplicate
-    refuse_duplicate_version(model=upload.model, sha256=upload.sha256 or digest, allow_duplicate=allow)
+    refuse_duplicate_version(
+        model=upload.model,
+        sha256=upload.sha256 or digest,
+        allow_duplicate=allow,
+        build_options=upload.build_options,
+    )
     parts = stored_parts(upload=upload)
     _check_parts(upload, parts, client_parts)
     with transaction.atomic():
@@ -774,6 +781,7 @@ def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObje
         model=model,
         sha256=upload.sha256,
         allow_duplicate=upload.allow_duplicate,
+        build_options=upload.build_options,
         otherwise="this upload made no version and its file was deleted (to make another version from the same file, "
         "upload it again with allow_duplicate: true)",
     )

@@ -10,8 +10,9 @@ and `abort_stale_uploads`.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -232,6 +233,8 @@ def find_duplicate_version(
     return versions.order_by("number").first()
 
 
+#: The build options a version's `build_options` holds (the builds app parses them; "samples" is not one).
+VERSION_BUILD_OPTIONS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
 #: What a refused duplicate may do instead of using the version that exists.
 ALLOW_DUPLICATE_HINT = "or send allow_duplicate: true to make another version from the same file"
 
@@ -243,6 +246,7 @@ def refuse_duplicate_version(
     allow_duplicate: bool,
     exclude_id: int | None = None,
     otherwise: str = ALLOW_DUPLICATE_HINT,
+    build_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Refuse an upload of a file that already is a live version of `model` (`find_duplicate_version`), unless
     `allow_duplicate`.
@@ -252,6 +256,9 @@ def refuse_duplicate_version(
     first wins and the second is refused). Raises Duplicate (HTTP 409, field `sha256`, `existing_version`:
     {"id", "number", "status"}) whose detail names the version and what to do: deploy it, wait for its build or
     rebuild it, or (`otherwise`) send `allow_duplicate: true` to make another version from the same file.
+    `build_options`: the options sent with the refused upload (a parsed dict; None values and keys that are not
+    build options are left out): the detail then says they were not applied to the version, and how to rebuild it
+    with them (`POST /api/v1/versions/ID/rebuild` with those options, the builds app's rebuild).
     """
     if allow_duplicate:
         return
@@ -265,9 +272,19 @@ def refuse_duplicate_version(
         todo = f"rebuild it if its build failed for a reason since fixed (POST /api/v1/versions/{existing.pk}/rebuild)"
     else:
         todo = f"wait for its build (GET /api/v1/versions/{existing.pk}/)"
+    sent = {
+        key: value for key, value in (build_options or {}).items() if key in VERSION_BUILD_OPTIONS and value is not None
+    }
+    unapplied = ""
+    if sent:
+        listed = ", ".join(f"{key}={value}" for key, value in sent.items())
+        unapplied = (
+            f" The build options sent with it ({listed}) were not applied: version {existing.number} keeps its own; "
+            f"to build it with them, POST /api/v1/versions/{existing.pk}/rebuild with {json.dumps(sent)}."
+        )
     raise Duplicate(
         f"This file (sha256 {sha256}) already is version {existing.number} (id {existing.pk}, {status}) of model "
-        f"'{model.name}'. Use it: {todo}; {otherwise}.",
+        f"'{model.name}'. Use it: {todo}; {otherwise}.{unapplied}",
         field="sha256",
         existing_name="existing_version",
         existing={"id": existing.pk, "number": existing.number, "status": status},
@@ -405,7 +422,11 @@ def complete_upload(
                 field="file",
             )
         refuse_duplicate_version(
-            model=version.model, sha256=stored.sha256_hex, allow_duplicate=allow_duplicate, exclude_id=version.pk
+            model=version.model,
+            sha256=stored.sha256_hex,
+            allow_duplicate=allow_duplicate,
+            exclude_id=version.pk,
+            build_options=build_options,
         )
         reserve_quota(
             team=version.model.team,

@@ -202,9 +202,23 @@ def require_scope(*, token: TokenGrant | None, scope: Scope, action: str) -> Non
 # --- API tokens -------------------------------------------------------------------
 
 
-def _parse_scopes(scopes: Iterable[str] | None) -> list[str]:
+#: The scopes a role can use: a viewer only reads (every write and inference needs the developer role).
+ROLE_SCOPES: dict[Role, tuple[str, ...]] = {
+    Role.VIEWER: (Scope.READ,),
+    Role.DEVELOPER: tuple(Scope.values),
+    Role.ADMIN: tuple(Scope.values),
+}
+
+
+def scopes_for_role(role: Role) -> list[str]:
+    """The scopes a token of a member with `role` gets by default, and the most it may have (ROLE_SCOPES)."""
+    return list(ROLE_SCOPES[role])
+
+
+def _parse_scopes(scopes: Iterable[str] | None, *, role: Role) -> list[str]:
+    usable = scopes_for_role(role)
     if scopes is None:
-        return list(Scope.values)
+        return usable
     if isinstance(scopes, str) or not isinstance(scopes, Iterable):
         raise InvalidInput(f"scopes must be a list of {', '.join(Scope.values)}.", field="scopes")
     chosen = []
@@ -215,6 +229,14 @@ def _parse_scopes(scopes: Iterable[str] | None) -> list[str]:
             chosen.append(scope)
     if not chosen:
         raise InvalidInput(f"Give at least one scope of {', '.join(Scope.values)}.", field="scopes")
+    unusable = [scope for scope in chosen if scope not in usable]
+    if unusable:
+        raise Forbidden(
+            f"A {role.value} cannot use the scope{'s' if len(unusable) > 1 else ''} {', '.join(unusable)}; a "
+            f"{role.value}'s token may have {', '.join(usable)}. Leave {', '.join(unusable)} out, or ask a team "
+            "admin for the developer role.",
+            field="scopes",
+        )
     return chosen
 
 
@@ -258,17 +280,20 @@ def create_api_token(
 ) -> IssuedToken:
     """Create a bearer token of `user` in `team` and return it with its secret; only its sha256 is stored.
 
-    `scopes` None: every scope. `deployments`: names the token is limited to (None or empty: any). Expires
+    `scopes` None: every scope the user's role in `team` can use (`scopes_for_role`: a viewer's token only
+    reads). `deployments`: names the token is limited to (None or empty: any). Expires
     after `expires_in_days` (default CONCH_TOKEN_DEFAULT_DAYS, at most CONCH_TOKEN_MAX_DAYS). `token`: the
     token the request creating this one was made with; the new one then stays inside it (same team, no
     scope it lacks, no later expiry, no other deployments). Raises InvalidInput naming the field, NotFound
-    for a team the user is not in, Forbidden for more than the creating token has.
+    for a team the user is not in, Forbidden (field `scopes`) for a scope the role cannot use, Forbidden for more
+    than the creating token has.
     """
     if team is None:
         raise InvalidInput("Give the team the token acts in.", field="team")
-    if role_in_team(user=user, team=team) is None:
+    role = role_in_team(user=user, team=team)
+    if role is None:
         raise NotFound(f"Team '{team.slug}' does not exist or you are not a member of it.", field="team")
-    chosen_scopes = _parse_scopes(scopes)
+    chosen_scopes = _parse_scopes(scopes, role=role)
     names = _parse_deployments(deployments)
     expires_at = _expiry(expires_in_days)
     if token is not None:

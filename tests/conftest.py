@@ -62,13 +62,18 @@ class Caller:
 
 def make_caller(username: str, team_slug: str, *, role: str = "developer", scopes: list[str] | None = None) -> Caller:
     """A user with `role` in team `team_slug` and a client sending a token of that team (every scope unless
-    `scopes` says which)."""
+    `scopes` says which). The token is made while the user is a developer and the role set after it, as for a
+    member demoted since: a viewer's own token could only read, and the tests of the role checks need one that
+    gets past the scope checks."""
     from tenancy.services import create_api_token
 
     user = UserFactory(username=username)
     team = TeamFactory(slug=team_slug)
-    MembershipFactory(user=user, team=team, role=role)
+    membership = MembershipFactory(user=user, team=team, role="developer")
     token = create_api_token(user=user, team=team, name="tests", scopes=scopes).secret
+    if role != membership.role:
+        membership.role = role
+        membership.save(update_fields=["role"])
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return Caller(user=user, team=team, token=token, client=client)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from builds.choices import StepName
-from builds.inspection import ModelSignature, TensorSpec
+from builds.inspection import ModelSignature, TensorSpec, short_dim_name
 from builds.model_config import BuildOptions, build_model_config, parse_build_options
 from builds.models import BuildStep
 from conch.errors import InvalidInput
@@ -166,6 +166,16 @@ class SignatureRow:
     shape: str
     batch_axis: bool
 
+    @property
+    def short_shape(self) -> str:
+        """`shape` with every long axis name shortened (`short_dim_name`), as the console shows it; the page gives
+        `shape` on hover when they differ."""
+        return _shape_text(
+            TensorSpec(name=self.name, datatype=self.datatype, dims=self.dims, dim_names=self.dim_names),
+            self.batch_axis,
+            shorten=True,
+        )
+
 
 def signature_rows(version: ModelVersion) -> list[SignatureRow]:
     """The inspected tensors of `version` (empty before inspection), inputs first, with the batch axis marked.
@@ -262,10 +272,10 @@ def _signature(version: ModelVersion) -> ModelSignature | None:
     return ModelSignature.from_dict(version.signature) if version.signature else None
 
 
-def _shape_text(spec: TensorSpec, batching: bool) -> str:
+def _shape_text(spec: TensorSpec, batching: bool, *, shorten: bool = False) -> str:
     parts = []
     for axis, (dim, name) in enumerate(zip(spec.dims, spec.dim_names, strict=True)):
-        text = str(dim) if dim >= 0 else (name or "-1")
+        text = str(dim) if dim >= 0 else ((short_dim_name(name) if shorten else name) if name else "-1")
         if axis == 0 and batching:
             text = "batch*"
         parts.append(text)

@@ -57,7 +57,9 @@ __all__ = [
 
 #: Seconds one relayed request may take (connect, send, Triton's work, answer).
 RELAY_TIMEOUT_S = 60.0
-_MODEL_PATH = re.compile(r"models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?(?:/(?P<what>ready|config|infer))?")
+_MODEL_PATH = re.compile(
+    r"models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?(?:/(?P<what>ready|config|infer|stats))?"
+)
 _SERVING = (DeploymentStatus.READY, DeploymentStatus.DEGRADED)
 
 
@@ -94,7 +96,7 @@ class Route:
 @dataclass(frozen=True)
 class Plan:
     """What to do with one request: answer it here (`status`, `body`), or pass it to a Triton at `triton_path`
-    (`kind` "infer", "config", "model" or "server"; `restricted` paths need the server's key)."""
+    (`kind` "infer", "config", "stats", "model" or "server"; `restricted` paths need the server's key)."""
 
     status: int = 0
     body: bytes = b""
@@ -182,8 +184,11 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
 
 def plan_request(route: Route, method: str, path: str) -> Plan:
     """Decide what to do with `method path` (what follows `/serve/<team>/<deployment>/`, e.g.
-    `v2/models/m/infer`) for `route`. Pure. Raises NotFound (a path or model the gateway does not serve),
-    GatewayMethodNotAllowed (405), Unavailable (503) or Conflict (409, scaled to 0) when no Triton is ready."""
+    `v2/models/m/infer`) for `route`. Pure. `v2/models/stats` (every model's statistics, what tritonclient's
+    `get_inference_statistics()` asks without a model name) is the deployment's model's statistics, of the one
+    Triton the request goes to (with several pods, that pod's). Raises NotFound (a path or model the gateway does
+    not serve), GatewayMethodNotAllowed (405), Unavailable (503) or Conflict (409, scaled to 0) when no Triton is
+    ready."""
     path = path.strip("/")
     if path == "v2/health/live" and method in ("GET", "HEAD"):
         return Plan(status=200, body=b'{"live":true}')
@@ -195,6 +200,10 @@ def plan_request(route: Route, method: str, path: str) -> Plan:
     if path == "v2" and method in ("GET", "HEAD"):
         _require_servers(route)
         return Plan(triton_path="/v2", kind="server")
+    if path == "v2/models/stats":
+        # tritonclient's get_inference_statistics() without a model name asks for every model's statistics; the
+        # deployment's Triton serves its one model, so that is this model's (Triton "Statistics Extension").
+        path = f"v2/models/{route.model_name}/stats"
     match = _MODEL_PATH.fullmatch(path.removeprefix("v2/")) if path.startswith("v2/") else None
     if match is None:
         raise NotFound(f"The gateway does not serve '{path}'; see the KServe v2 REST API (v2/models/<model>/infer).")
@@ -208,7 +217,7 @@ def plan_request(route: Route, method: str, path: str) -> Plan:
     if method != allowed and not (method == "HEAD" and allowed == "GET"):
         raise GatewayMethodNotAllowed(f"{path} takes {allowed}, not {method}.")
     _require_servers(route)
-    return Plan(triton_path=f"/{path}", kind=what or "model", restricted=what == "config")
+    return Plan(triton_path=f"/{path}", kind=what or "model", restricted=what in ("config", "stats"))
 
 
 def _require_servers(route: Route) -> None:

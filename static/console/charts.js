@@ -1,6 +1,9 @@
 // Shared chart helpers of the console pages, over uPlot (npm `uplot`, served from static/vendor/uplot/).
 // window.conchCharts.timeSeries(el, series, opts) draws a time chart into `el` and returns an object whose
-// update(times, columns) redraws it and records the number of non-null points in el.dataset.points.
+// update(times, columns) redraws it and records the number of non-null points in el.dataset.points. A null value is
+// a gap (no sample in that step: the deployment was down, restarting, or not scraped): the line breaks there rather
+// than joining the points on either side, which would draw traffic that was never measured. The uPlot instance is
+// el.uplot (the browser tests read its scales and canvas).
 (function () {
   "use strict";
   const palette = ["#1f6fb2", "#c2410c", "#15803d", "#7c3aed", "#b91c1c"];
@@ -27,13 +30,14 @@
         label: s.label,
         stroke: s.color || palette[i % palette.length],
         width: 2,
-        spanGaps: true,
+        spanGaps: false,
         points: { show: true, size: 5 },
         value: (u, v) => (v === null || v === undefined ? "—" : v.toFixed(s.digits === undefined ? 2 : s.digits)),
       }))),
     };
     const empty = [[]].concat(series.map(() => []));
     const plot = new uPlot(spec, empty, el);
+    el.uplot = plot;
     return {
       plot,
       update(times, columns) {

@@ -51,7 +51,8 @@ class CreateApiTokenSerializer(serializers.Serializer):
         child=serializers.ChoiceField(choices=Scope.choices),
         required=False,
         allow_empty=False,
-        help_text="What the token may do; default: every scope.",
+        help_text="What the token may do; default: every scope the caller's role in the team can use (a viewer's "
+        "token: read only; a scope the role cannot use is refused with 403 naming `scopes`).",
     )
     deployments = serializers.ListField(
         child=serializers.CharField(max_length=63),

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import os
 import re
+import shlex
 import signal
 import socket
 import threading
@@ -473,6 +474,35 @@ def test_uploading_a_file_that_already_is_a_version_says_so_and_exits_0(cli, mod
     # and --wait waits for that version's build as usual (these bytes are no model: it failed)
     waited = cli("upload", "big", path, "--wait")
     assert waited.code == 5 and f"error: The build of version {version['id']} failed" in waited.err
+
+
+def test_build_options_given_with_a_duplicate_are_said_not_applied_and_the_rebuild_it_prints_applies_them(
+    cli, model, tmp_path, eager_tasks
+):
+    # given a file uploaded once with the default options: version 1
+    path = tmp_path / "model.onnx"
+    path.write_bytes(random_model_bytes(6 * MIB))
+    first = cli("upload", "big", path, "--json")
+    assert first.code == 0, first.err
+    version = first.json()["version"]
+    assert first.json()["build_options_applied"] is True and first.json()["rebuild_command"] is None
+    # when the same file is uploaded again with -o max_batch_size=8
+    again = cli("upload", "big", path, "-o", "max_batch_size=8")
+    # then it says the options were not applied, and the command that applies them
+    assert again.code == 0, again.err
+    assert again.out.splitlines()[1] == (
+        "the build options (-o max_batch_size=8) were not applied: big:1 keeps its own; to build it with them: "
+        "conch builds rebuild big:1 -o max_batch_size=8"
+    )
+    as_json = cli("upload", "big", path, "-o", "max_batch_size=8", "--json").json()
+    assert (as_json["duplicate"], as_json["build_options_applied"]) == (True, False)
+    assert as_json["rebuild_command"] == "conch builds rebuild big:1 -o max_batch_size=8"
+    # and that command, run as printed, rebuilds version 1 with them
+    rebuilt = cli(*shlex.split(as_json["rebuild_command"])[1:])
+    assert rebuilt.code == 0, rebuilt.err
+    assert rebuilt.out == f"rebuild of big:1 (version id {version['id']}) queued with -o max_batch_size=8\n"
+    stored = ModelVersion.objects.get(pk=version["id"])
+    assert (stored.build_options["max_batch_size"], stored.build_attempt) == (8, 2)
 
 
 def test_new_version_uploads_the_same_file_as_the_next_version(cli, model, tmp_path, eager_tasks):

@@ -260,3 +260,52 @@ def test_an_open_page_drops_the_error_once_the_deployment_is_ready_again(page, a
     expect(page.get_by_test_id("deployment-status")).to_have_text("ready", timeout=15_000)
     expect(page.locator("#error")).to_be_hidden()
     expect(page.locator("#restart-count")).to_have_text("4")
+
+
+#: Counts the pixels of a series' stroke colour (r, g, b within 40) in a 3-pixel column of a chart's plot area at time
+#: `t` (seconds): [chart test id, t, [r, g, b]] -> pixels.
+_STROKE_PIXELS_AT = """([id, t, rgb]) => {
+  const u = document.querySelector(`[data-testid=${id}]`).uplot;
+  const x = Math.round(u.valToPos(t, "x", true));
+  const pixels = u.ctx.getImageData(x - 1, Math.round(u.bbox.top), 3, Math.round(u.bbox.height)).data;
+  let n = 0;
+  for (let i = 0; i < pixels.length; i += 4) {
+    const near = [0, 1, 2].every((c) => Math.abs(pixels[i + c] - rgb[c]) < 40);
+    if (near && pixels[i + 3] > 128) n += 1;
+  }
+  return n;
+}"""
+
+
+def test_a_chart_breaks_its_line_over_a_gap_in_the_samples_a_restart_left(page, two_versions):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from deployments.models import MetricSample
+    from deployments.observe import FIELDS
+
+    _, deployment = two_versions
+    # given samples every 5 s with 2 inferences/s (1 request/s, drawn below them), none for 100 s while Triton
+    # restarted, then counters from zero
+    now = timezone.now()
+    Deployment.objects.filter(pk=deployment.pk).update(created_at=now - timedelta(hours=1))
+    first_load, second_load = now - timedelta(seconds=400), now - timedelta(seconds=100)
+    for seconds_ago in [*range(290, 195, -5), *range(95, 0, -5)]:
+        at = now - timedelta(seconds=seconds_ago)
+        since = first_load if seconds_ago > 150 else second_load
+        count = (at - since).total_seconds()
+        fields = {f: 0.0 for f in FIELDS}
+        fields.update(success_count=count, inference_count=2 * count, execution_count=count)
+        MetricSample.objects.create(
+            deployment=deployment, scraped_at=at, counters_since=since, model_name="adder", model_version="1", **fields
+        )
+    # when the deployment page shows the last 5 minutes
+    page.goto(f"/deployments/{deployment.pk}/")
+    page.wait_for_function("Number(document.querySelector('[data-testid=chart-throughput]').dataset.points) > 0")
+    blue = [0x1F, 0x6F, 0xB2]  # the inferences/s line
+    measured, gap = (now - timedelta(seconds=250)).timestamp(), (now - timedelta(seconds=150)).timestamp()
+    page.wait_for_function(f"({_STROKE_PIXELS_AT})(['chart-throughput', {measured}, {blue}]) > 0")
+    # then the line is drawn where there were samples, and nothing is drawn across the gap
+    assert page.evaluate(_STROKE_PIXELS_AT, ["chart-throughput", measured, blue]) > 0
+    assert page.evaluate(_STROKE_PIXELS_AT, ["chart-throughput", gap, blue]) == 0

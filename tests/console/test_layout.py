@@ -56,3 +56,45 @@ def test_the_wizard_link_and_the_nav_are_reached_with_the_keyboard(page):
     page.get_by_test_id("start-wizard").focus()
     page.keyboard.press("Enter")
     page.wait_for_url("**/wizard/")
+
+
+def test_the_admins_team_list_shows_its_members_column_whole_at_1400_px(console_browser, alice, screenshot):
+    # given a platform admin, and teams with long names (as a company names them) and members
+    from tests.factories import UserFactory
+
+    admin = UserFactory(username="root", is_staff=True, is_superuser=True)
+    team = TeamFactory(slug="computer-vision-research-emea", name="Computer Vision Research (EMEA, Munich)")
+    MembershipFactory(user=admin, team=team, role="admin")
+    page = console_browser.page_for(admin, viewport={"width": 1400, "height": 900})
+    # when the admin's team list is open at 1400 px
+    page.goto("/admin/tenancy/team/")
+    screenshot(page, "admin-team-list-1400")
+    # then every Members cell (and its header) lies inside the window and inside every box that clips it: nothing
+    # cut off, nothing to scroll sideways to; and so do the columns before it
+    assert page.evaluate(_CELLS_OUTSIDE, "Members") == []
+    for title in ("Slug", "Name", "GPUs", "Storage", "Deployments", "Models", "Local instances"):
+        assert page.evaluate(_CELLS_OUTSIDE, title) == [], title
+
+
+#: The header cell titled `title` and its column's cells that are not whole inside the window and inside every
+#: ancestor that clips its overflow: [[text, cell's right, visible right], ...].
+_CELLS_OUTSIDE = """(title) => {
+  const headers = Array.from(document.querySelectorAll("thead th"));
+  const index = headers.findIndex((th) => th.textContent.trim().startsWith(title));
+  if (index < 0) return [["no column", title]];
+  const cells = [headers[index], ...Array.from(document.querySelectorAll("tbody tr"), (tr) => tr.children[index])];
+  const outside = [];
+  for (const cell of cells) {
+    const box = cell.getBoundingClientRect();
+    let right = document.documentElement.clientWidth, left = 0;
+    for (let up = cell.parentElement; up; up = up.parentElement) {
+      if (getComputedStyle(up).overflowX !== "visible") {
+        const clip = up.getBoundingClientRect();
+        right = Math.min(right, clip.right);
+        left = Math.max(left, clip.left);
+      }
+    }
+    if (box.right > right + 0.5 || box.left < left - 0.5) outside.push([cell.textContent.trim(), box.right, right]);
+  }
+  return outside;
+}"""

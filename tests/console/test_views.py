@@ -4,6 +4,7 @@ secret shown once, the download; and the pure presenters."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 from django.test import Client
@@ -11,6 +12,7 @@ from django.test import Client
 from builds.model_config import BuildOptions
 from console import presenters
 from deployments.models import Deployment
+from tenancy.models import ApiToken
 from tests import real_models
 from tests.deployments.conftest import write_built_version
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
@@ -231,6 +233,25 @@ def test_a_token_secret_is_shown_once_and_bad_input_names_the_field(session, ali
     assert response.status_code == 400 and "expires_in_days: give a whole number" in response.content.decode()
 
 
+def test_a_viewer_is_offered_only_the_read_scope_and_gets_a_read_token(alice):
+    # given a viewer of acme signed in to the console
+    vera = UserFactory(username="vera")
+    MembershipFactory(user=vera, team=alice.team, role="viewer")
+    viewer = Client()
+    viewer.force_login(vera)
+    # when the team page is shown, then its token form offers read alone
+    page = viewer.get("/teams/acme/").content.decode()
+    assert re.findall(r'name="scopes" value="([^"]+)"', page) == ["read"]
+    # and a token made with no scope ticked can only read
+    assert viewer.post("/teams/acme/tokens/", {"name": "dash"}).status_code == 302
+    assert ApiToken.objects.get(user=vera, name="dash").scopes == ["read"]
+    # while a developer is offered every scope
+    developer_page = Client()
+    developer_page.force_login(alice.user)
+    offered = re.findall(r'name="scopes" value="([^"]+)"', developer_page.get("/teams/acme/").content.decode())
+    assert offered == ["read", "models:write", "deployments:write", "infer"]
+
+
 def test_only_a_team_admin_edits_roles(session, alice):
     bob = UserFactory(username="bobby")
     MembershipFactory(user=bob, team=alice.team, role="developer")
@@ -241,6 +262,34 @@ def test_only_a_team_admin_edits_roles(session, alice):
     assert bob.memberships.get().role == "viewer"
     response = session.post("/teams/acme/members/bobby/role/", {"role": "owner"})
     assert response.status_code == 400
+
+
+#: A symbolic axis name as exporters write a formula: 400 characters.
+FORMULA = "((" + " + ".join(f"floor((sequence_length_{i} - 1) / 2)" for i in range(12)) + "))"
+
+
+def test_a_long_symbolic_axis_name_is_shortened_in_the_signatures_and_the_build_log_whole_on_hover(alice, tmp_path):
+    from builds.verify_step import axis_names_text
+
+    assert len(FORMULA) > 400
+    short = f"{FORMULA[:20]}…{FORMULA[-8:]} [{len(FORMULA)} chars]"
+    # given a built version whose input and output have that name on axis 1
+    version = write_built_version(alice.team, "formula", add_constant(tmp_path / "f.onnx", 1.0), BuildOptions())
+    for kind in ("inputs", "outputs"):
+        (tensor,) = version.signature[kind]
+        tensor.update(dims=[-1, -1], dim_names=["batch", FORMULA])
+    version.save(update_fields=["signature"])
+    session = Client()
+    session.force_login(alice.user)
+    # when the model page and the wizard's build page show its signature
+    for url in (f"/models/{version.model_id}/", f"/wizard/versions/{version.pk}/build/"):
+        page = session.get(url).content.decode()
+        # then the name is shown short, and whole only in the title the pointer shows
+        assert page.count(FORMULA) == 2, url  # one title per tensor
+        assert len(re.findall(rf'title="[^"]*{re.escape(FORMULA)}[^"]*">[^<]*{re.escape(short)}', page)) == 2, url
+    # and the build log's line for it is short too
+    assert axis_names_text(("batch", FORMULA)) == f" axes [batch, {short}]"
+    assert axis_names_text(("batch", "sequence")) == " axes [batch, sequence]"
 
 
 def test_signature_rows_mark_the_batch_axis_and_dynamic_axes():

@@ -9,11 +9,15 @@ import gzip
 import http.client
 import itertools
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import zlib
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -22,6 +26,7 @@ import pytest
 import requests
 import tritonclient.http as triton_http
 import tritonclient.http.aio as triton_aio
+from django.conf import settings
 from tritonclient.utils import InferenceServerException
 
 from builds.model_config import BuildOptions
@@ -109,6 +114,30 @@ def test_tritonclient_asyncio_infers_through_the_gateway(served):
     assert asyncio.run(run()) == [(X + 1).tolist()] * 8
 
 
+def test_tritonclient_reads_the_deployments_inference_statistics_through_the_gateway(served):
+    # given a deployment that answered three inference requests through the gateway
+    caller, deployment, base = served
+    client, headers = _client(base, caller.token)
+    x = triton_http.InferInput("x", list(X.shape), "FP32")
+    x.set_data_from_numpy(X)
+    for _ in range(3):
+        client.infer("adder", [x], headers=dict(headers))
+    # when tritonclient asks for the statistics of every model (GET v2/models/stats) and of the model by name
+    every = client.get_inference_statistics(headers=dict(headers))
+    named = client.get_inference_statistics("adder", headers=dict(headers))
+    versioned = client.get_inference_statistics("adder", "1", headers=dict(headers))
+    # then both are the deployment's model's, counted by its Triton (the gateway sends the server's key)
+    for stats in (every, named, versioned):
+        assert [(m["name"], m["inference_stats"]["success"]["count"]) for m in stats["model_stats"]] == [("adder", 3)]
+    # and another model's statistics, or a token of another team, are refused as for its other paths
+    with pytest.raises(InferenceServerException, match="Model 'other' is not served here"):
+        client.get_inference_statistics("other", headers=dict(headers))
+    outsider = make_caller("eve", "other")
+    hidden = requests.get(f"{base}/v2/models/stats", headers={"Authorization": f"Bearer {outsider.token}"}, timeout=10)
+    assert hidden.status_code == 404
+    client.close()
+
+
 def test_errors_come_back_in_the_form_clients_read(served):
     caller, deployment, base = served
     no_token = requests.get(f"{base}/v2/health/ready", timeout=10)
@@ -159,6 +188,27 @@ def test_the_deployment_shows_its_gateway_url(served):
     caller, deployment, base = served
     shown = caller.client.get(f"/api/v1/deployments/{deployment.pk}/").json()
     assert shown["endpoints"]["gateway"] == base  # in full: the gateway's own address, not the console's
+
+
+def test_the_readme_tritonclient_block_works_with_the_gateway_address_the_demo_prints(served):
+    # given CONCH_GATEWAY and CONCH_TOKEN as `. var/demo.env` sets them: the demo prints endpoints.gateway
+    caller, deployment, base = served
+    gateway = caller.client.get(f"/api/v1/deployments/{deployment.pk}/").json()["endpoints"]["gateway"]
+    text = (Path(settings.BASE_DIR) / "README.md").read_text()
+    section = text[text.index("### The inference gateway") :]
+    block = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    # when the README's tritonclient block runs as written
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        env={**os.environ, "CONCH_GATEWAY": gateway, "CONCH_TOKEN": caller.token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # then it reaches the deployment: ready, and its statistics (no request yet)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "True"
+    assert done.stdout.splitlines()[1].startswith("{'count': 0, 'ns': 0}"), done.stdout
 
 
 def test_gzip_request_body_is_passed_as_is(served):

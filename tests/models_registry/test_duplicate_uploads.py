@@ -108,6 +108,36 @@ def test_the_advice_follows_the_existing_version_s_status(alice):
     assert failed.json()["existing_version"]["status"] == "failed"
 
 
+def test_build_options_sent_with_a_duplicate_are_said_not_applied_with_the_rebuild_that_applies_them(
+    alice, django_capture_on_commit_callbacks
+):
+    # given version 1 of a file, built with the default options
+    model_id = _model(alice)
+    data = _data()
+    version = ModelVersion.objects.get(pk=_post_version(alice, model_id, data).json()["id"])
+    ModelVersion.objects.filter(pk=version.pk).update(status="built")
+    version.refresh_from_db()
+    # when the same file is uploaded again with max_batch_size 8, resumable or in one request
+    resumable = _start(alice, model_id, data, build_options={"max_batch_size": 8})
+    single = _post_version(alice, model_id, data, max_batch_size="8")
+    # then both refusals say the options were not applied, and give the rebuild that applies them
+    advice = (
+        "The build options sent with it (max_batch_size=8) were not applied: version 1 keeps its own; to build it "
+        f'with them, POST /api/v1/versions/{version.pk}/rebuild with {{"max_batch_size": 8}}.'
+    )
+    for refused in (resumable, single):
+        _assert_duplicate_of(refused, version)
+        assert refused.json()["detail"].endswith(advice), refused.json()["detail"]
+    # and that rebuild, as given, builds version 1 with them
+    with django_capture_on_commit_callbacks():
+        rebuilt = alice.client.post(f"/api/v1/versions/{version.pk}/rebuild", {"max_batch_size": 8}, format="json")
+    assert rebuilt.status_code == 202, rebuilt.content
+    version.refresh_from_db()
+    assert version.build_options["max_batch_size"] == 8
+    # while a duplicate sent without options says nothing of them
+    assert "build options" not in _start(alice, model_id, data).json()["detail"]
+
+
 def test_a_resumable_start_with_the_sha256_of_a_version_is_refused_before_anything_is_reserved(alice):
     # given version 1 of the file
     model_id = _model(alice)

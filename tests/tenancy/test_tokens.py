@@ -224,6 +224,34 @@ def test_post_tokens_shows_the_secret_once_and_the_list_never(alice):
     assert _client(secret).get("/api/v1/teams/").status_code == 200
 
 
+def test_a_viewers_token_gets_only_the_read_scope_and_a_developers_every_scope():
+    # given a viewer and a developer of acme, signed in to the console (no token)
+    team = TeamFactory(slug="acme")
+    viewer, developer = UserFactory(username="vera"), UserFactory(username="dev")
+    MembershipFactory(user=viewer, team=team, role="viewer")
+    MembershipFactory(user=developer, team=team, role="developer")
+    client = APIClient()
+    client.force_authenticate(viewer)
+    # when the viewer asks for a token without naming scopes
+    created = client.post("/api/v1/tokens/", {"team": "acme", "name": "dash"}, format="json")
+    # then it can only read, as the viewer can
+    assert created.status_code == 201, created.content
+    assert created.json()["scopes"] == ["read"]
+    assert ApiToken.objects.get(pk=created.json()["id"]).scopes == ["read"]
+    # and asking for a scope a viewer cannot use is refused naming `scopes`, making no token
+    refused = client.post("/api/v1/tokens/", {"team": "acme", "scopes": ["read", "infer"]}, format="json")
+    assert refused.status_code == 403
+    assert refused.json() == {
+        "detail": "A viewer cannot use the scope infer; a viewer's token may have read. Leave infer out, or ask a "
+        "team admin for the developer role.",
+        "field": "scopes",
+    }
+    assert ApiToken.objects.filter(user=viewer).count() == 1
+    # while a developer's token gets every scope
+    issued = create_api_token(user=developer, team=team)
+    assert issued.token.scopes == ["read", "models:write", "deployments:write", "infer"]
+
+
 @pytest.mark.parametrize(
     ("body", "field", "status"),
     [

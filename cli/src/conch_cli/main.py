@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import getpass
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -269,6 +270,22 @@ def _size(text: str) -> int:
     return int(value)
 
 
+BuildOptionArg = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--build-option",
+        "-o",
+        metavar="KEY=VALUE",
+        help=f"A build option, KEY one of {', '.join(BUILD_OPTIONS)}; repeatable.",
+    ),
+]
+
+
+def _option_args(options: dict[str, Any]) -> str:
+    """`-o KEY=VALUE` arguments for `options`, as a command line would give them again."""
+    return " ".join(f"-o {shlex.quote(f'{key}={value}')}" for key, value in options.items())
+
+
 @app.command(cls=_Command)
 def upload(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="The model's name or id.")],
@@ -277,15 +294,7 @@ def upload(
         typer.Argument(metavar="FILE", help="The ONNX model file (.onnx).", exists=True, dir_okay=False, readable=True),
     ],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the version's build; exit 5 if it fails.")] = False,
-    build_option: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--build-option",
-            "-o",
-            metavar="KEY=VALUE",
-            help=f"A build option, KEY one of {', '.join(BUILD_OPTIONS)}; repeatable.",
-        ),
-    ] = None,
+    build_option: BuildOptionArg = None,
     team: Team = None,
     parallel: Annotated[
         int,
@@ -342,7 +351,9 @@ def upload(
     Prints the version as MODEL:NUMBER (what `conch deploy` and `conch builds wait` take) and its VERSION_ID
     (which `conch builds wait` takes too). When FILE already is a version of the model (same sha256), no version
     is made: it prints that version (`"duplicate": true` with --json) and exits 0, so a pipeline run again goes on
-    with it; --new-version makes another version anyway."""
+    with it; --new-version makes another version anyway. Build options (-o) given then are not applied to that
+    version: it says so and prints the `conch builds rebuild` command that applies them (with --json:
+    `"build_options_applied": false` and `"rebuild_command"`)."""
     options = _build_options(build_option or [])
     part_bytes = _size(part_size) if part_size else None
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
@@ -399,11 +410,21 @@ def upload(
         version = result.version
         if isinstance(sha256, BackgroundHash):
             sha256_s = sha256.seconds
+        ref = f"{found['name']}:{version['number']}"
+        # A duplicate makes no version, so the options given for it were not used: say so, and how to use them.
+        rebuild = (
+            f"conch builds rebuild {shlex.quote(ref)} {_option_args(options)}" if result.duplicate and options else ""
+        )
         if result.duplicate and not as_json:
             output.line(
-                f"{file.name} already is {found['name']}:{version['number']} (version id {version['id']}, "
+                f"{file.name} already is {ref} (version id {version['id']}, "
                 f"{version['status']}): no new version made (--new-version makes one)"
             )
+            if rebuild:
+                output.line(
+                    f"the build options ({_option_args(options)}) were not applied: {ref} keeps its own; "
+                    f"to build it with them: {rebuild}"
+                )
         elif not as_json:
             output.line(
                 f"uploaded {found['name']}:{version['number']} (version id {version['id']}): "
@@ -419,6 +440,8 @@ def upload(
                 "version": version,
                 "model_created": model_created,
                 "duplicate": result.duplicate,
+                "build_options_applied": not rebuild,
+                "rebuild_command": rebuild or None,
                 "sent_bytes": result.sent_bytes,
                 "resumed_parts": result.resumed_parts,
                 "seconds": {
@@ -477,22 +500,55 @@ def builds_wait(
 ) -> None:
     """Wait until a version's build ends: exit 0 when built, 5 when it failed (with the build's error)."""
     with _api() as api:
-        if version.isdigit():
-            version_id = int(version)
-        else:
-            model_ref, colon, number = version.partition(":")
-            if not colon or not model_ref:
-                raise CliError(
-                    f"VERSION is a version id (as in 12) or MODEL:NUMBER (as in classifier:2), got {version!r}.",
-                    USAGE,
-                    field="version",
-                )
-            version_id = _pick_version(api, api.find_model(model_ref, team), number)["id"]
-        found = _wait_build(api, version_id, timeout, quiet=quiet or as_json)
+        found = _wait_build(api, _version_id(api, version, team), timeout, quiet=quiet or as_json)
     if as_json:
         output.emit_json(found)
     else:
         output.line(f"version id {found['id']} built")
+
+
+@builds_app.command("rebuild", cls=_Command)
+def builds_rebuild(
+    version: Annotated[
+        str,
+        typer.Argument(metavar="VERSION", help="The version: its id, or MODEL:NUMBER (as `conch upload` prints it)."),
+    ],
+    build_option: BuildOptionArg = None,
+    team: Team = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the build; exit 5 if it fails.")] = False,
+    timeout: Timeout = 3600,
+    as_json: Json = False,
+) -> None:
+    """Build a version again from its stored file (POST /api/v1/versions/ID/rebuild). With -o options they replace
+    the version's build options (one left out goes back to the model's default); without, it keeps its own."""
+    options = _build_options(build_option or [])
+    with _api() as api:
+        version_id = _version_id(api, version, team)
+        queued = api.post(f"/api/v1/versions/{version_id}/rebuild", options)
+        if not as_json:
+            applied = f" with {_option_args(options)}" if options else " with its build options"
+            output.line(
+                f"rebuild of {queued['model_name']}:{queued['number']} (version id {queued['id']}) queued{applied}"
+            )
+        found = _wait_build(api, version_id, timeout, quiet=as_json) if wait else queued
+    if as_json:
+        output.emit_json(found)
+    elif wait:
+        output.line(f"version id {found['id']} built")
+
+
+def _version_id(api: ConchApi, version: str, team: str | None) -> int:
+    """The id of VERSION given as an id or as MODEL:NUMBER. Raises CliError (USAGE, field `version`) otherwise."""
+    if version.isdigit():
+        return int(version)
+    model_ref, colon, number = version.partition(":")
+    if not colon or not model_ref:
+        raise CliError(
+            f"VERSION is a version id (as in 12) or MODEL:NUMBER (as in classifier:2), got {version!r}.",
+            USAGE,
+            field="version",
+        )
+    return _pick_version(api, api.find_model(model_ref, team), number)["id"]
 
 
 def _status_line(deployment_id: int, status: str, message: str | None) -> str:
