@@ -139,27 +139,70 @@ def get_upload(
     return upload
 
 
-#: A GET that waits for the worker's check (`wait_for_check`) looks at the upload's status every WAIT_POLL_S seconds,
-#: for at most MAX_WAIT_S seconds: a web thread is held that long, so the bound is short and a client asks again.
-WAIT_POLL_S = 0.02
+#: A GET that waits for the worker's check (`wait_for_check`) is held at most MAX_WAIT_S seconds: a web thread is held
+#: that long, so the bound is short and a client asks again. On PostgreSQL the wait is woken by the worker's
+#: NOTIFY on the upload's channel (`_check_channel`); on SQLite (the one-machine demo, which has no server to carry a
+#: notification) it looks at the row's status every WAIT_POLL_S seconds.
+WAIT_POLL_S = 0.1
 MAX_WAIT_S = 10.0
+
+
+def _check_channel(upload_id: uuid.UUID | str) -> str:
+    """The PostgreSQL NOTIFY channel on which the end of an upload's check is announced: `conch_upload_<32 hex>` (an
+    identifier of 45 characters; PostgreSQL allows 63)."""
+    return f"conch_upload_{uuid.UUID(str(upload_id)).hex}"
+
+
+def _announce_check_end(upload_id: uuid.UUID | str) -> None:
+    """Wake the requests waiting for this upload's check (`wait_for_check`). Call inside the transaction that moves
+    the upload out of `completing`: PostgreSQL delivers a NOTIFY when that transaction commits, and never when it
+    rolls back (PostgreSQL docs, "NOTIFY"). Nothing on SQLite, whose waiters look at the row themselves."""
+    db = transaction.get_connection()
+    if db.vendor == "postgresql":
+        with db.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [_check_channel(upload_id)])
 
 
 def wait_for_check(*, upload: Upload, wait_s: float) -> Upload:
     """The upload once it has left `completing` (the worker's check ended: `completed` naming its version, or
     `failed`), else as it is after `wait_s` seconds (at most MAX_WAIT_S); at once when it is not `completing`.
 
-    For a client waiting for the check (a long poll): it hears of the end within WAIT_POLL_S seconds of the
-    worker's commit, instead of within its own polling interval, and sends one request where it would send many.
-    Reads only the row's status while it waits.
+    For a client waiting for the check (a long poll): one request where it would send many, answered as soon as the
+    worker commits. On PostgreSQL the request LISTENs on the upload's channel on a connection of its own and reads
+    the row twice (once after LISTEN, so a check that ended just before is not missed, and once at the end), not in a
+    loop; on SQLite it reads the status every WAIT_POLL_S seconds.
     """
-    deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
-    while upload.status == UploadStatus.COMPLETING and time.monotonic() < deadline:
-        time.sleep(min(WAIT_POLL_S, max(deadline - time.monotonic(), 0.0)))
-        if Upload.objects.filter(pk=upload.pk).values_list("status", flat=True).first() != UploadStatus.COMPLETING:
-            upload.refresh_from_db()
-            break
+    if upload.status != UploadStatus.COMPLETING:
+        return upload
+    timeout = min(max(wait_s, 0.0), MAX_WAIT_S)
+    db = transaction.get_connection()
+    if db.vendor == "postgresql":
+        _listen_for_check_end(db, upload.pk, timeout)
+    else:
+        deadline = time.monotonic() + timeout
+        while _still_completing(upload.pk) and time.monotonic() < deadline:
+            time.sleep(min(WAIT_POLL_S, max(deadline - time.monotonic(), 0.0)))
+    upload.refresh_from_db()
     return upload
+
+
+def _still_completing(upload_id: Any) -> bool:
+    return Upload.objects.filter(pk=upload_id).values_list("status", flat=True).first() == UploadStatus.COMPLETING
+
+
+def _listen_for_check_end(db: Any, upload_id: Any, timeout_s: float) -> None:
+    """Wait up to `timeout_s` seconds for the NOTIFY that ends the upload's check, on a new connection made with the
+    request's own database settings (a LISTEN inside the request's transaction would hear nothing until it ends)."""
+    listener = db.get_new_connection(db.get_connection_params())
+    try:
+        listener.autocommit = True
+        listener.execute(f"LISTEN {_check_channel(upload_id)}")
+        if not _still_completing(upload_id):
+            return
+        for _notice in listener.notifies(timeout=timeout_s, stop_after=1):
+            return
+    finally:
+        listener.close()
 
 
 def open_uploads(
@@ -732,6 +775,8 @@ def _end(upload_id: Any, status: str, *, error: str = "", field: str = "", reaso
         upload.error_field = field
         upload.finished_at = timezone.now()
         upload.save(update_fields=["status", "error", "error_field", "finished_at"])
+        if before == UploadStatus.COMPLETING:
+            _announce_check_end(upload.pk)
         record_audit(
             action=AuditAction.UPLOAD_FAILED if status == UploadStatus.FAILED else AuditAction.UPLOAD_ABORTED,
             team=upload.model.team,
@@ -804,6 +849,7 @@ def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObje
     upload.version = version
     upload.finished_at = timezone.now()
     upload.save(update_fields=["status", "version", "finished_at"])
+    _announce_check_end(upload.pk)
     record_audit(action=AuditAction.VERSION_CREATED, team=model.team, target=version, after={"upload": str(upload.pk)})
     record_audit(
         action=AuditAction.VERSION_UPLOADED,

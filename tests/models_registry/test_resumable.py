@@ -1116,20 +1116,25 @@ def _completing_upload(caller, data: bytes, capture=contextlib.nullcontext) -> t
     return model_id, upload["id"]
 
 
-def test_a_get_that_waits_for_a_check_nobody_runs_answers_completing_when_its_time_is_up(
+def test_a_get_that_waits_for_a_check_nobody_runs_answers_completing_when_its_time_is_up_without_polling(
     alice, django_capture_on_commit_callbacks, monkeypatch
 ):
+    from django.test.utils import CaptureQueriesContext
+
     model_id, upload_id = _completing_upload(alice, os.urandom(MIB), django_capture_on_commit_callbacks)
-    slept = []
-    monkeypatch.setattr(resumable.time, "sleep", slept.append)  # the wait looks again without sleeping
-    answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload_id}/", {"wait": "0.2"})
+    url = f"/api/v1/models/{model_id}/uploads/{upload_id}/"
+    # when a GET waits 1 s for a check nobody runs
+    with CaptureQueriesContext(connection) as queries:
+        answer = alice.client.get(url, {"wait": "1"})
+    # then it answers `completing` when its time is up, having read the upload's row a fixed number of times (it
+    # waited for a notification, not in a loop of queries)
     assert answer.status_code == 200, answer.content
     assert answer.json()["status"] == "completing"
-    # it looked at the status again while it waited, and stopped when the time was up
-    assert slept and all(0 <= pause <= resumable.WAIT_POLL_S for pause in slept)
-    # a wait longer than the server holds a request is cut to MAX_WAIT_S: the answer still comes
+    reads = [query["sql"] for query in queries.captured_queries if '"models_registry_upload"' in query["sql"]]
+    assert len(reads) <= 4, reads
+    # and a wait longer than the server holds a request is cut to MAX_WAIT_S: the answer still comes
     monkeypatch.setattr(resumable, "MAX_WAIT_S", 0.1)
-    answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload_id}/", {"wait": "3600"})
+    answer = alice.client.get(url, {"wait": "3600"})
     assert answer.status_code == 200 and answer.json()["status"] == "completing"
 
 
