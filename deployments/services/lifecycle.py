@@ -350,15 +350,11 @@ def reconcile_deployments() -> dict[str, int]:
     now = timezone.now()
     running_states: dict[str, list[dict]] = {}
     observed: dict[str, list[Deployment]] = {}
-    ids = list(Deployment.objects.exclude(status=DeploymentStatus.STOPPED).values_list("pk", flat=True))
-    for deployment_id in ids:
-        deployment = (
-            Deployment.objects.select_related("model_version__model", "team", "cluster")
-            .filter(pk=deployment_id)
-            .first()
-        )
-        if deployment is None:
-            continue
+    # One query for the whole pass (no query per deployment); what a deployment's own step changes it reads again.
+    deployments = Deployment.objects.exclude(status=DeploymentStatus.STOPPED).select_related(
+        "model_version__model", "team", "cluster"
+    )
+    for deployment in deployments.order_by("pk"):
         runtime = get_runtime(deployment.runtime)
         if not runtime.manages_here(deployment.runtime_state):
             continue

@@ -210,3 +210,37 @@ def _dead_pid() -> int:
     child.wait()
     assert not triton_server.process_exists(child.pid)
     return child.pid
+
+
+def _reconcile_queries(django_capture_on_commit_callbacks) -> list[str]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured, django_capture_on_commit_callbacks(execute=False):
+        services.reconcile_deployments()
+    return [query["sql"] for query in captured.captured_queries]
+
+
+def test_a_reconcile_tick_costs_the_same_queries_for_one_deployment_or_many(
+    alice, built_classifier, django_capture_on_commit_callbacks
+):
+    # given one deployment of each kind a tick only looks at (another host's ready Triton, a stop in progress, a
+    # permanent failure)
+    def kinds(suffix: str) -> None:
+        other_host = LocalServerState(host="elsewhere", server_id="x", pid=999999, create_time=1.0, http_port=1)
+        for name, status, extra in (
+            ("ready", "ready", {"runtime_state": other_host.to_state()}),
+            ("stopping", "stopping", {"desired_state": "stopped"}),
+            ("failed", "failed", {"permanent_failure": True}),
+        ):
+            row = _create(alice, built_classifier, django_capture_on_commit_callbacks, execute=False)
+            Deployment.objects.filter(pk=row.pk).update(name=f"{name}-{suffix}", status=status, **extra)
+
+    kinds("a")
+    one_each = _reconcile_queries(django_capture_on_commit_callbacks)
+    # when there are three of each
+    kinds("b")
+    kinds("c")
+    three_each = _reconcile_queries(django_capture_on_commit_callbacks)
+    # then a tick makes the same queries: none per deployment
+    assert len(three_each) == len(one_each), three_each
