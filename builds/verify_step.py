@@ -13,11 +13,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from builds.inspection import ModelSignature
 from builds.model_config import BuildOptions, read_batch_axis, without_batching
 from builds.verification import (
     SAMPLE_INPUTS_FIELD,
     SAMPLE_VALUES_FIELD,
+    SampleLimits,
     UserSamples,
     check_output_shapes,
     compare_joined_outputs,
@@ -36,16 +39,29 @@ from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
 
-__all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "verify_build"]
+__all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "sample_limits", "verify_build"]
 
 _Say = Callable[[str], None]
 _SmokeRun = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
+def sample_limits() -> SampleLimits:
+    """The limits of an unpacked `.npz` of sample inputs, from settings CONCH_MAX_SAMPLE_UNPACKED_BYTES and
+    CONCH_MAX_SAMPLE_ARRAYS (read when called)."""
+    return SampleLimits(
+        max_unpacked_bytes=settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES, max_arrays=settings.CONCH_MAX_SAMPLE_ARRAYS
+    )
+
+
 def load_samples(store: ObjectStore, build_options: Mapping[str, Any]) -> UserSamples:
-    """The user's sample inputs of a version, read back from the object store (empty when it has none)."""
+    """The user's sample inputs of a version, read back from the object store (empty when it has none).
+
+    The `.npz` is checked against `sample_limits()` again here, whatever put it in the store, before any array is
+    unpacked: PayloadTooLarge (field sample_inputs, naming the limit) past them, InvalidInput for a bad file.
+    """
     described = build_options.get("samples") or {}
-    arrays = read_sample_arrays(store.read_bytes(described["key"])) if described.get("key") else {}
+    key = described.get("key")
+    arrays = read_sample_arrays(store.read_bytes(key), limits=sample_limits()) if key else {}
     return UserSamples(arrays=arrays, values=dict(described.get("values") or {}))
 
 

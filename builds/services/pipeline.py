@@ -21,7 +21,7 @@ from builds.model_config import build_model_config, parse_build_options
 from builds.models import BuildStep
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
-from conch.errors import ConchError, InvalidInput, QuotaExceeded, Unavailable
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
 from models_registry import services as registry
 from models_registry.storage import get_object_store
 from tritonserving.config import config_to_pbtxt
@@ -227,7 +227,7 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
     except Unavailable:
         registry.release_build(version_id=version.pk, attempt=attempt)
         raise
-    except (InvalidInput, QuotaExceeded) as exc:
+    except (InvalidInput, QuotaExceeded, PayloadTooLarge) as exc:
         skip_remaining_steps(version.pk)
         error = exc.detail
         if isinstance(exc, QuotaExceeded):

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from builds.model_config import parse_build_options
 from builds.services.review import check_build_options
-from builds.verification import describe_sample_arrays, parse_sample_values, read_sample_arrays
+from builds.verification import check_sample_archive, parse_sample_values
+from builds.verify_step import sample_limits
 from conch.errors import InvalidInput
 from models_registry import services as registry
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
@@ -55,7 +56,9 @@ def submit_upload(
     (`registry.sample_inputs_key(incoming=True)`); `sample_values` the raw `sample_values` field ("sr=16000" or a
     JSON object). Verify uses them instead of generated inputs. Raises InvalidInput naming the option at fault,
     `sample_inputs`, `sample_values` or `file` (empty file); nothing is queued then, and the caller discards the
-    upload (`registry.discard_upload` also deletes the samples).
+    upload (`registry.discard_upload` also deletes the samples). Sample inputs past CONCH_MAX_SAMPLE_UNPACKED_BYTES
+    or CONCH_MAX_SAMPLE_ARRAYS once unpacked raise PayloadTooLarge (413, field `sample_inputs`), found before
+    anything is unpacked.
     """
     parsed = parse_build_options(options)
     build_options = parsed.to_dict()
@@ -171,9 +174,11 @@ def _accept_samples(
         if values:
             samples["values"] = values
     if sample_inputs is not None:
-        arrays = read_sample_arrays(store.read_bytes(sample_inputs.key))
+        # Checked from the archive's directory and headers before anything is unpacked, then unpacked a
+        # megabyte at a time and dropped: this process never holds the arrays (PayloadTooLarge past the limits).
+        described = check_sample_archive(store.read_bytes(sample_inputs.key), limits=sample_limits())
         samples["key"] = registry.sample_inputs_key(model_id=version.model_id, number=version.number)
-        samples["inputs"] = describe_sample_arrays(arrays)
+        samples["inputs"] = described
         if move:
             store.copy(sample_inputs.key, samples["key"])
             store.delete(sample_inputs.key)
