@@ -31,10 +31,12 @@ from tritonserving.config import ModelConfig
 __all__ = [
     "DEFAULT_DYNAMIC_SIZE",
     "MAX_SAMPLE_INPUTS_BYTES",
+    "PROBE_DYNAMIC_SIZE",
     "SAMPLE_BYTES",
     "SAMPLE_INPUTS_FIELD",
     "SAMPLE_VALUES_FIELD",
     "BatchCheck",
+    "ObservedShapes",
     "SampleLimits",
     "UserSamples",
     "VerificationError",
@@ -45,6 +47,8 @@ __all__ = [
     "describe_sample_inputs",
     "join_samples",
     "make_sample_inputs",
+    "merge_observed_shapes",
+    "output_shape_mismatches",
     "parse_sample_values",
     "read_sample_arrays",
 ]
@@ -55,6 +59,11 @@ __all__ = [
 #: whose height must pool down to 1, and it is a short valid sequence length for text models. Checked against every
 #: model in DESIGN.md "Real models for demos and tests". Axes sharing a symbolic name get one size.
 DEFAULT_DYNAMIC_SIZE = 64
+
+#: Size given to every dynamic axis of the probe sample that verify runs when an output does not come back in the
+#: shape the model file declares: it differs from DEFAULT_DYNAMIC_SIZE, so an output axis that follows an input's
+#: dynamic axis shows that it varies (and becomes -1), and is a multiple of 32 for the reasons given there.
+PROBE_DYNAMIC_SIZE = 96
 
 #: Element used to fill BYTES (TYPE_STRING) inputs of the first sample; the second sample uses `_SECOND_BYTES`.
 SAMPLE_BYTES = b"conch"
@@ -671,7 +680,75 @@ def check_output_shapes(config: ModelConfig, outputs: Mapping[str, Sequence[int]
         )
 
 
+@dataclass(frozen=True)
+class ObservedShapes:
+    """The shapes outputs came back in over several sample runs, merged per output.
+
+    Attributes:
+        shapes: output name -> full shape (axis 0 included) where every run gave the same rank: an axis keeps its
+            size where all runs agreed, and is -1 where they differed.
+        problems: output name -> a description of the shapes, for an output whose rank differed between runs
+            (no one config shape describes it).
+    """
+
+    shapes: dict[str, tuple[int, ...]]
+    problems: dict[str, str]
+
+
+def output_shape_mismatches(config: ModelConfig, outputs: Mapping[str, Sequence[int]], *, batch_size: int) -> list[str]:
+    """Names of the outputs (in config order) that came back in a shape the configuration does not allow.
+
+    The rules are `check_output_shapes`'s, which this calls per output.
+
+    Raises:
+        VerificationError: an output the configuration declares did not come back (as `check_output_shapes`).
+    """
+    mismatched = []
+    for tensor in config.output:
+        try:
+            check_output_shapes(_only_output(config, tensor.name), outputs, batch_size=batch_size)
+        except VerificationError:
+            if tensor.name not in outputs:
+                raise
+            mismatched.append(tensor.name)
+    return mismatched
+
+
+def merge_observed_shapes(
+    observations: Sequence[Mapping[str, Sequence[int]]], names: Sequence[str], *, batch_axis: bool = False
+) -> ObservedShapes:
+    """Merge the shapes outputs `names` came back in over several runs (each observation: name -> shape).
+
+    Same rank in every run: the merged shape keeps an axis's size where every run agreed, -1 where they differed;
+    with `batch_axis`, axis 0 is -1 whatever the runs gave (it is Triton's batch axis). Different ranks: a problem
+    that lists each run's shape. Outputs missing from an observation are left out of it.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    problems: dict[str, str] = {}
+    for name in names:
+        seen = [tuple(int(d) for d in observation[name]) for observation in observations if name in observation]
+        if not seen:
+            continue
+        if len({len(shape) for shape in seen}) > 1:
+            problems[name] = ", ".join(_text(shape) for shape in seen)
+            continue
+        merged = [axis[0] if len(set(axis)) == 1 else -1 for axis in zip(*seen, strict=True)]
+        if batch_axis and merged:
+            merged[0] = -1
+        shapes[name] = tuple(merged)
+    return ObservedShapes(shapes=shapes, problems=problems)
+
+
 # --- helpers --------------------------------------------------------------------------------------------------
+
+
+def _only_output(config: ModelConfig, name: str) -> ModelConfig:
+    """A copy of `config` that declares output `name` alone (for checking outputs one at a time)."""
+    single = ModelConfig()
+    single.CopyFrom(config)
+    del single.output[:]
+    single.output.add().CopyFrom(next(tensor for tensor in config.output if tensor.name == name))
+    return single
 
 
 def _samples_error(detail: str) -> InvalidInput:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from builds.model_config import parse_build_options
+from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
 from builds.services.review import check_build_options
 from builds.verification import check_sample_archive, parse_sample_values
 from builds.verify_step import sample_limits
@@ -52,7 +52,8 @@ def submit_upload(
     version: `registry.complete_upload`) unless `allow_duplicate`; the caller then discards the upload.
 
     `options` are the raw form fields (max_batch_size, max_queue_delay_microseconds, preferred_batch_size,
-    instance_count). `sample_inputs` is an `.npz` the view streamed to the version's incoming samples key
+    instance_count, output_dims: outputs' shapes in place of those the model file declares). `sample_inputs` is an
+    `.npz` the view streamed to the version's incoming samples key
     (`registry.sample_inputs_key(incoming=True)`); `sample_values` the raw `sample_values` field ("sr=16000" or a
     JSON object). Verify uses them instead of generated inputs. Raises InvalidInput naming the option at fault,
     `sample_inputs`, `sample_values` or `file` (empty file); nothing is queued then, and the caller discards the
@@ -102,9 +103,9 @@ def request_rebuild(
     normally, QuotaExceeded (field `storage_bytes`) when new sample inputs do not fit in the team's storage in
     place of the old ones; the version's samples are unchanged then.
 
-    `options` (the four build option fields, and `dynamic_batching`; see `review.option_fields`), when given,
-    replace the version's build options: a field left out or empty goes back to the model's default. They are
-    checked first by the build's own rules against the version's signature (`review.check_build_options`):
+    `options` (the four build option fields, `output_dims`, and `dynamic_batching`; see `review.option_fields`),
+    when given, replace the version's build options: a field left out or empty goes back to the model's default.
+    They are checked first by the build's own rules against the version's signature (`review.check_build_options`):
     InvalidInput naming the first option at fault, and nothing changes.
     """
     require_role(
@@ -122,6 +123,7 @@ def request_rebuild(
         if not check.ok:
             first = check.errors[0]
             raise InvalidInput(first["detail"], field=first["field"])
+        build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
         build_options.update(check.options.to_dict())
     previous = build_options.get("samples") or {}
     samples = _accept_samples(store, version, previous, sample_inputs, sample_values, move=False)

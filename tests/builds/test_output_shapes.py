@@ -1,0 +1,249 @@
+"""Outputs whose declared shape is wrong (issue 19): built with the shape the model returns, or with the shape a
+user gives in the build option `output_dims`; refused when the model's output rank varies.
+
+Builds run inline (eager Celery) and verify on a real Triton.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from builds.inspection import ModelSignature, TensorSpec
+from builds.model_config import BuildOptions, build_model_config, parse_build_options, parse_output_dims
+from builds.verification import merge_observed_shapes
+from conch.errors import InvalidInput
+from models_registry.models import ModelVersion
+from tests.tiny_models import rank_follows_values, wrong_declared_output
+from tritonserving.config import config_from_pbtxt
+
+pytestmark = [pytest.mark.django_db]
+
+
+def _model(caller, name: str) -> int:
+    response = caller.client.post("/api/v1/models/", {"name": name, "team": caller.team.slug}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def _upload(caller, capture, name: str, data: bytes, **fields):
+    with capture(execute=True):
+        return caller.client.post(
+            f"/api/v1/models/{_model(caller, name)}/versions/",
+            {"file": SimpleUploadedFile("model.onnx", data), **fields},
+        )
+
+
+def _version(caller, response) -> dict:
+    assert response.status_code in (201, 202), response.content
+    return caller.client.get(f"/api/v1/versions/{response.json()['id']}/").json()
+
+
+def _log(version: dict, step: str) -> list[str]:
+    return [line.split(" ", 1)[1] for line in next(s["log"] for s in version["steps"] if s["name"] == step)]
+
+
+def _output_dims(version: dict) -> list[int]:
+    return list(config_from_pbtxt(version["config_pbtxt"]).output[0].dims)
+
+
+# --- pure parts -----------------------------------------------------------------------------------------------
+
+
+def test_observed_shapes_merge_to_minus_one_where_runs_differ_and_report_varying_ranks():
+    merged = merge_observed_shapes(
+        [{"y": (32, 1, 2), "z": ()}, {"y": (48, 1, 2), "z": (0, 0)}, {"other": (1,)}], ["y", "z"]
+    )
+    assert merged.shapes == {"y": (-1, 1, 2)}
+    assert merged.problems == {"z": "[], [0, 0]"}
+    assert merge_observed_shapes([{"y": (1, 4)}, {"y": (1, 4)}], ["y"], batch_axis=True).shapes == {"y": (-1, 4)}
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("y=-1,1,8210", {"y": (-1, 1, 8210)}),
+        ("y=[-1, 1, 8210]; z=[]", {"y": (-1, 1, 8210), "z": ()}),
+        ('{"387": [-1, 1, 8210]}', {"387": (-1, 1, 8210)}),
+        ({"387": [-1, "1", 8210]}, {"387": (-1, 1, 8210)}),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_parse_output_dims_reads_text_and_json(raw, expected):
+    assert parse_output_dims(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "detail"),
+    [
+        ("y=-2,1", "output_dims gives output 'y' the dim '-2'; each dim is a whole number >= 0, or -1"),
+        ({"y": [1.5]}, "output_dims gives output 'y' the dim 1.5; each dim is a whole number >= 0, or -1"),
+        ({"y": [True]}, "output_dims gives output 'y' the dim True"),
+        ("y=a,b", "output_dims gives output 'y' the dim 'a'"),
+        ("-1,1,2", "output_dims entry '-1,1,2' is not of the form name=dims"),
+        ({"y": 3}, "output_dims gives output 'y' 3, not a list of dims"),
+        ("{not json", "output_dims is not a JSON object"),
+        ([1, 2], "output_dims must be an object of output name -> dims"),
+    ],
+)
+def test_parse_output_dims_refuses_bad_values_naming_the_field_and_tensor(raw, detail):
+    with pytest.raises(InvalidInput) as caught:
+        parse_output_dims(raw)
+    assert caught.value.field == "output_dims"
+    assert caught.value.detail.startswith(detail), caught.value.detail
+
+
+def test_output_dims_replace_the_declared_shape_and_must_name_an_output():
+    signature = ModelSignature(
+        inputs=(TensorSpec("x", "FP32", (1, -1), (None, "width")),),
+        outputs=(TensorSpec("y", "FP32", (1, -1), (None, "length")),),
+        ir_version=8,
+        opset=17,
+        opset_imports=(("", 17),),
+    )
+    options = parse_build_options({"output_dims": "y=-1,1,2"})
+    assert options.to_dict()["output_dims"] == {"y": [-1, 1, 2]}
+    config = build_model_config(name="m", signature=signature, options=options)
+    assert list(config.output[0].dims) == [-1, 1, 2]
+    with pytest.raises(InvalidInput) as caught:
+        build_model_config(name="m", signature=signature, options=BuildOptions(output_dims={"z": (1,)}))
+    assert (caught.value.field, caught.value.detail) == (
+        "output_dims",
+        "output_dims names 'z', which is not an output of the model; its outputs are 'y'.",
+    )
+
+
+# --- builds on a real Triton ----------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_wrongly_declared_output_is_built_with_the_observed_shape(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given a model whose file declares y [1, length] but which returns [width / 2, 1, 2]
+    data = wrong_declared_output(tmp_path / "m.onnx").read_bytes()
+    # when it is uploaded with no options
+    version = _version(alice, _upload(alice, django_capture_on_commit_callbacks, "ocr", data))
+    # then it is built with the shape observed on two samples of other widths (64 and 96): axis 0 varies
+    assert version["status"] == "built", version["error"]
+    assert _output_dims(version) == [-1, 1, 2]
+    verify = _log(version, "verify")
+    assert "output y: [32, 1, 2]" in verify
+    assert "probe output y: [48, 1, 2]" in verify
+    assert (
+        "output y: the model file declares [1, -1], but the model returned [32, 1, 2], [48, 1, 2]; config.pbtxt "
+        "gives it the observed shape [-1, 1, 2] (-1 where the runs differed). To give another shape, rebuild with "
+        "output_dims (e.g. y=-1,...)"
+    ) in verify
+    # and what is stored is what the version says
+    from models_registry.storage import get_object_store
+
+    stored = get_object_store().read_bytes(f"{version['repository_prefix']}/ocr/config.pbtxt").decode()
+    assert stored == version["config_pbtxt"]
+
+
+@pytest.mark.e2e
+def test_an_output_whose_rank_varies_fails_saying_how_to_give_its_shape(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given a model whose output is a scalar (sent as [1]) for s = [1, 1] and [0, 0] for s = [0, 0], declared [5]
+    data = rank_follows_values(tmp_path / "m.onnx").read_bytes()
+    # when it is uploaded
+    version = _version(alice, _upload(alice, django_capture_on_commit_callbacks, "ranks", data))
+    # then the build fails at verify, naming the shapes and how to give one
+    assert version["status"] == "failed"
+    assert version["error_field"] == "output_dims"
+    assert version["error"] == (
+        "Output 'y' came back with shapes of different ranks for the verify step's samples ([1], [0, 0]), and the "
+        "model file declares [5], so Conch cannot tell which shape to give it in config.pbtxt (Triton needs one "
+        "rank per output). If the model returns one rank for the requests it will serve, give that shape yourself "
+        "with the build option output_dims, the output's full shape with -1 for an axis of any size: POST "
+        f'/api/v1/versions/{version["id"]}/rebuild with {{"output_dims": {{"y": [-1, -1]}}}} (or -F '
+        "output_dims='y=-1,-1' with an upload), and send sample_inputs like those requests."
+    )
+
+
+@pytest.mark.e2e
+def test_output_dims_given_on_upload_are_built_without_a_probe(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    data = wrong_declared_output(tmp_path / "m.onnx").read_bytes()
+    response = _upload(alice, django_capture_on_commit_callbacks, "ocr", data, output_dims="y=-1,1,2")
+    version = _version(alice, response)
+    assert version["status"] == "built", version["error"]
+    assert version["build_options"]["output_dims"] == {"y": [-1, 1, 2]}
+    assert _output_dims(version) == [-1, 1, 2]
+    assert "output y: FP32 [1, -1] axes [-, length]" in _log(version, "inspect")
+    assert not any(line.startswith("probe") for line in _log(version, "verify"))
+
+
+@pytest.mark.e2e
+def test_wrong_output_dims_fail_the_build_and_a_rebuild_with_the_right_ones_builds(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given an upload whose output_dims are not what the model returns
+    data = wrong_declared_output(tmp_path / "m.onnx").read_bytes()
+    response = _upload(alice, django_capture_on_commit_callbacks, "ocr", data, output_dims="y=-1,2")
+    version = _version(alice, response)
+    # then the user's shape is not overruled: the build fails naming output_dims
+    assert version["status"] == "failed"
+    assert version["error_field"] == "output_dims"
+    assert version["error"].startswith(
+        "output_dims gives output 'y' the shape [-1, 2], but the model returned [32, 1, 2] for the verify step's "
+        "samples."
+    )
+    # when it is rebuilt with the right shape
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post(
+            f"/api/v1/versions/{version['id']}/rebuild", {"output_dims": {"y": [-1, 1, 2]}}, format="json"
+        )
+    version = _version(alice, response)
+    # then it is built with it
+    assert version["status"] == "built", version["error"]
+    assert version["build_options"]["output_dims"] == {"y": [-1, 1, 2]}
+    assert _output_dims(version) == [-1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [
+        ({"output_dims": "y=-1,x"}, "output_dims gives output 'y' the dim 'x'"),
+        ({"output_dims": "y=-5"}, "output_dims gives output 'y' the dim '-5'"),
+    ],
+)
+def test_upload_refuses_bad_output_dims_naming_the_field_and_tensor(
+    alice, django_capture_on_commit_callbacks, tmp_path, fields, detail
+):
+    data = wrong_declared_output(tmp_path / "m.onnx").read_bytes()
+    response = _upload(alice, django_capture_on_commit_callbacks, "ocr", data, **fields)
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "output_dims"
+    assert response.json()["detail"].startswith(detail)
+    assert not ModelVersion.objects.exists()
+
+
+def test_rebuild_refuses_output_dims_naming_no_output_of_the_model(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, settings
+):
+    # given a version inspected but failed (its wrong output_dims stop it at verify; no Triton needed to refuse)
+    data = wrong_declared_output(tmp_path / "m.onnx").read_bytes()
+    version = ModelVersion.objects.get(
+        pk=_upload(alice, django_capture_on_commit_callbacks, "ocr", data, output_dims="zz=1").json()["id"]
+    )
+    assert version.status == "failed" and version.error_field == "output_dims"
+    assert version.error == "output_dims names 'zz', which is not an output of the model; its outputs are 'y'."
+    # when a rebuild names an output the model does not have, or a bad dim
+    url = f"/api/v1/versions/{version.pk}/rebuild"
+    unknown = alice.client.post(url, {"output_dims": {"nope": [1]}}, format="json")
+    bad = alice.client.post(url, {"output_dims": {"y": [-1, "many"]}}, format="json")
+    # then 400 naming the field and the tensor, and nothing is queued
+    assert unknown.status_code == 400, unknown.content
+    assert unknown.json() == {
+        "detail": "output_dims names 'nope', which is not an output of the model; its outputs are 'y'.",
+        "field": "output_dims",
+    }
+    assert bad.status_code == 400 and bad.json()["field"] == "output_dims"
+    assert bad.json()["detail"].startswith("output_dims gives output 'y' the dim 'many'")
+    version.refresh_from_db()
+    assert (version.status, version.build_attempt) == ("failed", 1)
