@@ -233,6 +233,7 @@ class UploadBuildOptionsSerializer(serializers.Serializer):
     instance_count = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=MAX_INSTANCE_COUNT
     )
+    output_dims = serializers.JSONField(required=False, allow_null=True, help_text=_OUTPUT_DIMS_HELP)
 
 
 class StartUploadSerializer(serializers.Serializer):

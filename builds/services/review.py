@@ -143,11 +143,16 @@ def built_option_values(version: ModelVersion) -> dict[str, str]:
 
 
 def current_option_values(version: ModelVersion) -> dict[str, Any]:
-    """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8"."""
+    """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8",
+    output_dims as "387=-1,1,8210; other=1,4"."""
     stored = version.build_options or {}
     values = {name: stored.get(name) for name in OPTION_NAMES}
     if values["preferred_batch_size"]:
         values["preferred_batch_size"] = ", ".join(str(size) for size in values["preferred_batch_size"])
+    given = stored.get(OUTPUT_DIMS_FIELD) or {}
+    values[OUTPUT_DIMS_FIELD] = (
+        "; ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in given.items()) if given else None
+    )
     return values
 
 
