@@ -277,6 +277,8 @@ def _settle_output_shapes(
             )
     merged = merge_observed_shapes(observed, mismatched, batch_axis=batching)
     _refuse_varying_ranks(merged, declared, version_id)
+    if batching and (scalar := next((name for name in mismatched if not merged.shapes[name]), None)):
+        raise VerificationError(f"output {scalar!r} came back as a scalar, which has no batch axis 0")
     provisional = with_output_shapes(config, {name: (-1,) * len(merged.shapes[name]) for name in mismatched})
     rewrite(provisional)
     for name in mismatched:

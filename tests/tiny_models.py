@@ -84,3 +84,23 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
     return path
+
+
+def batched_wrong_declared_output(path: Path) -> Path:
+    """Write a batchable model whose file declares its output's rank wrongly; returns `path`.
+
+    x FP32 [batch, 4] -> y = x with an axis 1 inserted, [batch, 1, 4]; the file declares y FP32 [batch, 4]. The
+    axes come through an Identity, so shape inference cannot tell the rank and the declared shape stands.
+    """
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["axes"], ["axes_seen"]),
+            helper.make_node("Unsqueeze", ["x", "axes_seen"], ["y"]),
+        ],
+        "batched_wrong_declared_output",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [axes],
+    )
+    return _save(graph, path)

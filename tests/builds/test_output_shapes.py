@@ -14,7 +14,7 @@ from builds.model_config import BuildOptions, build_model_config, parse_build_op
 from builds.verification import merge_observed_shapes
 from conch.errors import InvalidInput
 from models_registry.models import ModelVersion
-from tests.tiny_models import rank_follows_values, wrong_declared_output
+from tests.tiny_models import batched_wrong_declared_output, rank_follows_values, wrong_declared_output
 from tritonserving.config import config_from_pbtxt
 
 pytestmark = [pytest.mark.django_db]
@@ -141,6 +141,27 @@ def test_a_wrongly_declared_output_is_built_with_the_observed_shape(
 
     stored = get_object_store().read_bytes(f"{version['repository_prefix']}/ocr/config.pbtxt").decode()
     assert stored == version["config_pbtxt"]
+
+
+@pytest.mark.e2e
+def test_a_wrongly_declared_output_of_a_batching_model_keeps_batching_with_the_observed_shape(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given a batchable model whose file declares y [batch, 4] but which returns [batch, 1, 4]
+    data = batched_wrong_declared_output(tmp_path / "m.onnx").read_bytes()
+    version = _version(alice, _upload(alice, django_capture_on_commit_callbacks, "adder", data))
+    # then it is built with batching, y's dims the observed shape after the batch axis, and batching proven
+    assert version["status"] == "built", version["error"]
+    config = config_from_pbtxt(version["config_pbtxt"])
+    assert config.max_batch_size == 8
+    assert list(config.output[0].dims) == [1, 4]
+    verify = _log(version, "verify")
+    assert (
+        "output y: the model file declares [-1, 4], but the model returned [1, 1, 4], [1, 1, 4], [1, 1, 4]; "
+        "config.pbtxt gives it the observed shape [-1, 1, 4] (-1 where the runs differed). To give another shape, "
+        "rebuild with output_dims (e.g. y=-1,...)"
+    ) in verify
+    assert any(line.startswith("batching proven:") for line in verify), verify
 
 
 @pytest.mark.e2e
