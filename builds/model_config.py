@@ -76,6 +76,8 @@ MAX_INSTANCE_COUNT = 16
 OUTPUT_DIMS_FIELD = "output_dims"
 #: Most axes an output shape given in `output_dims` may have.
 _MAX_OUTPUT_RANK = 32
+#: Largest size of one axis in `output_dims`: Triton's dims are int64 (model_config.proto).
+_MAX_DIM = 2**63 - 1
 
 _INTEGER_RE = re.compile(r"[+-]?\d+")
 # An axis name that says "batch" ("batch", "batch_size", as torch.onnx.export's dynamic_axes={"x": {1: "batch"}}
@@ -234,10 +236,10 @@ def parse_output_dims(raw: Any) -> dict[str, tuple[int, ...]] | None:
         parsed = []
         for dim in dims:
             value = _parse_dim(dim)
-            if value is None or value < -1:
+            if value is None or not -1 <= value <= _MAX_DIM:
                 raise _dims_error(
-                    f"output_dims gives output {name!r} the dim {dim!r}; each dim is a whole number >= 0, or -1 for "
-                    f"an axis of any size. {_DIMS_FORM}"
+                    f"output_dims gives output {name!r} the dim {dim!r}; each dim is a whole number from 0 to "
+                    f"{_MAX_DIM}, or -1 for an axis of any size. {_DIMS_FORM}"
                 )
             parsed.append(value)
         result[name] = tuple(parsed)

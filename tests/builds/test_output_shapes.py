@@ -77,8 +77,12 @@ def test_parse_output_dims_reads_text_and_json(raw, expected):
 @pytest.mark.parametrize(
     ("raw", "detail"),
     [
-        ("y=-2,1", "output_dims gives output 'y' the dim '-2'; each dim is a whole number >= 0, or -1"),
-        ({"y": [1.5]}, "output_dims gives output 'y' the dim 1.5; each dim is a whole number >= 0, or -1"),
+        (
+            "y=-2,1",
+            "output_dims gives output 'y' the dim '-2'; each dim is a whole number from 0 to 9223372036854775807, or -1",
+        ),
+        ({"y": [1.5]}, "output_dims gives output 'y' the dim 1.5; each dim is a whole number from 0 to"),
+        ({"y": [2**63]}, "output_dims gives output 'y' the dim 9223372036854775808; each dim"),
         ({"y": [True]}, "output_dims gives output 'y' the dim True"),
         ("y=a,b", "output_dims gives output 'y' the dim 'a'"),
         ("-1,1,2", "output_dims entry '-1,1,2' is not of the form name=dims"),
