@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import threading
+import tracemalloc
 
 import numpy as np
 import onnx
@@ -428,6 +429,16 @@ def _bomb() -> SimpleUploadedFile:
     return SimpleUploadedFile("samples.npz", npz_bomb(name="x", shape=(16, 1024, 1024)))
 
 
+def _traced_peak(call):
+    """Run `call` under tracemalloc (numpy's buffers are traced too); return its result and the peak bytes held."""
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_upload_refuses_a_sample_bomb_with_413_before_unpacking_it(
     alice, eager_tasks, django_capture_on_commit_callbacks, settings, tmp_path
 ):
@@ -435,8 +446,12 @@ def test_upload_refuses_a_sample_bomb_with_413_before_unpacking_it(
     settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
     # when a model is uploaded with samples that unpack to 64 MiB
     data = add_constant(tmp_path / "add.onnx", 1.0).read_bytes()
-    response = upload(alice, django_capture_on_commit_callbacks, "adder", data, sample_inputs=_bomb())
-    # then 413 names the limit and the array, and nothing is kept
+    bomb = _bomb()
+    response, peak = _traced_peak(
+        lambda: upload(alice, django_capture_on_commit_callbacks, "adder", data, sample_inputs=bomb)
+    )
+    # then 413 names the limit and the array, nothing near 64 MiB was held, and nothing is kept
+    assert peak < 16 * 1024 * 1024, peak
     assert response.status_code == 413, response.content
     assert response.json()["field"] == "sample_inputs"
     assert "'x' alone is 67,108,992" in response.json()["detail"]
@@ -491,8 +506,12 @@ def test_a_rebuild_refuses_a_sample_bomb_with_413_and_keeps_the_versions_samples
     keys = get_object_store().list_keys("")
     settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
     # when a rebuild sends samples that unpack to 64 MiB
-    response = alice.client.post(f"/api/v1/versions/{version['id']}/rebuild", {"sample_inputs": _bomb()})
-    # then 413 naming the limit; the version and the store are as they were
+    bomb = _bomb()
+    response, peak = _traced_peak(
+        lambda: alice.client.post(f"/api/v1/versions/{version['id']}/rebuild", {"sample_inputs": bomb})
+    )
+    # then 413 naming the limit, nothing near 64 MiB held; the version and the store are as they were
+    assert peak < 16 * 1024 * 1024, peak
     assert response.status_code == 413, response.content
     assert response.json()["field"] == "sample_inputs"
     assert "(CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in response.json()["detail"]
@@ -515,7 +534,9 @@ def test_a_build_refuses_a_sample_bomb_that_reached_the_store_another_way(
     settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
     get_object_store().put_bytes(version.build_options["samples"]["key"], npz_bomb(name="x", shape=(16, 1024, 1024)))
     # when the worker builds it
-    assert run_build(version_id=version.pk, attempt=version.build_attempt) == "failed"
+    outcome, peak = _traced_peak(lambda: run_build(version_id=version.pk, attempt=version.build_attempt))
+    assert outcome == "failed"
+    assert peak < 16 * 1024 * 1024, peak
     # then verify failed on the samples, naming the limit, before any inference
     version.refresh_from_db()
     assert version.error_field == "sample_inputs"
