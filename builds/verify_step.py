@@ -24,6 +24,7 @@ from builds.model_config import (
     with_output_shapes,
     without_batching,
 )
+from builds.packaging import describe_packaging, outputs_to_redeclare, package_model_file
 from builds.verification import (
     PROBE_DYNAMIC_SIZE,
     SAMPLE_INPUTS_FIELD,
@@ -116,6 +117,7 @@ def verify_build(
     options: BuildOptions,
     say: _Say,
     scratch: Callable[[], ScratchServer | VerifyServer],
+    source_file: Path,
 ) -> ModelConfig:
     """Run the verify step on the repository the build wrote under `prefix`; return the configuration it keeps.
 
@@ -130,7 +132,10 @@ def verify_build(
     (PROBE_DYNAMIC_SIZE); when every run gave it the same rank, config.pbtxt is rewritten with the observed shape
     (-1 where the runs differed) and the log says so (`_settle_output_shapes`). Different ranks, or a shape the
     user gave in `output_dims` that the model does not return, fail the build (field output_dims) saying how to
-    give the shape.
+    give the shape. Whenever config.pbtxt is rewritten, the repository's model file is packaged again from
+    `source_file` (a local copy of the upload) so that it declares the configured output shapes
+    (`builds.packaging.package_model_file`: Triton's C++ onnxruntime backend refuses a configuration whose outputs
+    disagree with the file), and the log says which outputs the copy redeclares.
 
     Raises InvalidInput / VerificationError for a model that fails verification (naming the tensor, what was sent
     and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
@@ -138,7 +143,24 @@ def verify_build(
     samples = load_samples(store, version.build_options or {})
     run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{version.build_attempt}")
 
+    model_key = f"{prefix}/{config.name}/{version.number}/model.onnx"
+    # The outputs the repository's model file redeclares now (the write step packaged it for `config`).
+    packaged_for = {"outputs": outputs_to_redeclare(config, signature)}
+
     def rewrite(new_config: ModelConfig) -> None:
+        wanted = outputs_to_redeclare(new_config, signature)
+        if wanted != packaged_for["outputs"]:
+            packaged = package_model_file(
+                store=store,
+                source_key=version.source_key,
+                source_file=source_file,
+                model_key=model_key,
+                config=new_config,
+                signature=signature,
+            )
+            packaged_for["outputs"] = wanted
+            for line in describe_packaging(packaged, model_key) or [f"{model_key}: the uploaded file again"]:
+                say(line)
         pbtxt = config_to_pbtxt(new_config)
         store.put_bytes(f"{prefix}/{new_config.name}/config.pbtxt", pbtxt.encode())
         registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)

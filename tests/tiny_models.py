@@ -90,17 +90,23 @@ def batched_wrong_declared_output(path: Path) -> Path:
     """Write a batchable model whose file declares its output's rank wrongly; returns `path`.
 
     x FP32 [batch, 4] -> y = x with an axis 1 inserted, [batch, 1, 4]; the file declares y FP32 [batch, 4]. The
-    axes come through an Identity, so shape inference cannot tell the rank and the declared shape stands.
+    axes are computed from x's dynamic batch size (batch * 0 + 1), so neither onnx's shape inference nor
+    onnxruntime's constant folding (in the optimized session Triton's onnxruntime backends open) can tell the rank,
+    and the declared shape stands. An axes constant, even behind an Identity, is folded by the optimized session,
+    whose inferred rank then clashes with the declared one and leaves y with no shape at all.
     """
-    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT64, [1], [0])
     graph = helper.make_graph(
         [
-            helper.make_node("Identity", ["axes"], ["axes_seen"]),
-            helper.make_node("Unsqueeze", ["x", "axes_seen"], ["y"]),
+            helper.make_node("Shape", ["x"], ["batch_size"], start=0, end=1),
+            helper.make_node("Mul", ["batch_size", "zero"], ["nothing"]),
+            helper.make_node("Add", ["nothing", "one"], ["axes"]),
+            helper.make_node("Unsqueeze", ["x", "axes"], ["y"]),
         ],
         "batched_wrong_declared_output",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        [axes],
+        [one, zero],
     )
     return _save(graph, path)

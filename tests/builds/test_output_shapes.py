@@ -6,14 +6,27 @@ Builds run inline (eager Celery) and verify on a real Triton.
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from builds.inspection import ModelSignature, TensorSpec
-from builds.model_config import BuildOptions, build_model_config, parse_build_options, parse_output_dims
+from builds.inspection import ModelSignature, TensorSpec, inspect_onnx
+from builds.model_config import (
+    BuildOptions,
+    build_model_config,
+    parse_build_options,
+    parse_output_dims,
+    with_output_shapes,
+)
+from builds.packaging import outputs_to_redeclare, package_model_file, redeclare_outputs
 from builds.verification import merge_observed_shapes
 from conch.errors import InvalidInput
 from models_registry.models import ModelVersion
+from models_registry.storage import get_object_store
 from tests.tiny_models import batched_wrong_declared_output, rank_follows_values, wrong_declared_output
 from tritonserving.config import config_from_pbtxt
 
@@ -118,6 +131,105 @@ def test_output_dims_replace_the_declared_shape_and_must_name_an_output():
     )
 
 
+def _declared(model: onnx.ModelProto, name: str) -> list[int | str]:
+    [value] = [value for value in model.graph.output if value.name == name]
+    return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+
+
+def _run(data: bytes, width: int) -> np.ndarray:
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    x = np.arange(width, dtype=np.float32).reshape(1, width)
+    [y] = session.run(["y"], {"x": x})
+    return y
+
+
+def test_outputs_to_redeclare_follows_tritons_onnxruntime_backend_rule():
+    # given the file's y [1, -1] and x [1, -1] (not batching)
+    signature = ModelSignature(
+        inputs=(TensorSpec(name="x", datatype="FP32", dims=(1, -1), dim_names=(None, "width")),),
+        outputs=(
+            TensorSpec(name="y", datatype="FP32", dims=(1, -1), dim_names=(None, "length")),
+            TensorSpec(name="s", datatype="FP32", dims=(), dim_names=()),
+        ),
+        ir_version=9,
+        opset=17,
+        opset_imports=(("", 17),),
+    )
+    config = build_model_config(name="ocr", signature=signature, options=BuildOptions())
+    # then the configuration the file declares needs no rewrite (a scalar configured as dims [1] included)
+    assert outputs_to_redeclare(config, signature) == {}
+    # and another rank, or a size where the file has -1 (compared exactly), does
+    assert outputs_to_redeclare(with_output_shapes(config, {"y": (-1, 1, 2)}), signature) == {"y": (-1, 1, 2)}
+    assert outputs_to_redeclare(with_output_shapes(config, {"y": (1, 8)}), signature) == {"y": (1, 8)}
+    assert outputs_to_redeclare(with_output_shapes(config, {"s": (2,)}), signature) == {"s": (2,)}
+
+
+def test_redeclared_outputs_keep_the_graph_and_its_results(tmp_path):
+    # given the model whose file declares y [1, length] but returns [width / 2, 1, 2]
+    source = wrong_declared_output(tmp_path / "m.onnx")
+    original = onnx.load(source)
+    model = onnx.load(source, load_external_data=False)
+    # when y is redeclared as [-1, 1, 2]
+    redeclare_outputs(model, {"y": (-1, 1, 2)})
+    # then y declares the new shape (a named axis of its own for -1) and nothing else changed
+    assert _declared(model, "y") == ["conch_0_dim_0", 1, 2]
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    model.graph.output[0].type.tensor_type.shape.CopyFrom(original.graph.output[0].type.tensor_type.shape)
+    assert model.SerializeToString() == original.SerializeToString()
+    # and onnxruntime gives the same outputs for the rewritten file
+    redeclare_outputs(model, {"y": (-1, 1, 2)})
+    for width in (4, 10):
+        np.testing.assert_array_equal(_run(model.SerializeToString(), width), _run(source.read_bytes(), width))
+    # and a kept rank keeps the file's own axis names
+    redeclare_outputs(model, {"y": (-1, 1, -1)})
+    assert _declared(model, "y") == ["conch_0_dim_0", 1, "conch_0_dim_2"]
+    kept = onnx.load(source)
+    redeclare_outputs(kept, {"y": (-1, -1)})
+    assert _declared(kept, "y") == ["conch_0_dim_0", "length"]
+    with pytest.raises(KeyError, match="'z'"):
+        redeclare_outputs(model, {"z": (1,)})
+
+
+def test_package_model_file_rewrites_only_the_repository_copy(tmp_path):
+    # given an uploaded model whose file declares y [1, length]
+    source = wrong_declared_output(tmp_path / "m.onnx")
+    store = get_object_store()
+    store.put_bytes("uploads/packaging-test/model.onnx", source.read_bytes())
+    uploaded = hashlib.sha256(source.read_bytes()).hexdigest()
+    signature = inspect_onnx(source)
+    config = with_output_shapes(
+        build_model_config(name="ocr", signature=signature, options=BuildOptions()), {"y": (-1, 1, 2)}
+    )
+    # when it is packaged for a configuration giving y [-1, 1, 2]
+    packaged = package_model_file(
+        store=store,
+        source_key="uploads/packaging-test/model.onnx",
+        source_file=source,
+        model_key="repos/packaging-test/ocr/1/model.onnx",
+        config=config,
+        signature=signature,
+    )
+    # then the repository's copy declares it, and the upload and the local file are unchanged
+    assert packaged.redeclared == {"y": ((1, -1), (-1, 1, 2))}
+    stored = store.read_bytes("repos/packaging-test/ocr/1/model.onnx")
+    assert packaged.size_bytes == len(stored)
+    assert _declared(onnx.load_from_string(stored), "y") == ["conch_0_dim_0", 1, 2]
+    assert hashlib.sha256(store.read_bytes("uploads/packaging-test/model.onnx")).hexdigest() == uploaded
+    assert hashlib.sha256(source.read_bytes()).hexdigest() == uploaded
+    np.testing.assert_array_equal(_run(stored, 6), _run(source.read_bytes(), 6))
+    # and a configuration that agrees with the file stores the upload as it is
+    again = package_model_file(
+        store=store,
+        source_key="uploads/packaging-test/model.onnx",
+        source_file=source,
+        model_key="repos/packaging-test/ocr/1/model.onnx",
+        config=build_model_config(name="ocr", signature=signature, options=BuildOptions()),
+        signature=signature,
+    )
+    assert again.redeclared == {}
+    assert store.read_bytes("repos/packaging-test/ocr/1/model.onnx") == source.read_bytes()
+
+
 # --- builds on a real Triton ----------------------------------------------------------------------------------
 
 
@@ -141,10 +253,22 @@ def test_a_wrongly_declared_output_is_built_with_the_observed_shape(
         "output_dims (e.g. y=-1,...)"
     ) in verify
     # and what is stored is what the version says
-    from models_registry.storage import get_object_store
-
-    stored = get_object_store().read_bytes(f"{version['repository_prefix']}/ocr/config.pbtxt").decode()
+    store = get_object_store()
+    stored = store.read_bytes(f"{version['repository_prefix']}/ocr/config.pbtxt").decode()
     assert stored == version["config_pbtxt"]
+    # and the repository's model file declares that shape, as Triton's onnxruntime backend needs, and gives the same
+    # outputs; the uploaded file is kept as it was
+    model_key = f"{version['repository_prefix']}/ocr/{version['number']}/model.onnx"
+    packaged = store.read_bytes(model_key)
+    assert _declared(onnx.load_from_string(packaged), "y") == ["conch_0_dim_0", 1, 2]
+    np.testing.assert_array_equal(_run(packaged, 8), _run(data, 8))
+    assert ModelVersion.objects.get(pk=version["id"]).source_key != model_key
+    assert store.read_bytes(ModelVersion.objects.get(pk=version["id"]).source_key) == data
+    assert (
+        f"{model_key}: output y now declares [-1, 1, 2] in place of the uploaded file's [1, -1], as config.pbtxt "
+        "does (Triton's onnxruntime backend loads a model only when the two agree); only the repository's copy "
+        "changed, the uploaded file is kept as it was"
+    ) in verify
 
 
 @pytest.mark.e2e
@@ -166,6 +290,9 @@ def test_a_wrongly_declared_output_of_a_batching_model_keeps_batching_with_the_o
         "rebuild with output_dims (e.g. y=-1,...)"
     ) in verify
     assert any(line.startswith("batching proven:") for line in verify), verify
+    # and the repository's model file declares y [-1, 1, 4], the batch axis dynamic, as config.pbtxt does
+    packaged = get_object_store().read_bytes(f"{version['repository_prefix']}/adder/{version['number']}/model.onnx")
+    assert _declared(onnx.load_from_string(packaged), "y") == ["conch_0_dim_0", 1, 4]
 
 
 @pytest.mark.e2e
@@ -201,6 +328,13 @@ def test_output_dims_given_on_upload_are_built_without_a_probe(
     assert _output_dims(version) == [-1, 1, 2]
     assert "output y: FP32 [1, -1] axes [-, length]" in _log(version, "inspect")
     assert not any(line.startswith("probe") for line in _log(version, "verify"))
+    # and the write step already packaged a model file declaring the given shape
+    model_key = f"{version['repository_prefix']}/ocr/{version['number']}/model.onnx"
+    assert any(
+        line.startswith(f"{model_key}: output y now declares [-1, 1, 2]") for line in _log(version, "write_repository")
+    )
+    packaged = get_object_store().read_bytes(model_key)
+    assert _declared(onnx.load_from_string(packaged), "y") == ["conch_0_dim_0", 1, 2]
 
 
 @pytest.mark.e2e
