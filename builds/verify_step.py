@@ -159,7 +159,8 @@ def verify_build(
                 signature=signature,
             )
             packaged_for["outputs"] = wanted
-            for line in describe_packaging(packaged, model_key) or [f"{model_key}: the uploaded file again"]:
+            again = f"{model_key}: the uploaded file as it is, its outputs agree with config.pbtxt again"
+            for line in describe_packaging(packaged, model_key) or [again]:
                 say(line)
         pbtxt = config_to_pbtxt(new_config)
         store.put_bytes(f"{prefix}/{new_config.name}/config.pbtxt", pbtxt.encode())
