@@ -20,6 +20,8 @@ verify step then proves it by running two samples joined on axis 0 (`without_bat
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,14 +42,17 @@ __all__ = [
     "MAX_MAX_BATCH_SIZE",
     "MAX_QUEUE_DELAY_MICROSECONDS",
     "MODEL_FILENAME",
+    "OUTPUT_DIMS_FIELD",
     "BuildOptions",
     "BatchAxisReading",
     "apply_deployment_overrides",
     "build_model_config",
     "parse_build_options",
+    "parse_output_dims",
     "read_batch_axis",
     "supports_batching",
     "validate_build_options",
+    "with_output_shapes",
     "without_batching",
 ]
 
@@ -65,6 +70,14 @@ MAX_MAX_BATCH_SIZE = 1024
 MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
 #: Largest accepted instance count: each instance holds its own onnxruntime session and copy of the weights.
 MAX_INSTANCE_COUNT = 16
+
+#: Build option (form field, JSON key, `build_options` key) giving outputs' shapes in place of those the model file
+#: declares, for a file that declares them wrongly.
+OUTPUT_DIMS_FIELD = "output_dims"
+#: Most axes an output shape given in `output_dims` may have.
+_MAX_OUTPUT_RANK = 32
+#: Largest size of one axis in `output_dims`: Triton's dims are int64 (model_config.proto).
+_MAX_DIM = 2**63 - 1
 
 _INTEGER_RE = re.compile(r"[+-]?\d+")
 # An axis name that says "batch" ("batch", "batch_size", as torch.onnx.export's dynamic_axes={"x": {1: "batch"}}
@@ -112,21 +125,29 @@ class BuildOptions:
         preferred_batch_size: batch sizes the dynamic batcher should aim for (Triton "Dynamic Batcher" ->
             "Preferred Batch Sizes"); each 1..max_batch_size, no repeats; stored sorted.
         instance_count: model instances per instance group (Triton "Instance Groups"). 1..MAX_INSTANCE_COUNT.
+        output_dims: output name -> the full shape the model really produces (axis 0 included; -1 = any size), in
+            place of the shape the model file declares (`parse_output_dims`). Each name must be an output of the
+            model (checked by `build_model_config`); the verify step checks the shapes against real inferences.
     """
 
     max_batch_size: int | None = None
     max_queue_delay_microseconds: int | None = None
     preferred_batch_size: tuple[int, ...] | None = None
     instance_count: int | None = None
+    output_dims: Mapping[str, tuple[int, ...]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size)."""
-        return {
+        """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size), and
+        `output_dims` ({name: [dims]}) when it is set."""
+        result: dict[str, Any] = {
             "max_batch_size": self.max_batch_size,
             "max_queue_delay_microseconds": self.max_queue_delay_microseconds,
             "preferred_batch_size": None if self.preferred_batch_size is None else list(self.preferred_batch_size),
             "instance_count": self.instance_count,
         }
+        if self.output_dims is not None:
+            result[OUTPUT_DIMS_FIELD] = {name: list(dims) for name, dims in self.output_dims.items()}
+        return result
 
 
 def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
@@ -150,6 +171,7 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
         ),
         preferred_batch_size=_parse_sizes(preferred_raw),
         instance_count=_parse_integer("instance_count", fields.get("instance_count")),
+        output_dims=parse_output_dims(fields.get(OUTPUT_DIMS_FIELD)),
     )
     validate_build_options(options)
     if options.preferred_batch_size is not None:
@@ -158,8 +180,70 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
             max_queue_delay_microseconds=options.max_queue_delay_microseconds,
             preferred_batch_size=tuple(sorted(options.preferred_batch_size)),
             instance_count=options.instance_count,
+            output_dims=options.output_dims,
         )
     return options
+
+
+def parse_output_dims(raw: Any) -> dict[str, tuple[int, ...]] | None:
+    """Parse the `output_dims` option: outputs' full shapes, given in place of what the model file declares.
+
+    Forms: a JSON object {"387": [-1, 1, 8210]} (also as text), or text entries `name=dims` separated by ';' or
+    newlines, dims written as "-1, 1, 8210" or "[-1, 1, 8210]" ("[]" for a scalar). Each dim is a whole number,
+    -1 for an axis of any size (Triton "Model Configuration" -> "Inputs and Outputs"). Empty or None gives None
+    (the model file's shapes).
+
+    Raises:
+        InvalidInput: field "output_dims", naming the tensor (or the entry) at fault and the expected form.
+    """
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        text = raw.strip()
+        if not text:
+            return None
+        if text.startswith("{"):
+            try:
+                raw = json.loads(text)
+            except ValueError as error:
+                raise _dims_error(f"output_dims is not a JSON object ({error}); {_DIMS_FORM}") from None
+        else:
+            entries = {}
+            for entry in (part.strip() for part in re.split(r"[;\n]", text)):
+                if not entry:
+                    continue
+                name, sep, dims = entry.partition("=")
+                if not sep or not name.strip():
+                    raise _dims_error(f"output_dims entry {entry!r} is not of the form name=dims; {_DIMS_FORM}")
+                if name.strip() in entries:
+                    raise _dims_error(f"output_dims gives output {name.strip()!r} more than once; give each once.")
+                entries[name.strip()] = [item for item in re.split(r"[\s,]+", dims.strip().strip("[]")) if item]
+            raw = entries
+    if not isinstance(raw, Mapping):
+        raise _dims_error(f"output_dims must be an object of output name -> dims; {_DIMS_FORM}")
+    if not raw:
+        return None
+    result: dict[str, tuple[int, ...]] = {}
+    for name, dims in raw.items():
+        if not isinstance(name, str) or not name:
+            raise _dims_error(f"output_dims names an output {name!r}; give the output's name as the model has it.")
+        if isinstance(dims, str):
+            dims = [item for item in re.split(r"[\s,]+", dims.strip().strip("[]")) if item]
+        if not isinstance(dims, list | tuple):
+            raise _dims_error(f"output_dims gives output {name!r} {dims!r}, not a list of dims; {_DIMS_FORM}")
+        if len(dims) > _MAX_OUTPUT_RANK:
+            raise _dims_error(f"output_dims gives output {name!r} {len(dims)} dims; at most {_MAX_OUTPUT_RANK}.")
+        parsed = []
+        for dim in dims:
+            value = _parse_dim(dim)
+            if value is None or not -1 <= value <= _MAX_DIM:
+                raise _dims_error(
+                    f"output_dims gives output {name!r} the dim {dim!r}; each dim is a whole number from 0 to "
+                    f"{_MAX_DIM}, or -1 for an axis of any size. {_DIMS_FORM}"
+                )
+            parsed.append(value)
+        result[name] = tuple(parsed)
+    return result
 
 
 def validate_build_options(options: BuildOptions) -> None:
@@ -314,6 +398,7 @@ def build_model_config(*, name: str, signature: ModelSignature, options: BuildOp
     """
     validate_model_name(name)
     validate_build_options(options)
+    signature = _with_output_dims(signature, options.output_dims)
     reading = read_batch_axis(signature)
 
     if options.max_batch_size is None:
@@ -350,6 +435,27 @@ def build_model_config(*, name: str, signature: ModelSignature, options: BuildOp
         count=options.instance_count if options.instance_count is not None else DEFAULT_INSTANCE_COUNT,
     )
     return config
+
+
+def with_output_shapes(config: ModelConfig, shapes: Mapping[str, Sequence[int]]) -> ModelConfig:
+    """Return a copy of `config` whose outputs named in `shapes` have those full model shapes (axis 0 included,
+    -1 = any size): with batching, `dims` leave out axis 0 (which must then be -1, the batch), as
+    `build_model_config` writes them (Triton "Model Configuration" -> "Inputs and Outputs", "Reshape").
+
+    Raises:
+        ValueError: a name that is not an output of `config`, or a batching shape whose axis 0 is not -1.
+    """
+    result = ModelConfig()
+    result.CopyFrom(config)
+    batching = result.max_batch_size > 0
+    by_name = {tensor.name: tensor for tensor in result.output}
+    for name, shape in shapes.items():
+        if name not in by_name:
+            raise ValueError(f"{name!r} is not an output of the configuration")
+        if batching and (not shape or shape[0] != -1):
+            raise ValueError(f"output {name!r} shape {list(shape)} has no batch axis 0 (-1) for a batching config")
+        _set_shape(by_name[name], list(shape), batching)
+    return result
 
 
 def without_batching(config: ModelConfig) -> ModelConfig:
@@ -453,6 +559,46 @@ def apply_deployment_overrides(
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
+
+
+_DIMS_FORM = (
+    "write for example 387=-1,1,8210 (entries separated by ';'), or a JSON object {\"387\": [-1, 1, 8210]}: the "
+    "output's full shape, axis 0 included, -1 for an axis of any size."
+)
+
+
+def _dims_error(detail: str) -> InvalidInput:
+    return InvalidInput(detail, field=OUTPUT_DIMS_FIELD)
+
+
+def _parse_dim(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and _INTEGER_RE.fullmatch(raw.strip()):
+        return int(raw.strip())
+    return None
+
+
+def _with_output_dims(signature: ModelSignature, output_dims: Mapping[str, Sequence[int]] | None) -> ModelSignature:
+    """`signature` with the outputs named in `output_dims` given those shapes (their axis names dropped)."""
+    if not output_dims:
+        return signature
+    names = [spec.name for spec in signature.outputs]
+    unknown = [name for name in output_dims if name not in names]
+    if unknown:
+        raise _dims_error(
+            f"output_dims names {', '.join(repr(n) for n in unknown)}, which is not an output of the model; its "
+            f"outputs are {', '.join(repr(n) for n in names)}."
+        )
+    outputs = tuple(
+        TensorSpec(spec.name, spec.datatype, tuple(output_dims[spec.name]), (None,) * len(output_dims[spec.name]))
+        if spec.name in output_dims
+        else spec
+        for spec in signature.outputs
+    )
+    return dataclasses.replace(signature, outputs=outputs)
 
 
 def _config_type(spec: TensorSpec) -> int:

@@ -25,24 +25,30 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from builds.inspection import ModelSignature
-from conch.errors import InvalidInput
+from conch.errors import InvalidInput, PayloadTooLarge
 from tritonserving.config import ModelConfig
 
 __all__ = [
     "DEFAULT_DYNAMIC_SIZE",
     "MAX_SAMPLE_INPUTS_BYTES",
+    "PROBE_DYNAMIC_SIZE",
     "SAMPLE_BYTES",
     "SAMPLE_INPUTS_FIELD",
     "SAMPLE_VALUES_FIELD",
     "BatchCheck",
+    "ObservedShapes",
+    "SampleLimits",
     "UserSamples",
     "VerificationError",
     "check_output_shapes",
+    "check_sample_archive",
     "compare_joined_outputs",
     "describe_sample_arrays",
     "describe_sample_inputs",
     "join_samples",
     "make_sample_inputs",
+    "merge_observed_shapes",
+    "output_shape_mismatches",
     "parse_sample_values",
     "read_sample_arrays",
 ]
@@ -53,6 +59,11 @@ __all__ = [
 #: whose height must pool down to 1, and it is a short valid sequence length for text models. Checked against every
 #: model in DESIGN.md "Real models for demos and tests". Axes sharing a symbolic name get one size.
 DEFAULT_DYNAMIC_SIZE = 64
+
+#: Size given to every dynamic axis of the probe sample that verify runs when an output does not come back in the
+#: shape the model file declares: it differs from DEFAULT_DYNAMIC_SIZE, so an output axis that follows an input's
+#: dynamic axis shows that it varies (and becomes -1), and is a multiple of 32 for the reasons given there.
+PROBE_DYNAMIC_SIZE = 96
 
 #: Element used to fill BYTES (TYPE_STRING) inputs of the first sample; the second sample uses `_SECOND_BYTES`.
 SAMPLE_BYTES = b"conch"
@@ -65,6 +76,8 @@ SAMPLE_VALUES_FIELD = "sample_values"
 #: Largest accepted `.npz` of sample inputs, in bytes (a sample is one or two requests, not a data set).
 MAX_SAMPLE_INPUTS_BYTES = 32 * 1024 * 1024
 _MAX_SAMPLE_ARRAYS = 256
+#: Longest .npy header read (numpy's own default limit for `allow_pickle=False` loads).
+_MAX_NPY_HEADER_BYTES = 10_000
 _MAX_SAMPLE_VALUES_CHARS = 65_536
 _NAME_RE = re.compile(r"[^\s=;]+")
 
@@ -140,58 +153,252 @@ class BatchCheck:
 # --- user samples ---------------------------------------------------------------------------------------------
 
 
-def read_sample_arrays(data: bytes) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class SampleLimits:
+    """Limits of an `.npz` of sample inputs once unpacked (settings CONCH_MAX_SAMPLE_UNPACKED_BYTES and
+    CONCH_MAX_SAMPLE_ARRAYS): the bytes of all its arrays together, and how many arrays (zip members) it holds."""
+
+    max_unpacked_bytes: int
+    max_arrays: int
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One array of an `.npz`, as its zip directory entry and its .npy header declare it."""
+
+    info: zipfile.ZipInfo
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran_order: bool
+    header_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=object)) * self.dtype.itemsize
+
+
+def check_sample_archive(data: bytes, *, limits: SampleLimits) -> dict[str, dict[str, Any]]:
+    """Check an `.npz` of sample inputs without unpacking its arrays; return their description by input name.
+
+    Reads the zip central directory (member count, each member's declared unpacked size) and each member's .npy
+    header (dtype, shape: a few hundred bytes unpacked), and refuses before any array is unpacked: more than
+    `limits.max_arrays` members, or declared sizes (directory or headers) past `limits.max_unpacked_bytes`. A
+    header must agree with its directory entry (header + shape x itemsize == declared size). Then each member is
+    unpacked a megabyte at a time and dropped, to check it against its CRC-32 with bounded memory: zipfile stops at
+    the declared size, so a member that unpacks to more than it declares fails its CRC check instead of growing.
+
+    Returns:
+        {name: {"dtype": "float32", "shape": [1, 512]}}, as `describe_sample_arrays` gives for the read arrays.
+
+    Raises:
+        PayloadTooLarge: field "sample_inputs", naming the limit, its setting, and the array at fault (HTTP 413).
+        InvalidInput: field "sample_inputs" for a file that is not a valid `.npz` of number, bool or text arrays.
+    """
+    archive, members = _open_sample_archive(data, limits)
+    with archive:
+        for member in members:
+            with archive.open(member.info) as stream:
+                _read_exactly(stream, member.header_bytes, member.name)
+                left = member.nbytes
+                while left:
+                    left -= len(_read_exactly(stream, min(left, 1024 * 1024), member.name))
+                _expect_end(stream, member.name)
+    return {m.name: {"dtype": str(m.dtype), "shape": list(m.shape)} for m in members}
+
+
+def read_sample_arrays(data: bytes, *, limits: SampleLimits) -> dict[str, np.ndarray]:
     """Read the `.npz` of sample inputs (numpy.savez / savez_compressed), keyed by input name.
 
     Arrays must be numbers, bools or text (unicode or bytes strings); object arrays (pickles) are refused unread.
-    At most MAX_SAMPLE_INPUTS_BYTES bytes and 256 arrays.
+    At most MAX_SAMPLE_INPUTS_BYTES bytes packed. The limits of `check_sample_archive` are checked first, from
+    the directory and headers, so no array past them is ever allocated; each array is then read into a buffer of
+    the size its header declares, and the member must end there and match its CRC-32.
 
     Raises:
+        PayloadTooLarge: field "sample_inputs", naming the limit and the array (HTTP 413).
         InvalidInput: field "sample_inputs", naming the problem and how to write a valid file.
     """
-    how = (
-        "Write it with numpy: numpy.savez('samples.npz', input_name=array, ...), one array per model input, each "
-        "in the shape the model takes (as you would pass it to onnxruntime)."
-    )
+    archive, members = _open_sample_archive(data, limits)
+    arrays: dict[str, np.ndarray] = {}
+    with archive:
+        for member in members:
+            with archive.open(member.info) as stream:
+                _read_exactly(stream, member.header_bytes, member.name)
+                buffer = bytearray(member.nbytes)
+                view = memoryview(buffer)
+                filled = 0
+                while filled < member.nbytes:
+                    got = _read_into(stream, view[filled:], member.name)
+                    if not got:
+                        raise _unreadable(member.name, "it ends before the size its header declares")
+                    filled += got
+                _expect_end(stream, member.name)
+            array = np.frombuffer(buffer, dtype=member.dtype)
+            order = "F" if member.fortran_order else "C"
+            arrays[member.name] = array.reshape(member.shape, order=order)
+    return arrays
+
+
+_HOW_TO_WRITE = (
+    "Write it with numpy: numpy.savez('samples.npz', input_name=array, ...), one array per model input, each "
+    "in the shape the model takes (as you would pass it to onnxruntime)."
+)
+
+
+def _open_sample_archive(data: bytes, limits: SampleLimits) -> tuple[zipfile.ZipFile, list[_Member]]:
+    """Open an `.npz` and check its directory and headers against `limits` before any array is unpacked."""
     if len(data) > MAX_SAMPLE_INPUTS_BYTES:
         raise _samples_error(
             f"The sample inputs file is {len(data):,} bytes; at most {MAX_SAMPLE_INPUTS_BYTES:,} are accepted. "
             "Send one or two requests' worth of inputs, not a data set."
         )
     if not data:
-        raise _samples_error(f"The sample inputs file is empty. {how}")
+        raise _samples_error(f"The sample inputs file is empty. {_HOW_TO_WRITE}")
+    if data.startswith(b"\x93NUMPY"):
+        raise _samples_error(
+            f"The sample inputs file holds a single .npy array, not a named .npz archive. {_HOW_TO_WRITE}"
+        )
     try:
-        archive = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise _samples_error(f"The sample inputs file is not a numpy .npz archive ({error}). {how}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise _samples_error(f"The sample inputs file holds a single .npy array, not a named .npz archive. {how}")
-    with archive:
-        names = list(archive.files)
-        if not names:
-            raise _samples_error(f"The sample inputs file holds no arrays. {how}")
-        if len(names) > _MAX_SAMPLE_ARRAYS:
-            raise _samples_error(f"The sample inputs file holds {len(names)} arrays; at most {_MAX_SAMPLE_ARRAYS}.")
-        arrays: dict[str, np.ndarray] = {}
-        for name in names:
-            try:
-                array = archive[name]
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-                raise _samples_error(
-                    f"Array {name!r} of the sample inputs file cannot be read ({error}); object arrays and "
-                    f"pickled data are not accepted. {how}"
-                ) from None
-            if not isinstance(array, np.ndarray):  # a zip member that is no .npy comes back as its raw bytes
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
+        raise _samples_error(f"The sample inputs file is not a numpy .npz archive ({error}). {_HOW_TO_WRITE}") from None
+    try:
+        members = _read_members(archive, limits)
+    except BaseException:
+        archive.close()
+        raise
+    return archive, members
+
+
+def _read_members(archive: zipfile.ZipFile, limits: SampleLimits) -> list[_Member]:
+    infos = [info for info in archive.infolist() if not info.is_dir()]
+    if not infos:
+        raise _samples_error(f"The sample inputs file holds no arrays. {_HOW_TO_WRITE}")
+    if len(infos) > limits.max_arrays:
+        raise _samples_too_large(
+            f"The sample inputs file holds {len(infos):,} arrays; at most {limits.max_arrays:,} are accepted "
+            "(CONCH_MAX_SAMPLE_ARRAYS). Send one array per model input."
+        )
+    declared = sum(info.file_size for info in infos)
+    if declared > limits.max_unpacked_bytes + len(infos) * _MAX_NPY_HEADER_BYTES:
+        largest = max(infos, key=lambda info: info.file_size)
+        raise _samples_too_large(
+            f"The sample inputs file unpacks to {declared:,} bytes (its archive says so; "
+            f"{_member_name(largest.filename)!r} alone is {largest.file_size:,}); at most "
+            f"{limits.max_unpacked_bytes:,} are accepted (CONCH_MAX_SAMPLE_UNPACKED_BYTES). {_ONE_OR_TWO}"
+        )
+    members = []
+    total = 0
+    for info in infos:
+        member = _read_header(archive, info)
+        total += member.nbytes
+        if member.nbytes > limits.max_unpacked_bytes or total > limits.max_unpacked_bytes:
+            raise _samples_too_large(
+                f"Array {member.name!r} of the sample inputs file is {member.dtype} {list(member.shape)}, "
+                f"{member.nbytes:,} bytes unpacked (all arrays up to it: {total:,}); at most "
+                f"{limits.max_unpacked_bytes:,} are accepted (CONCH_MAX_SAMPLE_UNPACKED_BYTES). {_ONE_OR_TWO}"
+            )
+        if member.header_bytes + member.nbytes != info.file_size:
+            raise _unreadable(
+                member.name,
+                f"its header declares {list(member.shape)} {member.dtype} ({member.nbytes:,} bytes) but the archive "
+                f"declares {info.file_size - member.header_bytes:,} bytes of data",
+            )
+        members.append(member)
+    names = [member.name for member in members]
+    if len(set(names)) != len(names):
+        raise _samples_error(f"The sample inputs file holds an array name twice. {_HOW_TO_WRITE}")
+    return members
+
+
+def _read_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _Member:
+    """Read a member's .npy header (magic, version, dict) from its first unpacked bytes; nothing more."""
+    name = _member_name(info.filename)
+    try:
+        with archive.open(info) as stream:
+            head = stream.read(10)
+            if len(head) < 10 or not head.startswith(b"\x93NUMPY"):
                 raise _samples_error(
                     f"The sample inputs file holds {name!r}, which is not a .npy array: a .npz archive holds only "
-                    f"arrays. {how}"
+                    f"arrays. {_HOW_TO_WRITE}"
                 )
-            if array.dtype.kind not in "biufUS":
-                raise _samples_error(
-                    f"Array {name!r} of the sample inputs file has dtype {array.dtype}; use numbers, bools or text."
-                )
-            arrays[name] = array
-    return arrays
+            major = head[6]
+            if major == 1:
+                length, prefix = int.from_bytes(head[8:10], "little"), 10
+            elif major in (2, 3):
+                head += stream.read(2)
+                length, prefix = int.from_bytes(head[8:12], "little"), 12
+            else:
+                raise _unreadable(name, f".npy format version {major} is not known")
+            if length > _MAX_NPY_HEADER_BYTES:
+                raise _unreadable(name, f"its header is {length:,} bytes long")
+            text = stream.read(length)
+            if len(text) != length:
+                raise _unreadable(name, "it ends inside its header")
+            fp = io.BytesIO(head[8:] + text)  # past the magic and version: what numpy's header readers take
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran_order, dtype = read_header(fp, max_header_size=_MAX_NPY_HEADER_BYTES)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as error:
+        raise _unreadable(name, str(error)) from None
+    if dtype.hasobject or dtype.kind not in "biufUS":
+        raise _samples_error(
+            f"Array {name!r} of the sample inputs file has dtype {dtype}; object arrays and pickled data are not "
+            f"accepted: use numbers, bools or text. {_HOW_TO_WRITE}"
+        )
+    return _Member(
+        info=info,
+        name=name,
+        dtype=dtype,
+        shape=tuple(int(d) for d in shape),
+        fortran_order=bool(fortran_order),
+        header_bytes=prefix + length,
+    )
+
+
+def _read_exactly(stream: Any, size: int, name: str) -> bytes:
+    try:
+        data = stream.read(size)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        raise _unreadable(name, str(error)) from None
+    if len(data) != size:
+        raise _unreadable(name, "it ends before the size its header declares")
+    return data
+
+
+def _read_into(stream: Any, view: memoryview, name: str) -> int:
+    try:
+        return stream.readinto(view)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        raise _unreadable(name, str(error)) from None
+
+
+def _expect_end(stream: Any, name: str) -> None:
+    """Read past the member's last byte: zipfile checks the CRC-32 when its declared size is reached."""
+    try:
+        extra = stream.read(1)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        raise _unreadable(name, str(error)) from None
+    if extra:
+        raise _unreadable(name, "it holds more bytes than its header declares")
+
+
+def _member_name(filename: str) -> str:
+    return filename[:-4] if filename.endswith(".npy") else filename
+
+
+def _unreadable(name: str, why: str) -> InvalidInput:
+    return _samples_error(
+        f"Array {name!r} of the sample inputs file cannot be read ({why}); object arrays and pickled data are not "
+        f"accepted. {_HOW_TO_WRITE}"
+    )
+
+
+def _samples_too_large(detail: str) -> PayloadTooLarge:
+    return PayloadTooLarge(detail, field=SAMPLE_INPUTS_FIELD)
+
+
+_ONE_OR_TWO = "Send one or two requests' worth of inputs, not a data set."
 
 
 def describe_sample_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
@@ -473,7 +680,75 @@ def check_output_shapes(config: ModelConfig, outputs: Mapping[str, Sequence[int]
         )
 
 
+@dataclass(frozen=True)
+class ObservedShapes:
+    """The shapes outputs came back in over several sample runs, merged per output.
+
+    Attributes:
+        shapes: output name -> full shape (axis 0 included) where every run gave the same rank: an axis keeps its
+            size where all runs agreed, and is -1 where they differed.
+        problems: output name -> a description of the shapes, for an output whose rank differed between runs
+            (no one config shape describes it).
+    """
+
+    shapes: dict[str, tuple[int, ...]]
+    problems: dict[str, str]
+
+
+def output_shape_mismatches(config: ModelConfig, outputs: Mapping[str, Sequence[int]], *, batch_size: int) -> list[str]:
+    """Names of the outputs (in config order) that came back in a shape the configuration does not allow.
+
+    The rules are `check_output_shapes`'s, which this calls per output.
+
+    Raises:
+        VerificationError: an output the configuration declares did not come back (as `check_output_shapes`).
+    """
+    mismatched = []
+    for tensor in config.output:
+        try:
+            check_output_shapes(_only_output(config, tensor.name), outputs, batch_size=batch_size)
+        except VerificationError:
+            if tensor.name not in outputs:
+                raise
+            mismatched.append(tensor.name)
+    return mismatched
+
+
+def merge_observed_shapes(
+    observations: Sequence[Mapping[str, Sequence[int]]], names: Sequence[str], *, batch_axis: bool = False
+) -> ObservedShapes:
+    """Merge the shapes outputs `names` came back in over several runs (each observation: name -> shape).
+
+    Same rank in every run: the merged shape keeps an axis's size where every run agreed, -1 where they differed;
+    with `batch_axis`, axis 0 is -1 whatever the runs gave (it is Triton's batch axis). Different ranks: a problem
+    that lists each run's shape. Outputs missing from an observation are left out of it.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    problems: dict[str, str] = {}
+    for name in names:
+        seen = [tuple(int(d) for d in observation[name]) for observation in observations if name in observation]
+        if not seen:
+            continue
+        if len({len(shape) for shape in seen}) > 1:
+            problems[name] = ", ".join(_text(shape) for shape in seen)
+            continue
+        merged = [axis[0] if len(set(axis)) == 1 else -1 for axis in zip(*seen, strict=True)]
+        if batch_axis and merged:
+            merged[0] = -1
+        shapes[name] = tuple(merged)
+    return ObservedShapes(shapes=shapes, problems=problems)
+
+
 # --- helpers --------------------------------------------------------------------------------------------------
+
+
+def _only_output(config: ModelConfig, name: str) -> ModelConfig:
+    """A copy of `config` that declares output `name` alone (for checking outputs one at a time)."""
+    single = ModelConfig()
+    single.CopyFrom(config)
+    del single.output[:]
+    single.output.add().CopyFrom(next(tensor for tensor in config.output if tensor.name == name))
+    return single
 
 
 def _samples_error(detail: str) -> InvalidInput:

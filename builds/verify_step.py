@@ -9,21 +9,37 @@ differs. Samples come from the user (`UserSamples`, stored beside the source) or
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
+
 from builds.inspection import ModelSignature, short_dim_name
-from builds.model_config import BuildOptions, read_batch_axis, without_batching
+from builds.model_config import (
+    OUTPUT_DIMS_FIELD,
+    BuildOptions,
+    read_batch_axis,
+    with_output_shapes,
+    without_batching,
+)
+from builds.packaging import describe_packaging, outputs_to_redeclare, package_model_file
 from builds.verification import (
+    PROBE_DYNAMIC_SIZE,
     SAMPLE_INPUTS_FIELD,
     SAMPLE_VALUES_FIELD,
+    ObservedShapes,
+    SampleLimits,
     UserSamples,
+    VerificationError,
     check_output_shapes,
     compare_joined_outputs,
     describe_sample_inputs,
     join_samples,
     make_sample_inputs,
+    merge_observed_shapes,
+    output_shape_mismatches,
     read_sample_arrays,
 )
 from conch.errors import InvalidInput
@@ -36,16 +52,29 @@ from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
 
-__all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "verify_build"]
+__all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "sample_limits", "verify_build"]
 
 _Say = Callable[[str], None]
 _SmokeRun = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
+def sample_limits() -> SampleLimits:
+    """The limits of an unpacked `.npz` of sample inputs, from settings CONCH_MAX_SAMPLE_UNPACKED_BYTES and
+    CONCH_MAX_SAMPLE_ARRAYS (read when called)."""
+    return SampleLimits(
+        max_unpacked_bytes=settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES, max_arrays=settings.CONCH_MAX_SAMPLE_ARRAYS
+    )
+
+
 def load_samples(store: ObjectStore, build_options: Mapping[str, Any]) -> UserSamples:
-    """The user's sample inputs of a version, read back from the object store (empty when it has none)."""
+    """The user's sample inputs of a version, read back from the object store (empty when it has none).
+
+    The `.npz` is checked against `sample_limits()` again here, whatever put it in the store, before any array is
+    unpacked: PayloadTooLarge (field sample_inputs, naming the limit) past them, InvalidInput for a bad file.
+    """
     described = build_options.get("samples") or {}
-    arrays = read_sample_arrays(store.read_bytes(described["key"])) if described.get("key") else {}
+    key = described.get("key")
+    arrays = read_sample_arrays(store.read_bytes(key), limits=sample_limits()) if key else {}
     return UserSamples(arrays=arrays, values=dict(described.get("values") or {}))
 
 
@@ -89,6 +118,7 @@ def verify_build(
     options: BuildOptions,
     say: _Say,
     scratch: Callable[[], ScratchServer | VerifyServer],
+    source_file: Path,
 ) -> ModelConfig:
     """Run the verify step on the repository the build wrote under `prefix`; return the configuration it keeps.
 
@@ -97,11 +127,56 @@ def verify_build(
     sample its own outputs (`compare_joined_outputs`). When it does not, or the joined run fails, the repository's
     config.pbtxt is rewritten without batching (`without_batching`) and verified again, and the log says which
     output differed; if the user asked for max_batch_size > 0 the build fails instead (field max_batch_size).
+
+    Output shapes: an output that comes back in a shape other than the one the model file declares (a model file
+    can declare a wrong shape) is observed once more with a probe sample whose dynamic axes have other sizes
+    (PROBE_DYNAMIC_SIZE); when every run gave it the same rank, config.pbtxt is rewritten with the observed shape
+    (-1 where the runs differed) and the log says so (`_settle_output_shapes`). Different ranks, or a shape the
+    user gave in `output_dims` that the model does not return, fail the build (field output_dims) saying how to
+    give the shape. Whenever config.pbtxt is rewritten, the repository's model file is packaged again from
+    `source_file` (a local copy of the upload) so that it declares the configured output shapes
+    (`builds.packaging.package_model_file`: Triton's C++ onnxruntime backend refuses a configuration whose outputs
+    disagree with the file), and the log says which outputs the copy redeclares.
+
     Raises InvalidInput / VerificationError for a model that fails verification (naming the tensor, what was sent
     and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
     """
     samples = load_samples(store, version.build_options or {})
     run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{version.build_attempt}")
+
+    model_key = f"{prefix}/{config.name}/{version.number}/model.onnx"
+    # The outputs the repository's model file redeclares now (the write step packaged it for `config`).
+    packaged_for = {"outputs": outputs_to_redeclare(config, signature)}
+
+    def rewrite(new_config: ModelConfig) -> None:
+        wanted = outputs_to_redeclare(new_config, signature)
+        if wanted != packaged_for["outputs"]:
+            packaged = package_model_file(
+                store=store,
+                source_key=version.source_key,
+                source_file=source_file,
+                model_key=model_key,
+                config=new_config,
+                signature=signature,
+            )
+            packaged_for["outputs"] = wanted
+            again = f"{model_key}: the uploaded file as it is, its outputs agree with config.pbtxt again"
+            for line in describe_packaging(packaged, model_key) or [again]:
+                say(line)
+        pbtxt = config_to_pbtxt(new_config)
+        store.put_bytes(f"{prefix}/{new_config.name}/config.pbtxt", pbtxt.encode())
+        registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+
+    settle = functools.partial(
+        _settle_output_shapes,
+        run=run,
+        say=say,
+        signature=signature,
+        samples=samples,
+        options=options,
+        rewrite=rewrite,
+        version_id=version.pk,
+    )
     if config.max_batch_size > 0:
         first = make_sample_inputs(config, signature=signature, samples=samples, item=0)
         second = make_sample_inputs(config, signature=signature, samples=samples, item=1)
@@ -113,37 +188,48 @@ def verify_build(
         except InvalidInput as exc:
             problem = f"the model failed on the two samples joined on axis 0 ({exc.detail})"
         else:
-            _check_outputs(say, config, outputs_first)
-            check = compare_joined_outputs(config, [outputs_first, outputs_second], outputs_joined)
-            problem = check.problem
-            if not problem:
-                say(
-                    "batching proven: two different samples joined on axis 0 gave each sample its own outputs "
-                    f"(largest difference {check.max_difference:.3g})"
-                )
-                return config
+            _say_outputs(say, outputs_first)
+            try:
+                config = settle(config=config, observed=[_shapes(outputs_first), _shapes(outputs_second)])
+            except VerificationError as exc:
+                if exc.field == OUTPUT_DIMS_FIELD and exc.detail.startswith(_OVERRIDE_REFUSED):
+                    raise
+                problem = f"the outputs of the samples alone do not have one shape with a batch axis ({exc.detail})"
+            else:
+                check = compare_joined_outputs(config, [outputs_first, outputs_second], outputs_joined)
+                problem = check.problem
+                if not problem:
+                    say(
+                        "batching proven: two different samples joined on axis 0 gave each sample its own outputs "
+                        f"(largest difference {check.max_difference:.3g})"
+                    )
+                    return config
         say(f"batching off: {problem}")
         config = without_batching(config)
-        pbtxt = config_to_pbtxt(config)
-        store.put_bytes(f"{prefix}/{config.name}/config.pbtxt", pbtxt.encode())
-        registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+        rewrite(config)
         say("rewrote config.pbtxt with max_batch_size 0, full dims and no dynamic batcher; verifying again")
         if options.max_batch_size:
-            _run_alone(run, say, config, signature, samples, version.pk)
+            _run_alone(run, say, config, signature, samples, version.pk, settle)
             raise InvalidInput(
                 f"max_batch_size {options.max_batch_size} was asked for, but batching is not safe for this model: "
                 f"{problem}. Joining requests would change their results. Upload the model again with "
                 "max_batch_size empty or 0 to serve it one request per run.",
                 field="max_batch_size",
             )
-    _run_alone(run, say, config, signature, samples, version.pk)
-    return config
+    return _run_alone(run, say, config, signature, samples, version.pk, settle)
 
 
 def _run_alone(
-    run: _SmokeRun, say: _Say, config: ModelConfig, signature: ModelSignature, samples: UserSamples, version_id: int
-) -> None:
-    """Verify a configuration without batching: one sample request, its output shapes checked."""
+    run: _SmokeRun,
+    say: _Say,
+    config: ModelConfig,
+    signature: ModelSignature,
+    samples: UserSamples,
+    version_id: int,
+    settle: Callable[..., ModelConfig],
+) -> ModelConfig:
+    """Verify a configuration without batching: one sample request, its output shapes settled; returns the
+    configuration kept (rewritten when an output's declared shape was wrong)."""
     inputs = make_sample_inputs(config, signature=signature, samples=samples)
     described = describe_sample_inputs(inputs, samples)
     for line in described:
@@ -162,14 +248,125 @@ def _run_alone(
             f"to this version with POST /api/v1/versions/{version_id}/rebuild and the same fields.",
             field=SAMPLE_INPUTS_FIELD,
         ) from exc
-    _check_outputs(say, config, outputs)
+    _say_outputs(say, outputs)
+    return settle(config=config, observed=[_shapes(outputs)])
 
 
-def _check_outputs(say: _Say, config: ModelConfig, outputs: Mapping[str, Any]) -> None:
-    shapes = {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
-    for name, shape in shapes.items():
-        say(f"output {name}: {list(shape)}")
-    check_output_shapes(config, shapes, batch_size=1 if config.max_batch_size > 0 else 0)
+#: How the refusal of a user's own output_dims begins (it is not turned into "batching off").
+_OVERRIDE_REFUSED = "output_dims gives output"
+
+
+def _settle_output_shapes(
+    *,
+    config: ModelConfig,
+    observed: list[dict[str, tuple[int, ...]]],
+    run: _SmokeRun,
+    say: _Say,
+    signature: ModelSignature,
+    samples: UserSamples,
+    options: BuildOptions,
+    rewrite: Callable[[ModelConfig], None],
+    version_id: int,
+) -> ModelConfig:
+    """Return `config` when every observed output shape fits it; else the configuration with observed shapes.
+
+    `observed`: the output shapes (name -> full shape) of sample runs of `config`, each a batch of one when it
+    batches. An output whose shape the configuration does not allow is one whose declared shape is wrong (the
+    model file's, or the user's `output_dims`). A user's shape is not overruled: VerificationError (field
+    output_dims). Otherwise config.pbtxt is rewritten with the observed rank and every axis -1, a probe sample with
+    other dynamic sizes (PROBE_DYNAMIC_SIZE, the second sample's values) runs on it, and the output gets the merged
+    shape of all runs (`merge_observed_shapes`: -1 where they differed; axis 0 -1 when batching): rewritten again,
+    and said in the log. Runs that gave the output different ranks fail the build (field output_dims) with how to
+    give the shape. Outputs that did not come back raise as in `check_output_shapes`.
+    """
+    batching = config.max_batch_size > 0
+    batch_size = 1 if batching else 0
+    mismatched: list[str] = []
+    for shapes in observed:
+        mismatched += [
+            name for name in output_shape_mismatches(config, shapes, batch_size=batch_size) if name not in mismatched
+        ]
+    if not mismatched:
+        return config
+    declared = {tensor.name: _declared_shape(tensor, batching) for tensor in config.output}
+    given = options.output_dims or {}
+    for name in mismatched:
+        if name in given:
+            seen = ", ".join(_text(shapes[name]) for shapes in observed if name in shapes)
+            raise VerificationError(
+                f"{_OVERRIDE_REFUSED} {name!r} the shape {_text(given[name])}, but the model returned {seen} for "
+                "the verify step's samples. Rebuild with output_dims giving the shape the model returns (-1 for an "
+                "axis of any size), or without it: Conch then takes the shape the model returns.",
+                field=OUTPUT_DIMS_FIELD,
+            )
+    merged = merge_observed_shapes(observed, mismatched, batch_axis=batching)
+    _refuse_varying_ranks(merged, declared, version_id)
+    if batching and (scalar := next((name for name in mismatched if not merged.shapes[name]), None)):
+        raise VerificationError(f"output {scalar!r} came back as a scalar, which has no batch axis 0")
+    provisional = with_output_shapes(config, {name: (-1,) * len(merged.shapes[name]) for name in mismatched})
+    rewrite(provisional)
+    for name in mismatched:
+        say(
+            f"output {name}: came back as {_text(observed[0].get(name, ()))} but the model file declares "
+            f"{_text(declared[name])}; running a probe sample with other sizes to see which axes vary"
+        )
+    probe = make_sample_inputs(
+        provisional, signature=signature, samples=samples, item=1, dynamic_size=PROBE_DYNAMIC_SIZE
+    )
+    for line in describe_sample_inputs(probe, samples):
+        say(f"probe input {line}")
+    [probe_outputs] = run([probe])
+    _say_outputs(say, probe_outputs, label="probe output")
+    observed = [*observed, _shapes(probe_outputs)]
+    merged = merge_observed_shapes(observed, mismatched, batch_axis=batching)
+    _refuse_varying_ranks(merged, declared, version_id)
+    settled = with_output_shapes(config, merged.shapes)
+    for shapes in observed:
+        check_output_shapes(settled, shapes, batch_size=batch_size)
+    rewrite(settled)
+    for name in mismatched:
+        seen = ", ".join(_text(shapes[name]) for shapes in observed if name in shapes)
+        say(
+            f"output {name}: the model file declares {_text(declared[name])}, but the model returned {seen}; "
+            f"config.pbtxt gives it the observed shape {_text(merged.shapes[name])} (-1 where the runs differed). "
+            f"To give another shape, rebuild with {OUTPUT_DIMS_FIELD} (e.g. {name}=-1,...)"
+        )
+    return settled
+
+
+def _refuse_varying_ranks(merged: ObservedShapes, declared: Mapping[str, tuple[int, ...]], version_id: int) -> None:
+    if not merged.problems:
+        return
+    name, seen = next(iter(merged.problems.items()))
+    raise VerificationError(
+        f"Output {name!r} came back with shapes of different ranks for the verify step's samples ({seen}), and "
+        f"the model file declares {_text(declared[name])}, so Conch cannot tell which shape to give it in "
+        "config.pbtxt (Triton needs one rank per output). If the model returns one rank for the requests it will "
+        f"serve, give that shape yourself with the build option {OUTPUT_DIMS_FIELD}, the output's full shape with "
+        f"-1 for an axis of any size: POST /api/v1/versions/{version_id}/rebuild with "
+        f'{{"{OUTPUT_DIMS_FIELD}": {{"{name}": [-1, -1]}}}} (or -F {OUTPUT_DIMS_FIELD}=\'{name}=-1,-1\' with an '
+        f"upload), and send {SAMPLE_INPUTS_FIELD} like those requests.",
+        field=OUTPUT_DIMS_FIELD,
+    )
+
+
+def _declared_shape(tensor: Any, batching: bool) -> tuple[int, ...]:
+    """The full model shape a config output declares (axis 0 as -1 when batching)."""
+    body = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+    return tuple([-1, *body] if batching else body)
+
+
+def _shapes(outputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(int(d) for d in array.shape) for name, array in outputs.items()}
+
+
+def _say_outputs(say: _Say, outputs: Mapping[str, Any], *, label: str = "output") -> None:
+    for name, shape in _shapes(outputs).items():
+        say(f"{label} {name}: {list(shape)}")
+
+
+def _text(shape: Any) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
 
 
 def _smoke_runner(

@@ -385,6 +385,14 @@ CONCH_WEB_BODY_TIMEOUT_SECONDS = env("CONCH_WEB_BODY_TIMEOUT_SECONDS", 30.0, cas
 if min(CONCH_WEB_HEADER_TIMEOUT_SECONDS, CONCH_WEB_BODY_TIMEOUT_SECONDS) <= 0:
     raise ImproperlyConfigured("CONCH_WEB_HEADER_TIMEOUT_SECONDS and CONCH_WEB_BODY_TIMEOUT_SECONDS must be above 0.")
 
+# Sample inputs (`.npz`) of an upload or a rebuild: the arrays they unpack to, in bytes, and how many arrays one file
+# may hold. Checked from the archive's directory and each array's header before anything is unpacked (413 naming
+# the limit), in the web process and again in the worker.
+CONCH_MAX_SAMPLE_UNPACKED_BYTES = env("CONCH_MAX_SAMPLE_UNPACKED_BYTES", 256 * 1024**2, cast=int)
+CONCH_MAX_SAMPLE_ARRAYS = env("CONCH_MAX_SAMPLE_ARRAYS", 256, cast=int)
+if CONCH_MAX_SAMPLE_UNPACKED_BYTES < 1 or CONCH_MAX_SAMPLE_ARRAYS < 1:
+    raise ImproperlyConfigured("CONCH_MAX_SAMPLE_UNPACKED_BYTES and CONCH_MAX_SAMPLE_ARRAYS must be at least 1.")
+
 # --- Default team quotas (a team without a limit set in the admin, the API or `manage.py set_quota`) ----------
 # GPUs: nvidia.com/gpu over a team's Kubernetes deployments (replicas x GPUs per pod, autoscaling at its maximum),
 # and as many slices of each MIG profile. Instances: model instances of local deployments, summed.

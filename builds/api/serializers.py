@@ -31,6 +31,13 @@ _SAMPLE_VALUES_HELP = (
     "the input, a JSON list gives the whole array."
 )
 
+_OUTPUT_DIMS_HELP = (
+    "Optional: outputs' full shapes (axis 0 included, -1 for an axis of any size) in place of those the model file "
+    "declares, for a file that declares them wrongly: text such as 387=-1,1,8210 (entries separated by ';') or a "
+    'JSON object {"387": [-1, 1, 8210]}. Each name must be an output of the model; the verify step checks them. '
+    "Left out, an output that comes back in another shape than declared gets the shape observed on the samples."
+)
+
 _ALLOW_DUPLICATE_HELP = (
     "Make a new version even when the file (its SHA-256) already is a live version of the model. Left out or false, "
     "such a file is refused with 409 naming `sha256`, the body's `existing_version` ({id, number, status}) saying "
@@ -84,6 +91,7 @@ class UploadVersionSerializer(serializers.Serializer):
         help_text=f"Model instances Triton runs. Leave empty for {DEFAULT_INSTANCE_COUNT}.",
     )
 
+    output_dims = serializers.CharField(required=False, allow_blank=True, help_text=_OUTPUT_DIMS_HELP)
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=_ALLOW_DUPLICATE_HELP)
@@ -100,6 +108,7 @@ class BuildOptionsSerializer(serializers.Serializer):
     dynamic_batching = serializers.JSONField(
         required=False, help_text="false (or 'off') is max_batch_size 0: no dynamic batcher."
     )
+    output_dims = serializers.JSONField(required=False, help_text=_OUTPUT_DIMS_HELP)
 
 
 class OptionsCheckSerializer(serializers.Serializer):
@@ -224,6 +233,7 @@ class UploadBuildOptionsSerializer(serializers.Serializer):
     instance_count = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=MAX_INSTANCE_COUNT
     )
+    output_dims = serializers.JSONField(required=False, allow_null=True, help_text=_OUTPUT_DIMS_HELP)
 
 
 class StartUploadSerializer(serializers.Serializer):

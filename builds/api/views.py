@@ -29,6 +29,7 @@ from builds.api.serializers import (
     VersionReviewSerializer,
 )
 from builds.formats import HEAD_BYTES, check_model_filename, check_model_head
+from builds.model_config import OUTPUT_DIMS_FIELD
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -52,7 +53,13 @@ from models_registry.uploads import (
 )
 from tenancy.authentication import BearerTokenAuthentication
 
-BUILD_OPTION_FIELDS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+BUILD_OPTION_FIELDS = (
+    "max_batch_size",
+    "max_queue_delay_microseconds",
+    "preferred_batch_size",
+    "instance_count",
+    OUTPUT_DIMS_FIELD,
+)
 #: A rebuild's body: an .npz of sample inputs (streamed, checked by its upload handler) or a small JSON object.
 REBUILD_BODY = BodyLimit(
     setting=None, variable=None, field=SAMPLE_INPUTS_FIELD, extra_bytes=MAX_SAMPLE_INPUTS_BYTES + MULTIPART_SLACK_BYTES
@@ -106,7 +113,8 @@ class ModelVersionListUploadView(APIView):
         },
         description="Upload a model file (multipart field `file`) as the model's next version, with optional "
         "build options and sample inputs for the verify step (`sample_inputs`: an .npz of named arrays in the "
-        "shapes the model takes; `sample_values`: per-input values such as `sr=16000`). The bytes stream to the "
+        "shapes the model takes; `sample_values`: per-input values such as `sr=16000`; `output_dims`: outputs' "
+        "shapes in place of those the model file declares, e.g. `387=-1,1,8210`). The bytes stream to the "
         "object store; the build is queued. Poll GET /versions/{id}/. 409 when the file does not fit in the team's "
         "storage quota (the body then has `quota`: limit, used, requested): at once when the declared body "
         "(Content-Length) cannot fit, else as soon as more bytes than are free have arrived, and again once stored. "
@@ -227,14 +235,18 @@ class RebuildView(APIView):
             403: ErrorSerializer,
             404: ErrorSerializer,
             409: ErrorSerializer,
+            413: ErrorSerializer,
         },
         description="Build the version again. `sample_inputs` (an .npz file) and `sample_values` (text such as "
         "`sr=16000`, or a JSON object) replace the version's sample inputs for the verify step; leave them out to "
         "keep what the version has. Build options (`max_batch_size`, `max_queue_delay_microseconds`, "
-        "`preferred_batch_size`, `instance_count`, and `dynamic_batching` false for max_batch_size 0): when any is "
-        "sent they replace the version's options (one left out goes back to the model's default), checked first "
-        "by the build's rules (400 naming the option; `POST /versions/{id}/check-options` lists every field at "
-        "fault).",
+        "`preferred_batch_size`, `instance_count`, `dynamic_batching` false for max_batch_size 0, and `output_dims`: "
+        'outputs\' full shapes such as {"387": [-1, 1, 8210]} in place of those the model file declares): when any '
+        "is sent they replace the version's options (one left out goes back to the model's default), checked first "
+        "by the build's rules (400 naming the option and, for output_dims, the tensor; `POST "
+        "/versions/{id}/check-options` lists every field at fault). 413 when `sample_inputs` unpack past "
+        "CONCH_MAX_SAMPLE_UNPACKED_BYTES or hold more than CONCH_MAX_SAMPLE_ARRAYS arrays (found before anything "
+        "is unpacked).",
     )
     @accepts_body(REBUILD_BODY)
     def post(self, request: Request, version_id: int) -> Response:
@@ -261,7 +273,7 @@ class RebuildView(APIView):
                     field=SAMPLE_VALUES_FIELD,
                 )
             samples = files.get(SAMPLE_INPUTS_FIELD)
-            option_keys = [key for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD) if key in data]
+            option_keys = [key for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD, OUTPUT_DIMS_FIELD) if key in data]
             version = builds.request_rebuild(
                 user=request.user,
                 token=request.auth,

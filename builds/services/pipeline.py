@@ -19,9 +19,10 @@ from django.utils import timezone
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.model_config import build_model_config, parse_build_options
 from builds.models import BuildStep
+from builds.packaging import describe_packaging, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
-from conch.errors import ConchError, InvalidInput, QuotaExceeded, Unavailable
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
 from models_registry import services as registry
 from models_registry.storage import get_object_store
 from tritonserving.config import config_to_pbtxt
@@ -199,9 +200,18 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
                 size = version.source_size_bytes + len(pbtxt.encode())
                 reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
-                store.copy(version.source_key, model_key)
+                packaged = package_model_file(
+                    store=store,
+                    source_key=version.source_key,
+                    source_file=local,
+                    model_key=model_key,
+                    config=config,
+                    signature=signature,
+                )
                 store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
                 say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key} ({size} bytes)")
+                for line in describe_packaging(packaged, model_key):
+                    say(line)
 
             with _step(version, StepName.VERIFY) as say:
                 verified = verify_build(
@@ -213,21 +223,18 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                     options=options,
                     say=say,
                     scratch=scratch_server,
+                    source_file=local,
                 )
-                verified_pbtxt = config_to_pbtxt(verified)
-                if verified_pbtxt != pbtxt:  # verify rewrote config.pbtxt (batching off): count what is stored
-                    record_repository_size(
-                        version_id=version.pk,
-                        attempt=attempt,
-                        size_bytes=version.source_size_bytes + len(verified_pbtxt.encode()),
-                    )
+                stored = store.size(model_key) + len(config_to_pbtxt(verified).encode())
+                if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
+                    record_repository_size(version_id=version.pk, attempt=attempt, size_bytes=stored)
     except BuildSuperseded:
         log.info("build.superseded", extra={"version_id": version.pk, "attempt": attempt})
         return "skipped"
     except Unavailable:
         registry.release_build(version_id=version.pk, attempt=attempt)
         raise
-    except (InvalidInput, QuotaExceeded) as exc:
+    except (InvalidInput, QuotaExceeded, PayloadTooLarge) as exc:
         skip_remaining_steps(version.pk)
         error = exc.detail
         if isinstance(exc, QuotaExceeded):

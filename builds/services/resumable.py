@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from builds.formats import check_model_filename, check_model_head
-from builds.model_config import parse_build_options
+from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
 from builds.services.submission import queue_build
 from conch.errors import ConchError, InvalidInput
 from models_registry import resumable as uploads
@@ -33,7 +33,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Build option names a resumable upload takes in `build_options` (as the version upload's form fields).
-BUILD_OPTION_NAMES = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+BUILD_OPTION_NAMES = (
+    "max_batch_size",
+    "max_queue_delay_microseconds",
+    "preferred_batch_size",
+    "instance_count",
+    OUTPUT_DIMS_FIELD,
+)
 CHECK_TASK = "builds.finish_upload"
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from builds.choices import StepName
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
-from builds.model_config import BuildOptions, build_model_config, parse_build_options
+from builds.model_config import OUTPUT_DIMS_FIELD, BuildOptions, build_model_config, parse_build_options
 from builds.models import BuildStep
 from conch.errors import InvalidInput
 from models_registry.choices import VersionStatus
@@ -70,11 +70,13 @@ class OptionsCheck:
 def option_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The option fields of a form or JSON body, with the dynamic batching switch turned into max_batch_size 0.
 
-    `dynamic_batching` off ("off", "false", "0", False) means max_batch_size 0, as Triton has it (Triton "Model
+    `output_dims` (outputs' shapes in place of the declared ones) is kept as given. `dynamic_batching` off ("off",
+    "false", "0", False) means max_batch_size 0, as Triton has it (Triton "Model
     Configuration" -> "Maximum Batch Size": 0 turns batching, and so the dynamic batcher, off). Other keys are left
     out.
     """
     chosen = {name: fields.get(name) for name in OPTION_NAMES}
+    chosen[OUTPUT_DIMS_FIELD] = fields.get(OUTPUT_DIMS_FIELD)
     switch = fields.get(DYNAMIC_BATCHING_FIELD)
     if switch is not None and str(switch).strip().lower() in ("off", "false", "0", "no"):
         chosen["max_batch_size"] = 0
@@ -95,7 +97,7 @@ def check_build_options(*, version: ModelVersion, fields: Mapping[str, Any]) -> 
     remaining = option_fields(fields)
     signature = _signature(version)
     errors: list[dict[str, str]] = []
-    for _ in range(len(OPTION_NAMES) + 1):
+    for _ in range(len(OPTION_NAMES) + 2):
         try:
             options = parse_build_options(remaining)
             config = (
@@ -141,11 +143,16 @@ def built_option_values(version: ModelVersion) -> dict[str, str]:
 
 
 def current_option_values(version: ModelVersion) -> dict[str, Any]:
-    """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8"."""
+    """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8",
+    output_dims as "387=-1,1,8210; other=1,4"."""
     stored = version.build_options or {}
     values = {name: stored.get(name) for name in OPTION_NAMES}
     if values["preferred_batch_size"]:
         values["preferred_batch_size"] = ", ".join(str(size) for size in values["preferred_batch_size"])
+    given = stored.get(OUTPUT_DIMS_FIELD) or {}
+    values[OUTPUT_DIMS_FIELD] = (
+        "; ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in given.items()) if given else None
+    )
     return values
 
 

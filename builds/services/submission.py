@@ -12,9 +12,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from builds.model_config import parse_build_options
+from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
 from builds.services.review import check_build_options
-from builds.verification import describe_sample_arrays, parse_sample_values, read_sample_arrays
+from builds.verification import check_sample_archive, parse_sample_values
+from builds.verify_step import sample_limits
 from conch.errors import InvalidInput
 from models_registry import services as registry
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
@@ -51,11 +52,14 @@ def submit_upload(
     version: `registry.complete_upload`) unless `allow_duplicate`; the caller then discards the upload.
 
     `options` are the raw form fields (max_batch_size, max_queue_delay_microseconds, preferred_batch_size,
-    instance_count). `sample_inputs` is an `.npz` the view streamed to the version's incoming samples key
+    instance_count, output_dims: outputs' shapes in place of those the model file declares). `sample_inputs` is an
+    `.npz` the view streamed to the version's incoming samples key
     (`registry.sample_inputs_key(incoming=True)`); `sample_values` the raw `sample_values` field ("sr=16000" or a
     JSON object). Verify uses them instead of generated inputs. Raises InvalidInput naming the option at fault,
     `sample_inputs`, `sample_values` or `file` (empty file); nothing is queued then, and the caller discards the
-    upload (`registry.discard_upload` also deletes the samples).
+    upload (`registry.discard_upload` also deletes the samples). Sample inputs past CONCH_MAX_SAMPLE_UNPACKED_BYTES
+    or CONCH_MAX_SAMPLE_ARRAYS once unpacked raise PayloadTooLarge (413, field `sample_inputs`), found before
+    anything is unpacked.
     """
     parsed = parse_build_options(options)
     build_options = parsed.to_dict()
@@ -99,9 +103,9 @@ def request_rebuild(
     normally, QuotaExceeded (field `storage_bytes`) when new sample inputs do not fit in the team's storage in
     place of the old ones; the version's samples are unchanged then.
 
-    `options` (the four build option fields, and `dynamic_batching`; see `review.option_fields`), when given,
-    replace the version's build options: a field left out or empty goes back to the model's default. They are
-    checked first by the build's own rules against the version's signature (`review.check_build_options`):
+    `options` (the four build option fields, `output_dims`, and `dynamic_batching`; see `review.option_fields`),
+    when given, replace the version's build options: a field left out or empty goes back to the model's default.
+    They are checked first by the build's own rules against the version's signature (`review.check_build_options`):
     InvalidInput naming the first option at fault, and nothing changes.
     """
     require_role(
@@ -119,6 +123,7 @@ def request_rebuild(
         if not check.ok:
             first = check.errors[0]
             raise InvalidInput(first["detail"], field=first["field"])
+        build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
         build_options.update(check.options.to_dict())
     previous = build_options.get("samples") or {}
     samples = _accept_samples(store, version, previous, sample_inputs, sample_values, move=False)
@@ -171,9 +176,11 @@ def _accept_samples(
         if values:
             samples["values"] = values
     if sample_inputs is not None:
-        arrays = read_sample_arrays(store.read_bytes(sample_inputs.key))
+        # Checked from the archive's directory and headers before anything is unpacked, then unpacked a
+        # megabyte at a time and dropped: this process never holds the arrays (PayloadTooLarge past the limits).
+        described = check_sample_archive(store.read_bytes(sample_inputs.key), limits=sample_limits())
         samples["key"] = registry.sample_inputs_key(model_id=version.model_id, number=version.number)
-        samples["inputs"] = describe_sample_arrays(arrays)
+        samples["inputs"] = described
         if move:
             store.copy(sample_inputs.key, samples["key"])
             store.delete(sample_inputs.key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import threading
+import tracemalloc
 
 import numpy as np
 import onnx
@@ -16,6 +17,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from onnx import TensorProto, helper, numpy_helper
 
+from builds.services import run_build
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from models_registry.models import ModelVersion
@@ -23,7 +25,8 @@ from models_registry.services import sample_inputs_key
 from models_registry.storage import get_object_store
 from tests import real_models
 from tests.flows import deploy_ready
-from tests.tiny_models import onnx_like
+from tests.npz_bombs import lying_npz, npz_bomb
+from tests.tiny_models import add_constant, onnx_like
 from tritonserving.client import TritonClient
 from tritonserving.config import config_from_pbtxt
 
@@ -416,6 +419,132 @@ def test_a_rebuild_with_a_bad_samples_file_keeps_the_versions_samples(
     row = ModelVersion.objects.get(pk=version["id"])
     assert (row.status, row.build_attempt, row.build_options["samples"]) == ("failed", 1, {"values": {"a": 1}})
     assert get_object_store().list_keys("") == keys
+
+
+# --- sample inputs that unpack to too much (issue 19) ------------------------------------------------------------
+
+
+def _bomb() -> SimpleUploadedFile:
+    """64 MiB of float32 zeros in about 64 KB."""
+    return SimpleUploadedFile("samples.npz", npz_bomb(name="x", shape=(16, 1024, 1024)))
+
+
+def _traced_peak(call):
+    """Run `call` under tracemalloc (numpy's buffers are traced too); return its result and the peak bytes held."""
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_upload_refuses_a_sample_bomb_with_413_before_unpacking_it(
+    alice, eager_tasks, django_capture_on_commit_callbacks, settings, tmp_path
+):
+    # given a limit of 1 MiB unpacked
+    settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
+    # when a model is uploaded with samples that unpack to 64 MiB
+    data = add_constant(tmp_path / "add.onnx", 1.0).read_bytes()
+    bomb = _bomb()
+    response, peak = _traced_peak(
+        lambda: upload(alice, django_capture_on_commit_callbacks, "adder", data, sample_inputs=bomb)
+    )
+    # then 413 names the limit and the array, nothing near 64 MiB was held, and nothing is kept
+    assert peak < 16 * 1024 * 1024, peak
+    assert response.status_code == 413, response.content
+    assert response.json()["field"] == "sample_inputs"
+    assert "'x' alone is 67,108,992" in response.json()["detail"]
+    assert "at most 1,048,576 are accepted (CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in response.json()["detail"]
+    assert not ModelVersion.objects.exists()
+    assert get_object_store().list_keys("") == []
+
+
+def test_upload_refuses_the_issues_samples_with_the_default_limit(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given the file of the issue: one float32 [1000, 3, 320, 320] array (1.2 GB unpacked) under the default limit;
+    # here its header declares that shape over a few bytes, so only a reader that trusts the header would allocate
+    samples = lying_npz(name="images", header_shape=(1000, 3, 320, 320), data=b"\0" * 64)
+    data = add_constant(tmp_path / "add.onnx", 1.0).read_bytes()
+    response = upload(
+        alice,
+        django_capture_on_commit_callbacks,
+        "adder",
+        data,
+        sample_inputs=SimpleUploadedFile("samples.npz", samples),
+    )
+    assert response.status_code == 413, response.content
+    assert response.json()["detail"].startswith(
+        "Array 'images' of the sample inputs file is float32 [1000, 3, 320, 320], 1,228,800,000 bytes unpacked"
+    )
+    assert "at most 268,435,456 are accepted (CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in response.json()["detail"]
+
+
+def test_upload_refuses_samples_with_too_many_arrays_with_413(
+    alice, eager_tasks, django_capture_on_commit_callbacks, settings, tmp_path
+):
+    settings.CONCH_MAX_SAMPLE_ARRAYS = 2
+    arrays = {f"a{i}": np.zeros(1, np.float32) for i in range(3)}
+    data = add_constant(tmp_path / "add.onnx", 1.0).read_bytes()
+    response = upload(alice, django_capture_on_commit_callbacks, "adder", data, sample_inputs=npz(**arrays))
+    assert response.status_code == 413, response.content
+    assert response.json() == {
+        "detail": "The sample inputs file holds 3 arrays; at most 2 are accepted (CONCH_MAX_SAMPLE_ARRAYS). Send one "
+        "array per model input.",
+        "field": "sample_inputs",
+    }
+    assert not ModelVersion.objects.exists()
+
+
+def test_a_rebuild_refuses_a_sample_bomb_with_413_and_keeps_the_versions_samples(
+    alice, eager_tasks, django_capture_on_commit_callbacks, settings
+):
+    # given a failed version with sample values, and a limit of 1 MiB unpacked
+    png = onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    version = built(alice, django_capture_on_commit_callbacks, "x", png, sample_values="a=1")
+    keys = get_object_store().list_keys("")
+    settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
+    # when a rebuild sends samples that unpack to 64 MiB
+    bomb = _bomb()
+    response, peak = _traced_peak(
+        lambda: alice.client.post(f"/api/v1/versions/{version['id']}/rebuild", {"sample_inputs": bomb})
+    )
+    # then 413 naming the limit, nothing near 64 MiB held; the version and the store are as they were
+    assert peak < 16 * 1024 * 1024, peak
+    assert response.status_code == 413, response.content
+    assert response.json()["field"] == "sample_inputs"
+    assert "(CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in response.json()["detail"]
+    row = ModelVersion.objects.get(pk=version["id"])
+    assert (row.status, row.build_attempt, row.build_options["samples"]) == ("failed", 1, {"values": {"a": 1}})
+    assert get_object_store().list_keys("") == keys
+
+
+def test_a_build_refuses_a_sample_bomb_that_reached_the_store_another_way(
+    alice, django_capture_on_commit_callbacks, settings, tmp_path
+):
+    # given a version uploaded with small samples (its build not run yet)
+    data = add_constant(tmp_path / "add.onnx", 1.0).read_bytes()
+    response = upload(
+        alice, django_capture_on_commit_callbacks, "adder", data, sample_inputs=npz(x=np.zeros((1, 4), np.float32))
+    )
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.get(pk=response.json()["id"])
+    # and its stored samples replaced by a bomb behind the web process's back, under a limit of 1 MiB
+    settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
+    get_object_store().put_bytes(version.build_options["samples"]["key"], npz_bomb(name="x", shape=(16, 1024, 1024)))
+    # when the worker builds it
+    outcome, peak = _traced_peak(lambda: run_build(version_id=version.pk, attempt=version.build_attempt))
+    assert outcome == "failed"
+    assert peak < 16 * 1024 * 1024, peak
+    # then verify failed on the samples, naming the limit, before any inference
+    version.refresh_from_db()
+    assert version.error_field == "sample_inputs"
+    assert "'x' alone is 67,108,992" in version.error
+    assert "(CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in version.error
+    verify = version.build_steps.get(name="verify")
+    assert verify.status == "failed"
+    assert not any("loaded" in line for line in verify.log), verify.log
 
 
 def test_a_rebuild_takes_sample_values_as_json(alice, eager_tasks, django_capture_on_commit_callbacks):

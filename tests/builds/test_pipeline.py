@@ -18,6 +18,7 @@ from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
 from tests import real_models
+from tritonserving.config import config_from_pbtxt
 
 pytestmark = [pytest.mark.django_db]
 
@@ -189,22 +190,26 @@ def test_fixed_batch_option_mismatch_fails_at_configure_naming_the_option(
     assert _steps(version)["configure"] == "failed"
 
 
-def test_wrong_declared_output_shape_fails_at_verify(alice, eager_tasks, django_capture_on_commit_callbacks):
-    # ddddocr's common.onnx declares a rank-2 output but produces rank 3: only running it shows that
+@pytest.mark.e2e
+def test_wrong_declared_output_shape_is_built_with_the_observed_shape(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    # ddddocr's common.onnx declares a rank-2 output but produces rank 3: only running it shows that (issue 19)
     version = _upload(alice, real_models.ddddocr_common().read_bytes(), capture=django_capture_on_commit_callbacks)
-    assert version["status"] == "failed", version["config_pbtxt"]
-    assert _steps(version) == {
-        "inspect": "succeeded",
-        "configure": "succeeded",
-        "write_repository": "succeeded",
-        "verify": "failed",
-    }
-    assert "max_batch_size: 0" in version["config_pbtxt"] or "max_batch_size" not in version["config_pbtxt"]
+    assert version["status"] == "built", version["error"]
+    assert _steps(version)["verify"] == "succeeded"
     output_name = version["signature"]["outputs"][0]["name"]
-    assert output_name in version["error"]
-    # it names the tensor, the declared shape and the shape the model really produced
-    assert f"Output '{output_name}' came back with shape [8, 1, 8210]" in version["error"]
-    assert "declares [1, -1]" in version["error"]
+    assert version["signature"]["outputs"][0]["dims"] == [1, -1]
+    # its width is dynamic: images 64 and 96 wide give 8 and 12 rows, so axis 0 becomes -1
+    config = config_from_pbtxt(version["config_pbtxt"])
+    assert config.max_batch_size == 0
+    assert list(config.output[0].dims) == [-1, 1, 8210]
+    verify_log = [line.split(" ", 1)[1] for line in next(s["log"] for s in version["steps"] if s["name"] == "verify")]
+    assert (
+        f"output {output_name}: the model file declares [1, -1], but the model returned [8, 1, 8210], [12, 1, 8210]; "
+        "config.pbtxt gives it the observed shape [-1, 1, 8210] (-1 where the runs differed). To give another "
+        f"shape, rebuild with output_dims (e.g. {output_name}=-1,...)"
+    ) in verify_log
 
 
 @pytest.mark.e2e

@@ -14,9 +14,11 @@ import pytest
 from builds.inspection import ModelSignature, TensorSpec, inspect_onnx
 from builds.model_config import BuildOptions, build_model_config
 from builds.verification import (
+    SampleLimits,
     UserSamples,
     VerificationError,
     check_output_shapes,
+    check_sample_archive,
     compare_joined_outputs,
     describe_sample_arrays,
     describe_sample_inputs,
@@ -25,8 +27,9 @@ from builds.verification import (
     parse_sample_values,
     read_sample_arrays,
 )
-from conch.errors import InvalidInput
+from conch.errors import InvalidInput, PayloadTooLarge
 from tests import real_models
+from tests.npz_bombs import lying_npz, npz_bomb
 from tritonserving.config import ModelConfig, config_from_pbtxt
 
 
@@ -232,8 +235,11 @@ def silero_like() -> tuple[ModelConfig, ModelSignature]:
     return build_model_config(name="vad", signature=signature, options=BuildOptions()), signature
 
 
+LIMITS = SampleLimits(max_unpacked_bytes=1024 * 1024, max_arrays=4)
+
+
 def test_read_sample_arrays_reads_named_arrays():
-    arrays = read_sample_arrays(npz_bytes(input=np.zeros((1, 512), np.float32), sr=np.array(16000)))
+    arrays = read_sample_arrays(npz_bytes(input=np.zeros((1, 512), np.float32), sr=np.array(16000)), limits=LIMITS)
     assert sorted(arrays) == ["input", "sr"]
     assert (arrays["input"].shape, arrays["input"].dtype) == ((1, 512), np.float32)
     assert describe_sample_arrays(arrays) == {
@@ -265,7 +271,7 @@ def _zip_bytes(members: dict[str, bytes]) -> bytes:
 )
 def test_read_sample_arrays_refuses_bad_files_naming_the_field(data, message):
     with pytest.raises(InvalidInput) as caught:
-        read_sample_arrays(data() if callable(data) else data)
+        read_sample_arrays(data() if callable(data) else data, limits=LIMITS)
     assert caught.value.field == "sample_inputs"
     assert message in caught.value.detail
 
@@ -481,3 +487,120 @@ def test_compare_joined_outputs_tolerates_reordered_float_sums_and_matching_nans
     check = compare_joined_outputs(config, alone, joined)
     assert check.problem == ""
     assert 0 < check.max_difference < 1e-4
+
+
+# --- limits of an unpacked .npz (issue 19: a 1.2 MB file that unpacked to 1.2 GB) ------------------------------
+
+
+def _peak_traced_bytes(call: Callable[[], object]) -> tuple[object, int]:
+    """Run `call` under tracemalloc (numpy's array buffers are traced too) and return what it raised and the peak."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        try:
+            outcome: object = call()
+        except Exception as error:  # the refusal is the outcome under test
+            outcome = error
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return outcome, peak
+
+
+@pytest.mark.parametrize("reader", [read_sample_arrays, check_sample_archive], ids=["worker", "web"])
+def test_a_compressed_bomb_is_refused_with_413_before_it_is_unpacked(reader):
+    # given 64 MiB of zeros packed into about 64 KB, and a limit of 1 MiB unpacked
+    bomb = npz_bomb(name="x", shape=(16, 1024, 1024), dtype=np.float32)
+    assert len(bomb) < 256 * 1024
+    # when it is read
+    outcome, peak = _peak_traced_bytes(lambda: reader(bomb, limits=LIMITS))
+    # then 413 naming the limit, its setting and the array, and nothing near its size was ever held
+    assert isinstance(outcome, PayloadTooLarge), outcome
+    assert outcome.status_code == 413 and outcome.field == "sample_inputs"
+    assert outcome.detail.startswith("The sample inputs file unpacks to 67,108,992 bytes")
+    assert "'x' alone is 67,108,992" in outcome.detail
+    assert "at most 1,048,576 are accepted (CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in outcome.detail
+    assert peak < 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize("reader", [read_sample_arrays, check_sample_archive], ids=["worker", "web"])
+def test_an_array_header_declaring_gigabytes_is_refused_without_allocating_it(reader):
+    # given a member whose archive entry says 112 bytes but whose .npy header declares float32 [100000, 100000]
+    # (40 GB): a reader that trusted the header would allocate the array before reading it
+    data = lying_npz(name="x", header_shape=(100_000, 100_000), data=b"\0" * 32)
+    # when it is read
+    outcome, peak = _peak_traced_bytes(lambda: reader(data, limits=LIMITS))
+    # then 413 from the header alone
+    assert isinstance(outcome, PayloadTooLarge), outcome
+    assert outcome.detail.startswith(
+        "Array 'x' of the sample inputs file is float32 [100000, 100000], 40,000,000,000 bytes unpacked"
+    )
+    assert "at most 1,048,576 are accepted (CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in outcome.detail
+    assert peak < 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("reader", "expected"),
+    [
+        (lambda data: read_sample_arrays(data, limits=LIMITS)["x"].tolist(), [0.0, 0.0, 0.0, 0.0]),
+        (lambda data: check_sample_archive(data, limits=LIMITS), {"x": {"dtype": "float32", "shape": [4]}}),
+    ],
+    ids=["worker", "web"],
+)
+def test_a_member_whose_stream_holds_more_than_its_entry_declares_is_read_only_to_its_declared_size(reader, expected):
+    # given a member whose entry (size, CRC-32) and header declare float32 [4], but whose packed stream goes on with
+    # 64 MiB of zeros
+    data = lying_npz(name="x", header_shape=(4,), data=b"\0" * 16, stream_extra=64 * 1024 * 1024)
+    # when it is read
+    outcome, peak = _peak_traced_bytes(lambda: reader(data))
+    # then only the declared bytes were unpacked: the rest of the stream never was
+    assert outcome == expected
+    assert peak < 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize("reader", [read_sample_arrays, check_sample_archive], ids=["worker", "web"])
+def test_a_member_whose_data_does_not_match_its_header_is_refused(reader):
+    # given a header that declares float32 [4] (16 bytes) over 32 bytes of data (which the entry declares)
+    data = lying_npz(name="x", header_shape=(4,), data=b"\0" * 32)
+    with pytest.raises(InvalidInput) as caught:
+        reader(data, limits=LIMITS)
+    assert caught.value.detail.startswith(
+        "Array 'x' of the sample inputs file cannot be read (its header declares [4] float32 (16 bytes) but the "
+        "archive declares 32 bytes of data)"
+    )
+
+
+@pytest.mark.parametrize("reader", [read_sample_arrays, check_sample_archive], ids=["worker", "web"])
+def test_a_file_with_too_many_arrays_is_refused_with_413_naming_the_limit(reader):
+    data = npz_bytes(**{f"a{i}": np.zeros(1, np.float32) for i in range(5)})
+    with pytest.raises(PayloadTooLarge) as caught:
+        reader(data, limits=LIMITS)
+    assert caught.value.field == "sample_inputs"
+    assert caught.value.detail == (
+        "The sample inputs file holds 5 arrays; at most 4 are accepted (CONCH_MAX_SAMPLE_ARRAYS). Send one array per "
+        "model input."
+    )
+
+
+def test_arrays_within_the_limits_are_read_and_described_alike():
+    # given arrays up to the limit together, one of them Fortran-ordered, one compressed, one text
+    image = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, image=image, words=np.array(["ab", "c"]), big=np.zeros(250_000, np.float32))
+    data = buffer.getvalue()
+    # when read by the worker and checked by the web process
+    arrays = read_sample_arrays(data, limits=LIMITS)
+    described = check_sample_archive(data, limits=LIMITS)
+    # then the values are numpy's own, and both describe them the same way
+    assert np.array_equal(arrays["image"], image) and arrays["image"].flags.f_contiguous
+    assert arrays["words"].tolist() == ["ab", "c"]
+    assert (
+        described
+        == describe_sample_arrays(arrays)
+        == {
+            "image": {"dtype": "float32", "shape": [2, 3, 4]},
+            "words": {"dtype": "<U2", "shape": [2]},
+            "big": {"dtype": "float32", "shape": [250000]},
+        }
+    )

@@ -189,7 +189,7 @@ def test_usage_errors_exit_1(cli, tmp_path):
     [
         ("yaml", "--build-option (-o) takes KEY=VALUE with KEY one of "),
         ("max_bach_size=8", "--build-option (-o) has no option 'max_bach_size' (did you mean 'max_batch_size'?)"),
-        ("output=json", "--build-option (-o) has no option 'output'; it takes "),
+        ("output=json", "--build-option (-o) has no option 'output' (did you mean 'output_dims'?); it takes "),
     ],
 )
 def test_an_unknown_build_option_is_a_usage_error_naming_the_accepted_ones(cli, tmp_path, option, says):
@@ -199,7 +199,24 @@ def test_an_unknown_build_option_is_a_usage_error_naming_the_accepted_ones(cli, 
     assert result.code == 1
     error = result.json()["error"]
     assert error["field"] == "--build-option" and says in error["detail"]
-    assert "max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance_count" in error["detail"]
+    assert (
+        "max_batch_size, max_queue_delay_microseconds, preferred_batch_size, instance_count, output_dims"
+        in error["detail"]
+    )
+
+
+def test_upload_sends_output_dims_as_a_build_option_which_the_server_checks(cli, tmp_path):
+    # given a model, and a file whose start Conch checks
+    assert cli("models", "create", "ocr").code == 0
+    model_file = tmp_path / "m.onnx"
+    model_file.write_bytes(b"\x08\x08 model")
+    # when the upload gives an output shape with a dim below -1
+    result = cli("upload", "ocr", model_file, "-o", "output_dims=y=-1,-2", "--json")
+    # then the server refused the start naming the option and the tensor
+    assert result.code == 1
+    error = result.json()["error"]
+    assert error["field"] == "build_options.output_dims"
+    assert error["detail"].startswith("output_dims gives output 'y' the dim '-2'")
 
 
 def test_an_unknown_runtime_is_a_usage_error_naming_the_accepted_ones(cli):

@@ -9,6 +9,7 @@ from django.template.defaultfilters import filesizeformat
 from django.test import Client
 
 from builds.model_config import BuildOptions
+from builds.services.review import current_option_values
 from deployments.models import Deployment
 from models_registry.models import RegisteredModel, Upload
 from tenancy.quotas import set_quota
@@ -120,6 +121,33 @@ def test_the_options_partial_names_each_field_at_fault(alice):
     assert 'data-field="max_batch_size"' in page and 'data-field="instance_count"' in page
     ok = _client(alice).post(f"/wizard/versions/{version.pk}/build/check", {"dynamic_batching": "on"})
     assert "These options are valid" in ok.content.decode()
+
+
+def test_the_options_form_takes_output_dims_checked_naming_the_tensor(alice):
+    # given a built version whose output is 'fetch_name_0'
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    client = _client(alice)
+    assert 'name="output_dims"' in client.get(f"/wizard/versions/{version.pk}/build/").content.decode()
+    # when output shapes are checked: one naming no output, then a good one
+    unknown = client.post(
+        f"/wizard/versions/{version.pk}/build/check", {"dynamic_batching": "on", "output_dims": "nope=1,4"}
+    ).content.decode()
+    good = client.post(
+        f"/wizard/versions/{version.pk}/build/check", {"dynamic_batching": "on", "output_dims": "fetch_name_0=-1,4"}
+    ).content.decode()
+    # then the field and the tensor are named, and a good shape is valid
+    assert 'data-field="output_dims"' in unknown
+    assert "output_dims names &#x27;nope&#x27;, which is not an output of the model" in unknown
+    assert "These options are valid" in good
+    # and a rebuild from the page keeps them in the version's options
+    response = client.post(
+        f"/wizard/versions/{version.pk}/build/", {"dynamic_batching": "on", "output_dims": "fetch_name_0=-1,4"}
+    )
+    assert response.status_code == 302, response.content
+    version.refresh_from_db()
+    assert version.build_options["output_dims"] == {"fetch_name_0": [-1, 4]}
+    # which the form shows again as it was written
+    assert current_option_values(version)["output_dims"] == "fetch_name_0=-1,4"
 
 
 def test_a_rebuild_from_the_page_with_a_bad_option_changes_nothing(alice):

@@ -355,6 +355,7 @@ def test_a_file_over_the_upload_limit_is_refused_naming_size_bytes(alice, settin
             "build_options.max_queue_delay_microseconds",
         ),
         ({"filename": "../"}, "filename"),
+        ({"build_options": {"output_dims": {"y": [-1, "x"]}}}, "build_options.output_dims"),
     ],
 )
 def test_bad_start_fields_are_refused_naming_them(alice, body, field):

@@ -674,6 +674,29 @@ def test_failed_load_carries_tritons_message(client):
     assert client.model_ready("orientation_spare") is False
 
 
+@pytest.mark.parametrize(
+    ("dims", "words"),
+    [
+        ([1, 4], "the model file declares 2 axes [-1, 4] but the configuration gives 3 axes [-1, 1, 4]"),
+        ([5], "the model file declares 2 axes [-1, 4] but the configuration gives 2 axes [-1, 5]"),
+        ([-1], "the model file declares 2 axes [-1, 4] but the configuration gives 2 axes [-1, -1]"),
+    ],
+)
+def test_load_refuses_output_dims_that_disagree_with_the_file_as_tritons_onnxruntime_backend_does(client, dims, words):
+    # given: the classifier's file declares fetch_name_0 [batch, 4]; the configuration gives it another shape
+    config = _classifier_config("orientation_spare")
+    del config.output[0].dims[:]
+    config.output[0].dims.extend(dims)
+
+    # when
+    with pytest.raises(ModelLoadError) as raised:
+        client.load_model("orientation_spare", config_json=json_format.MessageToJson(config))
+
+    # then: refused as Triton's C++ onnxruntime backend refuses it (rank and every axis exactly)
+    assert f"model 'orientation_spare', output 'fetch_name_0': {words}" in raised.value.detail
+    assert client.model_ready("orientation_spare") is False
+
+
 def test_unreachable_server_is_unavailable():
     # given: a port nobody listens on
     (port,) = allocate_ports(1)

@@ -22,7 +22,12 @@ What it honours from the model configuration (Triton docs, "Model Configuration"
   `instance_group` share the CPUs instead of oversubscribing them.
 - `default_model_filename` (else `model.onnx`) inside `<model>/<version>/`.
 
-It deliberately does NOT check or fix output shapes against the configuration: the build's verify step compares
+At load time each configured output must agree with the shape the ONNX file declares for it, by the rule of
+Triton's C++ onnxruntime backend (onnxruntime_backend `ValidateOutputs` -> `CompareDimsSupported`, exact
+comparison), so that a configuration refused on a GPU pod is refused here too: the configured full shape (the
+output's `reshape`, else its `dims`, after a -1 batch axis when max_batch_size > 0) must have the file's rank and
+equal it axis by axis (-1 where the file's axis is symbolic or unknown); a file's scalar output only takes dims of 1.
+It deliberately does NOT check or fix the shapes outputs come back in at run time: the build's verify step compares
 what the model really produces with the configuration, and hiding a mismatch here would defeat it.
 
 This file is copied into Triton's backend directory by `tritonserving.server.ensure_backend_directory` and runs
@@ -155,7 +160,8 @@ class TritonPythonModel:
         a local copy when the repository is on S3), `model_version`.
         Raises `TritonModelException` (the load fails with this message) when the file is missing, a configured
         input or output is not in the graph, a graph input is missing from the configuration, an input's data
-        type differs from the graph's, or a thread-count parameter is not a whole number >= 0.
+        type differs from the graph's, a configured output's shape disagrees with the one the file declares
+        (`_check_output_dims`), or a thread-count parameter is not a whole number >= 0.
         """
         config = json.loads(args["model_config"])
         self._model_name = config.get("name", "?")
@@ -236,6 +242,8 @@ class TritonPythonModel:
 
     def _read_output_specs(self, config: dict) -> tuple[tuple[str, ...], frozenset[str]]:
         graph_outputs = {item.name: item for item in self._session.get_outputs()}
+        # Outputs that Triton fills from a batch (`batch_output`) need not match the model (as in the C++ backend).
+        batch_outputs = {target for entry in config.get("batch_output", []) for target in entry.get("target_name", [])}
         names, strings = [], set()
         for entry in config.get("output", []):
             name = entry["name"]
@@ -244,10 +252,39 @@ class TritonPythonModel:
                     f"configured output '{name}' is not an output of the model; the model's outputs are "
                     f"{sorted(graph_outputs)}"
                 )
+            if name not in batch_outputs:
+                self._check_output_dims(entry, graph_outputs[name].shape)
             names.append(name)
             if graph_outputs[name].type == "tensor(string)":
                 strings.add(name)
         return tuple(names), frozenset(strings)
+
+    def _check_output_dims(self, entry: dict, graph_shape: list | None) -> None:
+        """Refuse a configured output whose shape disagrees with the file's declared one (C++ backend's rule)."""
+        name = entry["name"]
+        reshape = entry.get("reshape")
+        dims = [int(d) for d in (reshape.get("shape", []) if reshape is not None else entry.get("dims", []))]
+        declared = [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in (graph_shape or [])]
+        if not declared:
+            if any(dim != 1 for dim in dims):
+                raise pb_utils.TritonModelException(
+                    f"model '{self._model_name}', output '{name}': the model file declares a scalar, so the "
+                    f"configuration may only give it dims of 1 without batching, but it gives {dims}"
+                )
+            return
+        configured = [-1, *dims] if self._batching else dims
+        if self._batching and declared[0] != -1:
+            raise pb_utils.TritonModelException(
+                f"model '{self._model_name}', output '{name}': with max_batch_size > 0 the model file must declare "
+                f"a dynamic first axis (-1), but it declares {declared}"
+            )
+        if configured != declared:
+            batch_note = " (the batch axis -1, as max_batch_size > 0, then dims)" if self._batching else ""
+            raise pb_utils.TritonModelException(
+                f"model '{self._model_name}', output '{name}': the model file declares {len(declared)} axes "
+                f"{declared} but the configuration gives {len(configured)} axes {configured}{batch_note}; "
+                "they must agree axis by axis (-1 for an axis the file leaves dynamic)"
+            )
 
     def execute(self, requests: list) -> list:
         """Run a list of requests; return one `InferenceResponse` per request, in order.

@@ -40,7 +40,15 @@ EXIT_CODES_HELP = (
 )
 
 #: Build options `conch upload --build-option` takes (the upload API's `build_options`).
-BUILD_OPTIONS = ("max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count")
+#: `output_dims` gives outputs' full shapes in place of those the model file declares: -o output_dims=NAME=-1,1,8210
+#: (several outputs separated by ';').
+BUILD_OPTIONS = (
+    "max_batch_size",
+    "max_queue_delay_microseconds",
+    "preferred_batch_size",
+    "instance_count",
+    "output_dims",
+)
 RUNTIMES = ("local", "kubernetes")
 #: Parts `conch upload` sends at once by default. Four 16 MiB parts keep a link busy; more add contention where the
 #: CPU is the limit: 1 GiB into an S3 server on the same 2-core machine (bench/upload.py) took 3.9-4.1 s with 4
@@ -276,7 +284,8 @@ BuildOptionArg = Annotated[
         "--build-option",
         "-o",
         metavar="KEY=VALUE",
-        help=f"A build option, KEY one of {', '.join(BUILD_OPTIONS)}; repeatable.",
+        help=f"A build option, KEY one of {', '.join(BUILD_OPTIONS)}; repeatable. output_dims gives outputs' "
+        "shapes in place of those the model file declares: -o output_dims=NAME=-1,1,8210.",
     ),
 ]
 
