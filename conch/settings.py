@@ -112,6 +112,9 @@ INSTALLED_APPS = [
     "deployments",
     "console",
 ]
+if not PRODUCTION:
+    # Development tooling (`manage.py run_demo`): not part of a production installation.
+    INSTALLED_APPS.append("devtools")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -323,7 +323,7 @@ def test_a_viewer_sees_only_their_own_and_an_admin_of_another_team_none_of_this_
 
 
 def test_the_demo_keeps_one_token_and_revokes_the_one_it_replaces(settings, tmp_path):
-    from deployments.management.commands.run_demo import Command
+    from devtools.management.commands.run_demo import Command
 
     # given the demo's admin and team, and its var folder
     settings.VAR_DIR = tmp_path

@@ -15,7 +15,7 @@ built version of the demo model is not uploaded again, and the demo deployment, 
 serves a built version of the demo model, is not replaced (reconcile starts its Triton
 again).
 
-While it runs, the demo supervises its processes (`_Supervisor`): web, worker or beat
+While it runs, the demo supervises its processes (`devtools.supervisor.Supervisor`): web, worker or beat
 exiting is restarted with a backoff and a line saying which and why; a worker that
 takes no task (conch.liveness: no heartbeat ran while a pool process was idle) or a beat
 that publishes nothing is stopped and restarted the same way. None of it stops the
@@ -39,10 +39,8 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -51,13 +49,13 @@ import requests
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from kombu.exceptions import KombuError
 
 from conch.errors import ConchError
-from conch.liveness import Liveness, beat_liveness, send_worker_heartbeat, worker_liveness
 from conch.processes import beat_command, gateway_command, web_command, worker_command
 from deployments.services import stop_all_local_servers
 from deployments.services.clusters import cluster_gpu_offers, register_cluster
+from devtools.s3_server import S3_BUCKET, start_demo_s3_server
+from devtools.supervisor import Supervisor, VitalServiceExited
 from tenancy.audit import AuditedCommand
 from tenancy.choices import Role
 from tenancy.services import (
@@ -78,20 +76,9 @@ KUBE_MODEL_NAME = "orientation-k8s"
 CLUSTER = "local"
 CLUSTER_NAMESPACE = "conch"
 START_CLUSTER = "start the cluster first with `make cluster` in another terminal"
-S3_BUCKET = "conch-demo"
-# moto's server takes any credentials; these only have to be the same in Conch and in the pods' Secret.
-S3_CREDENTIALS = {"CONCH_S3_ACCESS_KEY_ID": "conch-demo", "CONCH_S3_SECRET_ACCESS_KEY": "conch-demo-secret"}
 ADMIN = "admin"
 #: The name of the one API token the demo keeps (VAR_DIR/demo-token); a new one revokes the ones before it.
 DEMO_TOKEN_NAME = "demo"
-# A process that stayed up this long and then failed restarts without delay; quicker failures back off.
-STABLE_SECONDS = 60.0
-MAX_BACKOFF_SECONDS = 30.0
-# How long a process may take to stop on SIGTERM before its whole process group gets SIGKILL.
-STOP_GRACE_SECONDS = 10.0
-# Start-up time allowed on top of a liveness max age before a fresh worker or beat is judged (a loaded
-# machine may take that long to import Django and Celery): a slow start must not cause a restart loop.
-STARTUP_GRACE_SECONDS = 60.0
 
 
 def _free_port(preferred: int) -> int:
@@ -150,168 +137,6 @@ def _read_secret(path: Path) -> str:
         return ""
 
 
-def _exit_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-@dataclass
-class _Service:
-    """One supervised child process (web, worker or beat) and its restart state."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    process: subprocess.Popen | None = None
-    started_at: float = 0.0  # time.monotonic() of the latest start
-    quick_failures: int = 0  # failures in a row, each within STABLE_SECONDS of its start
-    restart_at: float | None = None  # time.monotonic() a pending restart is due
-    restarts: int = 0
-    # A vital service is not restarted: its exit ends the demo (the S3 server would come back empty).
-    vital: bool = False
-
-
-class _Supervisor:
-    """Keeps the demo's web, worker and beat running; `tick()` it about once a second.
-
-    A process that exits is restarted after a backoff (1, 2, 4 … 30 s; back to none once it stayed
-    up STABLE_SECONDS). The worker is also sent a heartbeat task every CONCH_HEARTBEAT_INTERVAL_SECONDS
-    and restarted when it ran none for CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS while a pool process was
-    idle (it answers pings but takes no task: conch.liveness); beat is restarted when it published
-    nothing for CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS. Each restart prints one line saying which and why.
-    Tritons run in their own sessions: restarting the worker leaves them serving.
-    """
-
-    def __init__(self, *, env: dict[str, str], say, worker_node: str) -> None:
-        self.env = env
-        self.say = say
-        self.worker_node = worker_node
-        self.services: dict[str, _Service] = {}
-        self.heartbeat_interval = settings.CONCH_HEARTBEAT_INTERVAL_SECONDS
-        self.worker_max_age = settings.CONCH_WORKER_HEARTBEAT_MAX_AGE_SECONDS
-        self.beat_max_age = settings.CONCH_BEAT_HEARTBEAT_MAX_AGE_SECONDS
-        self.next_heartbeat = 0.0
-        self.heartbeat_failing = False
-
-    def start(self, name: str, argv: list[str], log_path: Path, *, vital: bool = False) -> None:
-        service = _Service(name=name, argv=argv, log_path=log_path, vital=vital)
-        self.services[name] = service
-        self._spawn(service)
-
-    def _spawn(self, service: _Service) -> None:
-        with service.log_path.open("ab") as log:
-            # A session of its own: Ctrl-C in the terminal reaches the demo only, and a group kill
-            # takes the process's own children (the web server's workers, Celery's pool) and nothing else.
-            service.process = subprocess.Popen(
-                service.argv,
-                cwd=settings.BASE_DIR,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        service.started_at = time.monotonic()
-        service.restart_at = None
-        verb = "restarted" if service.restarts else "started"
-        self.say(f"{verb} {service.name} (pid {service.process.pid}, log {service.log_path})")
-
-    def tick(self) -> None:
-        """Restart what died or is stuck, start what is due, send the worker's heartbeat."""
-        now = time.monotonic()
-        for service in self.services.values():
-            if service.restart_at is not None:
-                if now >= service.restart_at:
-                    self._spawn(service)
-                continue
-            code = service.process.poll()
-            if code is not None:
-                self._kill_group(service)  # its children may outlive it (a pool process, a web worker)
-                if service.vital:
-                    raise CommandError(
-                        f"{service.name} (pid {service.process.pid}) {_exit_reason(code)}; the demo cannot go on "
-                        f"without it (log {service.log_path})"
-                    )
-                self._schedule_restart(service, _exit_reason(code))
-                continue
-            stuck = self._stuck(service, now)
-            if stuck is not None:
-                self._stop(service)
-                self._schedule_restart(service, stuck)
-        worker = self.services.get("worker")
-        if worker is not None and worker.restart_at is None and now >= self.next_heartbeat:
-            self.next_heartbeat = now + self.heartbeat_interval
-            self._send_heartbeat()
-
-    def _stuck(self, service: _Service, now: float) -> str | None:
-        """Why a running service counts as stuck, or None; judged only after its max age plus a start-up grace."""
-        liveness: Liveness | None = None
-        uptime = now - service.started_at - STARTUP_GRACE_SECONDS
-        if service.name == "worker" and uptime > self.worker_max_age:
-            liveness = worker_liveness(node=self.worker_node, max_age_s=self.worker_max_age)
-        elif service.name == "beat" and uptime > self.beat_max_age:
-            liveness = beat_liveness(max_age_s=self.beat_max_age)
-        if liveness is None or liveness.alive:
-            return None
-        return liveness.reason.removeprefix("beat ")
-
-    def _send_heartbeat(self) -> None:
-        try:
-            send_worker_heartbeat(node=self.worker_node, expires_s=self.worker_max_age)
-        except (KombuError, OSError) as exc:
-            if not self.heartbeat_failing:
-                self.say(f"cannot send the worker a heartbeat: {exc}")
-            self.heartbeat_failing = True
-        else:
-            self.heartbeat_failing = False
-
-    def _schedule_restart(self, service: _Service, why: str) -> None:
-        now = time.monotonic()
-        if now - service.started_at >= STABLE_SECONDS:
-            service.quick_failures = 0
-        delay = min(MAX_BACKOFF_SECONDS, float(2**service.quick_failures))
-        service.quick_failures += 1
-        service.restarts += 1
-        service.restart_at = now + delay
-        self.say(f"{service.name} (pid {service.process.pid}) {why}; restarting it in {delay:.0f} s")
-
-    def _stop(self, service: _Service) -> None:
-        """SIGTERM the process (a worker's warm shutdown puts its unacked messages back), then SIGKILL its group."""
-        if service.process.poll() is None:
-            service.process.terminate()
-            try:
-                service.process.wait(timeout=STOP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                pass
-        self._kill_group(service)
-        service.process.wait()
-
-    @staticmethod
-    def _kill_group(service: _Service) -> None:
-        try:
-            os.killpg(service.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def stop_all(self) -> None:
-        """Stop every service: SIGTERM all (each stops its own children), SIGKILL groups still there after 15 s."""
-        running = [s for s in self.services.values() if s.restart_at is None and s.process.poll() is None]
-        for service in running:
-            service.process.terminate()
-        deadline = time.monotonic() + 15
-        for service in running:
-            try:
-                service.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for service in self.services.values():
-            self._kill_group(service)
-            service.process.wait()
-
-
 class Command(AuditedCommand):
     help = "Run the Conch demo: web, worker, beat, and a real model deployed on a local Triton (or a cluster)."
 
@@ -341,7 +166,7 @@ class Command(AuditedCommand):
         self.runtime = runtime
         self.kubeconfig = kubeconfig
         self.model_name = KUBE_MODEL_NAME if runtime == "kubernetes" else MODEL_NAME
-        self.supervisor: _Supervisor | None = None
+        self.supervisor: Supervisor | None = None
         # What Ctrl-C must stop on the cluster: the API session, Conch's URL and the demo deployment's id.
         self.cluster_deployment: tuple[requests.Session, str, int] | None = None
         # SIGINT too: a shell starts background jobs with SIGINT ignored, and `kill -INT` must still work.
@@ -364,7 +189,10 @@ class Command(AuditedCommand):
 
     def _tick(self) -> None:
         if self.supervisor is not None:
-            self.supervisor.tick()
+            try:
+                self.supervisor.tick()
+            except VitalServiceExited as exc:
+                raise CommandError(str(exc)) from None
 
     def _run(self, *, port: int, no_wait: bool, timeout: float, kubeconfig: Path) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -614,7 +442,7 @@ class Command(AuditedCommand):
             "worker": worker_command(bin_dir, node),
             "beat": beat_command(bin_dir, Path(settings.VAR_DIR) / "celerybeat-schedule"),
         }
-        self.supervisor = _Supervisor(env=env, say=self._say, worker_node=node)
+        self.supervisor = Supervisor(env=env, say=self._say, worker_node=node)
         if self.fresh_storage:
             env.update(self._start_s3_server(logs / "s3.log"))
         for name, argv in commands.items():
@@ -627,29 +455,13 @@ class Command(AuditedCommand):
         return self.runtime == "kubernetes" and not os.environ.get("CONCH_STORAGE_URL")
 
     def _start_s3_server(self, log_path: Path) -> dict[str, str]:
-        """Start moto's S3 protocol server on 127.0.0.1 with the demo's bucket; returns the storage settings."""
-        endpoint = f"http://127.0.0.1:{_free_port(0)}"
-        port = endpoint.rsplit(":", 1)[1]
-        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port]
-        self.supervisor.start("s3", argv, log_path, vital=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                # S3 CreateBucket, path-style (`PUT /<bucket>`); moto does not check request signatures.
-                if requests.put(f"{endpoint}/{S3_BUCKET}", timeout=10).ok:
-                    break
-            except (requests.ConnectionError, requests.Timeout):
-                pass
-            if time.monotonic() > deadline:
-                raise CommandError(f"the S3 server did not answer at {endpoint} within 60 s (log {log_path})")
-            self._pause(0.5)
+        """Start the demo's S3 protocol server as a vital supervised process; returns the storage settings."""
+        try:
+            endpoint, storage = start_demo_s3_server(self.supervisor, log_path, port=_free_port(0), pause=self._pause)
+        except TimeoutError as exc:
+            raise CommandError(str(exc)) from None
         self._say(f"S3 server at {endpoint}, bucket {S3_BUCKET} (objects kept in memory until the demo stops)")
-        return {
-            "CONCH_STORAGE_URL": f"s3://{S3_BUCKET}/conch",
-            "CONCH_S3_ENDPOINT_URL": endpoint,
-            "CONCH_S3_REGION": "us-east-1",
-            **S3_CREDENTIALS,
-        }
+        return storage
 
     def _shutdown(self) -> None:
         if self.cluster_deployment is not None:
