@@ -61,19 +61,18 @@ def _api_calls() -> int:
 
 def _create(count: int, *, start_index: int, version, user) -> list[int]:
     from deployments.services import create_deployment, ensure_deployment_started
+    from deployments.services.requests import DeploymentRequest, PlacementRequest
 
     ids = []
     for index in range(start_index, start_index + count):
         deployment = create_deployment(
             user=user,
-            team_slug="bench",
-            name=f"d{index}",
-            model_version_id=version.pk,
-            runtime="kubernetes",
-            cluster="local",
-            replicas=1,
-            cpu="10m",
-            memory="16Mi",
+            request=DeploymentRequest(
+                team_slug="bench",
+                name=f"d{index}",
+                model_version_id=version.pk,
+                placement=PlacementRequest(runtime="kubernetes", cluster="local", replicas=1, cpu="10m", memory="16Mi"),
+            ),
         )
         ensure_deployment_started(deployment_id=deployment.pk)
         ids.append(deployment.pk)

@@ -319,8 +319,8 @@ def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
 # --- 4. deploy -----------------------------------------------------------------------------------------------
 
 
-def _deploy_arguments(version, team_slug: str, data) -> dict[str, Any]:
-    """create_deployment's arguments from the deploy form (text fields; empty means the default)."""
+def _deploy_request(version, team_slug: str, data) -> deployments.DeploymentRequest:
+    """The `DeploymentRequest` of the deploy form (text fields; empty means the default)."""
 
     def text(key: str) -> str:
         return (data.get(key) or "").strip()
@@ -335,7 +335,7 @@ def _deploy_arguments(version, team_slug: str, data) -> dict[str, Any]:
     arguments["instance_kind"] = text("instance_kind") or None
     if runtime == "local":
         arguments["instance_count"] = text("instance_count") or None
-        return arguments
+        return deployments.DeploymentRequest.from_fields(arguments)
     arguments["cluster"] = text("cluster") or None
     if text("scaling") == "autoscaling":
         scaling: dict[str, Any] = {"min_replicas": text("min_replicas"), "max_replicas": text("max_replicas")}
@@ -351,7 +351,7 @@ def _deploy_arguments(version, team_slug: str, data) -> dict[str, Any]:
         }
     elif kind == "mig":
         arguments["gpu"] = {"mig_profile": text("mig_profile")}
-    return arguments
+    return deployments.DeploymentRequest.from_fields(arguments)
 
 
 @login_required
@@ -367,7 +367,7 @@ def deploy(request: HttpRequest, version_id: int) -> HttpResponse:
     if request.method == "POST":
         try:
             deployment = deployments.create_deployment(
-                user=request.user, **_deploy_arguments(version, team_slug, request.POST)
+                user=request.user, request=_deploy_request(version, team_slug, request.POST)
             )
         except ConchError as exc:
             error = _error(exc)
@@ -397,7 +397,7 @@ def _fit(request: HttpRequest, version, team_slug: str, data) -> dict[str, Any]:
     in the slot of its field (`DEPLOY_ERROR_SLOTS`; the instance kind in the chosen runtime's)."""
     slots: dict[str, list[str]] = {slot: [] for slot in DEPLOY_SLOTS}
     try:
-        fit = deployments.check_deployment_fits(user=request.user, **_deploy_arguments(version, team_slug, data))
+        fit = deployments.check_deployment_fits(user=request.user, request=_deploy_request(version, team_slug, data))
     except ConchError as exc:
         errors = [_error(refusal) for refusal in exc.refusals or (exc,)]
         kubernetes = (data.get("runtime") or "").strip() == "kubernetes"

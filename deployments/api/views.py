@@ -27,6 +27,7 @@ from deployments.api.serializers import (
     GatewayUsageSerializer,
     UpdateDeploymentSerializer,
 )
+from deployments.services import DeploymentRequest, PlacementRequest
 from tritonserving.client import BINARY_ONLY_DATATYPES, HEADER_LENGTH, JSON_DATATYPES
 
 # KServe v2 "Inference Request JSON Object", for the OpenAPI schema (Swagger's form, clients, fuzzers); the view
@@ -116,27 +117,30 @@ def _header_length(request: Request) -> int | None:
     return int(raw)
 
 
-def _create_arguments(request: Request) -> dict[str, Any]:
-    """The keyword arguments of `create_deployment` from a create (or check) body."""
+def _deployment_request(request: Request) -> DeploymentRequest:
+    """The `DeploymentRequest` of a create (or check) body (400 naming a field the serializer refuses)."""
     form = CreateDeploymentSerializer(data=request.data)
     form.is_valid(raise_exception=True)
     v = form.validated_data
-    return {
-        "team_slug": v["team"],
-        "name": v["name"],
-        "model_version_id": v["model_version"],
-        "runtime": v["runtime"],
-        "instance_count": v["instance_count"],
-        "instance_kind": v["instance_kind"],
-        "max_batch_size": v["max_batch_size"],
-        "max_queue_delay_microseconds": v["max_queue_delay_microseconds"],
-        "cluster": v["cluster"],
-        "replicas": v["replicas"],
-        "autoscaling": v["autoscaling"],
-        "gpu": v["gpu"],
-        "cpu": v["cpu"],
-        "memory": v["memory"],
-    }
+    placement = PlacementRequest(
+        runtime=v["runtime"],
+        cluster=v["cluster"],
+        replicas=v["replicas"],
+        autoscaling=v["autoscaling"],
+        gpu=v["gpu"],
+        cpu=v["cpu"],
+        memory=v["memory"],
+    )
+    return DeploymentRequest(
+        team_slug=v["team"],
+        name=v["name"],
+        model_version_id=v["model_version"],
+        placement=placement,
+        instance_count=v["instance_count"],
+        instance_kind=v["instance_kind"],
+        max_batch_size=v["max_batch_size"],
+        max_queue_delay_microseconds=v["max_queue_delay_microseconds"],
+    )
 
 
 class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
@@ -165,7 +169,9 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         "`deployments`, `instances` (local) and `gpu` (Kubernetes).",
     )
     def create(self, request: Request) -> Response:
-        deployment = services.create_deployment(user=request.user, token=request.auth, **_create_arguments(request))
+        deployment = services.create_deployment(
+            user=request.user, token=request.auth, request=_deployment_request(request)
+        )
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -190,7 +196,9 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
     )
     @action(detail=False, methods=["post"], url_path="check")
     def check(self, request: Request) -> Response:
-        fit = services.check_deployment_fits(user=request.user, token=request.auth, **_create_arguments(request))
+        fit = services.check_deployment_fits(
+            user=request.user, token=request.auth, request=_deployment_request(request)
+        )
         return Response({"fits": True, **fit})
 
     @extend_schema(

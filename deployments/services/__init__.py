@@ -39,6 +39,7 @@ from deployments.services.records import (
     visible_deployments,
 )
 from deployments.services.repository import deployment_repository_prefix, ensure_deployment_repository
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from deployments.services.updates import (
     ensure_model_version_updated,
     ensure_servers_serve_current_version,
@@ -47,6 +48,8 @@ from deployments.services.updates import (
 )
 
 __all__ = [
+    "DeploymentRequest",
+    "PlacementRequest",
     "ENABLED_RUNTIMES",
     "LOG_TAIL_LINES",
     "DeploymentPlan",

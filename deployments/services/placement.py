@@ -23,6 +23,7 @@ from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.nodes import check_gpu_request
 from deployments.runtimes.local import local_gpu_count
 from deployments.services.clusters import cluster_gpu_offers
+from deployments.services.requests import PlacementRequest
 
 __all__ = ["Placement", "check_instance_kind", "check_placement", "parse_placement", "parse_scaling"]
 
@@ -192,16 +193,7 @@ def _find_cluster(cluster: Any) -> Cluster:
     return found
 
 
-def parse_placement(
-    *,
-    runtime: str,
-    cluster: Any = None,
-    replicas: Any = None,
-    autoscaling: Any = None,
-    gpu: Any = None,
-    cpu: Any = None,
-    memory: Any = None,
-) -> Placement:
+def parse_placement(request: PlacementRequest) -> Placement:
     """Parse and check the Kubernetes placement of a deployment (see the module docstring).
 
     For the local runtime every field must be absent (InvalidInput naming the first one given). For kubernetes,
@@ -209,24 +201,13 @@ def parse_placement(
     schedulable Nodes offer (one API request; Unavailable when the cluster does not answer). Raises the first
     refusal `check_placement` finds.
     """
-    placement, refusals = check_placement(
-        runtime=runtime, cluster=cluster, replicas=replicas, autoscaling=autoscaling, gpu=gpu, cpu=cpu, memory=memory
-    )
+    placement, refusals = check_placement(request)
     if refusals:
         raise refusals[0]
     return placement
 
 
-def check_placement(
-    *,
-    runtime: str,
-    cluster: Any = None,
-    replicas: Any = None,
-    autoscaling: Any = None,
-    gpu: Any = None,
-    cpu: Any = None,
-    memory: Any = None,
-) -> tuple[Placement | None, list[ConchError]]:
+def check_placement(request: PlacementRequest) -> tuple[Placement | None, list[ConchError]]:
     """Check the placement as `parse_placement` does, gathering every refusal instead of stopping at the first.
 
     Returns (the placement, []) or (None, the refusals in `parse_placement`'s order: each field given to a local
@@ -234,16 +215,11 @@ def check_placement(
     manifest rules, once all parts parsed; then the GPU request against the cluster's offers, once the cluster
     and the GPUs parsed).
     """
-    given = {
-        "cluster": cluster,
-        "replicas": replicas,
-        "autoscaling": autoscaling,
-        "gpu": gpu,
-        "cpu": cpu,
-        "memory": memory,
-    }
+    given = request.given()
+    cluster, replicas, autoscaling, gpu = request.cluster, request.replicas, request.autoscaling, request.gpu
+    cpu, memory = request.cpu, request.memory
     refusals: list[ConchError] = []
-    if runtime != RuntimeName.KUBERNETES:
+    if request.runtime != RuntimeName.KUBERNETES:
         for field, value in given.items():
             if value not in (None, ""):
                 refusals.append(InvalidInput(f"{field} applies to the kubernetes runtime only.", field=field))

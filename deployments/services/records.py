@@ -21,6 +21,7 @@ from deployments.runtimes.kubernetes.runtime import pod_repository_location
 from deployments.services.placement import Placement, check_instance_kind, check_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
 from deployments.services.repository import repository_request_bytes
+from deployments.services.requests import DeploymentRequest
 from models_registry.choices import VersionStatus
 from models_registry.naming import validate_model_name
 from models_registry.services import get_version, lock_built_version
@@ -142,28 +143,13 @@ def effective_settings(deployment: Deployment) -> dict[str, Any]:
 def create_deployment(
     *,
     user: AbstractBaseUser,
+    request: DeploymentRequest,
     token: TokenGrant | None = None,
-    team_slug: str,
-    name: str,
-    model_version_id: Any,
-    runtime: str = RuntimeName.LOCAL,
-    instance_count: Any = None,
-    instance_kind: Any = None,
-    max_batch_size: Any = None,
-    max_queue_delay_microseconds: Any = None,
-    cluster: Any = None,
-    replicas: Any = None,
-    autoscaling: Any = None,
-    gpu: Any = None,
-    cpu: Any = None,
-    memory: Any = None,
 ) -> Deployment:
-    """Create a deployment of a built model version and queue its start.
+    """Create the deployment `request` describes (`DeploymentRequest`) of a built model version and queue its start.
 
-    For `runtime="kubernetes"`: `cluster` (a registered cluster's name), `replicas` or `autoscaling`
-    ({"min_replicas", "max_replicas", "target_queue_time_us" | "target_cpu_percent"}), `gpu` per pod
-    ({"count", "product"} or {"mig_profile"}; None for CPU only), `cpu`/`memory` requests per pod (Kubernetes
-    quantities); see `deployments.services.placement.parse_placement` for the rules and errors.
+    For the `kubernetes` runtime the request's placement names the cluster, the replicas or autoscaling, the GPUs
+    and the cpu/memory per pod; see `deployments.services.placement.check_placement` for the rules and errors.
 
     `max_batch_size` and `max_queue_delay_microseconds` override the version's model
     configuration (Triton "Model Configuration": max_batch_size, dynamic_batching
@@ -179,24 +165,8 @@ def create_deployment(
     Needs the developer role in the team and, with a `token`, the `deployments:write` scope and (for a token
     limited to named deployments) `name` among them: Forbidden otherwise.
     """
-    plan = plan_deployment(
-        user=user,
-        token=token,
-        team_slug=team_slug,
-        name=name,
-        model_version_id=model_version_id,
-        runtime=runtime,
-        instance_count=instance_count,
-        instance_kind=instance_kind,
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=max_queue_delay_microseconds,
-        cluster=cluster,
-        replicas=replicas,
-        autoscaling=autoscaling,
-        gpu=gpu,
-        cpu=cpu,
-        memory=memory,
-    )
+    plan = plan_deployment(user=user, request=request, token=token)
+    name, runtime, instance_kind = request.name, request.runtime, request.instance_kind
     team, version, placement, config = plan.team, plan.version, plan.placement, plan.config
     version_id = version.pk
     instance_count, max_batch_size, delay = plan.instance_count, plan.max_batch_size, plan.max_queue_delay_microseconds
@@ -269,21 +239,8 @@ class DeploymentPlan:
 def plan_deployment(
     *,
     user: AbstractBaseUser,
+    request: DeploymentRequest,
     token: TokenGrant | None = None,
-    team_slug: str,
-    name: str,
-    model_version_id: Any,
-    runtime: str = RuntimeName.LOCAL,
-    instance_count: Any = None,
-    instance_kind: Any = None,
-    max_batch_size: Any = None,
-    max_queue_delay_microseconds: Any = None,
-    cluster: Any = None,
-    replicas: Any = None,
-    autoscaling: Any = None,
-    gpu: Any = None,
-    cpu: Any = None,
-    memory: Any = None,
 ) -> DeploymentPlan:
     """Check a deployment request by every rule of `create_deployment` except the quota, writing nothing.
 
@@ -291,24 +248,7 @@ def plan_deployment(
     version that is not built, Forbidden without the developer role), except QuotaExceeded and the duplicate name.
     Raises the first refusal `_check_request` finds.
     """
-    checked = _check_request(
-        user=user,
-        token=token,
-        team_slug=team_slug,
-        name=name,
-        model_version_id=model_version_id,
-        runtime=runtime,
-        instance_count=instance_count,
-        instance_kind=instance_kind,
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=max_queue_delay_microseconds,
-        cluster=cluster,
-        replicas=replicas,
-        autoscaling=autoscaling,
-        gpu=gpu,
-        cpu=cpu,
-        memory=memory,
-    )
+    checked = _check_request(user=user, request=request, token=token)
     if checked.refusals:
         raise checked.refusals[0]
     return checked.plan
@@ -329,21 +269,8 @@ class _CheckedRequest:
 def _check_request(
     *,
     user: AbstractBaseUser,
+    request: DeploymentRequest,
     token: TokenGrant | None,
-    team_slug: str,
-    name: str,
-    model_version_id: Any,
-    runtime: str,
-    instance_count: Any,
-    instance_kind: Any,
-    max_batch_size: Any,
-    max_queue_delay_microseconds: Any,
-    cluster: Any,
-    replicas: Any,
-    autoscaling: Any,
-    gpu: Any,
-    cpu: Any,
-    memory: Any,
 ) -> _CheckedRequest:
     """Run `plan_deployment`'s checks, each one that its inputs allow, gathering every refusal.
 
@@ -352,6 +279,7 @@ def _check_request(
     S3 repository a cluster needs; the version (visible, of the team, built); the batching and instance options;
     the instance kind against where it runs; the options applied to the version's configuration.
     """
+    name, team_slug, runtime, gpu = request.name, request.team_slug, request.runtime, request.placement.gpu
     refusals: list[ConchError] = []
     attempt(refusals, validate_model_name, name)
     try:
@@ -375,15 +303,7 @@ def _check_request(
             InvalidInput(f"The '{runtime}' runtime is not enabled on this installation; use 'local'.", field="runtime")
         )
     else:
-        placement, placement_refusals = check_placement(
-            runtime=runtime,
-            cluster=cluster,
-            replicas=replicas,
-            autoscaling=autoscaling,
-            gpu=gpu,
-            cpu=cpu,
-            memory=memory,
-        )
+        placement, placement_refusals = check_placement(request.placement)
         refusals.extend(placement_refusals)
     if placement is not None and runtime == RuntimeName.KUBERNETES:
         # Pods read the repository from the object store themselves: it must be S3 (raises InvalidInput).
@@ -393,7 +313,9 @@ def _check_request(
             get_object_store().triton_repository_location("check"),
             placement.cluster.s3_endpoint,
         )
-    _, version = attempt(refusals, version_for_deployment, user=user, model_version_id=model_version_id, token=token)
+    _, version = attempt(
+        refusals, version_for_deployment, user=user, model_version_id=request.model_version_id, token=token
+    )
     if version is not None and version.model.team_id != team.pk:
         refusals.append(
             InvalidInput(
@@ -417,9 +339,9 @@ def _check_request(
         refusals,
         parse_build_options,
         {
-            "instance_count": instance_count,
-            "max_batch_size": max_batch_size,
-            "max_queue_delay_microseconds": max_queue_delay_microseconds,
+            "instance_count": request.instance_count,
+            "max_batch_size": request.max_batch_size,
+            "max_queue_delay_microseconds": request.max_queue_delay_microseconds,
         },
     )
     kind_checked, kind = False, None
@@ -429,7 +351,7 @@ def _check_request(
             refusals,
             check_instance_kind,
             runtime=runtime,
-            instance_kind=instance_kind,
+            instance_kind=request.instance_kind,
             gpu=placement.gpu if placement is not None else gpu,
         )
     config = None
@@ -476,11 +398,13 @@ def _check_request(
     return _CheckedRequest(plan=plan, team=team, requested=requested, refusals=refusals)
 
 
-def check_deployment_fits(**request: Any) -> dict[str, Any]:
+def check_deployment_fits(
+    *, user: AbstractBaseUser, request: DeploymentRequest, token: TokenGrant | None = None
+) -> dict[str, Any]:
     """Say whether a deployment would be accepted now, by the same checks as `create_deployment`, writing nothing,
     naming every refusal at once.
 
-    Takes `create_deployment`'s keyword arguments. Runs `plan_deployment`'s checks (each that its inputs allow,
+    Takes `create_deployment`'s arguments. Runs `plan_deployment`'s checks (each that its inputs allow,
     gathering refusals), then the quota reservation's (`quota_refusals`, under the team's lock, for every field and
     unit: `deployments`, `instances`, `gpu` per resource) in a transaction that writes nothing, then whether the
     name is taken by an active deployment of the team (Conflict, field `name`, as the create's unique constraint
@@ -489,12 +413,12 @@ def check_deployment_fits(**request: Any) -> dict[str, Any]:
     InvalidInput / NotFound / Conflict / Forbidden), carrying all of them as `refusals` (`conch.errors.refuse_all`;
     the API lists them under `errors`). A refusal of the team or role ends the check: nothing else is said.
     """
-    checked = _check_request(**{"token": None, "runtime": RuntimeName.LOCAL, **_REQUEST_DEFAULTS, **request})
+    checked = _check_request(user=user, request=request, token=token)
     refusals = list(checked.refusals)
     if checked.team is not None:
         with transaction.atomic():
             refusals.extend(quota_refusals(team=checked.team, requested=checked.requested, what="this deployment"))
-        name = request["name"]
+        name = request.name
         active = Deployment.objects.filter(team=checked.team, name=name).exclude(status=DeploymentStatus.STOPPED)
         if active.exists():
             refusals.append(
@@ -503,24 +427,6 @@ def check_deployment_fits(**request: Any) -> dict[str, Any]:
     if refusals:
         raise refuse_all(refusals)
     return {"requested": checked.plan.requested}
-
-
-#: The optional arguments of `create_deployment` (None: as built, or the runtime's default).
-_REQUEST_DEFAULTS = {
-    key: None
-    for key in (
-        "instance_count",
-        "instance_kind",
-        "max_batch_size",
-        "max_queue_delay_microseconds",
-        "cluster",
-        "replicas",
-        "autoscaling",
-        "gpu",
-        "cpu",
-        "memory",
-    )
-}
 
 
 def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: TokenGrant | None = None) -> Deployment:

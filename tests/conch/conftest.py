@@ -16,6 +16,7 @@ from builds.services.pipeline import reset_steps
 from deployments import services as deployments
 from deployments.models import GatewayUsage
 from deployments.services.clusters import register_cluster
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.choices import Role
 from tenancy.services import create_api_token, ensure_membership
 from tests.conftest import make_caller
@@ -56,7 +57,10 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
     version = write_built_version(caller.team, "adder", add_constant(folder / f"{team_slug}.onnx", 1.0))
     reset_steps(version=version)
     deployment = deployments.create_deployment(
-        user=caller.user, team_slug=team_slug, name="adder", model_version_id=version.pk, runtime="local"
+        user=caller.user,
+        request=DeploymentRequest(
+            team_slug=team_slug, name="adder", model_version_id=version.pk, placement=PlacementRequest(runtime="local")
+        ),
     )
     token_id = caller.user.api_tokens.get().pk
     # an open resumable upload of the next version (folder storage: its parts come through Conch)

@@ -21,6 +21,7 @@ import pytest
 
 from builds import services as builds
 from deployments import services as deployments
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tests import real_models
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
@@ -82,13 +83,15 @@ def test_schemathesis_gets_no_server_error_from_any_operation(
     version = write_built_version(caller.team, "fuzzed", real_models.classifier())
     ready = deployments.create_deployment(
         user=caller.user,
-        team_slug=caller.team.slug,
-        name="ready",
-        model_version_id=version.pk,
-        runtime="local",
-        instance_count=None,
-        max_batch_size=None,
-        max_queue_delay_microseconds=None,
+        request=DeploymentRequest(
+            team_slug=caller.team.slug,
+            name="ready",
+            model_version_id=version.pk,
+            instance_count=None,
+            max_batch_size=None,
+            max_queue_delay_microseconds=None,
+            placement=PlacementRequest(runtime="local"),
+        ),
     )  # started inline (eager tasks, on commit)
     ready.refresh_from_db()
     assert ready.status == "ready", ready.error
@@ -96,13 +99,15 @@ def test_schemathesis_gets_no_server_error_from_any_operation(
     eager_tasks.conf.task_always_eager = False
     pending = deployments.create_deployment(
         user=caller.user,
-        team_slug=caller.team.slug,
-        name="pending",
-        model_version_id=version.pk,
-        runtime="local",
-        instance_count=None,
-        max_batch_size=None,
-        max_queue_delay_microseconds=None,
+        request=DeploymentRequest(
+            team_slug=caller.team.slug,
+            name="pending",
+            model_version_id=version.pk,
+            instance_count=None,
+            max_batch_size=None,
+            max_queue_delay_microseconds=None,
+            placement=PlacementRequest(runtime="local"),
+        ),
     )
     # and an open resumable upload of the model (folder storage: its parts come through Conch)
     upload, _ = builds.start_resumable_upload(

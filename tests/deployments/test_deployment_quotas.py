@@ -12,6 +12,7 @@ from conch.errors import QuotaExceeded
 from deployments import services
 from deployments.models import Deployment
 from deployments.services.quotas import count_team_gpus, gpu_request
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.quotas import set_quota, team_usage, teams_usage
 from tests import real_models
 from tests.deployments.conftest import write_built_version
@@ -216,7 +217,13 @@ def test_twenty_concurrent_creations_against_a_limit_of_five_create_exactly_five
         try:
             barrier.wait()
             deployment = services.create_deployment(
-                user=alice.user, team_slug="acme", name=f"d{n}", model_version_id=version.pk, runtime="local"
+                user=alice.user,
+                request=DeploymentRequest(
+                    team_slug="acme",
+                    name=f"d{n}",
+                    model_version_id=version.pk,
+                    placement=PlacementRequest(runtime="local"),
+                ),
             )
             created.append(deployment.pk)
         except QuotaExceeded as exc:

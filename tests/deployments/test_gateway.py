@@ -32,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 from builds.model_config import BuildOptions
 from deployments import services as deployments
 from deployments.models import GatewayUsage
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.models import ApiToken
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
@@ -52,7 +53,10 @@ def served(gateway, transactional_db, eager_tasks, tmp_path):
         caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions(max_batch_size=4)
     )
     deployment = deployments.create_deployment(
-        user=caller.user, team_slug="vision", name="adder", model_version_id=version.pk, runtime="local"
+        user=caller.user,
+        request=DeploymentRequest(
+            team_slug="vision", name="adder", model_version_id=version.pk, placement=PlacementRequest(runtime="local")
+        ),
     )
     deployment.refresh_from_db()
     assert deployment.status == "ready", deployment.error

@@ -20,6 +20,7 @@ from deployments.runtimes import get_runtime
 from deployments.runtimes.kubernetes import api as kube_api
 from deployments.services import reconcile_deployments
 from deployments.services.clusters import register_cluster
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota
 from tests import real_models
@@ -338,14 +339,12 @@ def test_apply_retries_a_conflict_and_takes_over_a_field_changed_by_another_mana
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     deployment = create_deployment(
         user=alice.user,
-        team_slug="acme",
-        name="conflict",
-        model_version_id=version.pk,
-        runtime="kubernetes",
-        cluster="flaky",
-        replicas=1,
-        cpu="100m",
-        memory="512Mi",
+        request=DeploymentRequest(
+            team_slug="acme",
+            name="conflict",
+            model_version_id=version.pk,
+            placement=PlacementRequest(runtime="kubernetes", cluster="flaky", replicas=1, cpu="100m", memory="512Mi"),
+        ),
     )
     runtime = get_runtime("kubernetes")
     spec = deployment_spec(deployment)

@@ -7,6 +7,7 @@ import pytest
 from conch.errors import QuotaExceeded
 from deployments import services
 from deployments.models import Deployment
+from deployments.services.requests import DeploymentRequest
 from models_registry.storage import get_object_store
 from tenancy.quotas import set_quota
 
@@ -40,17 +41,12 @@ def test_would_it_fit_refuses_with_the_create_s_own_answer(alice, built_classifi
 def test_would_it_fit_service_raises_what_create_raises(alice, built_classifier):
     # given
     set_quota(team=alice.team, limits={"deployments": 0})
-    request = {
-        "user": alice.user,
-        "team_slug": "acme",
-        "name": "web",
-        "model_version_id": built_classifier.pk,
-    }
+    request = DeploymentRequest(team_slug="acme", name="web", model_version_id=built_classifier.pk)
     # when
     with pytest.raises(QuotaExceeded) as checked:
-        services.check_deployment_fits(**request)
+        services.check_deployment_fits(user=alice.user, request=request)
     with pytest.raises(QuotaExceeded) as created:
-        services.create_deployment(**request)
+        services.create_deployment(user=alice.user, request=request)
     # then
     assert (checked.value.detail, checked.value.field, checked.value.quota) == (
         created.value.detail,

@@ -10,6 +10,7 @@ import pytest
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState
+from deployments.services.requests import DeploymentRequest
 from models_registry.storage import get_object_store
 from tests.flows import deploy_ready
 from tritonserving import server as triton_server
@@ -48,10 +49,10 @@ def test_a_deployment_serves_its_own_copy_of_the_pinned_build(
 def test_garbage_collection_deletes_the_repositories_of_stopped_deployments_only(alice, built_classifier):
     # given two deployments with their repositories written, one of them stopped without its stop task
     kept = services.create_deployment(
-        user=alice.user, team_slug="acme", name="kept", model_version_id=built_classifier.pk
+        user=alice.user, request=DeploymentRequest(team_slug="acme", name="kept", model_version_id=built_classifier.pk)
     )
     gone = services.create_deployment(
-        user=alice.user, team_slug="acme", name="gone", model_version_id=built_classifier.pk
+        user=alice.user, request=DeploymentRequest(team_slug="acme", name="gone", model_version_id=built_classifier.pk)
     )
     for row in (kept, gone):
         services.ensure_deployment_repository(deployment=row)

@@ -18,6 +18,7 @@ import pytest
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState, triton_api_key
+from deployments.services.requests import DeploymentRequest
 from models_registry.choices import VersionStatus
 from models_registry.storage import get_object_store
 from tenancy.models import AuditEntry
@@ -196,7 +197,9 @@ def _bad_requests(alice, adder_versions, tmp_path):
 def test_bad_updates_name_the_field(alice, adder_versions, tmp_path, body, status, field):
     # given a deployment of version 1 (not started) and versions it cannot move to
     v1, _ = adder_versions
-    row = services.create_deployment(user=alice.user, team_slug="acme", name="web", model_version_id=v1.pk)
+    row = services.create_deployment(
+        user=alice.user, request=DeploymentRequest(team_slug="acme", name="web", model_version_id=v1.pk)
+    )
     ids = _bad_requests(alice, adder_versions, tmp_path)
     body = {key: ids.get(value, value) if isinstance(value, str) else value for key, value in body.items()}
     # when
@@ -211,7 +214,9 @@ def test_bad_updates_name_the_field(alice, adder_versions, tmp_path, body, statu
 def test_an_update_of_a_deployment_that_is_not_ready_gets_409(alice, adder_versions):
     # given a deployment that has not started
     v1, v2 = adder_versions
-    row = services.create_deployment(user=alice.user, team_slug="acme", name="web", model_version_id=v1.pk)
+    row = services.create_deployment(
+        user=alice.user, request=DeploymentRequest(team_slug="acme", name="web", model_version_id=v1.pk)
+    )
     # when
     response = alice.client.patch(f"/api/v1/deployments/{row.pk}/", {"model_version": v2.pk}, format="json")
     # then
@@ -223,7 +228,9 @@ def test_an_update_of_a_deployment_that_is_not_ready_gets_409(alice, adder_versi
 def test_the_served_version_changes_nothing_and_other_teams_cannot_update(alice, bob, adder_versions):
     # given a deployment of version 1
     v1, v2 = adder_versions
-    row = services.create_deployment(user=alice.user, team_slug="acme", name="web", model_version_id=v1.pk)
+    row = services.create_deployment(
+        user=alice.user, request=DeploymentRequest(team_slug="acme", name="web", model_version_id=v1.pk)
+    )
     # when it is asked for version 1 again, then nothing is queued
     response = alice.client.patch(f"/api/v1/deployments/{row.pk}/", {"model_version": v1.pk}, format="json")
     assert response.status_code == 202

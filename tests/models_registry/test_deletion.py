@@ -19,6 +19,7 @@ from conch.errors import Conflict, InUse
 from deployments import services as deployments
 from deployments.models import Deployment
 from deployments.services.repository import deployment_repository_prefix, ensure_deployment_repository
+from deployments.services.requests import DeploymentRequest
 from models_registry import services as registry
 from models_registry.deletion import delete_model_version, finish_stalled_deletions
 from models_registry.models import ModelVersion, RegisteredModel
@@ -68,7 +69,7 @@ def _storage_used(team) -> int:
 def _deploy(caller, version, name: str) -> Deployment:
     """A deployment of `version`, left `pending` (its start task is only queued, never run, in these tests)."""
     return deployments.create_deployment(
-        user=caller.user, team_slug=caller.team.slug, name=name, model_version_id=version.pk
+        user=caller.user, request=DeploymentRequest(team_slug=caller.team.slug, name=name, model_version_id=version.pk)
     )
 
 

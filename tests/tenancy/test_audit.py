@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from deployments import services as deployments
 from deployments.models import Deployment
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from deployments.tasks import reconcile_deployments
 from tenancy.audit import audit_context, client_ip, record_audit
 from tenancy.choices import AuditAction, AuditSource
@@ -51,7 +52,10 @@ def pending_web(owen, tmp_path):
     """A pending local deployment `web` of team acme (nothing started), created by owen."""
     version = write_built_version(owen.team, "adder", add_constant(tmp_path / "adder.onnx", 1.0))
     return deployments.create_deployment(
-        user=owen.user, team_slug="acme", name="web", model_version_id=version.pk, runtime="local"
+        user=owen.user,
+        request=DeploymentRequest(
+            team_slug="acme", name="web", model_version_id=version.pk, placement=PlacementRequest(runtime="local")
+        ),
     )
 
 

@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from conch.errors import Forbidden
 from deployments import services as deployments
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from models_registry import services as registry
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
@@ -25,7 +26,10 @@ def acme_objects(tmp_path):
     MembershipFactory(user=owner, team=team, role="developer")
     version = write_built_version(team, "adder", add_constant(tmp_path / "adder.onnx", 1.0))
     deployment = deployments.create_deployment(
-        user=owner, team_slug="acme", name="web", model_version_id=version.pk, runtime="local"
+        user=owner,
+        request=DeploymentRequest(
+            team_slug="acme", name="web", model_version_id=version.pk, placement=PlacementRequest(runtime="local")
+        ),
     )
     return version, deployment
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from deployments import services as deployments
+from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.models import ApiToken
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
@@ -34,7 +35,10 @@ def web(alice, tmp_path):
     """A pending local deployment `web` of team acme, and its version."""
     version = write_built_version(alice.team, "adder", add_constant(tmp_path / "adder.onnx", 1.0))
     deployment = deployments.create_deployment(
-        user=alice.user, team_slug="acme", name="web", model_version_id=version.pk, runtime="local"
+        user=alice.user,
+        request=DeploymentRequest(
+            team_slug="acme", name="web", model_version_id=version.pk, placement=PlacementRequest(runtime="local")
+        ),
     )
     return deployment
 
@@ -144,7 +148,13 @@ def test_a_token_limited_to_named_deployments_acts_on_those_only(web):
     # given a token limited to deployment `web`, and another deployment `other` of the same team
     user = web.created_by
     other = deployments.create_deployment(
-        user=user, team_slug="acme", name="other", model_version_id=web.model_version_id, runtime="local"
+        user=user,
+        request=DeploymentRequest(
+            team_slug="acme",
+            name="other",
+            model_version_id=web.model_version_id,
+            placement=PlacementRequest(runtime="local"),
+        ),
     )
     issued = create_api_token(user=user, team=web.team, deployments=["web"])
     client = _client(issued.secret)
@@ -167,7 +177,13 @@ def test_a_token_limited_to_named_deployments_lists_and_sees_those_only(web):
     # given deployments `web` and `other` of acme, and a token limited to `web`
     user = web.created_by
     other = deployments.create_deployment(
-        user=user, team_slug="acme", name="other", model_version_id=web.model_version_id, runtime="local"
+        user=user,
+        request=DeploymentRequest(
+            team_slug="acme",
+            name="other",
+            model_version_id=web.model_version_id,
+            placement=PlacementRequest(runtime="local"),
+        ),
     )
     narrow = _client(create_api_token(user=user, team=web.team, deployments=["web"]).secret)
     # when / then: the list holds `web` only, and `other` is not found (as another team's would be)
