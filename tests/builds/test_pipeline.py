@@ -41,6 +41,7 @@ def _steps(version: dict) -> dict[str, str]:
     return {s["name"]: s["status"] for s in version["steps"]}
 
 
+@pytest.mark.triton
 def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_capture_on_commit_callbacks):
     # when
     version = _upload(
@@ -81,6 +82,7 @@ def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_c
     assert sum(" into verify server " in line for line in verify_log) == 1  # one load, on this process's server
 
 
+@pytest.mark.triton
 def test_rebuild_writes_a_new_prefix_and_redelivery_overwrites_only_its_own(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -189,6 +191,7 @@ def test_fixed_batch_option_mismatch_fails_at_configure_naming_the_option(
     assert _steps(version)["configure"] == "failed"
 
 
+@pytest.mark.triton
 def test_wrong_declared_output_shape_fails_at_verify(alice, eager_tasks, django_capture_on_commit_callbacks):
     # ddddocr's common.onnx declares a rank-2 output but produces rank 3: only running it shows that
     version = _upload(alice, real_models.ddddocr_common().read_bytes(), capture=django_capture_on_commit_callbacks)
