@@ -57,23 +57,25 @@ def chromium():
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`apt-get install chromium`; .ci/run does)")
-    playwright = sync_playwright().start()
-    try:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    # Playwright's sync API keeps an asyncio loop on this thread from its start to its stop, so Django sees a running
+    # loop in every test (and fixture teardown: the database flush) until then. The tests' ORM calls are still plain
+    # synchronous code, so Django's guard against ORM use inside a loop is lifted for as long as Playwright runs.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        playwright = sync_playwright().start()
         try:
-            yield browser
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield browser
+            finally:
+                browser.close()
         finally:
-            browser.close()
-    finally:
-        playwright.stop()
+            playwright.stop()
 
 
 @pytest.fixture
-def console_browser(chromium, live_server, monkeypatch) -> Iterator[ConsoleBrowser]:
+def console_browser(chromium, live_server) -> Iterator[ConsoleBrowser]:
     """The package's Chromium and the live server; the pages a test opens (their contexts) are closed after it."""
-    # Playwright's sync API keeps an asyncio loop on this thread while it runs; the test's own ORM calls (fixtures,
-    # assertions) are still plain synchronous code, so Django's guard against ORM use inside a loop is lifted here.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     console = ConsoleBrowser(chromium, live_server.url)
     try:
         yield console
