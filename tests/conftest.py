@@ -30,24 +30,27 @@ class _TritonUse:
 
 @pytest.fixture(scope="session")
 def _triton_use() -> object:
-    """Count the tritonservers this process starts (`tritonserving.server.start_server`) and the verifications on
-    its warm verify server (`VerifyServer.run`, which may start none: the session shares one)."""
+    """Count the tritonservers this process starts (`tritonserving.server.start_server` records each in
+    `_CHILDREN`) and the verifications on a warm verify server (`VerifyServer.run`, which may start none: the
+    session shares one)."""
     from tritonserving import server as triton_server
     from tritonserving import smoke
 
     use = _TritonUse()
-    start_server, run = triton_server.start_server, smoke.VerifyServer.run
+    run = smoke.VerifyServer.run
 
-    def counted_start(*args, **kwargs):
-        use.count += 1
-        return start_server(*args, **kwargs)
+    class CountedChildren(dict):
+        # start_server records every tritonserver it starts here (pid -> Popen), however it was imported.
+        def __setitem__(self, pid, child):
+            use.count += 1
+            super().__setitem__(pid, child)
 
     def counted_run(self, **kwargs):
         use.count += 1
         return run(self, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(triton_server, "start_server", counted_start)
+        patch.setattr(triton_server, "_CHILDREN", CountedChildren(triton_server._CHILDREN))
         patch.setattr(smoke.VerifyServer, "run", counted_run)
         yield use
 
@@ -55,7 +58,8 @@ def _triton_use() -> object:
 @pytest.fixture(autouse=True)
 def _triton_marked(request, _triton_use):
     """Fail a test that starts or uses a tritonserver in this process without the `triton` mark (or e2e/kube):
-    `make test-fast` leaves those out, and relies on the mark to do so."""
+    `make test-fast` leaves those out, and relies on the mark to do so. A server that a module- or session-scoped
+    fixture starts is counted before this check looks: mark the tests that share it (see tests/tritonserving)."""
     before = _triton_use.count
     yield
     if _triton_use.count > before and not any(request.node.get_closest_marker(m) for m in SLOW_TIER_MARKS):

@@ -76,6 +76,7 @@ def _classifier_request(batch: int, seed: int = 0) -> tuple[np.ndarray, dict]:
     return x, {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
 
 
+@pytest.mark.triton
 def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks):
     # given a ready deployment with overrides
     d = _deploy(
@@ -140,6 +141,7 @@ def _load_status(http_url: str, headers: dict[str, str]) -> int:
         return error.code
 
 
+@pytest.mark.triton
 def test_a_deployments_triton_answers_only_to_conchs_key_and_gets_no_secret(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, monkeypatch, settings
 ):
@@ -173,6 +175,7 @@ def test_a_deployments_triton_answers_only_to_conchs_key_and_gets_no_secret(
     services.stop_deployment(deployment_id=d["id"])
 
 
+@pytest.mark.triton
 def test_reconcile_reports_a_dead_triton_and_restarts_it(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -201,6 +204,7 @@ def test_reconcile_reports_a_dead_triton_and_restarts_it(
     services.stop_deployment(deployment_id=row.pk)
 
 
+@pytest.mark.triton
 def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
@@ -232,6 +236,7 @@ def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
         services.stop_deployment(deployment_id=row.pk)
 
 
+@pytest.mark.triton
 def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
@@ -257,6 +262,7 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     assert psutil.pid_exists(server.pid) is False or not triton_server.is_alive(server.pid, server.create_time)
 
 
+@pytest.mark.triton
 def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
