@@ -44,11 +44,14 @@ $(KSERVE_VENV)/.installed: requirements-kserve.txt
 demo: venv
 	$(BIN)/python manage.py run_demo
 
+# The whole suite; it ends with the 30 slowest tests (setup, call and teardown timed apart).
 test: venv
-	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest --durations=30 $(PYTEST_ARGS)
 
+# The quick tier: leaves out the tests marked e2e (end to end, browser tests included), kube (the local Kubernetes
+# test cluster) and triton (starts or uses a tritonserver; tests/conftest.py fails a test that does so unmarked).
 test-fast: venv
-	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest -m "not (e2e or kube or triton)" --durations=30 $(PYTEST_ARGS)
 
 # A local Kubernetes test cluster in the foreground (README, "A local Kubernetes test cluster"); Ctrl-C stops it.
 cluster: venv

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -15,13 +17,92 @@ from tests.factories import MembershipFactory, TeamFactory, UserFactory
 pytest_plugins = ["tests.s3_server", "tests.kube.fixtures", "tests.gateway_server"]
 
 
+#: Marks of the tiers `make test-fast` leaves out; a test marked so may start a tritonserver without `triton`.
+SLOW_TIER_MARKS = ("triton", "e2e", "kube")
+
+
+@dataclass
+class _TritonUse:
+    """How many times this process started a tritonserver or verified a model on its warm one."""
+
+    count: int = 0
+
+
+@pytest.fixture(scope="session")
+def _triton_use() -> object:
+    """Count the tritonservers this process starts (`tritonserving.server.start_server` records each in
+    `_CHILDREN`) and the verifications on a warm verify server (`VerifyServer.run`, which may start none: the
+    session shares one)."""
+    from tritonserving import server as triton_server
+    from tritonserving import smoke
+
+    use = _TritonUse()
+    run = smoke.VerifyServer.run
+
+    class CountedChildren(dict):
+        # start_server records every tritonserver it starts here (pid -> Popen), however it was imported.
+        def __setitem__(self, pid, child):
+            use.count += 1
+            super().__setitem__(pid, child)
+
+    def counted_run(self, **kwargs):
+        use.count += 1
+        return run(self, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(triton_server, "_CHILDREN", CountedChildren(triton_server._CHILDREN))
+        patch.setattr(smoke.VerifyServer, "run", counted_run)
+        yield use
+
+
 @pytest.fixture(autouse=True)
-def _isolated_conch(settings, tmp_path_factory):
-    """Each test gets its own object-store folder; Tritons it starts carry a test-only id."""
+def _triton_marked(request, _triton_use):
+    """Fail a test that starts or uses a tritonserver in this process without the `triton` mark (or e2e/kube):
+    `make test-fast` leaves those out, and relies on the mark to do so. A server that a module- or session-scoped
+    fixture starts is counted before this check looks: mark the tests that share it (see tests/tritonserving)."""
+    before = _triton_use.count
+    yield
+    if _triton_use.count > before and not any(request.node.get_closest_marker(m) for m in SLOW_TIER_MARKS):
+        pytest.fail(f"{request.node.nodeid} starts or uses a tritonserver: mark it @pytest.mark.triton (pytest.ini)")
+
+
+@pytest.fixture(scope="session")
+def _session_verify_dir(tmp_path_factory) -> Path:
+    """Work folder of the session's warm verify Triton; the server is stopped at the end of the session."""
+    from tritonserving import smoke
+
+    yield tmp_path_factory.mktemp("verify-triton")
+    smoke.stop_verify_server()
+
+
+def _share_verify_server(monkeypatch, work_dir: Path) -> None:
+    """Builds of this test verify on the session's warm verify Triton (a cold start costs seconds per build test):
+    the same server while the verify settings stay the same. Its id starts `<instance id>shared.verify.`, which
+    neither this test's server sweeps (`<instance id>.`) nor `stop_verify_servers` match."""
+    from django.conf import settings
+
+    from builds.services import verify_servers
+
+    own_settings = verify_servers._verify_server_settings
+
+    def shared_settings():
+        prefix = f"{settings.CONCH_INSTANCE_ID}shared{verify_servers.SERVER_ID_INFIX_VERIFY}"
+        return dataclasses.replace(own_settings(), work_dir=work_dir, server_id_prefix=prefix)
+
+    monkeypatch.setattr(verify_servers, "_verify_server_settings", shared_settings)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_conch(request, settings, tmp_path_factory, monkeypatch):
+    """Each test gets its own object-store folder; Tritons it starts carry a test-only id. Builds verify on the
+    session's warm verify Triton, except in tests marked `own_verify_server` (about that server's start, crash or
+    replacement), which get one of their own under their own folder."""
     base = tmp_path_factory.mktemp("conch")
     settings.CONCH_STORAGE_URL = (base / "storage").as_uri()
     settings.CONCH_TRITON_DIR = base / "triton"
     settings.CONCH_INSTANCE_ID = f"conchtest{os.getpid()}"
+    if request.node.get_closest_marker("own_verify_server") is None:
+        _share_verify_server(monkeypatch, request.getfixturevalue("_session_verify_dir"))
     yield
     # A failed test must not leave its Tritons running for the next one.
     from tritonserving import server as triton_server

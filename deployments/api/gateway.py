@@ -387,11 +387,13 @@ class _RateLimiter:
     total in Redis (INCRBY) and reads back what all processes counted. A token may so pass its limit by what
     other processes admitted since the last sync (at most a tenth of a second of its traffic). Without Redis the
     count is this process's alone; when Redis cannot be reached the process goes on with its own counts and
-    logs a warning at most once a minute."""
+    logs a warning at most once a minute. `clock` gives the time in seconds since the epoch (the windows follow
+    it; tests give one they set)."""
 
     SYNC_INTERVAL_S = 0.1
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
         self._redis = None
         if redis_url:
             import redis.asyncio as redis_asyncio
@@ -410,7 +412,7 @@ class _RateLimiter:
 
     def admit(self, route: Route) -> None:
         """Count one request of `route`'s token; raise `_TooManyRequests` (429) past its requests per minute."""
-        now = time.time()
+        now = self._clock()
         window = int(now // 60)
         if window != self._window:
             self._window, self._shared, self._pending, self._sending = window, {}, {}, {}

@@ -1,8 +1,8 @@
 """What a caller asks to deploy, as one frozen value each service of the create path takes.
 
 Values are as a client sent them (the API's JSON after its serializer, or a console form's text: a whole number may
-still be its text): the services check each one and name the field of every refusal (`plan_deployment`, `check_placement`), so a request that reached them is not yet a
-valid one. Pure data: no Django.
+still be its text): the services check each one and name the field of every refusal (`plan_deployment`,
+`check_placement`), so a request that reached them is not yet a valid one. Pure data: no Django.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ def _upload(caller, data: bytes, capture) -> dict:
     return caller.client.get(f"/api/v1/versions/{response.json()['id']}/").json()
 
 
+@pytest.mark.triton
 def test_a_build_records_its_repository_size_and_it_counts_in_storage(
     alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
 ):
@@ -142,6 +143,7 @@ def _batch_mixing_model() -> bytes:
     return model.SerializeToString()
 
 
+@pytest.mark.triton
 def test_a_failed_build_frees_its_repository_keeps_the_upload_and_deleting_the_version_frees_the_rest(
     alice, eager_tasks, django_capture_on_commit_callbacks, s3_storage, tmp_path
 ):
@@ -178,6 +180,7 @@ def test_a_failed_build_frees_its_repository_keeps_the_upload_and_deleting_the_v
     assert _storage_used(alice.team) == 0
 
 
+@pytest.mark.triton
 def test_a_configuration_rewritten_by_verify_is_counted_as_stored(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):

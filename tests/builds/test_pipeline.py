@@ -42,6 +42,7 @@ def _steps(version: dict) -> dict[str, str]:
     return {s["name"]: s["status"] for s in version["steps"]}
 
 
+@pytest.mark.triton
 def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_capture_on_commit_callbacks):
     # when
     version = _upload(
@@ -82,6 +83,7 @@ def test_classifier_builds_into_a_triton_repository(alice, eager_tasks, django_c
     assert sum(" into verify server " in line for line in verify_log) == 1  # one load, on this process's server
 
 
+@pytest.mark.triton
 def test_rebuild_writes_a_new_prefix_and_redelivery_overwrites_only_its_own(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):

@@ -79,6 +79,7 @@ def _steps(version: ModelVersion) -> dict[str, str]:
 # --- the sweeper -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.triton
 def test_build_whose_worker_died_is_requeued_by_the_sweeper_and_ends_built(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -138,6 +139,7 @@ def test_build_whose_worker_died_too_often_fails_with_a_message(alice, settings,
     assert sweep_stalled_versions() == NOTHING_DONE
 
 
+@pytest.mark.triton
 def test_queued_build_whose_message_was_lost_is_queued_again_and_ends_built(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -286,6 +288,7 @@ def test_rebuild_of_a_building_version_is_refused_while_its_worker_beats(alice, 
     }
 
 
+@pytest.mark.triton
 def test_rebuild_of_a_building_version_whose_heartbeat_stopped_is_allowed(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):

@@ -18,7 +18,7 @@ from tritonserving import server as triton_server
 from tritonserving import smoke
 from tritonserving.client import TritonClient
 
-pytestmark = [pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db, pytest.mark.triton, pytest.mark.own_verify_server]
 
 
 def _upload(caller, data: bytes, *, capture, name: str = "classifier") -> dict:

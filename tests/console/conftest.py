@@ -2,6 +2,7 @@
 serving the test database, static files through WhiteNoise) driven by Playwright with Debian's Chromium.
 
 Fixtures:
+- `chromium`: one Chromium for the package's browser tests.
 - `console_browser`: a `ConsoleBrowser`; `.page_for(user)` opens a signed-in page (1280x800) on the live server.
 - `page`: such a page for `alice` (a developer of team acme, `tests.conftest.alice`).
 - `screenshot`: `screenshot(page, "name")` writes `var/screenshots/name.png` (the repository's var/, kept after
@@ -48,25 +49,38 @@ class ConsoleBrowser:
             context.close()
 
 
-@pytest.fixture
-def console_browser(live_server, monkeypatch) -> Iterator[ConsoleBrowser]:
-    """Chromium (headless) and the live server; Playwright is started per test and stopped after it."""
+@pytest.fixture(scope="package")
+def chromium():
+    """Chromium (headless) driven by Playwright, started once for the browser tests of this package and stopped
+    after its last test; each test gets browser contexts of its own (`console_browser`)."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`apt-get install chromium`; .ci/run does)")
-    # Playwright's sync API keeps an asyncio loop on this thread while it runs; the test's own ORM calls (fixtures,
-    # assertions) are still plain synchronous code, so Django's guard against ORM use inside a loop is lifted here.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    playwright = sync_playwright().start()
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    console = ConsoleBrowser(browser, live_server.url)
+    # Playwright's sync API keeps an asyncio loop on this thread from its start to its stop, so Django sees a running
+    # loop in every test (and fixture teardown: the database flush) until then. The tests' ORM calls are still plain
+    # synchronous code, so Django's guard against ORM use inside a loop is lifted for as long as Playwright runs.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        playwright = sync_playwright().start()
+        try:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield browser
+            finally:
+                browser.close()
+        finally:
+            playwright.stop()
+
+
+@pytest.fixture
+def console_browser(chromium, live_server) -> Iterator[ConsoleBrowser]:
+    """The package's Chromium and the live server; the pages a test opens (their contexts) are closed after it."""
+    console = ConsoleBrowser(chromium, live_server.url)
     try:
         yield console
     finally:
         console.close()
-        browser.close()
-        playwright.stop()
 
 
 @pytest.fixture

@@ -27,11 +27,24 @@ def _route(limit: int) -> Route:
     )
 
 
+class _Clock:
+    """A clock for `_RateLimiter` that moves only when the test sets `now` (seconds since the epoch); it starts 10 s
+    into a minute, so no window ends during a test unless the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_010.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_two_gateway_processes_share_one_limit_through_redis():
     route = _route(5)
+    clock = _Clock()
 
     async def run() -> list[str]:
-        first, second = _RateLimiter(settings.CELERY_BROKER_URL), _RateLimiter(settings.CELERY_BROKER_URL)
+        first = _RateLimiter(settings.CELERY_BROKER_URL, clock=clock)
+        second = _RateLimiter(settings.CELERY_BROKER_URL, clock=clock)
         outcomes = []
         try:
             for limiter, count in ((first, 3), (second, 2)):
@@ -59,12 +72,34 @@ def test_two_gateway_processes_share_one_limit_through_redis():
 
 def test_without_redis_a_process_counts_alone():
     route = _route(2)
-    limiter = _RateLimiter("")
+    limiter = _RateLimiter("", clock=_Clock())
     limiter.admit(route)
     limiter.admit(route)
     with pytest.raises(_TooManyRequests) as refused:
         limiter.admit(route)
-    assert 1 <= refused.value.retry_after_s <= 60
+    assert refused.value.retry_after_s == 50
+
+
+def test_a_new_minute_counts_afresh_and_a_refusal_gives_the_seconds_left_in_the_minute():
+    # given a token with 2 requests per minute that used both 10 s into a minute
+    route = _route(2)
+    clock = _Clock()
+    limiter = _RateLimiter("", clock=clock)
+    limiter.admit(route)
+    limiter.admit(route)
+    # when it asks again 45.5 s into that minute, then it is told to retry in 15 s (rounded up)
+    clock.now += 35.5
+    with pytest.raises(_TooManyRequests) as refused:
+        limiter.admit(route)
+    assert refused.value.retry_after_s == 15
+    assert "retry in 15 s" in refused.value.detail
+    # when the next minute starts, then it has 2 requests again, and a third is refused for 60 s
+    clock.now += 14.5
+    limiter.admit(route)
+    limiter.admit(route)
+    with pytest.raises(_TooManyRequests) as again:
+        limiter.admit(route)
+    assert again.value.retry_after_s == 60
 
 
 def test_an_unreachable_redis_falls_back_to_local_counts():

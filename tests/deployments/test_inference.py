@@ -59,6 +59,7 @@ def _post_binary(caller, url: str, inputs, outputs):
     return caller.client.generic("POST", url, body, content_type="application/octet-stream", **headers)
 
 
+@pytest.mark.triton
 def test_outputs_holding_inf_and_nan_come_back_as_triton_writes_them(
     alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
 ):
@@ -103,6 +104,7 @@ def test_outputs_holding_inf_and_nan_come_back_as_triton_writes_them(
     np.testing.assert_array_equal(result.as_numpy("y"), expected)
 
 
+@pytest.mark.triton
 def test_binary_tensor_data_built_by_tritonclient_equals_onnxruntime(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -150,6 +152,7 @@ def _tensor(name: str, shape: list[int], datatype: str = "FP32") -> dict:
     return {"name": name, "shape": shape, "datatype": datatype, "data": [1] * math.prod(shape)}
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_triton_errors_about_a_tensor_name_it_in_field(
     alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, binary

@@ -83,6 +83,7 @@ def _classifier_request(batch: int, seed: int = 0) -> tuple[np.ndarray, dict]:
     return x, {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
 
 
+@pytest.mark.triton
 def test_deploy_infer_and_delete(alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks):
     # given a ready deployment with overrides
     d = _deploy(
@@ -147,6 +148,7 @@ def _load_status(http_url: str, headers: dict[str, str]) -> int:
         return error.code
 
 
+@pytest.mark.triton
 def test_a_deployments_triton_answers_only_to_conchs_key_and_gets_no_secret(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, monkeypatch, settings
 ):
@@ -186,6 +188,7 @@ def _wait_until_gone(server: LocalServerState) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.triton
 def test_reconcile_reports_a_dead_triton_and_restarts_it(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -228,6 +231,7 @@ def test_reconcile_reports_a_dead_triton_and_restarts_it(
     services.stop_deployment(deployment_id=row.pk)
 
 
+@pytest.mark.triton
 def test_a_triton_that_exits_with_a_code_says_the_code(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
@@ -248,6 +252,7 @@ def test_a_triton_that_exits_with_a_code_says_the_code(
     assert "failed to start" in shown["error"]
 
 
+@pytest.mark.triton
 def test_the_local_runtime_says_the_exit_code_of_a_triton_that_exited_with_one(settings, tmp_path):
     # given a deployment's Triton that ends with an error of its own: asked to stop (SIGTERM) with no time left to
     # unload its model (`--exit-timeout-secs=0`), it logs "Exit timeout expired" and exits with code 1
@@ -280,6 +285,7 @@ def test_the_local_runtime_says_the_exit_code_of_a_triton_that_exited_with_one(s
     assert (observation.phase, observation.message) == (Phase.ABSENT, "Triton exited with code 1.")
 
 
+@pytest.mark.triton
 def test_a_triton_that_shuts_down_on_sigterm_says_so(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -297,6 +303,7 @@ def test_a_triton_that_shuts_down_on_sigterm_says_so(
     assert (row.status, row.status_message) == ("failed", "Triton shut down on signal SIGTERM (15).")
 
 
+@pytest.mark.triton
 def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
@@ -328,6 +335,7 @@ def test_reconcile_spares_the_triton_a_start_in_progress_has_not_recorded_yet(
         services.stop_deployment(deployment_id=row.pk)
 
 
+@pytest.mark.triton
 def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
@@ -353,6 +361,7 @@ def test_restarted_conch_adopts_its_triton_and_kills_orphans(
     assert psutil.pid_exists(server.pid) is False or not triton_server.is_alive(server.pid, server.create_time)
 
 
+@pytest.mark.triton
 def test_conch_shutdown_stops_tritons_and_the_next_start_brings_deployments_back(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):

@@ -519,6 +519,7 @@ def _wait_until_dead(pid: int, create_time: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.triton
 @pytest.mark.django_db
 def test_metrics_window_across_a_real_triton_restart_counts_every_request(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks

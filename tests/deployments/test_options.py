@@ -45,6 +45,7 @@ def test_deployment_options_have_the_build_bounds(alice, built_classifier, optio
     assert response.json()["detail"].startswith(detail)
 
 
+@pytest.mark.triton
 def test_a_deployment_may_serve_a_batching_build_without_batching(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -82,6 +83,7 @@ def test_a_local_deployment_takes_cpu_instances_and_keeps_the_kind_through_a_ver
     assert [(group.count, group.kind) for group in groups] == [(2, groups[0].KIND_CPU)]
 
 
+@pytest.mark.triton
 def test_a_deployment_with_cpu_instances_comes_up_on_triton_and_answers(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):

@@ -41,6 +41,7 @@ def _server(row: Deployment) -> LocalServerState:
     return LocalServerState.from_state(row.runtime_state)
 
 
+@pytest.mark.triton
 def test_a_start_task_killed_after_spawning_triton_is_adopted_and_ends_ready(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -78,6 +79,7 @@ def test_a_start_with_a_fresh_heartbeat_is_left_to_its_task(
     assert _server(row) == LocalServerState()
 
 
+@pytest.mark.triton
 def test_a_model_unloaded_behind_conchs_back_is_not_ready_then_healed(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -103,6 +105,7 @@ def test_a_model_unloaded_behind_conchs_back_is_not_ready_then_healed(
     services.stop_deployment(deployment_id=row.pk)
 
 
+@pytest.mark.triton
 def test_a_model_triton_refuses_to_load_fails_permanently_and_is_not_restarted(
     alice, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -125,6 +128,7 @@ def test_a_model_triton_refuses_to_load_fails_permanently_and_is_not_restarted(
     assert (row.status, row.restart_count) == ("failed", 0)
 
 
+@pytest.mark.triton
 def test_the_restart_count_resets_after_a_stable_period(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
@@ -140,6 +144,7 @@ def test_the_restart_count_resets_after_a_stable_period(
     services.stop_deployment(deployment_id=row.pk)
 
 
+@pytest.mark.triton
 def test_a_recently_restarted_deployment_keeps_its_restart_count(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):
@@ -169,6 +174,7 @@ def test_another_worker_hosts_process_is_never_marked_failed_or_restarted(
     assert (row.status, row.runtime_state) == ("ready", state)
 
 
+@pytest.mark.triton
 def test_a_verify_server_whose_build_process_died_is_stopped(settings):
     # given two verify servers: one owned by this (live) process, one by a process that no longer exists
     root = settings.CONCH_TRITON_DIR

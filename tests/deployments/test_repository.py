@@ -19,6 +19,7 @@ from tritonserving.config import config_from_pbtxt, same_apart_from_versions
 pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.triton
 def test_a_deployment_serves_its_own_copy_of_the_pinned_build(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):

@@ -104,6 +104,7 @@ def test_top_classes_take_softmax_of_scores_and_keep_probabilities():
     assert are_probabilities([0.1, 0.7, 0.2]) and not are_probabilities([1.0, 3.0, 2.0, 0.0])
 
 
+@pytest.mark.triton
 def test_an_image_test_inference_gives_onnxruntime_s_top_class(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks
 ):

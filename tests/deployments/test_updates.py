@@ -141,6 +141,7 @@ def test_an_update_under_continuous_load_fails_no_request_and_restarts_nothing(
     assert row.repository_bytes == 0
 
 
+@pytest.mark.triton
 def test_a_version_triton_refuses_rolls_back_and_the_old_one_keeps_serving(
     alice, adder_versions, eager_tasks, django_capture_on_commit_callbacks
 ):

@@ -858,6 +858,7 @@ def test_completing_with_an_unknown_part_number_or_another_etag_is_refused_namin
     assert Upload.objects.get().status == "uploading"
 
 
+@pytest.mark.triton
 def test_a_real_model_sent_straight_to_the_bucket_is_built_like_an_ordinary_upload(
     alice, s3, eager_tasks, django_capture_on_commit_callbacks
 ):

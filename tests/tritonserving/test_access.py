@@ -53,6 +53,11 @@ def _write_classifier(repository: Path, name: str) -> None:
     (repository / name / "config.pbtxt").write_text(text_format.MessageToString(config))
 
 
+# The module's tests share one tritonserver (started by the first that needs it, before the check of
+# tests/conftest.py looks): all are marked, so `make test-fast` leaves the module out.
+pytestmark = pytest.mark.triton
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server with models `orientation` and `spare` in its repository, started as Conch starts servers."""

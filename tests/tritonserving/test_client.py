@@ -128,6 +128,11 @@ def _counter(metrics_text: str, family_name: str, model: str) -> float:
     return 0.0
 
 
+# The module's tests share one tritonserver (started by the first that needs it, before the check of
+# tests/conftest.py looks): all are marked, so `make test-fast` leaves the module out.
+pytestmark = pytest.mark.triton
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A Triton server on free ports with the test repository; the always-on models are loaded."""

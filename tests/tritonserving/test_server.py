@@ -204,6 +204,7 @@ def test_tail_log_returns_the_last_lines_and_nothing_for_a_missing_file(tmp_path
     assert tail_log(tmp_path / "missing.log") == []
 
 
+@pytest.mark.triton
 def test_started_server_serves_a_model_and_is_found_by_id_prefix(start, server_id_prefix):
     # given
     process = start(f"{server_id_prefix}a")
@@ -227,6 +228,7 @@ def test_started_server_serves_a_model_and_is_found_by_id_prefix(start, server_i
     assert "--disable-auto-complete-config" in psutil.Process(process.pid).cmdline()
 
 
+@pytest.mark.triton
 def test_stop_server_ends_the_server_and_its_stubs_and_frees_its_ports(start, server_id_prefix):
     # given: a server with a model loaded, so a backend stub process runs too
     process = start(f"{server_id_prefix}stop")
@@ -251,6 +253,7 @@ def test_stop_server_ends_the_server_and_its_stubs_and_frees_its_ports(start, se
     assert TritonClient(successor.http_url, timeout_s=5).is_ready() is True
 
 
+@pytest.mark.triton
 def test_killed_server_is_not_alive_and_stopping_it_is_a_no_op(start, server_id_prefix):
     # given
     process = start(f"{server_id_prefix}kill")
@@ -317,6 +320,7 @@ def test_stop_server_leaves_a_process_with_another_start_time_alone():
     assert is_alive(os.getpid(), own.create_time()) is True
 
 
+@pytest.mark.triton
 def test_wait_until_ready_fails_fast_with_the_log_when_the_server_exits(start, server_id_prefix):
     # given: the HTTP port is already taken
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
@@ -355,6 +359,7 @@ def test_start_server_rejects_a_missing_repository_and_clashing_ports(backend_ro
     assert clash.value.field == "ports"
 
 
+@pytest.mark.triton
 def test_server_and_its_backend_stub_get_no_secret_from_conchs_environment(start, server_id_prefix, monkeypatch):
     # given: Conch's environment holds its database, broker and Django secrets
     for name, value in CONCH_SECRETS.items():
@@ -394,6 +399,7 @@ def test_server_environment_takes_storage_credentials_and_refuses_other_variable
     assert CONCH_SECRETS["DATABASE_URL"] not in refused.value.detail
 
 
+@pytest.mark.triton
 def test_server_reads_an_s3_repository_with_credentials_from_env(
     start, server_id_prefix, s3_server, s3_client, s3_bucket, monkeypatch
 ):

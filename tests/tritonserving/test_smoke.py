@@ -59,6 +59,7 @@ def _post_status(http_url: str, path: str, headers: dict[str, str]) -> int:
         return error.code
 
 
+@pytest.mark.triton
 def test_the_verify_server_refuses_keyless_loads_and_gets_no_secret(tmp_path, monkeypatch):
     # given: Conch's secrets in the environment, and a probe run while the scratch server has the model loaded
     for name, value in CONCH_SECRETS.items():
@@ -137,6 +138,7 @@ def _busy_models(server) -> list[dict]:
         return [entry for entry in client.repository_index() if entry.get("state") in ("LOADING", "READY", "UNLOADING")]
 
 
+@pytest.mark.triton
 def test_the_warm_server_verifies_two_models_in_a_row_and_unloads_each(warm, tmp_path):
     # given a repository with the classifier
     repository = _repository(tmp_path / "repository")
@@ -159,6 +161,7 @@ def test_the_warm_server_verifies_two_models_in_a_row_and_unloads_each(warm, tmp
     assert (_busy_models(warm), sorted(warm.scratch_repository.iterdir())) == ([], [])
 
 
+@pytest.mark.triton
 def test_the_warm_server_loads_the_copy_under_its_own_name_with_the_repository_config(warm, tmp_path):
     # given a repository whose config.pbtxt sets the batch size, and a probe of what Triton serves during the load
     repository = _repository(tmp_path / "repository")
@@ -181,6 +184,7 @@ def test_the_warm_server_loads_the_copy_under_its_own_name_with_the_repository_c
     assert [tensor["name"] for tensor in config["input"]] == ["x"]
 
 
+@pytest.mark.triton
 def test_the_warm_server_refuses_keyless_loads_and_gets_no_secret(warm, tmp_path, monkeypatch):
     # given Conch's secrets and storage credentials in the environment, and a probe run while a model is loaded
     for name, value in {**CONCH_SECRETS, "AWS_SECRET_ACCESS_KEY": "aws-secret-9f2e"}.items():
@@ -210,6 +214,7 @@ def test_the_warm_server_refuses_keyless_loads_and_gets_no_secret(warm, tmp_path
     assert np.allclose(outputs["fetch_name_0"], _expected(), atol=1e-4)
 
 
+@pytest.mark.triton
 def test_a_killed_warm_server_is_replaced_by_the_next_verification(warm, tmp_path):
     # given a warm server that verified once and was then killed
     repository = _repository(tmp_path / "repository")
@@ -233,6 +238,7 @@ def test_a_killed_warm_server_is_replaced_by_the_next_verification(warm, tmp_pat
     assert find_servers(killed.server_id) == []
 
 
+@pytest.mark.triton
 def test_a_warm_server_that_does_not_answer_is_replaced(warm, tmp_path, monkeypatch):
     # given a warm server that verified once and then hangs (stopped, not dead), and a short liveness check
     monkeypatch.setattr(smoke, "HEALTH_TIMEOUT_S", 1.0)
@@ -260,6 +266,7 @@ def test_a_warm_server_that_does_not_answer_is_replaced(warm, tmp_path, monkeypa
     assert warm.process.pid != hung.pid
 
 
+@pytest.mark.triton
 def test_a_model_that_fails_to_load_fails_its_verification_and_leaves_the_server_usable(warm, tmp_path):
     # given a repository holding a truncated copy of the classifier next to the real one
     repository = _repository(tmp_path / "repository")
@@ -284,6 +291,7 @@ def test_a_model_that_fails_to_load_fails_its_verification_and_leaves_the_server
     assert (_busy_models(warm), sorted(warm.scratch_repository.iterdir())) == ([], [])
 
 
+@pytest.mark.triton
 def test_a_server_that_dies_during_a_verification_is_replaced_and_the_verification_retried_once(warm, tmp_path):
     # given a copy step that kills the server it copies for, the first time only
     repository = _repository(tmp_path / "repository")
@@ -306,6 +314,7 @@ def test_a_server_that_dies_during_a_verification_is_replaced_and_the_verificati
     assert any("starting a fresh verify server and trying once more" in line for line in lines)
 
 
+@pytest.mark.triton
 def test_a_server_that_dies_twice_makes_the_verification_unavailable(warm, tmp_path):
     # given a copy step that kills the server every time
     repository = _repository(tmp_path / "repository")
@@ -320,6 +329,7 @@ def test_a_server_that_dies_twice_makes_the_verification_unavailable(warm, tmp_p
     assert warm.process is None
 
 
+@pytest.mark.triton
 def test_a_warm_server_needs_a_local_folder_or_a_copy_step(warm):
     with pytest.raises(InvalidInput) as failure:
         _verify(warm, "s3://http://127.0.0.1:9/bucket/prefix")
@@ -344,6 +354,7 @@ def test_a_forked_child_does_not_reuse_its_parents_warm_server(warm):
     assert smoke.current_verify_server() is warm
 
 
+@pytest.mark.triton
 def test_new_settings_replace_the_warm_server(warm, tmp_path):
     # given a started warm server
     first = warm.start()

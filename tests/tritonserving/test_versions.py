@@ -76,6 +76,7 @@ def _initialized_instances(server) -> int:
     return server.log_path.read_text().count("TRITONBACKEND_ModelInstanceInitialize")
 
 
+@pytest.mark.triton
 def test_a_version_added_warmed_and_kept_alone_fails_no_concurrent_request(server):
     # given version 1 served, and a client sending requests without naming a version all the time
     admin = TritonClient(server.http_url, timeout_s=60, api_key=API_KEY)
@@ -113,6 +114,7 @@ def test_a_version_added_warmed_and_kept_alone_fails_no_concurrent_request(serve
     assert admin.ready_versions("adder") == {2}
 
 
+@pytest.mark.triton
 def test_a_version_triton_refuses_leaves_the_served_one_serving(server):
     # given version 1 served
     admin = TritonClient(server.http_url, timeout_s=60, api_key=API_KEY)
@@ -127,6 +129,7 @@ def test_a_version_triton_refuses_leaves_the_served_one_serving(server):
     assert y.tolist() == [[1.0, 1.0, 1.0, 1.0]]
 
 
+@pytest.mark.triton
 def test_a_warm_up_the_model_fails_names_model_version(server):
     # given version 1 served
     admin = TritonClient(server.http_url, timeout_s=60, api_key=API_KEY)
