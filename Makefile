@@ -40,7 +40,7 @@ $(KSERVE_VENV)/.installed: requirements-kserve.txt
 	$(KSERVE_VENV)/bin/python -m pip install --quiet -r requirements-kserve.txt
 	touch $@
 
-# CONCH_DEMO_RUNTIME=kubernetes deploys on the cluster `make cluster` runs (README) instead of a local Triton.
+# CONCH_DEMO_RUNTIME=kubernetes deploys on the cluster `make cluster` runs (docs/test-cluster.md) instead of a local Triton.
 demo: venv
 	$(BIN)/python manage.py run_demo
 
@@ -53,7 +53,7 @@ test: venv
 test-fast: venv
 	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest -m "not (e2e or kube or triton)" --durations=30 $(PYTEST_ARGS)
 
-# A local Kubernetes test cluster in the foreground (README, "A local Kubernetes test cluster"); Ctrl-C stops it.
+# A local Kubernetes test cluster in the foreground (docs/test-cluster.md); Ctrl-C stops it.
 cluster: venv
 	$(BIN)/python -m tests.kube.cluster
 

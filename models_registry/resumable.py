@@ -1,6 +1,6 @@
 """Resumable uploads: a model file sent part by part into a multipart upload of the object store, then checked.
 
-The life of an `Upload` (API contract: UPLOAD-API in the README's "Resumable uploads"):
+The life of an `Upload` (API contract: UPLOAD-API in docs/uploads.md, "Resumable uploads"):
 
 1. `start_upload`: the promised size is reserved in the team's storage quota (under the team's lock, before
    anything is started in the store), then the store starts a multipart upload (`ObjectStore.start_multipart`).

@@ -1,5 +1,6 @@
-"""The README's "With curl only" block, run as written (bash, curl, python3) against a live Conch: register, upload
-magika, wait for its build, deploy it on a local Triton, write /tmp/request.json and infer, read metrics, stop."""
+"""The "With curl only" block of docs/api.md (linked from the README), run as written (bash, curl, python3) against
+a live Conch: register, upload magika, wait for its build, deploy it on a local Triton, write /tmp/request.json and
+infer, read metrics, stop."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from tests.conftest import make_caller
 
 pytestmark = pytest.mark.e2e
 
-README = Path(settings.BASE_DIR) / "README.md"
+API_DOC = Path(settings.BASE_DIR) / "docs" / "api.md"
 
 
 def curl_block() -> str:
-    """The first ```sh block after the heading "### With curl only"."""
-    text = README.read_text()
-    section = text[text.index("### With curl only") :]
+    """The first ```sh block after the heading "## With curl only" of docs/api.md."""
+    text = API_DOC.read_text()
+    section = text[text.index("## With curl only") :]
     found = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
     assert found, "no sh block under 'With curl only'"
     return found.group(1)

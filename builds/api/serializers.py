@@ -212,7 +212,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         }
 
 
-# --- Resumable uploads (README, "Resumable uploads") -------------------------------------------------------------
+# --- Resumable uploads (docs/uploads.md) ----------------------------------------------------------------------------
 
 
 class UploadBuildOptionsSerializer(serializers.Serializer):

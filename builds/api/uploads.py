@@ -1,4 +1,4 @@
-"""REST views of resumable uploads (README, "Resumable uploads"): start, list, sign parts, receive a part (folder
+"""REST views of resumable uploads (docs/uploads.md): start, list, sign parts, receive a part (folder
 storage only), complete, abort. They translate HTTP to service calls: `models_registry.resumable` holds the rules,
 `builds.services` queues the worker's check of a completed upload.
 """

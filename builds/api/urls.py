@@ -15,7 +15,7 @@ urlpatterns = [
         r"^versions/(?P<version_id>[0-9]+)/check-options/?$", views.CheckOptionsView.as_view(), name="version-check"
     ),
     re_path(r"^versions/(?P<version_id>[0-9]+)/review/?$", views.VersionReviewView.as_view(), name="version-review"),
-    # Resumable uploads (README, "Resumable uploads").
+    # Resumable uploads (docs/uploads.md).
     re_path(r"^uploads/check/?$", uploads.CheckUploadFileView.as_view(), name="upload-check"),
     re_path(r"^models/(?P<model_id>[0-9]+)/uploads/?$", uploads.ModelUploadsView.as_view(), name="model-uploads"),
     re_path(

@@ -587,9 +587,9 @@ class S3ObjectStore(ObjectStore):
         """Presign UploadPart of part `number` (boto3 `generate_presigned_url`, SigV4 in the query string).
 
         The client PUTs exactly the part's bytes to the URL, with the target's `headers`, and keeps the ETag
-        response header (a browser reads it only where the bucket's CORS rule exposes it: README, "Uploads
-        straight to the bucket"). With `checksum_crc32` the URL signs the headers `x-amz-checksum-crc32` (that
-        value) and `x-amz-sdk-checksum-algorithm` (CRC32), botocore's SigV4 `X-Amz-SignedHeaders`
+        response header (a browser reads it only where the bucket's CORS rule exposes it: docs/uploads.md). With
+        `checksum_crc32` the URL signs the headers `x-amz-checksum-crc32` (that value) and
+        `x-amz-sdk-checksum-algorithm` (CRC32), botocore's SigV4 `X-Amz-SignedHeaders`
         (host;x-amz-checksum-crc32;x-amz-sdk-checksum-algorithm): the client must send both, exactly, and S3
         refuses bytes with another CRC32 (400 BadDigest), so a part damaged on the way is never stored.
         """

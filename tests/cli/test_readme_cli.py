@@ -1,7 +1,7 @@
-"""The README's `conch` CLI block, run as written (bash) in a new shell after `make demo`: `conch` is not on its
-PATH until the block activates `.venv`, and the model the demo uploaded is already version 1, so the upload with
-`-o max_batch_size=8` is a duplicate that says its options were not applied and the rebuild it prints applies them;
-then deploy, infer, status, metrics and stop on a real local Triton."""
+"""The `conch` CLI block of docs/cli.md (linked from the README), run as written (bash) in a new shell after
+`make demo`: `conch` is not on its PATH until the block activates `.venv`, and the model the demo uploaded is already
+version 1, so the upload with `-o max_batch_size=8` is a duplicate that says its options were not applied and the
+rebuild it prints applies them; then deploy, infer, status, metrics and stop on a real local Triton."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from tests.deployments.conftest import write_built_version
 
 pytestmark = pytest.mark.e2e
 
-README = Path(settings.BASE_DIR) / "README.md"
+CLI_DOC = Path(settings.BASE_DIR) / "docs" / "cli.md"
 
 
 def cli_block() -> str:
-    """The first ```sh block after the heading "## The `conch` CLI"."""
-    text = README.read_text()
-    section = text[text.index("## The `conch` CLI") :]
+    """The first ```sh block after the heading "# The `conch` CLI" of docs/cli.md."""
+    text = CLI_DOC.read_text()
+    section = text[text.index("# The `conch` CLI") :]
     found = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
     assert found, "no sh block under 'The `conch` CLI'"
     return found.group(1)

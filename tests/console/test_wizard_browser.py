@@ -560,7 +560,7 @@ def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path)
 def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
     console_browser, alice, eager_tasks, settings, s3_server, s3_bucket, s3_client, live_server, tmp_path
 ):
-    # given S3 storage on the test S3 server, its bucket letting the console's origin PUT parts (README's rule)
+    # given S3 storage on the test S3 server, its bucket letting the console's origin PUT parts (docs/uploads.md)
     endpoint, bucket = s3_bucket
     settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
     settings.CONCH_S3_ENDPOINT_URL = endpoint

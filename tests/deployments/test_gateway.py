@@ -194,14 +194,14 @@ def test_the_deployment_shows_its_gateway_url(served):
     assert shown["endpoints"]["gateway"] == base  # in full: the gateway's own address, not the console's
 
 
-def test_the_readme_tritonclient_block_works_with_the_gateway_address_the_demo_prints(served):
+def test_the_documented_tritonclient_block_works_with_the_gateway_address_the_demo_prints(served):
     # given CONCH_GATEWAY and CONCH_TOKEN as `. var/demo.env` sets them: the demo prints endpoints.gateway
     caller, deployment, base = served
     gateway = caller.client.get(f"/api/v1/deployments/{deployment.pk}/").json()["endpoints"]["gateway"]
-    text = (Path(settings.BASE_DIR) / "README.md").read_text()
-    section = text[text.index("### The inference gateway") :]
+    text = (Path(settings.BASE_DIR) / "docs" / "gateway.md").read_text()
+    section = text[text.index("# The inference gateway") :]
     block = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    # when the README's tritonclient block runs as written
+    # when the tritonclient block of docs/gateway.md runs as written
     done = subprocess.run(
         [sys.executable, "-c", block],
         env={**os.environ, "CONCH_GATEWAY": gateway, "CONCH_TOKEN": caller.token},

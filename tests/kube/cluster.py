@@ -110,7 +110,7 @@ def ensure_binaries() -> Path:
     if result.returncode != 0 or folder is None or not (folder / "kube-apiserver").is_file():
         raise ClusterError(
             f"{BUILD_SCRIPT} failed (exit code {result.returncode}); the Kubernetes binaries are built from "
-            "Debian's source package and need apt-get with deb-src access (see README, `make cluster`)"
+            "Debian's source package and need apt-get with deb-src access (see docs/test-cluster.md)"
         )
     return folder
 

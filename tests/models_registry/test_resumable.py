@@ -769,9 +769,9 @@ def test_a_part_sent_again_with_other_bytes_after_complete_fails_the_size_check(
 
 
 def test_the_bucket_cors_rule_of_the_readme_lets_a_browser_put_parts_and_read_the_etag(alice, s3, s3_client):
-    # given the bucket configured with the rule the README documents, for the console's origin
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    rule = json.loads(readme.split('```json\n{"CORSRules"', 1)[1].split("```", 1)[0].join(['{"CORSRules"', ""]))
+    # given the bucket configured with the rule docs/uploads.md documents, for the console's origin
+    uploads_doc = (Path(__file__).resolve().parents[2] / "docs" / "uploads.md").read_text()
+    rule = json.loads(uploads_doc.split('```json\n{"CORSRules"', 1)[1].split("```", 1)[0].join(['{"CORSRules"', ""]))
     origin = rule["CORSRules"][0]["AllowedOrigins"][0]
     s3_client.put_bucket_cors(Bucket=s3.bucket, CORSConfiguration=rule)
     model_id = _model(alice)
