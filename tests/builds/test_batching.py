@@ -207,7 +207,11 @@ def test_max_batch_size_zero_stays_zero_when_served(alice, eager_tasks, django_c
     assert [[int(d) for d in item["dims"]] for item in served["input"]] == [[-1, 3, 224, 224]]
     assert "dynamic_batching" not in served
     port = deployment["endpoints"]["http"].rsplit(":", 1)[1]
-    [process] = [p for p in psutil.process_iter(["cmdline"]) if f"--http-port={port}" in (p.info["cmdline"] or [])]
+    [process] = [
+        p
+        for p in psutil.process_iter(["cmdline", "name"])
+        if p.info["name"] == "tritonserver" and f"--http-port={port}" in (p.info["cmdline"] or [])
+    ]  # (its exit watcher, its parent, carries the same arguments)
     assert "--disable-auto-complete-config" in process.info["cmdline"]
     # and a request of two images in the full shape is one run
     x = np.random.default_rng(1).random((2, 3, 224, 224), dtype=np.float32)

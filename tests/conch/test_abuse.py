@@ -266,7 +266,13 @@ def _django(tmp_path: Path, code: str, **variables: str) -> subprocess.Completed
 
 def test_the_cache_follows_a_redis_broker_else_stays_in_the_process(tmp_path):
     # (an empty CONCH_CACHE_URL, as `make test` sets it, means unset)
-    on_redis = _django(tmp_path, PRINT_CACHE, CELERY_BROKER_URL="redis://queue.internal:6379/3", CONCH_CACHE_URL="")
+    on_redis = _django(
+        tmp_path,
+        PRINT_CACHE,
+        CELERY_BROKER_URL="redis://queue.internal:6379/3",
+        CONCH_CACHE_URL="",
+        CONCH_INSTANCE_ID="conch",
+    )
     alone = _django(tmp_path, PRINT_CACHE)
     chosen = _django(
         tmp_path, PRINT_CACHE, CELERY_BROKER_URL="redis://queue.internal:6379/3", CONCH_CACHE_URL="locmem://"

@@ -432,6 +432,7 @@ def _triton_of(triton_dir: Path, server_id: str) -> triton_server.ServerProcess:
     )
 
 
+@pytest.mark.triton
 def test_a_second_installation_on_the_host_leaves_the_first_ones_tritons_alone(
     alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, settings, tmp_path
 ):
@@ -462,6 +463,7 @@ def test_a_second_installation_on_the_host_leaves_the_first_ones_tritons_alone(
         triton_server.stop_server(first.pid, first.create_time)
 
 
+@pytest.mark.triton
 def test_a_server_named_like_ours_but_not_started_by_this_installation_is_left_alone(settings, tmp_path):
     # given two Tritons named like this installation's deployment servers, no deployment recording either: one on
     # this installation's backend folder (an orphan of ours), one started by another checkout that was given the

@@ -277,6 +277,7 @@ def test_killed_server_is_not_alive_and_stopping_it_is_a_no_op(start, server_id_
     )
 
 
+@pytest.mark.triton
 def test_a_server_asked_to_shut_down_by_sigterm_is_recorded_as_such(start, server_id_prefix):
     # given
     process = start(f"{server_id_prefix}term")
@@ -291,6 +292,7 @@ def test_a_server_asked_to_shut_down_by_sigterm_is_recorded_as_such(start, serve
     assert is_alive(process.pid, process.create_time) is False
 
 
+@pytest.mark.triton
 def test_find_servers_with_a_backend_folder_lists_only_servers_started_on_it(start, server_id_prefix, tmp_path):
     # given two servers whose ids share a prefix, started on two backend folders (two installations)
     other_backends = ensure_backend_directory(tmp_path / "other" / "backends")
