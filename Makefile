@@ -55,7 +55,7 @@ test-fast: venv
 
 # A local Kubernetes test cluster in the foreground (docs/test-cluster.md); Ctrl-C stops it.
 cluster: venv
-	$(BIN)/python -m tests.kube.cluster
+	$(BIN)/python -m devtools.cluster
 
 bench: venv
 	$(BIN)/python bench/serving.py

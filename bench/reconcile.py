@@ -1,6 +1,6 @@
 """Benchmark: one reconcile tick over many Kubernetes deployments, timed, with the API requests it makes counted.
 
-Set-up (not timed): the local test cluster (tests/kube/cluster.py: etcd, kube-apiserver, controller-manager and
+Set-up (not timed): the local test cluster (devtools/cluster: etcd, kube-apiserver, controller-manager and
 scheduler built from Debian's source package, the fake GPU nodes, and extra CPU nodes so every pod has room: a
 node takes 110 pods) with its test kubelet in fake-container mode
 (pods are marked Ready without starting Triton), an S3 protocol server (moto) for the model repositories, and
@@ -118,7 +118,7 @@ def main() -> int:
 
     from moto.server import ThreadedMotoServer
 
-    from tests.kube.cluster import NODES, Cluster, FakeNode, ensure_binaries, free_port
+    from devtools.cluster import NODES, Cluster, FakeNode, ensure_binaries, free_port
 
     scratch = Path(tempfile.mkdtemp(prefix="conch-bench-reconcile-"))
     s3_port = free_port()
@@ -144,9 +144,8 @@ def main() -> int:
         from django.contrib.auth import get_user_model
 
         from deployments.services.clusters import register_cluster
+        from devtools.seed import add_constant, write_built_version
         from tenancy.models import Membership, Team
-        from tests.deployments.conftest import write_built_version
-        from tests.tiny_models import add_constant
 
         user = get_user_model().objects.create_user("bench", password=None)
         team = Team.objects.create(slug="bench", name="bench")

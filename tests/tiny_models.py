@@ -7,24 +7,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-
-def add_constant(path: Path, constant: float) -> Path:
-    """Write y = x + `constant` to `path`: x FP32 [batch, 4] -> y FP32 [batch, 4]; returns `path`.
-
-    Two of them with different constants are two versions of one model whose answers tell them apart.
-    """
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "c"], ["y"])],
-        "add_constant",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor("c", TensorProto.FLOAT, [1], [constant])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+# y = x + c lives in the development tooling (bench/reconcile.py uses it too); the tests import it from here.
+from devtools.seed import add_constant as add_constant
 
 
 def onnx_like(data: bytes) -> bytes:

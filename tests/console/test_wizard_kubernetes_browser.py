@@ -2,7 +2,7 @@
 server, scheduler and controller-manager; the test kubelet runs each pod as a local Triton reading the model
 repository from the test S3 server).
 
-The cluster's Nodes advertise GPUs as NVIDIA's device plugin does (tests/kube/cluster.py): `gpu-a` 2
+The cluster's Nodes advertise GPUs as NVIDIA's device plugin does (devtools/cluster): `gpu-a` 2
 `nvidia.com/gpu` (NVIDIA-A10), `gpu-b` 7 `nvidia.com/mig-1g.10gb` (NVIDIA-A100-SXM4-40GB), `cpu-a` none. The page
 must show those, and the team's GPU quota, refuse before submit what the create would refuse, and follow the
 deployment until its pods are ready; a test inference is then answered by the pods.

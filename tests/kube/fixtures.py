@@ -1,4 +1,4 @@
-"""The `kube_cluster` fixture: one local Kubernetes test cluster (tests/kube/cluster.py) for the test session.
+"""The `kube_cluster` fixture: one local Kubernetes test cluster (`devtools.cluster`) for the test session.
 
 It yields the running `Cluster`: `kubeconfig_path` (absolute), `namespace` ("conch"), `api_client()` (a new
 `kubernetes.client.ApiClient` as the cluster admin), `stop_apiserver()` / `start_apiserver()` (the API server down
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kube.cluster import REPO_ROOT, Cluster, ClusterError, ensure_binaries
+from devtools.cluster import REPO_ROOT, Cluster, ClusterError, ensure_binaries
 
 # One folder per test process: two sessions on one machine (or one checkout) run clusters of their own.
 STATE_DIR = REPO_ROOT / "var" / "test" / f"kube-cluster-{os.getpid()}"

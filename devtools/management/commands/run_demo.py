@@ -22,7 +22,7 @@ that publishes nothing is stopped and restarted the same way. None of it stops t
 demo or its Tritons.
 
 With `CONCH_DEMO_RUNTIME=kubernetes` (or `--runtime kubernetes`) the model is deployed on the
-cluster `make cluster` runs instead (tests/kube/cluster.py; its kubeconfig is read from
+cluster `make cluster` runs instead (devtools/cluster; its kubeconfig is read from
 `var/cluster/kubeconfig`, or `--kubeconfig`), registered as cluster `local` (namespace
 `conch`), as `orientation-k8s` with 2 replicas of 1 GPU each. Its pods read the model
 repository over S3: unless CONCH_STORAGE_URL is set, the demo starts an S3 protocol server

@@ -3,7 +3,7 @@
 # package, with Debian's Go 1.19, and unpacks Debian's etcd beside them. Nothing is installed system-wide:
 # everything lives under $CONCH_K8S_CACHE (default ~/.cache/conch-k8s/<debian-version>). Idempotent: when the
 # binaries are there it prints their folder and exits. First run: ~5 minutes on 2 cores, ~3 GB of disk while
-# building (the build tree is removed afterwards), ~300 MB kept. See ../shared/K8S-TESTING.md.
+# building (the build tree is removed afterwards), ~300 MB kept. See docs/test-cluster.md.
 set -euo pipefail
 
 DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"

@@ -1,24 +1,23 @@
 """A local Kubernetes test cluster: real etcd, kube-apiserver, kube-controller-manager and kube-scheduler on
-loopback, three fake Nodes, and the test kubelet (`tests.kube.kubelet`) running the pods bound to them.
+loopback, three fake Nodes, and the test kubelet (`devtools.cluster.kubelet`) running the pods bound to them.
 
-The binaries come from Debian's `kubernetes` source package, built once by `tests/kube/build.sh` into a cache
-folder (see /work/shared/K8S-TESTING.md). Everything a run writes lives in one state folder (default
-`var/cluster/`): certificates, the admin kubeconfig (`kubeconfig`, absolute paths inside), etcd's data, one log per
-component, the kubelet's container logs, and `pids/`, the record of every process started, which the next start
-sweeps so that a crashed run leaves nothing behind.
+The binaries come from Debian's `kubernetes` source package, built once by `devtools/cluster/build.sh` into a
+cache folder (`~/.cache/conch-k8s`, docs/test-cluster.md). Everything a run writes lives in one state folder
+(default `var/cluster/`): certificates, the admin kubeconfig (`kubeconfig`, absolute paths inside), etcd's data,
+one log per component, the kubelet's container logs, and `pids/`, the record of every process started, which the
+next start sweeps so that a crashed run leaves nothing behind.
 
 Nodes (Kubernetes "Nodes"; GPU resources and labels as NVIDIA's device plugin and GPU Feature Discovery publish
 them): `gpu-a` with 2 `nvidia.com/gpu` (NVIDIA-A10), `gpu-b` with 7 `nvidia.com/mig-1g.10gb`
 (NVIDIA-A100-SXM4-40GB), both tainted `nvidia.com/gpu:NoSchedule`; `cpu-a` without GPUs.
 
-Use it as a library (`Cluster(...).start()`, or the `kube_cluster` pytest fixture in `tests/kube/conftest.py`),
-or in the foreground: `python -m tests.kube.cluster` (`make cluster`) prints `KUBECONFIG=<path>` when ready and
-stops everything on Ctrl-C or SIGTERM.
+Development tooling: used as a library (`Cluster(...).start()`) by the `kube_cluster` pytest fixture
+(tests/kube/fixtures.py) and bench/reconcile.py, and in the foreground by `python -m devtools.cluster`
+(`make cluster`, devtools/cluster/__main__.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import ctypes
 import datetime
@@ -31,8 +30,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -99,7 +96,7 @@ def free_port(start: int = 20000) -> int:
 
 def ensure_binaries() -> Path:
     """Return the folder holding kube-apiserver, kube-controller-manager, kube-scheduler and etcd; build them first
-    with `tests/kube/build.sh` when they are missing (~5 minutes, apt must be reachable). Raises ClusterError."""
+    with `devtools/cluster/build.sh` when they are missing (~5 minutes, apt must be reachable). Raises ClusterError."""
     try:
         result = subprocess.run(
             ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False
@@ -453,6 +450,10 @@ class Cluster:
         component.start()
         self._wait(component, f"{self.server_url}/readyz", timeout_s=60)
 
+    def exited_components(self) -> list[Component]:
+        """The control-plane processes that are not running (after `start()`: those that exited since)."""
+        return [component for component in self._components.values() if not component.running()]
+
     # -- clients --------------------------------------------------------------------------------------------
 
     def api_client(self) -> Any:
@@ -563,7 +564,7 @@ class Cluster:
         }
 
     def _start_kubelet(self) -> None:
-        from tests.kube.kubelet import Kubelet
+        from devtools.cluster.kubelet import Kubelet
 
         self.kubelet = Kubelet(
             api_client_factory=self.api_client,
@@ -585,44 +586,3 @@ class Cluster:
                     {"status": self.node_status(node, self.kubelet.port)},
                     _content_type="application/strategic-merge-patch+json",
                 )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the cluster in the foreground until Ctrl-C or SIGTERM; print `KUBECONFIG=<path>` once ready."""
-    parser = argparse.ArgumentParser(prog="python -m tests.kube.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
-    parser.add_argument("--fake-containers", action="store_true", help="mark pods Ready without running Triton")
-    arguments = parser.parse_args(argv)
-    stopping = threading.Event()
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGHUP, request_stop)
-    cluster = Cluster(arguments.state_dir, fake_containers=arguments.fake_containers)
-    started = time.monotonic()
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        print(f"cluster: {exc}", file=sys.stderr)
-        return 1
-    try:
-        print(
-            f"# cluster ready in {time.monotonic() - started:.1f} s; logs in {cluster.state_dir / 'logs'}", flush=True
-        )
-        print(f"KUBECONFIG={cluster.kubeconfig_path}", flush=True)
-        while not stopping.wait(1.0):
-            for component in cluster._components.values():
-                if not component.running():
-                    print(f"cluster: {component.name} exited; see {component.log_path}", file=sys.stderr)
-                    stopping.set()
-    finally:
-        print("# stopping", flush=True)
-        cluster.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
 """The test kubelet: runs the pods the real scheduler binds to the test cluster's fake Nodes, with local processes.
 
-It stands in for a node's kubelet and container runtime, and nothing else does (tests/kube/cluster.py starts it).
+It stands in for a node's kubelet and container runtime, and nothing else does (devtools/cluster/control_plane.py
+starts it).
 What it does, after the kubelet's documented behaviour (Kubernetes "Pod Lifecycle", "Configure Liveness,
 Readiness and Startup Probes", "Define Environment Variables for a Container", "Expose Pod Information"):
 - watches every pod bound (`spec.nodeName`) to one of its nodes;
@@ -45,9 +46,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.kube.cluster import die_with_parent, record_process
+from devtools.cluster.control_plane import die_with_parent, record_process
 
-logger = logging.getLogger("tests.kube.kubelet")
+logger = logging.getLogger("devtools.cluster.kubelet")
 
 TRITON_IMAGE = re.compile(r"(nvcr\.io/)?nvidia/tritonserver(:[^@]+)?(@sha256:[0-9a-f]+)?")
 TRITON_COMMANDS = {"tritonserver", "/opt/tritonserver/bin/tritonserver"}
