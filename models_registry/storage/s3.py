@@ -9,7 +9,7 @@ import hashlib
 import io
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.futures import TransferFuture
 from s3transfer.manager import TransferConfig as S3TransferConfig
 from s3transfer.manager import TransferManager
+from s3transfer.subscribers import BaseSubscriber
 
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from models_registry.storage.base import (
@@ -108,10 +109,11 @@ class _WriterAborted(Exception):
 class _Pipe:
     """The bytes a writer pushes, read by s3transfer's submission thread as a non-seekable file object.
 
-    It holds at most `capacity` bytes: `put` blocks (back-pressure) until the reader took enough, and `read(n)`
-    blocks until it has `n` bytes or the writer closed it, because s3transfer takes a short read for the end of the
-    stream (a part under 5 MiB that is not the last would be refused). Chunks are kept as they were put, not
-    copied, until read.
+    It holds at most `capacity` bytes: `put` blocks (back-pressure) until the reader took enough or stopped
+    reading (`end_reading`, when the transfer ended), and `read(n)` blocks until it has `n` bytes or the writer
+    closed it, because s3transfer takes a short read for the end of the stream (a part under 5 MiB that is not the
+    last would be refused). Chunks are kept as they were put, not copied, until read. Every wait is woken by the
+    state change it waits for (one condition variable); nothing polls.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -120,6 +122,7 @@ class _Pipe:
         self._buffered = 0
         self._closed = False
         self._aborted = False
+        self._reading_ended = False
         self._changed = threading.Condition()
 
     def readable(self) -> bool:
@@ -128,16 +131,23 @@ class _Pipe:
     def seekable(self) -> bool:
         return False
 
-    def put(self, data: bytes, *, alive: Callable[[], bool]) -> None:
-        """Append `data` once there is room. Returns early, without taking it, when `alive()` turns False (the
-        transfer failed; the caller then raises its error)."""
+    def put(self, data: bytes) -> bool:
+        """Append `data` once there is room; returns True. Returns False at once, without taking it, when the reader
+        stopped (`end_reading`: the transfer ended, and the caller raises its error) or the pipe was aborted."""
         with self._changed:
-            while self._buffered >= self._capacity and not self._aborted:
-                if not alive():
-                    return
-                self._changed.wait(0.1)
+            while self._buffered >= self._capacity and not self._aborted and not self._reading_ended:
+                self._changed.wait()
+            if self._aborted or self._reading_ended:
+                return False
             self._chunks.append(data)
             self._buffered += len(data)
+            self._changed.notify_all()
+            return True
+
+    def end_reading(self) -> None:
+        """The reader is gone (the transfer ended: done, failed or cancelled): wake a blocked `put`, refuse more."""
+        with self._changed:
+            self._reading_ended = True
             self._changed.notify_all()
 
     def close(self) -> None:
@@ -174,6 +184,16 @@ class _Pipe:
                 self._buffered -= len(pieces[-1])
             self._changed.notify_all()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+class _EndReadingWhenDone(BaseSubscriber):
+    """s3transfer subscriber that tells the pipe its reader is gone once the transfer is done (in any way)."""
+
+    def __init__(self, pipe: _Pipe) -> None:
+        self._pipe = pipe
+
+    def on_done(self, future: TransferFuture, **kwargs: object) -> None:
+        self._pipe.end_reading()
 
 
 class _S3ObjectWriter(ObjectWriter):
@@ -225,16 +245,16 @@ class _S3ObjectWriter(ObjectWriter):
         )
         self._pipe = _Pipe(capacity=part)
         self._manager = TransferManager(self._store._client, config)
-        self._future = self._manager.upload(self._pipe, self._store.bucket, self._object_key)
+        self._future = self._manager.upload(
+            self._pipe, self._store.bucket, self._object_key, subscribers=[_EndReadingWhenDone(self._pipe)]
+        )
         first, self._first, self._first_bytes = self._first, [], 0
         for data in first:
             self._put(data)
 
     def _put(self, data: bytes) -> None:
         assert self._pipe is not None and self._future is not None
-        future = self._future
-        self._pipe.put(data, alive=lambda: not future.done())
-        if future.done():
+        if not self._pipe.put(data):
             self._raise_transfer_error()
 
     def _raise_transfer_error(self) -> None:

@@ -8,6 +8,7 @@ import io
 import random
 import re
 import socket
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -26,6 +27,7 @@ from models_registry.storage import (
     build_object_store,
     get_object_store,
 )
+from models_registry.storage.s3 import _Pipe
 from tests.s3_server import S3_STORE_PREFIX
 
 MIB = 1024 * 1024
@@ -202,6 +204,43 @@ def test_s3_failed_part_aborts_writer_and_raises_unavailable(s3_store, s3_client
     assert s3_client.list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", []) == []
     with pytest.raises(ConchError, match="already aborted"):
         writer.write(b"x")
+
+
+def _put_in_thread(pipe: _Pipe, data: bytes) -> tuple[threading.Thread, list[bool]]:
+    """Start a thread that puts `data` into `pipe` (blocking while it is full); the list gets put's answer."""
+    outcome: list[bool] = []
+    putter = threading.Thread(target=lambda: outcome.append(pipe.put(data)), name="pipe-put", daemon=True)
+    putter.start()
+    return putter, outcome
+
+
+def test_a_put_waiting_on_a_full_writer_pipe_returns_when_the_transfer_ends():
+    # given an S3 writer's pipe that is full (s3transfer read nothing yet) and a put waiting for room in it
+    pipe = _Pipe(capacity=4)
+    assert pipe.put(b"abcd") is True
+    putter, outcome = _put_in_thread(pipe, b"efgh")
+    # when the transfer ends (s3transfer's done callback: failed, cancelled)
+    pipe.end_reading()
+    # then the waiting put is woken and returns without taking the bytes (no timer: it waits on the pipe's state)
+    putter.join(timeout=30)
+    assert not putter.is_alive() and outcome == [False]
+    # and a later put is refused at once
+    assert pipe.put(b"ijkl") is False
+
+
+def test_a_put_waiting_on_a_full_writer_pipe_goes_in_when_the_reader_takes_a_part():
+    # given a full pipe and a put waiting for room in it
+    pipe = _Pipe(capacity=4)
+    pipe.put(b"abcd")
+    putter, outcome = _put_in_thread(pipe, b"efgh")
+    # when s3transfer reads a part
+    assert pipe.read(4) == b"abcd"
+    # then the put goes in, and the reader gets its bytes, short at the end of the stream
+    putter.join(timeout=30)
+    assert not putter.is_alive() and outcome == [True]
+    pipe.close()
+    assert pipe.read(8) == b"efgh"
+    assert pipe.read(8) == b""
 
 
 def test_s3_objects_live_under_the_store_prefix(s3_store, s3_client):
