@@ -176,8 +176,8 @@ def _accept_samples(
         if values:
             samples["values"] = values
     if sample_inputs is not None:
-        # Checked from the archive's directory and headers before anything is unpacked, then unpacked a
-        # megabyte at a time and dropped: this process never holds the arrays (PayloadTooLarge past the limits).
+        # Checked from the archive's directory and the arrays' headers only (PayloadTooLarge past the limits): this
+        # process unpacks no array; the worker reads them, within the same limits, and checks their CRC-32.
         described = check_sample_archive(store.read_bytes(sample_inputs.key), limits=sample_limits())
         samples["key"] = registry.sample_inputs_key(model_id=version.model_id, number=version.number)
         samples["inputs"] = described

@@ -551,6 +551,34 @@ def test_a_build_refuses_a_sample_bomb_that_reached_the_store_another_way(
     assert not any("loaded" in line for line in verify.log), verify.log
 
 
+def test_samples_whose_array_data_is_damaged_are_taken_by_the_upload_and_fail_the_build_naming_them(
+    alice, django_capture_on_commit_callbacks, tmp_path
+):
+    # given samples whose directory and header are sound but whose array data was damaged (CRC-32 mismatch), far
+    # enough past the header (32 KiB of data) that reading the header does not reach it (zipfile reads 4 KiB ahead)
+    array = np.arange(2048 * 4, dtype=np.float32).reshape(2048, 4)
+    buffer = io.BytesIO()
+    np.savez(buffer, x=array)
+    damaged = bytearray(buffer.getvalue())
+    damaged[damaged.index(array.tobytes()) + array.nbytes // 2] ^= 0xFF
+    # when a model is uploaded with them: the web process reads only the directory and the headers
+    data = add_constant(tmp_path / "add.onnx", 1.0).read_bytes()
+    response = upload(
+        alice, django_capture_on_commit_callbacks, "adder", data, sample_inputs=SimpleUploadedFile("s.npz", damaged)
+    )
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.get(pk=response.json()["id"])
+    assert version.build_options["samples"]["inputs"] == {"x": {"dtype": "float32", "shape": [2048, 4]}}
+    # then the worker, which reads the arrays, fails the build at verify naming the samples, before any inference
+    assert run_build(version_id=version.pk, attempt=version.build_attempt) == "failed"
+    version.refresh_from_db()
+    assert version.error_field == "sample_inputs"
+    assert "Array 'x' of the sample inputs file cannot be read (Bad CRC-32" in version.error
+    verify = version.build_steps.get(name="verify")
+    assert verify.status == "failed"
+    assert not any("loaded" in line for line in verify.log), verify.log
+
+
 def test_a_rebuild_takes_sample_values_as_json(alice, eager_tasks, django_capture_on_commit_callbacks):
     version = built(alice, django_capture_on_commit_callbacks, "x", onnx_like(b"\x89PNG\r\n\x1a\n" + b"\0" * 64))
     with django_capture_on_commit_callbacks(execute=True):

@@ -583,6 +583,29 @@ def test_a_file_with_too_many_arrays_is_refused_with_413_naming_the_limit(reader
     )
 
 
+def _with_damaged_data(data: bytes, array: np.ndarray) -> bytes:
+    """`data` (an uncompressed `.npz` holding `array`) with one byte of the array's data flipped: directory,
+    sizes and header unchanged, the member's CRC-32 no longer matches."""
+    start = data.index(array.tobytes())
+    damaged = bytearray(data)
+    damaged[start + array.nbytes // 2] ^= 0xFF
+    return bytes(damaged)
+
+
+def test_the_web_check_unpacks_no_array_and_the_worker_finds_damaged_data():
+    # given an .npz whose array data was damaged after it was written (its CRC-32 no longer matches), far enough
+    # past the header that reading the header does not reach it (zipfile reads a small member whole, in 4 KiB)
+    array = np.arange(8192, dtype=np.float32)
+    data = _with_damaged_data(npz_bytes(x=array), array)
+    # when the web process checks it: directory and header only, so it is described, not unpacked
+    assert check_sample_archive(data, limits=LIMITS) == {"x": {"dtype": "float32", "shape": [8192]}}
+    # then the worker, which reads the arrays, refuses it naming the field and the array
+    with pytest.raises(InvalidInput) as caught:
+        read_sample_arrays(data, limits=LIMITS)
+    assert caught.value.field == "sample_inputs"
+    assert caught.value.detail.startswith("Array 'x' of the sample inputs file cannot be read (Bad CRC-32")
+
+
 def test_arrays_within_the_limits_are_read_and_described_alike():
     # given arrays up to the limit together, one of them Fortran-ordered, one compressed, one text
     image = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
