@@ -74,9 +74,10 @@ class Route:
     """What the gateway knows of one (token, team, deployment) while it caches it.
 
     `servers`: (KServe v2 base URL, restricted-endpoint key) of each ready Triton, in the order requests take
-    them; empty when none is ready. `batching`: whether the model batches (its max_batch_size > 0), so the
-    first dimension of a request's first input counts its inferences. `requests_per_minute`: the token's rate
-    limit. `unavailable`: the sentence to answer (503) for a model path when no server is ready.
+    them; empty when none is ready. `grpc_servers`: (gRPC `host:port`, key) of the same servers, in the same
+    order (a server without a gRPC port is left out). `batching`: whether the model batches (its max_batch_size
+    > 0), so the first dimension of a request's first input counts its inferences. `requests_per_minute`: the
+    token's rate limit. `unavailable`: the sentence to answer (503) for a model path when no server is ready.
     """
 
     token_id: int
@@ -90,6 +91,7 @@ class Route:
     servers: tuple[tuple[str, str], ...]
     requests_per_minute: int
     unavailable: str = ""
+    grpc_servers: tuple[tuple[str, str], ...] = ()
     unavailable_status: int = 503
 
 
@@ -150,12 +152,16 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
     )
     ready = deployment.status in _SERVING
     servers: tuple[tuple[str, str], ...] = ()
+    grpc_servers: tuple[tuple[str, str], ...] = ()
     unavailable, unavailable_status = "", 503
     if ready:
         try:
-            servers = tuple((server.http_url, server.api_key) for server in serving_servers(deployment))
+            found = serving_servers(deployment)
         except Unavailable as exc:
             unavailable = exc.detail
+        else:
+            servers = tuple((server.http_url, server.api_key) for server in found)
+            grpc_servers = tuple((server.grpc_target, server.api_key) for server in found if server.grpc_target)
     if not servers and not unavailable:
         if deployment.runtime == "kubernetes" and not deployment.autoscaling and deployment.replicas == 0:
             unavailable, unavailable_status = (
@@ -179,6 +185,7 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
         requests_per_minute=token.requests_per_minute or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE,
         unavailable=unavailable,
         unavailable_status=unavailable_status,
+        grpc_servers=grpc_servers,
     )
 
 

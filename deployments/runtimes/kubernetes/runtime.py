@@ -419,6 +419,7 @@ class KubernetesRuntime(Runtime):
                     http_url=f"http://{host}:{manifests.HTTP_PORT}",
                     metrics_url=f"http://{host}:{manifests.METRICS_PORT}/metrics",
                     api_key=key,
+                    grpc_target=f"{host}:{manifests.GRPC_PORT}",
                 )
             )
         return servers
