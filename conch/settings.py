@@ -419,6 +419,10 @@ if CONCH_INSPECT_CPU_SECONDS < 1 or CONCH_INSPECT_MEMORY_BYTES < 256 * 1024**2:
 # Where the gateway listens, and the base URL clients use for it (`endpoints.gateway` of a deployment).
 CONCH_GATEWAY_BIND = env("CONCH_GATEWAY_BIND", "127.0.0.1:8001")
 CONCH_GATEWAY_URL = env("CONCH_GATEWAY_URL", f"http://{CONCH_GATEWAY_BIND}").rstrip("/")
+# The gateway's KServe v2 gRPC service (same process, same tokens and limits); "" serves none. The address clients
+# are told (`host:port`, the deployment's `endpoints.grpc_gateway`) defaults to the bind address.
+CONCH_GATEWAY_GRPC_BIND = env("CONCH_GATEWAY_GRPC_BIND", "127.0.0.1:8002")
+CONCH_GATEWAY_GRPC_ADDRESS = env("CONCH_GATEWAY_GRPC_ADDRESS", CONCH_GATEWAY_GRPC_BIND)
 # Seconds a resolved (token, deployment) route is reused: a revoked token or a stopped deployment stops being
 # served at most this long after the change.
 CONCH_GATEWAY_ROUTE_CACHE_SECONDS = env("CONCH_GATEWAY_ROUTE_CACHE_SECONDS", 1.0, cast=float)

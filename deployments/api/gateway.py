@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connections
 
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge, Unavailable, UnsupportedMediaType
+from deployments.api.grpc_gateway import GrpcGateway
 from deployments.services import gateway as rules
 from deployments.services.gateway import Plan, Route, UsageCounts
 from deployments.services.serving import MAX_SERVERS_TRIED, Serving, TooManyRequests
@@ -62,10 +63,13 @@ class GatewayApp:
     """The ASGI application (HTTP and lifespan). One per process; state is built at lifespan start-up (or on the
     first request when the server sends no lifespan events) inside the server's event loop. `serving`: the
     process's shared routes, rate limiter, usage meter and server pick (`deployments.services.serving`), given
-    when another edge of the process (the gRPC one) shares it; a new one otherwise."""
+    when another edge shares it; a new one otherwise. `grpc_bind`: where to serve the gRPC edge
+    (`deployments.api.grpc_gateway`, `host:port`) on the same event loop with the same `serving`; "" for none."""
 
-    def __init__(self, serving: Serving | None = None) -> None:
+    def __init__(self, serving: Serving | None = None, *, grpc_bind: str = "") -> None:
         self.serving = serving if serving is not None else Serving()
+        self.grpc_bind = grpc_bind
+        self.grpc: GrpcGateway | None = None
         self._relay: TritonRelay | None = None
         self._shared_memory: SharedMemoryInputs | None = None
 
@@ -102,10 +106,16 @@ class GatewayApp:
             else None
         )
         await self.serving.start()
+        if self.grpc_bind:
+            self.grpc = GrpcGateway(self.serving)
+            await self.grpc.start(self.grpc_bind)
 
     async def _stop(self) -> None:
         if self._relay is None:
             return
+        if self.grpc is not None:
+            await self.grpc.stop()
+            self.grpc = None
         await self.serving.stop()
         if self._shared_memory is not None:
             await self._shared_memory.close()

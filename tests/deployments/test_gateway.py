@@ -501,16 +501,22 @@ def test_a_request_read_whole_is_sent_again_to_another_server_when_the_first_can
     caller, deployment, base = served
     client, headers = _client(base, caller.token)
     assert client.is_model_ready("adder", headers=headers)  # the route is cached now
-    ((expires, route),) = [value for value in gateway.app.serving.routes.entries.values() if not isinstance(value[1], Exception)]
+    ((expires, route),) = [
+        value for value in gateway.app.serving.routes.entries.values() if not isinstance(value[1], Exception)
+    ]
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     key = next(k for k, v in gateway.app.serving.routes.entries.items() if v[1] is route)
-    gateway.app.serving.routes.entries[key] = (expires, dataclasses.replace(route, servers=((dead, ""), *route.servers)))
+    gateway.app.serving.routes.entries[key] = (
+        expires,
+        dataclasses.replace(route, servers=((dead, ""), *route.servers)),
+    )
     gateway.app.serving.picker.turns[route.deployment_id] = itertools.count()  # the dead one is tried first
     x = triton_http.InferInput("x", list(X.shape), "FP32")
     x.set_data_from_numpy(X, binary_data=True)
     result = client.infer("adder", [x], headers=dict(headers))
     assert result.as_numpy("y").tolist() == (X + 1).tolist()
-    assert key not in gateway.app.serving.routes.entries  # the dead server was tried: the route is to be resolved afresh
+    # the dead server was tried: the route is to be resolved afresh
+    assert key not in gateway.app.serving.routes.entries
 
 
 def _raw_exchange(base: str, head: bytes, body_parts: list[bytes], pause_s: float = 0.0) -> tuple[int, bytes]:
@@ -585,7 +591,9 @@ def test_a_client_that_stops_sending_its_body_gets_408_and_others_are_served(ser
 
 def _triton_of(gateway) -> tuple[str, str]:
     """(base URL, restricted-endpoint key) of the one Triton the gateway has a cached route to."""
-    ((_, route),) = [value for value in gateway.app.serving.routes.entries.values() if not isinstance(value[1], Exception)]
+    ((_, route),) = [
+        value for value in gateway.app.serving.routes.entries.values() if not isinstance(value[1], Exception)
+    ]
     return route.servers[0]
 
 
