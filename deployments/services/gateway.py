@@ -47,10 +47,12 @@ __all__ = [
     "Plan",
     "Route",
     "UsageCounts",
+    "deployment_route",
     "gateway_usage",
     "parse_header_length",
     "plan_request",
     "record_gateway_usage",
+    "require_servers",
     "resolve_route",
     "today",
 ]
@@ -150,6 +152,14 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
     require_deployment_access(
         user=user, deployment=deployment, action="Using the inference gateway", token=token, scope=Scope.INFER
     )
+    return deployment_route(deployment=deployment, token=token)
+
+
+def deployment_route(*, deployment: Deployment, token: TokenGrant | None) -> Route:
+    """The `Route` to `deployment` for a caller who may use it (access already checked): its ready servers (from
+    the runtime), whether the model batches, and the rate limit of `token` (its own `requests_per_minute`, else
+    CONCH_GATEWAY_REQUESTS_PER_MINUTE). `token` None (a console session): `token_id` 0 and no token prefix; such
+    a route is not rate limited or metered here (usage is kept per token). Reads the database and the runtime."""
     ready = deployment.status in _SERVING
     servers: tuple[tuple[str, str], ...] = ()
     grpc_servers: tuple[tuple[str, str], ...] = ()
@@ -173,20 +183,29 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
         else:
             unavailable = f"Deployment '{deployment.name}' is {deployment.status}, not serving; retry when it is ready."
     return Route(
-        token_id=token.id,
-        token_prefix=token.prefix,
-        team_id=team.pk,
+        token_id=token.id if token is not None else 0,
+        token_prefix=token.prefix if token is not None else "",
+        team_id=deployment.team_id,
         deployment_id=deployment.pk,
         deployment_name=deployment.name,
         model_name=deployment.model_name,
         ready=ready,
         batching=(effective_settings(deployment).get("max_batch_size") or 0) > 0,
         servers=servers,
-        requests_per_minute=token.requests_per_minute or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE,
+        requests_per_minute=(token.requests_per_minute if token is not None else None)
+        or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE,
         unavailable=unavailable,
         unavailable_status=unavailable_status,
         grpc_servers=grpc_servers,
     )
+
+
+def require_servers(route: Route) -> None:
+    """Raise what a request needing a Triton of `route` gets when none is ready: Conflict (409, field `replicas`)
+    for a deployment scaled to 0, else Unavailable (503) with `route.unavailable`."""
+    if not route.servers:
+        error = Conflict if route.unavailable_status == 409 else Unavailable
+        raise error(route.unavailable, field="replicas" if error is Conflict else None)
 
 
 def plan_request(route: Route, method: str, path: str) -> Plan:
@@ -205,7 +224,7 @@ def plan_request(route: Route, method: str, path: str) -> Plan:
         # KServe's client shows `error` (and only that) of a failed health check.
         return Plan(status=503, body=json.dumps({"ready": False, "error": route.unavailable}).encode())
     if path == "v2" and method in ("GET", "HEAD"):
-        _require_servers(route)
+        require_servers(route)
         return Plan(triton_path="/v2", kind="server")
     if path == "v2/models/stats":
         # tritonclient's get_inference_statistics() without a model name asks for every model's statistics; the
@@ -223,14 +242,8 @@ def plan_request(route: Route, method: str, path: str) -> Plan:
     allowed = "POST" if what == "infer" else "GET"
     if method != allowed and not (method == "HEAD" and allowed == "GET"):
         raise GatewayMethodNotAllowed(f"{path} takes {allowed}, not {method}.")
-    _require_servers(route)
+    require_servers(route)
     return Plan(triton_path=f"/{path}", kind=what or "model", restricted=what in ("config", "stats"))
-
-
-def _require_servers(route: Route) -> None:
-    if not route.servers:
-        error = Conflict if route.unavailable_status == 409 else Unavailable
-        raise error(route.unavailable, field="replicas" if error is Conflict else None)
 
 
 def parse_header_length(raw: str | None) -> int | None:

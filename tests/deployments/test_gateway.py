@@ -23,15 +23,18 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 import pytest
+import redis
 import requests
 import tritonclient.http as triton_http
 import tritonclient.http.aio as triton_aio
 from django.conf import settings
+from rest_framework.test import APIClient
 from tritonclient.utils import InferenceServerException
 
 from builds.model_config import BuildOptions
 from deployments import services as deployments
 from deployments.models import GatewayUsage
+from deployments.services import inference
 from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.models import ApiToken
 from tenancy.services import create_api_token
@@ -295,6 +298,54 @@ def test_usage_is_metered_per_token_and_day_and_shown_to_team_admins(served):
     assert bad.status_code == 400 and bad.json()["field"] == "since"
     outsider = make_caller("otto", "elsewhere", role="admin")
     assert outsider.client.get("/api/v1/gateway-usage/vision/").status_code == 404
+
+
+def test_the_rest_api_and_the_gateway_count_a_token_against_one_limit_and_one_usage_row(served, monkeypatch):
+    # given a token limited to 3 requests a minute, and this process's REST API inference edge
+    caller, deployment, base = served
+    limited = create_api_token(user=caller.user, name="both", team=caller.team, scopes=["infer"])
+    ApiToken.objects.filter(pk=limited.token.pk).update(requests_per_minute=3)
+    edge = inference.InferenceEdge()
+    monkeypatch.setattr(inference, "_edge", edge)
+    body = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [0.5] * 8}]}
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {limited.secret}")
+    if time.time() % 60 > 50:  # the windows are calendar minutes: keep the requests in one
+        time.sleep(61 - time.time() % 60)
+    window = int(time.time() // 60)
+    shared = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    key = f"conch:gateway:rate:{settings.CONCH_INSTANCE_ID}:{limited.token.pk}:{limited.token.prefix}:{window}"
+    try:
+        # when two requests go through the gateway, and its limiter has told Redis
+        headers = {"Authorization": f"Bearer {limited.secret}"}
+        through_gateway = [
+            requests.post(f"{base}/v2/models/adder/infer", json=body, headers=headers, timeout=30) for _ in range(2)
+        ]
+        deadline = time.monotonic() + 10
+        while int(shared.get(key) or 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # and two through the REST API, the REST edge syncing with Redis after the first (as it does every 0.1 s)
+        first = api.post(f"/api/v1/deployments/{deployment.pk}/infer", body, format="json")
+        edge.run(edge.serving.limiter.sync())
+        second = api.post(f"/api/v1/deployments/{deployment.pk}/infer", body, format="json")
+        edge.serving.usage.flush_blocking()
+    finally:
+        edge.close()
+
+    # then the third request overall was the last the limit allowed, whichever edge carried it
+    assert [answer.status_code for answer in through_gateway] == [200, 200]
+    assert (first.status_code, second.status_code) == (200, 429)
+    assert second.json()["detail"].startswith(f"Rate limit of 3 requests/minute for token {limited.token.prefix}…")
+    assert json.loads(first.content)["outputs"][0]["data"] == [1.5] * 8
+    # and both edges added to the token's one usage row of the day
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = GatewayUsage.objects.filter(token_id=limited.token.pk).first()
+        if row is not None and row.requests >= 4:
+            break
+        time.sleep(0.2)
+    assert row is not None and row.deployment_id == deployment.pk
+    assert (row.requests, row.inferences, row.errors) == (4, 6, 1)
 
 
 def test_a_revoked_token_stops_working_within_the_route_cache_time(served, settings):
