@@ -538,8 +538,9 @@ def test_a_triton_gone_mid_use_is_a_503_that_keeps_its_address_internal(served):
     auth = {"Authorization": f"Bearer {caller.token}"}
     assert requests.get(f"{base}/v2/models/adder/ready", headers=auth, timeout=10).status_code == 200  # route cached
     deployment.refresh_from_db()
-    psutil.Process(deployment.runtime_state["pid"]).kill()
-    psutil.Process(deployment.runtime_state["pid"]).wait(10)
+    triton = psutil.Process(deployment.runtime_state["pid"])  # one handle: its exit watcher reaps it at once
+    triton.kill()
+    triton.wait(10)
     gone = requests.get(f"{base}/v2/models/adder", headers=auth, timeout=10)
     assert gone.status_code == 503, gone.text
     assert "retry in a few seconds" in gone.json()["error"]
