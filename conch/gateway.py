@@ -1,10 +1,14 @@
-"""The inference gateway's server process: `python -m conch.gateway` (uvicorn, uvloop, httptools).
+"""The inference gateway's server process: `python -m conch.gateway` (uvicorn, uvloop, httptools; grpc.aio).
 
-Serves `deployments.api.gateway.GatewayApp` on CONCH_GATEWAY_BIND (127.0.0.1:8001 by default) with
-CONCH_GATEWAY_WORKERS processes. Why a process of its own and not a view of the console's web server
-(`conch.web`): the console's requests are blocking Django views (uploads of GiBs among them), each run in a thread,
-while the gateway relays many small concurrent requests; an event loop with pooled keep-alive connections to
-Triton adds far less to each request than a thread of a WSGI server (bench/serving.py, system e).
+Serves `deployments.api.gateway.GatewayApp` (KServe v2 REST) on CONCH_GATEWAY_BIND (127.0.0.1:8001 by default)
+and, on the same event loop with the same routes, rate limits and usage meter, the KServe v2 gRPC service
+(`deployments.api.grpc_gateway`) on CONCH_GATEWAY_GRPC_BIND (127.0.0.1:8002 by default; empty: none), with
+CONCH_GATEWAY_WORKERS processes (their gRPC servers share the port: gRPC binds it with SO_REUSEPORT).
+
+Why a process of its own and not a view of the console's web server (`conch.web`): the console's requests are
+blocking Django views (uploads of GiBs among them), each run in a thread, while the gateway relays many small
+concurrent requests; an event loop with pooled keep-alive connections to Triton adds far less to each request
+than a thread of a WSGI server (bench/serving.py, systems e and g).
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conch.settings")
 django.setup()
 
+from django.conf import settings as _settings  # noqa: E402
+
 from conch.gateway_protocol import BoundedHttpToolsProtocol  # noqa: E402
 from deployments.api.gateway import GatewayApp  # noqa: E402 - needs Django set up
 
 __all__ = ["application", "main"]
 
-application = GatewayApp()
+application = GatewayApp(grpc_bind=_settings.CONCH_GATEWAY_GRPC_BIND)
 
 
 def main() -> None:

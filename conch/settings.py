@@ -22,7 +22,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from conch.env import env
+from conch.env import env, env_labels
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("CONCH_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -419,6 +419,10 @@ if CONCH_INSPECT_CPU_SECONDS < 1 or CONCH_INSPECT_MEMORY_BYTES < 256 * 1024**2:
 # Where the gateway listens, and the base URL clients use for it (`endpoints.gateway` of a deployment).
 CONCH_GATEWAY_BIND = env("CONCH_GATEWAY_BIND", "127.0.0.1:8001")
 CONCH_GATEWAY_URL = env("CONCH_GATEWAY_URL", f"http://{CONCH_GATEWAY_BIND}").rstrip("/")
+# The gateway's KServe v2 gRPC service (same process, same tokens and limits); "" serves none. The address clients
+# are told (`host:port`, the deployment's `endpoints.grpc_gateway`) defaults to the bind address.
+CONCH_GATEWAY_GRPC_BIND = env("CONCH_GATEWAY_GRPC_BIND", "127.0.0.1:8002")
+CONCH_GATEWAY_GRPC_ADDRESS = env("CONCH_GATEWAY_GRPC_ADDRESS", CONCH_GATEWAY_GRPC_BIND)
 # Seconds a resolved (token, deployment) route is reused: a revoked token or a stopped deployment stops being
 # served at most this long after the change.
 CONCH_GATEWAY_ROUTE_CACHE_SECONDS = env("CONCH_GATEWAY_ROUTE_CACHE_SECONDS", 1.0, cast=float)
@@ -459,6 +463,20 @@ CONCH_TOKEN_MAX_DAYS = env("CONCH_TOKEN_MAX_DAYS", 365, cast=int)
 CONCH_TOKEN_DEFAULT_DAYS = env("CONCH_TOKEN_DEFAULT_DAYS", 90, cast=int)
 # Kubernetes runtime: the most replicas (or autoscaling max_replicas) one deployment may ask for.
 CONCH_KUBERNETES_MAX_REPLICAS = env("CONCH_KUBERNETES_MAX_REPLICAS", 64, cast=int)
+# Kubernetes runtime: who may reach a deployment's Triton pods (each deployment gets a NetworkPolicy; equality
+# selectors "key=value,..."). Conch's own pods (gateway, web, worker) reach the http, grpc and metrics ports: pods
+# matching the POD selector in namespaces matching the NAMESPACE selector (empty: the deployment's own namespace).
+# The monitoring pods (Prometheus, scraping through the PodMonitor) reach the metrics port only.
+CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR = env_labels("CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR")
+CONCH_KUBERNETES_CONCH_POD_SELECTOR = env_labels(
+    "CONCH_KUBERNETES_CONCH_POD_SELECTOR", "app.kubernetes.io/part-of=conch"
+)
+CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR = env_labels(
+    "CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR", "kubernetes.io/metadata.name=monitoring"
+)
+CONCH_KUBERNETES_MONITORING_POD_SELECTOR = env_labels(
+    "CONCH_KUBERNETES_MONITORING_POD_SELECTOR", "app.kubernetes.io/name=prometheus"
+)
 # Builds verify on a warm Triton each worker process keeps (one model load per build, no server start); off: a
 # throwaway Triton per build.
 CONCH_VERIFY_WARM_SERVER = env("CONCH_VERIFY_WARM_SERVER", True, cast=bool)

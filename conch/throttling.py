@@ -4,9 +4,10 @@
 caller is, in this order: the API token of the request (`request.auth`, a `TokenGrant`), the signed-in user of a
 console session, or the client address (REMOTE_ADDR) of a request without credentials. Its rate is read from
 `settings.CONCH_API_RATES` at each request ("600/minute"; tests change it with pytest-django's `settings`).
-Inference through the API (`POST /api/v1/deployments/{id}/infer`) spends a budget of its own
-(`InferenceRateThrottle`, CONCH_API_RATES["inference"]), so an application's inferences do not starve its
-pipeline's control calls, nor the other way round.
+Inference through the API (`POST /api/v1/deployments/{id}/infer`) spends a budget of its own, so an application's
+inferences do not starve its pipeline's control calls, nor the other way round: a token's is its inference gateway
+limit, shared with the gateway (`deployments.services.inference`); a console session's is
+CONCH_API_RATES["inference"] (`InferenceRateThrottle`).
 
 Requests are counted in fixed windows of the rate's period (a minute for "600/minute"), one atomic counter per
 caller and window in the shared cache (`settings.CACHES["default"]`: Redis in production, so every web process
@@ -130,10 +131,17 @@ class CallerRateThrottle(BaseThrottle):
 
 
 class InferenceRateThrottle(CallerRateThrottle):
-    """The budget of inference requests through the API: CONCH_API_RATES["inference"] for every caller."""
+    """The budget of inference requests through the API of a console session (or an anonymous caller):
+    CONCH_API_RATES["inference"]. A token's inference requests are limited where the gateway's are, by the
+    token's requests per minute (`deployments.services.inference`): one limit whichever edge they use."""
 
     budget = "inference"
     described_budget = " of inference"
+
+    def allow_request(self, request: Request, view: object) -> bool:
+        if caller_of(request).kind == "token":
+            return True
+        return super().allow_request(request, view)
 
     def rate_for(self, caller: Caller) -> Rate:
         return parse_rate(settings.CONCH_API_RATES["inference"])

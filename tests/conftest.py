@@ -170,3 +170,39 @@ def alice(db) -> Caller:
 def bob(db) -> Caller:
     """A developer in another team, `globex`."""
     return make_caller("bob", "globex")
+
+
+class SetClock:
+    """A clock (seconds since the epoch) that moves only when a test sets `now`; it starts 10 s into a minute, so
+    no rate-limit window ends during a test unless the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_010.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def inference_edge(db, monkeypatch):
+    """A fresh `InferenceEdge` (the REST API's inference path: relay, rate limiter, usage meter) for this test, its
+    rate limiter on a `SetClock` (`edge.clock`); closed, with its usage written, before the database goes."""
+    from deployments.services import inference
+
+    clock = SetClock()
+    edge = inference.InferenceEdge(clock=clock)
+    edge.clock = clock
+    monkeypatch.setattr(inference, "_edge", edge)
+    yield edge
+    edge.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_the_inference_edge():
+    """Close the process's inference edge (if a test started one) while the session's output is still captured:
+    its usage is written then, not at interpreter exit after the test database is gone."""
+    yield
+    from deployments.services import inference
+
+    if inference._edge is not None:
+        inference._edge.close()

@@ -11,16 +11,20 @@ import uvicorn
 
 from conch.gateway_protocol import BoundedHttpToolsProtocol
 from deployments.api.gateway import GatewayApp
+from deployments.services.serving import Serving
 from tests.services import free_port
 
 
 class GatewayServer:
-    """A running gateway: `url` is its base URL (`http://127.0.0.1:PORT`); `app` the application it serves."""
+    """A running gateway: `url` is its base URL (`http://127.0.0.1:PORT`); `app` the application it serves. With
+    `grpc`, it serves the gRPC edge too, at `grpc_target` (`127.0.0.1:PORT`), sharing `serving` (a `Serving`, e.g.
+    one with a clock the test sets) or a new one."""
 
-    def __init__(self) -> None:
-        self.app = GatewayApp()
+    def __init__(self, *, grpc: bool = False, serving: Serving | None = None) -> None:
+        self.app = GatewayApp(serving, grpc_bind="127.0.0.1:0" if grpc else "")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_target = ""
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",
@@ -40,6 +44,8 @@ class GatewayServer:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the gateway did not start")
             time.sleep(0.02)
+        if self.app.grpc is not None:
+            self.grpc_target = f"127.0.0.1:{self.app.grpc.port}"
 
     def stop(self) -> None:
         self._server.should_exit = True

@@ -1,12 +1,22 @@
-"""Adapter for one Triton server's HTTP API, over `tritonclient.http` (and urllib for the metrics port).
+"""The control client of one Triton server: health, metadata, configuration, the model repository (load, unload,
+index), statistics, the metrics port, and the small inferences Conch itself runs; plus the KServe v2 request
+checks and the errors every Triton call in Conch raises.
 
-Talks the KServe v2 / Open Inference Protocol ("Health", "Model Ready", "Model Configuration", "Inference") and
-Triton's extensions: "Model Repository" (load/unload with an optional configuration override) and "Binary Tensor
-Data". Returns plain dicts, numpy arrays, or (`infer_request_body`) Triton's own response bytes. A client built
-with `api_key=` sends it in the `X-Conch-Key` header of every request, which the restricted endpoints of a server
-Conch started require (Triton "Limit Endpoint Access"). Raises only our errors:
+Two ways, and only two, reach a Triton over HTTP in Conch:
+- this `TritonClient`, synchronous, over one keep-alive `http.client` connection per thread, for control calls
+  made by workers, runtimes and builds (and the metrics scrape, `fetch_metrics_text`). Its `infer_numpy` serves
+  Conch's own inferences (the build's smoke inference, a hot update's warm-up), which are not a user's data path;
+- `tritonserving.relay`, asynchronous and pooled, for users' inference: the gateway's and the REST API's `/infer`
+  bodies go through it unchanged (`relay.infer_body`).
 
-- `TritonUnavailable` (`Unavailable`, 503): connection refused/reset, timeout, or Triton answered 503.
+Talks the KServe v2 / Open Inference Protocol ("Health", "Model Ready", "Model Metadata", "Model Configuration",
+"Inference") and Triton's extensions: "Model Repository" (load/unload with an optional configuration override),
+"Statistics" and "Binary Tensor Data". Returns plain dicts and numpy arrays. A client built with `api_key=` sends
+it in the `X-Conch-Key` header of every request, which the restricted endpoints of a server Conch started require
+(Triton "Limit Endpoint Access"). Raises only our errors:
+
+- `TritonUnavailable` (`Unavailable`, 503): connection refused/reset, timeout, or Triton answered 503;
+  `TritonUnreachable` when no connection opened at all (nothing was sent).
 - `TritonRequestError` (`InvalidInput`, 400): Triton rejected the request (bad shape, datatype, input name...)
   or the model failed on it; `detail` is Triton's own message, `status` the HTTP status Triton answered (400 for
   a rejected request, 500 for a model that failed while running), `field` the tensor Triton names, if any.
@@ -14,7 +24,7 @@ Conch started require (Triton "Limit Endpoint Access"). Raises only our errors:
 - `ModelLoadError` (`InvalidInput`): Triton could not load a model; `detail` is Triton's message.
 - `TritonAccessDenied` (`ConchError`, 500): Triton refused a restricted endpoint (HTTP 403) because the client's
   API key is missing or is not the server's (see `tritonserving.access`).
-- `InvalidInput` naming the field: a malformed JSON inference request, caught before anything is sent.
+- `InvalidInput` naming the field: a malformed inference request, caught before anything is sent.
 """
 
 from __future__ import annotations
@@ -24,17 +34,13 @@ import json
 import math
 import re
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar
-from urllib.parse import quote
+from typing import Any, Self
+from urllib.parse import quote, urlsplit
 
-import gevent
 import numpy as np
-import tritonclient.http as triton_http
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from conch.errors import ConchError, InvalidInput, NotFound, Unavailable
 from tritonserving.access import API_KEY_HEADER, validate_api_key
@@ -63,8 +69,6 @@ BINARY_ONLY_DATATYPES = ("BF16",)
 #: Triton's header naming the length of the JSON part of a body that carries binary tensors (Triton "Binary Tensor
 #: Data Extension"); an HTTP header, not a JSON field.
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
@@ -125,19 +129,8 @@ class TritonAccessDenied(ConchError):
     """
 
 
-def _status(exc: InferenceServerException) -> int | None:
-    try:
-        return int(exc.status())
-    except (TypeError, ValueError):
-        return None
-
-
 # Triton prefixes request errors with "[request id: <id_unknown>] " when the client sent no id.
 _REQUEST_ID_PREFIX = re.compile(r"^\[request id: [^\]]*\]\s*")
-
-
-def _message(exc: InferenceServerException) -> str:
-    return _REQUEST_ID_PREFIX.sub("", exc.message() or str(exc))
 
 
 # The tensor a Triton 2.51 request error is about. Core messages quote it ("inference input 'x' data-type is ...",
@@ -164,25 +157,83 @@ def _named_tensor(message: str) -> str | None:
     return None
 
 
+def error_from_answer(
+    status: int,
+    body: bytes,
+    *,
+    model_name: str,
+    where: str,
+    known_inputs: Sequence[str] | None = None,
+    sent_inputs: Sequence[str] = (),
+) -> ConchError:
+    """The error for Triton's non-200 answer (`status`, `body` `{"error": "<message>"}`) to a request on
+    `model_name` at `where` (the server's URL, for the message).
+
+    404, or a message about an unknown model: `TritonModelNotFound`; 503: `TritonUnavailable`; 403:
+    `TritonAccessDenied`; anything else `TritonRequestError` with Triton's message and, as `field`, the tensor it
+    names. When Triton only says required inputs are missing without naming one (an unknown input took its
+    place), `field` is the first of `sent_inputs` not among `known_inputs` (the model's inputs, when known).
+    """
+    message = _error_text(body)
+    if status == 403:
+        return TritonAccessDenied(
+            f"Triton at {where} refused the request: {message}. The server was started with another key; restart it "
+            "so it gets the current one."
+        )
+    if status == 404 or "unknown model" in message:
+        return TritonModelNotFound(f"model '{model_name}' is not loaded on {where}: {message}")
+    if status == 503:
+        return TritonUnavailable(f"Triton at {where} is unavailable: {message}")
+    field = _named_tensor(message)
+    if field is None and known_inputs is not None and _MISSING_INPUTS.search(message):
+        field = next((name for name in sent_inputs if name not in set(known_inputs)), None)
+    return TritonRequestError(message, status=status, field=field)
+
+
+def names_no_missing_input(body: bytes) -> bool:
+    """Whether Triton's error answer `body` says required inputs are missing without naming one (an unknown input
+    took its place): only the model's inputs (`input_names` of its metadata) tell which input was wrong."""
+    missing = _MISSING_INPUTS.search(_error_text(body))
+    return missing is not None and not re.findall(r"'([^']+)'", missing.group(1))
+
+
+def input_names(metadata: Mapping[str, Any]) -> list[str]:
+    """The input names of a KServe v2 "Model Metadata Response JSON Object" (`{"inputs": [{"name", ...}]}`)."""
+    inputs = metadata.get("inputs")
+    return [item["name"] for item in inputs or [] if isinstance(item, Mapping) and isinstance(item.get("name"), str)]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+
 class TritonClient:
-    """Client for one Triton server's HTTP endpoint, e.g. `TritonClient("http://127.0.0.1:8000", timeout_s=5)`.
+    """Control client for one Triton server's HTTP endpoint, e.g. `TritonClient("http://127.0.0.1:8000", timeout_s=5)`.
 
     `timeout_s` (seconds) bounds connecting and each network read/write of every call. `api_key` (the server's key,
     `tritonserving.access.derive_api_key`) is sent as the `X-Conch-Key` header of every request; without it the
     restricted endpoints (load, unload, index, config, statistics...) of a server Conch started answer 403 and
-    raise `TritonAccessDenied`, while health and inference work. Safe to share between threads: each thread gets
-    its own `tritonclient.http` connection (that client is not thread-safe).
-    Raises `InvalidInput` for a non-positive timeout or a malformed key.
+    raise `TritonAccessDenied`, while health, metadata and inference work. Safe to share between threads: each
+    thread keeps its own keep-alive connection (`close()` closes the calling thread's).
+    Raises `InvalidInput` for a non-positive timeout, a URL that is not http(s)://host[:port], or a malformed key.
     """
 
     def __init__(self, http_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None) -> None:
         if timeout_s <= 0:
             raise InvalidInput(f"timeout_s must be positive, got {timeout_s}", field="timeout_s")
-        self._headers = {API_KEY_HEADER: validate_api_key(api_key)} if api_key is not None else None
+        self._headers = {API_KEY_HEADER: validate_api_key(api_key)} if api_key is not None else {}
         url = http_url.strip().rstrip("/")
         self._ssl = url.startswith("https://")
         self._address = url.split("://", 1)[1] if "://" in url else url
-        if not self._address:
+        try:
+            parts = urlsplit(f"//{self._address}")
+            self._host, self._port = parts.hostname, parts.port
+        except ValueError:
+            self._host = None
+        if not self._host or "/" in self._address:
             raise InvalidInput(f"not a Triton HTTP URL: {http_url!r}", field="http_url")
         self.http_url = f"{'https' if self._ssl else 'http'}://{self._address}"
         self.timeout_s = float(timeout_s)
@@ -196,91 +247,126 @@ class TritonClient:
 
     def close(self) -> None:
         """Close the calling thread's connection (others close when their thread's client is collected)."""
-        client = getattr(self._local, "client", None)
-        if client is not None:
-            self._local.client = None
-            try:
-                client.close()
-            except (OSError, http.client.HTTPException, InferenceServerException):
-                return  # the connection was already broken; dropping it is all closing means
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            connection.close()
 
-    def _client(self) -> triton_http.InferenceServerClient:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            try:
-                client = triton_http.InferenceServerClient(
-                    self._address,
-                    connection_timeout=self.timeout_s,
-                    network_timeout=self.timeout_s,
-                    ssl=self._ssl,
-                )
-            except (InferenceServerException, ValueError, OSError) as exc:
-                raise InvalidInput(f"cannot use Triton URL {self.http_url}: {exc}", field="http_url") from None
-            self._local.client = client
-        return client
+    # --- transport ----------------------------------------------------------------------------------------------
 
-    def _call(self, action: str, call: Callable[[triton_http.InferenceServerClient], _Result]) -> _Result:
-        """Run one tritonclient call; turn transport failures into `TritonUnavailable`, a 403 into `TritonAccessDenied`.
-
-        Any other `InferenceServerException` is re-raised as is for the caller to classify.
-        """
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """The calling thread's connection and whether it was used before; a new one is connected here. Raises
+        `TritonUnreachable` when none opens."""
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is not None:
+            return connection, True
+        kind = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
+        connection = kind(self._host or "", self._port, timeout=self.timeout_s)
         try:
-            return call(self._client())
-        except InferenceServerException as exc:
-            if _status(exc) == 403:
+            connection.connect()
+        except OSError as exc:
+            connection.close()
+            raise TritonUnreachable(f"Triton at {self.http_url} cannot be reached: {exc}") from None
+        self._local.connection = connection
+        return connection, False
+
+    def _request(
+        self, method: str, path: str, *, action: str, body: bytes | None = None, headers: Mapping[str, str] = {}
+    ) -> _Answer:
+        """One exchange on the thread's keep-alive connection; return Triton's answer, whatever its status.
+
+        A reused connection the server closed meanwhile (nothing came back) is replaced and the request sent again
+        once. Raises `TritonUnreachable` (no connection opened), `TritonUnavailable` (it failed or timed out after
+        that), `TritonAccessDenied` (403 on a restricted endpoint).
+        """
+        sent = {**self._headers, **headers}
+        if body is not None:
+            sent.setdefault("Content-Type", "application/json")
+        while True:
+            connection, reused = self._connection()
+            try:
+                connection.request(method, path, body=body, headers=sent)
+                response = connection.getresponse()
+                answer = _Answer(response.status, response.headers, response.read())
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self.close()
+                if reused:
+                    continue  # the server had closed the idle connection: once more on a fresh one
+                raise TritonUnavailable(f"Triton at {self.http_url} failed while {action}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()  # the connection may be half-used; start clean next time
+                kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
+                raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
+            if response.will_close:
+                self.close()
+            if answer.status == 403:
                 key_note = "the key Conch sent is not this server's" if self._headers else "Conch sent no API key"
                 raise TritonAccessDenied(
-                    f"Triton at {self.http_url} refused {action}: {_message(exc)} ({key_note}). The server was "
-                    "started with another key; restart it so it gets the current one."
-                ) from None
-            raise
-        except (OSError, http.client.HTTPException, gevent.Timeout) as exc:
-            self.close()  # the connection may be half-used; start clean next time
-            kind = "timed out" if isinstance(exc, (TimeoutError, gevent.Timeout)) else "failed"
-            raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
+                    f"Triton at {self.http_url} refused {action}: {_error_text(answer.body)} ({key_note}). The server "
+                    "was started with another key; restart it so it gets the current one."
+                )
+            return answer
 
-    def _translate(self, exc: InferenceServerException, model_name: str, sent_inputs: Sequence[str] = ()) -> ConchError:
-        return self._error_for(_status(exc), _message(exc), model_name, sent_inputs)
-
-    def _error_for(
-        self, status: int | None, message: str, model_name: str, sent_inputs: Sequence[str] = ()
-    ) -> ConchError:
-        """Classify Triton's answer `status`/`message` to a request on `model_name` that sent `sent_inputs`."""
-        if status == 404 or "unknown model" in message:
-            return TritonModelNotFound(f"model '{model_name}' is not loaded on {self.http_url}: {message}")
-        if status == 503:
-            return TritonUnavailable(f"Triton at {self.http_url} is unavailable: {message}")
-        field = _named_tensor(message)
-        if field is None and _MISSING_INPUTS.search(message):
-            field = self._unknown_input(model_name, sent_inputs)
-        return TritonRequestError(message, status=status, field=field)
-
-    def _unknown_input(self, model_name: str, sent_inputs: Sequence[str]) -> str | None:
-        """The first of `sent_inputs` the model does not have (model metadata, KServe v2 "Model Metadata")."""
+    def _json(self, method: str, path: str, *, action: str, model_name: str = "", body: Any = None) -> Any:
+        """`_request` with a JSON body (None: no body) whose 200 answer is JSON; any other answer raises its error
+        (`error_from_answer`)."""
+        payload = None if body is None else json.dumps(body).encode()
+        answer = self._request(method, path, action=action, body=payload)
+        if answer.status != 200:
+            raise error_from_answer(answer.status, answer.body, model_name=model_name, where=self.http_url)
+        if not answer.body:
+            return {}
         try:
-            metadata = self._call(f"reading the metadata of '{model_name}'", lambda c: c.get_model_metadata(model_name))
-        except (TritonUnavailable, InferenceServerException):
-            return None
-        known = {item.get("name") for item in metadata.get("inputs", [])}
-        return next((name for name in sent_inputs if name not in known), None)
+            return json.loads(answer.body)
+        except ValueError:
+            raise TritonUnavailable(f"Triton at {self.http_url} answered {action} with no JSON") from None
+
+    # --- health and metadata ------------------------------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        """Whether the server answers `GET /v2/health/live` with 200 (KServe v2 "Health"); False when unreachable.
+        Liveness, not readiness: a server whose model is loading or failed to load is live, not ready."""
+        return self._health("/v2/health/live", "checking liveness")
 
     def is_ready(self) -> bool:
         """Whether the server answers `GET /v2/health/ready` with 200 (KServe v2 "Health"); False when unreachable."""
+        return self._health("/v2/health/ready", "checking readiness")
+
+    def _health(self, path: str, action: str) -> bool:
         try:
-            return bool(self._call("checking readiness", lambda client: client.is_server_ready(headers=self._headers)))
-        except (TritonUnavailable, InferenceServerException):
+            return self._request("GET", path, action=action).status == 200
+        except (TritonUnavailable, TritonAccessDenied):
             return False
 
     def model_ready(self, name: str) -> bool:
         """Whether model `name` is loaded and ready (`GET /v2/models/<name>/ready`). Raises `TritonUnavailable`."""
-        try:
-            return bool(
-                self._call(
-                    f"checking model '{name}'", lambda client: client.is_model_ready(name, headers=self._headers)
-                )
-            )
-        except InferenceServerException:
-            return False
+        return self._request("GET", f"{_model_path(name)}/ready", action=f"checking model '{name}'").status == 200
+
+    def model_metadata(self, name: str) -> dict[str, Any]:
+        """Model `name`'s metadata (KServe v2 "Model Metadata": `{"name", "versions", "platform", "inputs":
+        [{"name", "datatype", "shape"}], "outputs": [...]}`). Raises `TritonModelNotFound`, `TritonUnavailable`."""
+        return dict(self._json("GET", _model_path(name), action=f"reading the metadata of '{name}'", model_name=name))
+
+    def model_config(self, name: str) -> dict[str, Any]:
+        """Return the configuration Triton serves model `name` with, as JSON (the filled-in ModelConfig).
+
+        A restricted endpoint: needs the server's `api_key`. Raises `TritonModelNotFound`, `TritonAccessDenied`,
+        `TritonUnavailable`.
+        """
+        path = f"{_model_path(name)}/config"
+        return dict(self._json("GET", path, action=f"reading the config of '{name}'", model_name=name))
+
+    def model_statistics(self, name: str) -> dict[str, Any]:
+        """Model `name`'s inference statistics (Triton "Statistics Extension": `{"model_stats": [{"name",
+        "version", "inference_count", "execution_count", "inference_stats": {...}}]}`; times in ns).
+
+        A restricted endpoint: needs the server's `api_key`. Raises `TritonModelNotFound`, `TritonAccessDenied`,
+        `TritonUnavailable`.
+        """
+        path = f"{_model_path(name)}/stats"
+        return dict(self._json("GET", path, action=f"reading the statistics of '{name}'", model_name=name))
+
+    # --- model repository -------------------------------------------------------------------------------------
 
     def load_model(self, name: str, *, config_json: str | None = None) -> None:
         """Load (or reload) model `name` from the server's repository and wait until Triton has done so.
@@ -290,20 +376,23 @@ class TritonClient:
         A restricted endpoint: needs the server's `api_key`. Raises `ModelLoadError` with Triton's message,
         `InvalidInput` for config text that is not JSON, `TritonAccessDenied`, `TritonUnavailable`.
         """
+        body: dict[str, Any] = {}
         if config_json is not None:
             try:
                 json.loads(config_json)
             except ValueError as exc:
                 raise InvalidInput(f"config_json is not valid JSON: {exc}", field="config_json") from None
-        try:
-            self._call(
-                f"loading model '{name}'",
-                lambda client: client.load_model(name, config=config_json, headers=self._headers),
-            )
-        except InferenceServerException as exc:
-            if _status(exc) == 503:
-                raise TritonUnavailable(f"Triton at {self.http_url} is unavailable: {_message(exc)}") from None
-            raise ModelLoadError(_message(exc)) from None
+            body = {"parameters": {"config": config_json}}
+        answer = self._request(
+            "POST",
+            f"/v2/repository/models/{quote(name, safe='')}/load",
+            action=f"loading model '{name}'",
+            body=json.dumps(body).encode(),
+        )
+        if answer.status == 503:
+            raise TritonUnavailable(f"Triton at {self.http_url} is unavailable: {_error_text(answer.body)}")
+        if answer.status != 200:
+            raise ModelLoadError(_error_text(answer.body))
 
     def unload_model(self, name: str, *, unload_dependents: bool = False) -> None:
         """Ask Triton to unload model `name` (Triton "Model Repository" extension, "Unload").
@@ -312,26 +401,13 @@ class TritonClient:
         requests finish. Unloading a model that is not loaded succeeds. A restricted endpoint: needs the server's
         `api_key`. Raises `TritonRequestError`, `TritonAccessDenied`, `TritonUnavailable`.
         """
-        try:
-            self._call(
-                f"unloading model '{name}'",
-                lambda client: client.unload_model(name, unload_dependents=unload_dependents, headers=self._headers),
-            )
-        except InferenceServerException as exc:
-            raise self._translate(exc, name) from None
-
-    def model_config(self, name: str) -> dict[str, Any]:
-        """Return the configuration Triton serves model `name` with, as JSON (the filled-in ModelConfig).
-
-        A restricted endpoint: needs the server's `api_key`. Raises `TritonModelNotFound`, `TritonAccessDenied`,
-        `TritonUnavailable`.
-        """
-        try:
-            return self._call(
-                f"reading the config of '{name}'", lambda client: client.get_model_config(name, headers=self._headers)
-            )
-        except InferenceServerException as exc:
-            raise self._translate(exc, name) from None
+        self._json(
+            "POST",
+            f"/v2/repository/models/{quote(name, safe='')}/unload",
+            action=f"unloading model '{name}'",
+            model_name=name,
+            body={"parameters": {"unload_dependents": unload_dependents}},
+        )
 
     def repository_index(self) -> list[dict[str, Any]]:
         """List the models in the server's repository (Triton "Model Repository" extension, "Index").
@@ -340,15 +416,7 @@ class TritonClient:
         answers it. A restricted endpoint: needs the server's `api_key`. Raises `TritonAccessDenied`,
         `TritonRequestError`, `TritonUnavailable`.
         """
-        try:
-            return list(
-                self._call(
-                    "listing the model repository",
-                    lambda client: client.get_model_repository_index(headers=self._headers),
-                )
-            )
-        except InferenceServerException as exc:
-            raise self._translate(exc, "") from None
+        return list(self._json("POST", "/v2/repository/index", action="listing the model repository", body={}))
 
     def ready_versions(self, name: str) -> set[int]:
         """The versions of model `name` that are ready on the server now (from the repository index; a version
@@ -361,38 +429,7 @@ class TritonClient:
             if entry.get("name") == name and entry.get("state") == "READY" and str(entry.get("version", "")).isdigit()
         }
 
-    def infer_json(self, name: str, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one KServe v2 JSON inference request body on model `name`; return Triton's response body.
-
-        `request`: `{"id"?: str, "inputs": [{"name", "shape": [int...], "datatype": "FP32"|..., "data": [...]}],
-        "outputs"?: [{"name", "parameters"?: {"classification": int}}]}` with `data` flat or nested in row-major
-        order ("Inference Request JSON Object"). Request-level `parameters` are not forwarded. Tensors travel as
-        binary data; the response comes back as `{"model_name", "model_version", "id"?, "outputs": [{"name",
-        "datatype", "shape", "data"}]}` with `data` a flat JSON list (BYTES as UTF-8 text).
-        Raises `InvalidInput` naming the malformed field (e.g. `inputs[0].shape`), `TritonRequestError` (Triton's
-        message), `TritonModelNotFound`, `TritonUnavailable`.
-        """
-        inputs, outputs, request_id = _parse_json_request(request)
-        try:
-            result = self._call(
-                f"running model '{name}'",
-                lambda client: client.infer(
-                    name, inputs, outputs=outputs or None, request_id=request_id, headers=self._headers
-                ),
-            )
-        except InferenceServerException as exc:
-            raise self._translate(exc, name, [tensor.name() for tensor in inputs]) from None
-        response = dict(result.get_response())
-        converted = []
-        for output in response.get("outputs", []):
-            item = {key: value for key, value in output.items() if key != "parameters"}
-            parameters = {k: v for k, v in (output.get("parameters") or {}).items() if k != "binary_data_size"}
-            if parameters:
-                item["parameters"] = parameters
-            item["data"] = _numpy_to_json(result.as_numpy(output["name"]))
-            converted.append(item)
-        response["outputs"] = converted
-        return response
+    # --- Conch's own inferences ---------------------------------------------------------------------------------
 
     def infer_numpy(
         self,
@@ -404,14 +441,16 @@ class TritonClient:
     ) -> dict[str, np.ndarray]:
         """Run model `name` on numpy tensors sent as binary data; return the outputs by name.
 
-        The Triton datatype follows each array's dtype (float32 -> FP32, int64 -> INT64, bool -> BOOL, object /
-        bytes / str -> BYTES). `outputs` picks outputs by name (None: all the model's outputs). `version` sends
-        the request to that version (`/v2/models/<name>/versions/<version>/infer`); None lets Triton pick (the
-        highest ready version, KServe v2 "Inference"). Returned arrays are read-only views of the response body
-        (BYTES come back as object arrays of `bytes`).
+        For Conch's own inferences (a build's smoke inference, a hot update's warm-up); users' requests go through
+        `tritonserving.relay`. The Triton datatype follows each array's dtype (float32 -> FP32, int64 -> INT64,
+        bool -> BOOL, object / bytes / str -> BYTES). `outputs` picks outputs by name (None: all the model's
+        outputs). `version` sends the request to that version (`/v2/models/<name>/versions/<version>/infer`);
+        None lets Triton pick (the highest ready version, KServe v2 "Inference"). Returned arrays are read-only
+        views of the response body (BYTES come back as object arrays of `bytes`). Tensors travel as Triton's
+        "Binary Tensor Data Extension" both ways.
         Raises `InvalidInput` (unsupported dtype), `TritonRequestError`, `TritonModelNotFound`, `TritonUnavailable`.
         """
-        infer_inputs = []
+        described, payloads = [], []
         for input_name, value in inputs.items():
             array = np.asarray(value)
             if array.dtype.kind == "U":
@@ -419,91 +458,59 @@ class TritonClient:
                 array = np.array(encoded, dtype=np.object_).reshape(array.shape)
             datatype = np_to_triton_dtype(array.dtype)
             if datatype is None or datatype == "BF16":
-                message = f"input '{input_name}': dtype {array.dtype} has no Triton datatype"
-                raise InvalidInput(message, field=input_name)
-            tensor = triton_http.InferInput(input_name, list(array.shape), datatype)
-            try:
-                tensor.set_data_from_numpy(array, binary_data=True)
-            except InferenceServerException as exc:
-                raise InvalidInput(f"input '{input_name}': {_message(exc)}", field=input_name) from None
-            infer_inputs.append(tensor)
-        requested = [triton_http.InferRequestedOutput(output, binary_data=True) for output in outputs or ()]
-        try:
-            result = self._call(
-                f"running model '{name}'",
-                lambda client: client.infer(
-                    name,
-                    infer_inputs,
-                    model_version="" if version is None else str(version),
-                    outputs=requested or None,
-                    headers=self._headers,
-                ),
+                raise InvalidInput(
+                    f"input '{input_name}': dtype {array.dtype} has no Triton datatype", field=input_name
+                )
+            if datatype == "BYTES":
+                try:
+                    serialized = serialize_byte_tensor(array)
+                except Exception as exc:  # noqa: BLE001 - tritonclient raises its own or numpy's on odd items
+                    raise InvalidInput(f"input '{input_name}': {exc}", field=input_name) from None
+                data = serialized.item() if serialized.size else b""
+            else:
+                data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+            described.append(
+                {
+                    "name": input_name,
+                    "shape": list(array.shape),
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": len(data)},
+                }
             )
-        except InferenceServerException as exc:
-            raise self._translate(exc, name, list(inputs)) from None
-        return {output["name"]: result.as_numpy(output["name"]) for output in result.get_response().get("outputs", [])}
-
-    def infer_request_body(self, name: str, body: bytes, *, header_length: int | None = None) -> InferenceResponse:
-        """Send an inference request body to model `name` as the client wrote it; return Triton's answer unchanged.
-
-        `body` is a KServe v2 "Inference Request JSON Object" (`header_length` None), or, with Triton's "Binary
-        Tensor Data Extension", that JSON header followed by the raw bytes of the inputs that declare
-        `parameters.binary_data_size` (`header_length`: the header's length in bytes, the client's
-        `Inference-Header-Content-Length`; 0 is Triton's raw request: the body is the one input's bytes). Outputs
-        come back as Triton writes them: JSON `data` (non-finite floats as `NaN`/`Infinity`), or binary when the
-        request asks (`parameters.binary_data` on an output, `binary_data_output` on the request).
-        The header is checked before anything is sent (Triton answers 500 to a malformed one): `InvalidInput`
-        names the field (`inputs[0].shape`, `inputs[1].parameters.binary_data_size`, `Inference-Header-Content-
-        Length`, ...). Shared-memory parameters are refused: clients of Conch cannot register regions.
-        Raises `InvalidInput`, `TritonRequestError` (Triton's message; `field` the tensor it names),
-        `TritonModelNotFound`, `TritonUnavailable`.
-        """
-        sent_inputs = _check_request_body(body, header_length)
-        headers = {"Content-Type": "application/json"}
-        if header_length is not None:
-            headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
-        status, response_headers, answer = self._post(
-            f"/v2/models/{quote(name, safe='')}/infer", body, headers, action=f"running model '{name}'"
+            payloads.append(data)
+        request: dict[str, Any] = {"inputs": described}
+        if outputs:
+            request["outputs"] = [{"name": output, "parameters": {"binary_data": True}} for output in outputs]
+        else:
+            request["parameters"] = {"binary_data_output": True}
+        header = json.dumps(request).encode()
+        path = _model_path(name) + ("" if version is None else f"/versions/{version}") + "/infer"
+        answer = self._request(
+            "POST",
+            path,
+            action=f"running model '{name}'",
+            body=b"".join([header, *payloads]),
+            headers={"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))},
         )
-        if status == 200:
-            raw_length = response_headers.get(HEADER_LENGTH)
-            return InferenceResponse(
-                body=answer,
-                content_type=response_headers.get("Content-Type", "application/json"),
-                header_length=int(raw_length) if raw_length and raw_length.isascii() and raw_length.isdigit() else None,
+        if answer.status != 200:
+            known = self._known_inputs(name) if names_no_missing_input(answer.body) else None
+            raise error_from_answer(
+                answer.status,
+                answer.body,
+                model_name=name,
+                where=self.http_url,
+                known_inputs=known,
+                sent_inputs=list(inputs),
             )
-        raise self._error_for(status, _error_text(answer), name, sent_inputs)
+        return _binary_outputs(answer.body, answer.headers.get(HEADER_LENGTH), where=self.http_url)
 
-    def _post(
-        self, path: str, body: bytes, headers: Mapping[str, str], *, action: str
-    ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """POST `body` to `path` on a fresh connection; return (status, headers, body) (see `_exchange`).
-
-        tritonclient has no call that sends a request body as is, so this one speaks HTTP/1.1 itself.
-        """
-        return self._exchange("POST", path, body, dict(headers), action=action)
-
-    def _exchange(
-        self, method: str, path: str, body: bytes, headers: dict[str, str], *, action: str
-    ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """One request on a fresh connection; return (status, headers, body). Raises `TritonUnreachable` when no
-        connection opens (nothing was sent), `TritonUnavailable` when it fails after that."""
-        connection_class = http.client.HTTPSConnection if self._ssl else http.client.HTTPConnection
-        connection = connection_class(self._address, timeout=self.timeout_s)
+    def _known_inputs(self, name: str) -> list[str] | None:
         try:
-            connection.connect()
-        except OSError as exc:
-            connection.close()
-            raise TritonUnreachable(f"Triton at {self.http_url} cannot be reached while {action}: {exc}") from None
-        try:
-            connection.request(method, path, body=body or None, headers=headers)
-            response = connection.getresponse()
-            return response.status, response.headers, response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            kind = "timed out" if isinstance(exc, TimeoutError) else "failed"
-            raise TritonUnavailable(f"Triton at {self.http_url} {kind} while {action}: {exc}") from None
-        finally:
-            connection.close()
+            return input_names(self.model_metadata(name))
+        except ConchError:
+            return None
+
+    # --- the metrics port ---------------------------------------------------------------------------------------
 
     @staticmethod
     def fetch_metrics_text(metrics_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
@@ -513,13 +520,54 @@ class TritonClient:
         static method: `TritonClient.fetch_metrics_text(url, timeout_s=5)`. `timeout_s` bounds connecting and
         reading (seconds). Raises `TritonUnavailable` on any connection error, timeout or non-200 answer.
         """
+        parts = urlsplit(metrics_url)
         try:
-            with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
-                return response.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            raise TritonUnavailable(f"Triton metrics at {metrics_url} answered HTTP {exc.code}") from None
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-            raise TritonUnavailable(f"Triton metrics at {metrics_url} cannot be read: {exc}") from None
+            client = TritonClient(f"{parts.scheme}://{parts.netloc}", timeout_s=timeout_s)
+        except InvalidInput:
+            raise TritonUnavailable(f"Triton metrics at {metrics_url} cannot be read: not an HTTP URL") from None
+        with client:
+            try:
+                answer = client._request("GET", parts.path or "/metrics", action="reading its metrics")
+            except TritonUnavailable as exc:
+                raise TritonUnavailable(f"Triton metrics at {metrics_url} cannot be read: {exc.detail}") from None
+        if answer.status != 200:
+            raise TritonUnavailable(f"Triton metrics at {metrics_url} answered HTTP {answer.status}")
+        return answer.body.decode("utf-8", errors="replace")
+
+
+def _model_path(name: str) -> str:
+    return f"/v2/models/{quote(name, safe='')}"
+
+
+def _binary_outputs(body: bytes, raw_length: str | None, *, where: str) -> dict[str, np.ndarray]:
+    """The outputs of an inference answer whose outputs came as binary data (or, when Triton sent one as JSON,
+    from its `data`), by name. Raises `TritonUnavailable` for an answer that does not add up."""
+    try:
+        header_length = int(raw_length) if raw_length is not None else len(body)
+        response = json.loads(body[:header_length])
+        found: dict[str, np.ndarray] = {}
+        offset = header_length
+        view = memoryview(body)
+        for output in response.get("outputs", []):
+            datatype, shape = output["datatype"], [int(dim) for dim in output["shape"]]
+            size = (output.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                dtype = np.object_ if datatype == "BYTES" else triton_to_np_dtype(datatype)
+                values = output.get("data", [])
+                if datatype == "BYTES":
+                    values = [item.encode("utf-8") if isinstance(item, str) else item for item in values]
+                found[output["name"]] = np.array(values, dtype=dtype).reshape(shape)
+                continue
+            chunk = view[offset : offset + size]
+            offset += size
+            if datatype == "BYTES":
+                array = deserialize_bytes_tensor(bytes(chunk)) if size else np.empty(0, dtype=np.object_)
+            else:
+                array = np.frombuffer(chunk, dtype=np.dtype(triton_to_np_dtype(datatype)).newbyteorder("<"))
+            found[output["name"]] = array.reshape(shape)
+        return found
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TritonUnavailable(f"Triton at {where} sent an inference answer that cannot be read: {exc}") from None
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -729,19 +777,6 @@ def check_inference_header(header: bytes, header_length: int | None, body_length
     )
 
 
-def _check_request_body(body: bytes, header_length: int | None) -> list[str]:
-    """Check an inference request body before it goes to Triton; return the names of the inputs it sends.
-
-    `header_length` None: `body` is JSON. A number: the JSON header's length, binary tensor data follows, and
-    the inputs' `binary_data_size` must add up to the bytes after the header. 0: Triton's raw binary request
-    (no header; the body is the model's single input), left to Triton to check.
-    Raises `InvalidInput` naming the field.
-    """
-    if header_length == 0:
-        return []
-    return [tensor.name for tensor in _check_request_start(body, header_length, len(body))[0]]
-
-
 def _check_request_start(
     body: bytes, header_length: int | None, body_length: int
 ) -> tuple[list[_CheckedInput], Mapping[str, Any]]:
@@ -778,23 +813,6 @@ def _check_request_start(
     return inputs, request
 
 
-def _parse_json_request(
-    request: Mapping[str, Any],
-) -> tuple[list[triton_http.InferInput], list[triton_http.InferRequestedOutput], str]:
-    """Validate a KServe v2 JSON request body and build tritonclient inputs/outputs from it."""
-    checked_inputs, checked_outputs, request_id = _check_request_header(request, binary_part=False)
-    inputs = []
-    for checked in checked_inputs:
-        tensor = triton_http.InferInput(checked.name, checked.shape, checked.datatype)
-        tensor.set_data_from_numpy(checked.array, binary_data=True)
-        inputs.append(tensor)
-    outputs = [
-        triton_http.InferRequestedOutput(checked.name, binary_data=True, class_count=checked.class_count)
-        for checked in checked_outputs
-    ]
-    return inputs, outputs, request_id
-
-
 def _error_text(body: bytes) -> str:
     """Triton's error message from an error response body `{"error": "<message>"}`, without the request-id prefix."""
     text = body.decode("utf-8", errors="replace")
@@ -805,13 +823,3 @@ def _error_text(body: bytes) -> str:
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
         text = parsed["error"]
     return _REQUEST_ID_PREFIX.sub("", text.strip()) or "Triton answered with an empty error"
-
-
-def _numpy_to_json(array: np.ndarray | None) -> list[Any]:
-    if array is None:
-        return []
-    if array.dtype == np.object_:
-        return [
-            item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item) for item in array.ravel()
-        ]
-    return array.ravel().tolist()

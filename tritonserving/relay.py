@@ -13,6 +13,11 @@ HTTP endpoint needs: one request at a time per connection, Content-Length or no 
 (the C parser uvicorn serves the gateway's own side with) including chunked ones, no redirects, no cookies, no
 decompression.
 
+This is the data path of every user's inference over HTTP: the gateway streams bodies through `TritonRelay.send`,
+and the REST API's `/infer` (a synchronous Django view, through `deployments.services.inference`) sends a whole
+body with `infer_body`. Control calls (health, load/unload, configuration, statistics, metrics, Conch's own smoke
+inferences) use the synchronous `tritonserving.client.TritonClient` instead.
+
 Talks to: Triton's HTTP/REST endpoint (KServe v2 protocol; Triton docs "HTTP/REST and GRPC Protocol").
 """
 
@@ -20,16 +25,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Mapping
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httptools
 
 from tritonserving.access import API_KEY_HEADER
-from tritonserving.client import RELAYED_HEADERS, TritonUnavailable, TritonUnreachable
+from tritonserving.client import (
+    HEADER_LENGTH,
+    RELAYED_HEADERS,
+    InferenceResponse,
+    TritonUnavailable,
+    TritonUnreachable,
+    error_from_answer,
+    input_names,
+    names_no_missing_input,
+)
 
-__all__ = ["RelayedAnswer", "TritonRelay"]
+__all__ = ["RelayedAnswer", "TritonRelay", "infer_body"]
 
 #: The restricted-endpoint key's header, as request header names are compared (lower case).
 _KEY_HEADER = API_KEY_HEADER.lower()
@@ -368,3 +383,50 @@ class TritonRelay:
             connection.close()
             self._open.discard(connection)
         self._slots[connection.key].release()
+
+
+async def infer_body(
+    relay: TritonRelay,
+    http_url: str,
+    model_name: str,
+    body: bytes,
+    *,
+    header_length: int | None = None,
+    sent_inputs: Sequence[str] = (),
+) -> InferenceResponse:
+    """Send an inference request body to model `model_name` of the Triton at `http_url` (`http://host:port`) as
+    the client wrote it, and return Triton's answer unchanged (KServe v2 "Inference").
+
+    `body`: a KServe v2 "Inference Request JSON Object" (`header_length` None) or, with Triton's "Binary Tensor
+    Data Extension", that JSON header followed by the inputs' raw bytes (`header_length`: the header's length in
+    bytes, sent as `Inference-Header-Content-Length`; 0: Triton's raw request). Check it first with
+    `tritonserving.client.check_inference_header` (Triton answers 500 to a malformed one); `sent_inputs` are the
+    input names the check found, used to name the tensor of a "missing input" refusal.
+    Returns `InferenceResponse` (body, Content-Type, and the header length when outputs are binary). Raises
+    `TritonRequestError` (Triton's message; `field` the tensor it names), `TritonModelNotFound`,
+    `TritonUnreachable` (no connection opened: another server may be tried), `TritonUnavailable`.
+    """
+    headers = {"Content-Type": "application/json"}
+    if header_length is not None:
+        headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
+    path = f"/v2/models/{quote(model_name, safe='')}"
+    answer = await relay.send("POST", f"{http_url}{path}/infer", headers=headers, body=body)
+    payload = await answer.read()
+    if answer.status == 200:
+        raw_length = answer.headers.get(HEADER_LENGTH.lower())
+        return InferenceResponse(
+            body=payload,
+            content_type=answer.headers.get("content-type", "application/json"),
+            header_length=int(raw_length) if raw_length and raw_length.isascii() and raw_length.isdigit() else None,
+        )
+    known = None
+    if names_no_missing_input(payload):
+        # Triton lists what is missing, not what it did not know: the model's metadata says which input that was.
+        try:
+            metadata = await relay.send("GET", f"{http_url}{path}")
+            known = input_names(json.loads(await metadata.read())) if metadata.status == 200 else None
+        except (TritonUnavailable, ValueError):
+            known = None
+    raise error_from_answer(
+        answer.status, payload, model_name=model_name, where=http_url, known_inputs=known, sent_inputs=sent_inputs
+    )

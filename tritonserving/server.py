@@ -21,7 +21,6 @@ never became ready; carries the last log lines), `TritonStopError` (a process su
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import importlib.util
 import os
 import re
@@ -33,8 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +40,7 @@ import psutil
 
 from conch.errors import InvalidInput, Unavailable
 from tritonserving.access import api_key_from_flags, restricted_api_flags
+from tritonserving.client import TritonClient
 from tritonserving.metrics import LATENCY_SUMMARIES
 
 # Our Python-based backends (`<name>/model.py`), copied into every backend directory we build.
@@ -430,12 +428,9 @@ def start_server(
     )
 
 
-def _probe_ready(url: str, timeout_s: float) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, http.client.HTTPException, OSError):
-        return False
+def _probe_ready(http_url: str, timeout_s: float) -> bool:
+    with TritonClient(http_url, timeout_s=timeout_s) as client:
+        return client.is_ready()
 
 
 def wait_until_ready(process: ServerProcess, *, timeout_s: float, poll_interval_s: float = 0.05) -> None:
@@ -445,7 +440,6 @@ def wait_until_ready(process: ServerProcess, *, timeout_s: float, poll_interval_
     process is left as it is (call `stop_server` to clean up after a timeout). A server with nothing to load is
     ready about 0.1 s after its start here, hence the short default poll (a probe is one local HTTP request).
     """
-    url = f"{process.http_url}/v2/health/ready"
     deadline = time.monotonic() + timeout_s
     while True:
         if not is_alive(process.pid, process.create_time):
@@ -458,7 +452,7 @@ def wait_until_ready(process: ServerProcess, *, timeout_s: float, poll_interval_
                 how = f"{ended.description} during start-up"
             raise TritonStartError(f"tritonserver '{process.server_id}' {how}", log_lines=_tail_or_empty(process))
         remaining = deadline - time.monotonic()
-        if _probe_ready(url, timeout_s=max(0.05, min(1.0, remaining))):
+        if _probe_ready(process.http_url, timeout_s=max(0.05, min(1.0, remaining))):
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:

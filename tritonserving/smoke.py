@@ -12,8 +12,11 @@ Two kinds, behind one entry point (`run_smoke_inference`):
   misbehaves (exited, does not answer, could not be reached during a load or an inference, or a model that will not
   unload) is stopped and replaced by a fresh one, and the verification is tried once more on it.
 
-Talks to a `tritonserver` it starts itself (`tritonserving.server`) over the KServe v2 HTTP API
-(`tritonserving.client`). No Django: the caller passes the folders, ids and timeouts it wants. Every server here is
+Talks to a `tritonserver` it starts itself (`tritonserving.server`) over the KServe v2 HTTP API, through the
+control client (`tritonserving.client.TritonClient`) only, smoke inferences included: they are Conch's own
+requests on a server no user reaches, not a user's data path (that is `tritonserving.relay`), and the control
+client's synchronous `infer_numpy` is what a build step running on a Celery worker needs. No Django: the caller
+passes the folders, ids and timeouts it wants. Every server here is
 locked down like every server Conch starts (`tritonserving.access`): only requests carrying its key (random per
 server; only the owning process knows it) may load or unload models, and it gets no copy of Conch's environment. The
 warm server gets no storage credentials at all: it reads only its local scratch repository. Like every
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import http.client
 import itertools
 import logging
 import os
@@ -38,8 +40,6 @@ import secrets
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -525,11 +525,8 @@ def _is_live(process: triton_server.ServerProcess) -> bool:
     Liveness, not readiness: with Triton's default strict readiness a server is not "ready" while one of its models
     is unloading or failed to load, which is the normal state of a verify server between two builds.
     """
-    try:
-        with urllib.request.urlopen(f"{process.http_url}/v2/health/live", timeout=HEALTH_TIMEOUT_S) as response:
-            return response.status == 200
-    except (urllib.error.URLError, http.client.HTTPException, OSError):
-        return False
+    with TritonClient(process.http_url, timeout_s=HEALTH_TIMEOUT_S) as client:
+        return client.is_live()
 
 
 def _copy_tree(source: Path, target: Path) -> None:

@@ -3,9 +3,11 @@
 It runs in its own process (`python -m conch.gateway`, uvicorn), apart from the console's web server, so that
 a request costs little more than the relay itself: the body streams from the client to a pooled keep-alive
 connection to Triton (`tritonserving.relay`) and the answer streams back, while the rules live in
-`deployments.services.gateway`. Per request and in the steady state it does no database query: the (token,
-deployment) route is resolved once and kept for `CONCH_GATEWAY_ROUTE_CACHE_SECONDS`; the per-token rate limit
-is one Redis round trip; usage is counted in memory and written every `CONCH_GATEWAY_USAGE_FLUSH_SECONDS`.
+`deployments.services.gateway` and the state every inference edge shares (route cache, rate limiter, usage
+meter, server pick) in `deployments.services.serving`. Per request and in the steady state it does no database
+query: the (token, deployment) route is resolved once and kept for `CONCH_GATEWAY_ROUTE_CACHE_SECONDS`; the
+per-token rate limit is counted in memory and synced with Redis; usage is counted in memory and written every
+`CONCH_GATEWAY_USAGE_FLUSH_SECONDS`.
 
 Authentication is a Conch API token only (`Authorization: Bearer conch_…`), as applications send it. Every
 error is written as `{"error": "…"}`, the form Triton's and KServe's clients read.
@@ -14,24 +16,22 @@ error is written as `{"error": "…"}`, the form Triton's and KServe's clients r
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import json
 import logging
-import math
 import re
-import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import connections
 
-from conch.errors import ConchError, InvalidInput, PayloadTooLarge, Unauthenticated, Unavailable, UnsupportedMediaType
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge, Unavailable, UnsupportedMediaType
+from deployments.api.grpc_gateway import GrpcGateway
 from deployments.services import gateway as rules
 from deployments.services.gateway import Plan, Route, UsageCounts
+from deployments.services.serving import MAX_SERVERS_TRIED, Serving, TooManyRequests
 from tritonserving.access import API_KEY_HEADER
 from tritonserving.client import HEADER_LENGTH, TritonUnavailable, TritonUnreachable, check_inference_header
 from tritonserving.relay import TritonRelay
@@ -46,18 +46,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _PATH = re.compile(r"/serve/(?P<team>[-a-z0-9]+)/(?P<deployment>[-a-z0-9]+)(?:/(?P<path>.*))?")
-#: Servers one request may be tried on when the first cannot be reached (nothing was sent to it).
-MAX_SERVERS_TRIED = 3
-#: Routes (and refusals) kept at most; the oldest half is dropped past it.
-MAX_CACHED_ROUTES = 10_000
-
-
-class _TooManyRequests(ConchError):
-    status_code = 429
-
-    def __init__(self, detail: str, retry_after_s: int) -> None:
-        super().__init__(detail)
-        self.retry_after_s = retry_after_s
 
 
 class _ClientFault(ConchError):
@@ -73,17 +61,17 @@ class _ClientTimedOut(_ClientFault):
 
 class GatewayApp:
     """The ASGI application (HTTP and lifespan). One per process; state is built at lifespan start-up (or on the
-    first request when the server sends no lifespan events) inside the server's event loop."""
+    first request when the server sends no lifespan events) inside the server's event loop. `serving`: the
+    process's shared routes, rate limiter, usage meter and server pick (`deployments.services.serving`), given
+    when another edge shares it; a new one otherwise. `grpc_bind`: where to serve the gRPC edge
+    (`deployments.api.grpc_gateway`, `host:port`) on the same event loop with the same `serving`; "" for none."""
 
-    def __init__(self) -> None:
+    def __init__(self, serving: Serving | None = None, *, grpc_bind: str = "") -> None:
+        self.serving = serving if serving is not None else Serving()
+        self.grpc_bind = grpc_bind
+        self.grpc: GrpcGateway | None = None
         self._relay: TritonRelay | None = None
         self._shared_memory: SharedMemoryInputs | None = None
-        self._limiter: _RateLimiter | None = None
-        self._routes: dict[tuple[str, str, str], tuple[float, Route | ConchError]] = {}
-        self._resolving: dict[tuple[str, str, str], asyncio.Future] = {}
-        self._turns: dict[int, itertools.count] = {}
-        self._usage: dict[tuple, UsageCounts] = {}
-        self._flusher: asyncio.Task | None = None
 
     # --- ASGI ---------------------------------------------------------------------------------------------------
 
@@ -117,23 +105,23 @@ class GatewayApp:
             if settings.CONCH_GATEWAY_SHARED_MEMORY_BYTES > 0
             else None
         )
-        self._limiter = _RateLimiter(_redis_url())
-        self._limiter.start()
-        self._flusher = asyncio.create_task(self._flush_periodically())
+        await self.serving.start()
+        if self.grpc_bind:
+            self.grpc = GrpcGateway(self.serving)
+            await self.grpc.start(self.grpc_bind)
 
     async def _stop(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
-        await self._flush_usage()
+        if self._relay is None:
+            return
+        if self.grpc is not None:
+            await self.grpc.stop()
+            self.grpc = None
+        await self.serving.stop()
         if self._shared_memory is not None:
             await self._shared_memory.close()
             self._shared_memory = None
-        if self._relay is not None:
-            await self._relay.close()
-            self._relay = None
-        if self._limiter is not None:
-            await self._limiter.close()
+        await self._relay.close()
+        self._relay = None
         await sync_to_async(connections.close_all)()
 
     # --- one request --------------------------------------------------------------------------------------------
@@ -152,8 +140,8 @@ class GatewayApp:
         counts = UsageCounts(requests=1)
         status = 500
         try:
-            route = await self._route(headers.get("authorization", ""), match["team"], match["deployment"])
-            self._limiter.admit(route)
+            route = await self.serving.route(headers.get("authorization", ""), match["team"], match["deployment"])
+            self.serving.limiter.admit(route)
             plan = rules.plan_request(route, method, match["path"] or "")
             if plan.kind:
                 status = await self._forward(route, plan, method, headers, receive, send, counts)
@@ -168,7 +156,7 @@ class GatewayApp:
                 counts.errors = int(status >= 400)
                 if status >= 400:
                     counts.inferences = 0  # refused or failed: nothing was inferred
-                self._count(route, counts)
+                self.serving.usage.count(route, counts)
 
     async def _forward(
         self, route: Route, plan: Plan, method: str, headers: dict[str, str], receive: Receive, send: Send, counts
@@ -182,7 +170,7 @@ class GatewayApp:
         placement: Placement | None = None
         shared_memory = self._shared_memory if body.binary_request is not None else None
         while True:
-            url, key = self._next_server(route)
+            url, key = self.serving.picker.next_http(route)
             if plan.restricted:
                 sent_headers[API_KEY_HEADER] = key
             payload, length, headers_out = body.payload(), body.length or None, sent_headers
@@ -222,7 +210,7 @@ class GatewayApp:
                     placement = None
                     shared_memory.forget(url)
                 tried += 1
-                self._forget(route)
+                self.serving.routes.forget(route)
                 if tried >= min(MAX_SERVERS_TRIED, len(route.servers)) or body.started:
                     log.warning(
                         "gateway.relay.unreachable", extra={"deployment_id": route.deployment_id, "error": str(exc)}
@@ -241,7 +229,7 @@ class GatewayApp:
                     raise body.fault from None
                 # Triton's own address stays in the log: it is internal.
                 log.warning("gateway.relay.failed", extra={"deployment_id": route.deployment_id, "error": str(exc)})
-                self._forget(route)
+                self.serving.routes.forget(route)
                 raise Unavailable(
                     f"Deployment '{route.deployment_name}' failed while answering (its Triton stopped or timed out); "
                     "retry in a few seconds."
@@ -276,71 +264,6 @@ class GatewayApp:
         await send({"type": "http.response.body", "body": b""})
         return answer.status
 
-    def _next_server(self, route: Route) -> tuple[str, str]:
-        turn = self._turns.setdefault(route.deployment_id, itertools.count())
-        return route.servers[next(turn) % len(route.servers)]
-
-    # --- routes -------------------------------------------------------------------------------------------------
-
-    async def _route(self, authorization: str, team: str, deployment: str) -> Route:
-        scheme, _, raw = authorization.partition(" ")
-        raw = raw.strip()
-        if scheme.lower() != "bearer" or not raw:
-            raise Unauthenticated(
-                "Send a Conch API token with the infer scope as 'Authorization: Bearer conch_…' (POST /api/v1/tokens/)."
-            )
-        key = (hashlib.sha256(raw.encode()).hexdigest(), team, deployment)
-        cached = self._routes.get(key)
-        if cached is not None and cached[0] > time.monotonic():
-            return _raise_or_return(cached[1])
-        pending = self._resolving.get(key)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            self._resolving[key] = pending
-            try:
-                found = await sync_to_async(_resolve, thread_sensitive=True)(raw, team, deployment)
-            except BaseException as exc:
-                pending.set_exception(exc)
-                pending.exception()  # retrieved: waiters, if any, get it through `await pending`
-                raise
-            finally:
-                self._resolving.pop(key, None)
-            if len(self._routes) >= MAX_CACHED_ROUTES:
-                for old in list(self._routes)[: MAX_CACHED_ROUTES // 2]:
-                    self._routes.pop(old, None)
-            self._routes[key] = (time.monotonic() + settings.CONCH_GATEWAY_ROUTE_CACHE_SECONDS, found)
-            pending.set_result(found)
-        else:
-            found = await pending
-        return _raise_or_return(found)
-
-    def _forget(self, route: Route) -> None:
-        for key, (_, found) in list(self._routes.items()):
-            if isinstance(found, Route) and found.deployment_id == route.deployment_id:
-                self._routes.pop(key, None)
-
-    # --- usage --------------------------------------------------------------------------------------------------
-
-    def _count(self, route: Route, counts: UsageCounts) -> None:
-        key = (route.token_id, route.team_id, route.deployment_id, rules.today())
-        self._usage.setdefault(key, UsageCounts()).add(counts)
-
-    async def _flush_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(settings.CONCH_GATEWAY_USAGE_FLUSH_SECONDS)
-            await self._flush_usage()
-
-    async def _flush_usage(self) -> None:
-        if not self._usage:
-            return
-        pending, self._usage = self._usage, {}
-        try:
-            await sync_to_async(_record_usage, thread_sensitive=True)(pending)
-        except Exception as exc:  # noqa: BLE001 - the database is away: keep the counts for the next try
-            log.warning("gateway.usage.flush_failed", extra={"error": str(exc), "keys": len(pending)})
-            for key, counts in pending.items():
-                self._usage.setdefault(key, UsageCounts()).add(counts)
-
 
 class NotFoundAtAll(ConchError):
     """A path outside `/serve/<team>/<deployment>/`."""
@@ -349,127 +272,6 @@ class NotFoundAtAll(ConchError):
 
     def __init__(self) -> None:
         super().__init__("Not found: deployments are served at /serve/<team>/<deployment>/v2/...")
-
-
-def _resolve(raw: str, team: str, deployment: str) -> Route | ConchError:
-    """`resolve_route` on a worker thread, with Django's connection hygiene; a refusal is returned, to be cached."""
-    close_old_connections()
-    try:
-        return rules.resolve_route(raw_token=raw, team_slug=team, name=deployment)
-    except ConchError as exc:
-        return exc
-    finally:
-        close_old_connections()
-
-
-def _record_usage(pending: dict) -> None:
-    close_old_connections()
-    try:
-        rules.record_gateway_usage(counts=pending)
-    finally:
-        close_old_connections()
-
-
-def _raise_or_return(found: Route | ConchError) -> Route:
-    if isinstance(found, ConchError):
-        raise found
-    return found
-
-
-def _redis_url() -> str:
-    url = settings.CONCH_GATEWAY_REDIS_URL or settings.CELERY_BROKER_URL
-    return url if url.startswith(("redis://", "rediss://", "unix://")) else ""
-
-
-class _RateLimiter:
-    """Fixed one-minute windows per token, shared by every gateway process through Redis without a round trip
-    per request: each process counts locally, and every `SYNC_INTERVAL_S` adds its new counts to the window's
-    total in Redis (INCRBY) and reads back what all processes counted. A token may so pass its limit by what
-    other processes admitted since the last sync (at most a tenth of a second of its traffic). Without Redis the
-    count is this process's alone; when Redis cannot be reached the process goes on with its own counts and
-    logs a warning at most once a minute. `clock` gives the time in seconds since the epoch (the windows follow
-    it; tests give one they set)."""
-
-    SYNC_INTERVAL_S = 0.1
-
-    def __init__(self, redis_url: str, *, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._redis = None
-        if redis_url:
-            import redis.asyncio as redis_asyncio
-
-            self._redis = redis_asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-        self._window = 0
-        self._shared: dict[str, int] = {}  # token -> the window's total as last known (all processes)
-        self._pending: dict[str, int] = {}  # token -> admitted here since the last sync
-        self._sending: dict[str, int] = {}  # token -> admitted here, being added to Redis by the running sync
-        self._warned_at = 0.0
-        self._syncer: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._redis is not None:
-            self._syncer = asyncio.create_task(self._sync_periodically())
-
-    def admit(self, route: Route) -> None:
-        """Count one request of `route`'s token; raise `_TooManyRequests` (429) past its requests per minute."""
-        now = self._clock()
-        window = int(now // 60)
-        if window != self._window:
-            self._window, self._shared, self._pending, self._sending = window, {}, {}, {}
-        token = f"{route.token_id}:{route.token_prefix}"
-        pending = self._pending.get(token, 0)
-        if self._shared.get(token, 0) + self._sending.get(token, 0) + pending >= route.requests_per_minute:
-            retry = max(1, math.ceil((window + 1) * 60 - now))
-            raise _TooManyRequests(
-                f"Rate limit of {route.requests_per_minute} requests/minute for token {route.token_prefix}… "
-                f"reached; retry in {retry} s.",
-                retry_after_s=retry,
-            )
-        if self._redis is None:
-            self._shared[token] = self._shared.get(token, 0) + 1
-        else:
-            self._pending[token] = pending + 1
-
-    async def _sync_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.SYNC_INTERVAL_S)
-            await self.sync()
-
-    async def sync(self) -> None:
-        """Add this process's new counts to Redis and read back every process's totals for them."""
-        if self._redis is None or not self._pending:
-            return
-        window, pending = self._window, self._pending
-        # Until Redis answers, what is being sent still counts (admit reads it), or requests arriving meanwhile
-        # would be checked against a total that lacks it.
-        self._pending, self._sending = {}, pending
-        keys = list(pending)
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for token in keys:
-                    key = f"conch:gateway:rate:{settings.CONCH_INSTANCE_ID}:{token}:{window}"
-                    pipe.incrby(key, pending[token]).expire(key, 120)
-                answers = await pipe.execute()
-        except Exception as exc:  # noqa: BLE001 - any Redis trouble: count locally, and say so
-            if window == self._window:
-                self._sending = {}
-                for token, count in pending.items():
-                    self._shared[token] = self._shared.get(token, 0) + count
-            if time.monotonic() - self._warned_at > 60:
-                self._warned_at = time.monotonic()
-                log.warning("gateway.rate_limit.unavailable", extra={"error": str(exc)})
-            return
-        if window == self._window:
-            self._sending = {}
-            for token, total in zip(keys, answers[::2], strict=True):
-                self._shared[token] = int(total)
-
-    async def close(self) -> None:
-        if self._syncer is not None:
-            self._syncer.cancel()
-        await self.sync()
-        if self._redis is not None:
-            await self._redis.aclose()
 
 
 class _RequestBody:
@@ -744,6 +546,6 @@ async def _answer_error(send: Send, exc: ConchError) -> None:
     extra: dict[str, str] = {}
     if exc.status_code == 401:
         extra["www-authenticate"] = 'Bearer realm="conch"'
-    if isinstance(exc, _TooManyRequests):
+    if isinstance(exc, TooManyRequests):
         extra["retry-after"] = str(exc.retry_after_s)
     await _answer(send, exc.status_code, json.dumps({"error": exc.detail}).encode(), extra=extra)

@@ -123,13 +123,15 @@ class Server:
     `name` names it for people (a pod name, or the local server id); `http_url` is its KServe v2 HTTP base URL
     and `metrics_url` its Prometheus `/metrics` URL (both "" when it has none); `api_key` is the key of its
     restricted endpoints (model load/unload, configuration, statistics: Triton "Limit Endpoint Access"), sent in
-    the `X-Conch-Key` header.
+    the `X-Conch-Key` header (gRPC: the `triton-grpc-protocol-x-conch-key` metadata); `grpc_target` its KServe v2
+    gRPC `host:port` ("" when it has none).
     """
 
     name: str
     http_url: str
     metrics_url: str
     api_key: str
+    grpc_target: str = ""
 
 
 class Runtime(abc.ABC):

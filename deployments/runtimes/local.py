@@ -332,6 +332,7 @@ class LocalRuntime(Runtime):
                 http_url=http_url,
                 metrics_url=self.internal_url(state, "metrics", "/metrics"),
                 api_key=triton_api_key(server.server_id),
+                grpc_target=f"{settings.CONCH_TRITON_INTERNAL_HOST}:{server.grpc_port}" if server.grpc_port else "",
             )
         ]
 

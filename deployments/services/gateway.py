@@ -47,10 +47,12 @@ __all__ = [
     "Plan",
     "Route",
     "UsageCounts",
+    "deployment_route",
     "gateway_usage",
     "parse_header_length",
     "plan_request",
     "record_gateway_usage",
+    "require_servers",
     "resolve_route",
     "today",
 ]
@@ -74,9 +76,10 @@ class Route:
     """What the gateway knows of one (token, team, deployment) while it caches it.
 
     `servers`: (KServe v2 base URL, restricted-endpoint key) of each ready Triton, in the order requests take
-    them; empty when none is ready. `batching`: whether the model batches (its max_batch_size > 0), so the
-    first dimension of a request's first input counts its inferences. `requests_per_minute`: the token's rate
-    limit. `unavailable`: the sentence to answer (503) for a model path when no server is ready.
+    them; empty when none is ready. `grpc_servers`: (gRPC `host:port`, key) of the same servers, in the same
+    order (a server without a gRPC port is left out). `batching`: whether the model batches (its max_batch_size
+    > 0), so the first dimension of a request's first input counts its inferences. `requests_per_minute`: the
+    token's rate limit. `unavailable`: the sentence to answer (503) for a model path when no server is ready.
     """
 
     token_id: int
@@ -90,6 +93,7 @@ class Route:
     servers: tuple[tuple[str, str], ...]
     requests_per_minute: int
     unavailable: str = ""
+    grpc_servers: tuple[tuple[str, str], ...] = ()
     unavailable_status: int = 503
 
 
@@ -148,14 +152,26 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
     require_deployment_access(
         user=user, deployment=deployment, action="Using the inference gateway", token=token, scope=Scope.INFER
     )
+    return deployment_route(deployment=deployment, token=token)
+
+
+def deployment_route(*, deployment: Deployment, token: TokenGrant | None) -> Route:
+    """The `Route` to `deployment` for a caller who may use it (access already checked): its ready servers (from
+    the runtime), whether the model batches, and the rate limit of `token` (its own `requests_per_minute`, else
+    CONCH_GATEWAY_REQUESTS_PER_MINUTE). `token` None (a console session): `token_id` 0 and no token prefix; such
+    a route is not rate limited or metered here (usage is kept per token). Reads the database and the runtime."""
     ready = deployment.status in _SERVING
     servers: tuple[tuple[str, str], ...] = ()
+    grpc_servers: tuple[tuple[str, str], ...] = ()
     unavailable, unavailable_status = "", 503
     if ready:
         try:
-            servers = tuple((server.http_url, server.api_key) for server in serving_servers(deployment))
+            found = serving_servers(deployment)
         except Unavailable as exc:
             unavailable = exc.detail
+        else:
+            servers = tuple((server.http_url, server.api_key) for server in found)
+            grpc_servers = tuple((server.grpc_target, server.api_key) for server in found if server.grpc_target)
     if not servers and not unavailable:
         if deployment.runtime == "kubernetes" and not deployment.autoscaling and deployment.replicas == 0:
             unavailable, unavailable_status = (
@@ -167,19 +183,29 @@ def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:
         else:
             unavailable = f"Deployment '{deployment.name}' is {deployment.status}, not serving; retry when it is ready."
     return Route(
-        token_id=token.id,
-        token_prefix=token.prefix,
-        team_id=team.pk,
+        token_id=token.id if token is not None else 0,
+        token_prefix=token.prefix if token is not None else "",
+        team_id=deployment.team_id,
         deployment_id=deployment.pk,
         deployment_name=deployment.name,
         model_name=deployment.model_name,
         ready=ready,
         batching=(effective_settings(deployment).get("max_batch_size") or 0) > 0,
         servers=servers,
-        requests_per_minute=token.requests_per_minute or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE,
+        requests_per_minute=(token.requests_per_minute if token is not None else None)
+        or settings.CONCH_GATEWAY_REQUESTS_PER_MINUTE,
         unavailable=unavailable,
         unavailable_status=unavailable_status,
+        grpc_servers=grpc_servers,
     )
+
+
+def require_servers(route: Route) -> None:
+    """Raise what a request needing a Triton of `route` gets when none is ready: Conflict (409, field `replicas`)
+    for a deployment scaled to 0, else Unavailable (503) with `route.unavailable`."""
+    if not route.servers:
+        error = Conflict if route.unavailable_status == 409 else Unavailable
+        raise error(route.unavailable, field="replicas" if error is Conflict else None)
 
 
 def plan_request(route: Route, method: str, path: str) -> Plan:
@@ -198,7 +224,7 @@ def plan_request(route: Route, method: str, path: str) -> Plan:
         # KServe's client shows `error` (and only that) of a failed health check.
         return Plan(status=503, body=json.dumps({"ready": False, "error": route.unavailable}).encode())
     if path == "v2" and method in ("GET", "HEAD"):
-        _require_servers(route)
+        require_servers(route)
         return Plan(triton_path="/v2", kind="server")
     if path == "v2/models/stats":
         # tritonclient's get_inference_statistics() without a model name asks for every model's statistics; the
@@ -216,14 +242,8 @@ def plan_request(route: Route, method: str, path: str) -> Plan:
     allowed = "POST" if what == "infer" else "GET"
     if method != allowed and not (method == "HEAD" and allowed == "GET"):
         raise GatewayMethodNotAllowed(f"{path} takes {allowed}, not {method}.")
-    _require_servers(route)
+    require_servers(route)
     return Plan(triton_path=f"/{path}", kind=what or "model", restricted=what in ("config", "stats"))
-
-
-def _require_servers(route: Route) -> None:
-    if not route.servers:
-        error = Conflict if route.unavailable_status == 409 else Unavailable
-        raise error(route.unavailable, field="replicas" if error is Conflict else None)
 
 
 def parse_header_length(raw: str | None) -> int | None:

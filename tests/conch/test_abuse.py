@@ -18,6 +18,7 @@ from django.core import checks
 from django.test import Client
 
 from conch.throttling import parse_rate
+from tenancy.models import ApiToken
 from tests.conch.conftest import TwoTeams
 from tests.conch.test_idor_sweep import METHODS, Route, fill
 from tests.factories import UserFactory
@@ -193,19 +194,41 @@ def test_requests_refused_before_the_rate_check_spend_nothing(alice, settings):
         assert Client().get("/api/v1/models/", HTTP_AUTHORIZATION="Bearer conch_nothing").status_code == 401
 
 
-def test_inference_through_the_api_spends_a_budget_of_its_own(two_teams: TwoTeams, settings):
-    settings.CONCH_API_RATES = {**settings.CONCH_API_RATES, "token": "3/hour", "inference": "1/hour"}
+def test_inference_through_the_api_spends_a_budget_of_its_own(two_teams: TwoTeams, settings, inference_edge):
+    # given a token limited to 1 request a minute (its gateway limit) and a generous token budget for the rest
+    settings.CONCH_API_RATES = {**settings.CONCH_API_RATES, "token": "3/hour", "inference": "100/hour"}
     _fresh_window(3600)
+    ApiToken.objects.filter(prefix=two_teams.victim.token[:12]).update(requests_per_minute=1)
     client = two_teams.victim.token_client()
     url = f"/api/v1/deployments/{two_teams.victim.deployment.pk}/infer"
     body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    # when
     first = client.post(url, body, format="json")
     second = client.post(url, body, format="json")
+    # then the token's inference limit is the one its requests through the gateway count against
     assert first.status_code == 409  # counted (the deployment is not started), not refused
     assert second.status_code == 429
-    assert second.json()["detail"].startswith("Rate limit of 1 requests/hour of inference for token conch_")
+    assert second.json()["detail"].startswith(
+        f"Rate limit of 1 requests/minute for token {two_teams.victim.token[:12]}… reached"
+    )
+    assert second["Retry-After"] == "50"
     # the token's other budget is untouched by inference
     assert [client.get("/api/v1/models/").status_code for _ in range(3)] == [200, 200, 200]
+
+
+def test_inference_through_the_api_in_a_console_session_spends_the_inference_budget(
+    two_teams: TwoTeams, settings, inference_edge
+):
+    settings.CONCH_API_RATES = {**settings.CONCH_API_RATES, "user": "3/hour", "inference": "1/hour"}
+    _fresh_window(3600)
+    client = two_teams.victim.session_client()
+    url = f"/api/v1/deployments/{two_teams.victim.deployment.pk}/infer"
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    first = client.post(url, body, content_type="application/json")
+    second = client.post(url, body, content_type="application/json")
+    assert first.status_code == 409
+    assert second.status_code == 429
+    assert second.json()["detail"].startswith("Rate limit of 1 requests/hour of inference for user ")
 
 
 def test_the_counters_live_in_the_shared_redis_cache(alice, settings):

@@ -140,6 +140,14 @@ def test_development_keeps_the_plain_http_demo_working(tmp_path):
         ({"CONCH_ENV": "staging"}, "CONCH_ENV must be 'development' or 'production', not 'staging'."),
         ({"DJANGO_SECURE_PROXY_SSL_HEADER": "https"}, "DJANGO_SECURE_PROXY_SSL_HEADER must look like"),
         ({"CONCH_LOCAL_GPUS": "two"}, "CONCH_LOCAL_GPUS must be 'auto' or a whole number, not 'two'."),
+        (
+            {"CONCH_KUBERNETES_CONCH_POD_SELECTOR": "app=conch,role"},
+            "CONCH_KUBERNETES_CONCH_POD_SELECTOR='app=conch,role': 'role' is not a Kubernetes label 'key=value'.",
+        ),
+        (
+            {"CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR": "name=not valid"},
+            "'name=not valid' is not a Kubernetes label 'key=value'.",
+        ),
     ],
 )
 def test_unknown_values_are_refused(tmp_path, variables, message):
@@ -227,3 +235,34 @@ def test_one_redis_url_serves_the_broker_the_cache_and_the_gateway_unless_one_is
     # and a URL that is not Redis is refused naming the variable
     completed = _run(tmp_path, ["-c", "import django; django.setup()"], CONCH_REDIS_URL="postgres://x/y")
     assert completed.returncode != 0 and "CONCH_REDIS_URL must be redis://" in completed.stderr
+
+
+def test_network_policy_selectors_are_read_as_label_maps(tmp_path):
+    # given
+    script = (
+        "import json, django; django.setup(); from django.conf import settings as s; print(json.dumps([s."
+        "CONCH_KUBERNETES_CONCH_POD_SELECTOR, s.CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR, "
+        "s.CONCH_KUBERNETES_MONITORING_POD_SELECTOR, s.CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR]))"
+    )
+    # when: the defaults, then the operator's own selectors
+    defaults = _run(tmp_path, ["-c", script])
+    chosen = _run(
+        tmp_path,
+        ["-c", script],
+        CONCH_KUBERNETES_CONCH_POD_SELECTOR=" app.kubernetes.io/name=conch , tier=gateway",
+        CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR="kubernetes.io/metadata.name=conch",
+        CONCH_KUBERNETES_MONITORING_POD_SELECTOR="",
+    )
+    # then
+    assert json.loads(defaults.stdout) == [
+        {"app.kubernetes.io/part-of": "conch"},
+        {},
+        {"app.kubernetes.io/name": "prometheus"},
+        {"kubernetes.io/metadata.name": "monitoring"},
+    ]
+    assert json.loads(chosen.stdout) == [
+        {"app.kubernetes.io/name": "conch", "tier": "gateway"},
+        {"kubernetes.io/metadata.name": "conch"},
+        {},
+        {"kubernetes.io/metadata.name": "monitoring"},
+    ]

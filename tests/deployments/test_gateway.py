@@ -23,15 +23,18 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 import pytest
+import redis
 import requests
 import tritonclient.http as triton_http
 import tritonclient.http.aio as triton_aio
 from django.conf import settings
+from rest_framework.test import APIClient
 from tritonclient.utils import InferenceServerException
 
 from builds.model_config import BuildOptions
 from deployments import services as deployments
 from deployments.models import GatewayUsage
+from deployments.services import inference
 from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.models import ApiToken
 from tenancy.services import create_api_token
@@ -297,6 +300,54 @@ def test_usage_is_metered_per_token_and_day_and_shown_to_team_admins(served):
     assert outsider.client.get("/api/v1/gateway-usage/vision/").status_code == 404
 
 
+def test_the_rest_api_and_the_gateway_count_a_token_against_one_limit_and_one_usage_row(served, monkeypatch):
+    # given a token limited to 3 requests a minute, and this process's REST API inference edge
+    caller, deployment, base = served
+    limited = create_api_token(user=caller.user, name="both", team=caller.team, scopes=["infer"])
+    ApiToken.objects.filter(pk=limited.token.pk).update(requests_per_minute=3)
+    edge = inference.InferenceEdge()
+    monkeypatch.setattr(inference, "_edge", edge)
+    body = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [0.5] * 8}]}
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {limited.secret}")
+    if time.time() % 60 > 50:  # the windows are calendar minutes: keep the requests in one
+        time.sleep(61 - time.time() % 60)
+    window = int(time.time() // 60)
+    shared = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    key = f"conch:gateway:rate:{settings.CONCH_INSTANCE_ID}:{limited.token.pk}:{limited.token.prefix}:{window}"
+    try:
+        # when two requests go through the gateway, and its limiter has told Redis
+        headers = {"Authorization": f"Bearer {limited.secret}"}
+        through_gateway = [
+            requests.post(f"{base}/v2/models/adder/infer", json=body, headers=headers, timeout=30) for _ in range(2)
+        ]
+        deadline = time.monotonic() + 10
+        while int(shared.get(key) or 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # and two through the REST API, the REST edge syncing with Redis after the first (as it does every 0.1 s)
+        first = api.post(f"/api/v1/deployments/{deployment.pk}/infer", body, format="json")
+        edge.run(edge.serving.limiter.sync())
+        second = api.post(f"/api/v1/deployments/{deployment.pk}/infer", body, format="json")
+        edge.serving.usage.flush_blocking()
+    finally:
+        edge.close()
+
+    # then the third request overall was the last the limit allowed, whichever edge carried it
+    assert [answer.status_code for answer in through_gateway] == [200, 200]
+    assert (first.status_code, second.status_code) == (200, 429)
+    assert second.json()["detail"].startswith(f"Rate limit of 3 requests/minute for token {limited.token.prefix}…")
+    assert json.loads(first.content)["outputs"][0]["data"] == [1.5] * 8
+    # and both edges added to the token's one usage row of the day
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = GatewayUsage.objects.filter(token_id=limited.token.pk).first()
+        if row is not None and row.requests >= 4:
+            break
+        time.sleep(0.2)
+    assert row is not None and row.deployment_id == deployment.pk
+    assert (row.requests, row.inferences, row.errors) == (4, 6, 1)
+
+
 def test_a_revoked_token_stops_working_within_the_route_cache_time(served, settings):
     caller, deployment, base = served
     headers = {"Authorization": f"Bearer {caller.token}"}
@@ -487,8 +538,9 @@ def test_a_triton_gone_mid_use_is_a_503_that_keeps_its_address_internal(served):
     auth = {"Authorization": f"Bearer {caller.token}"}
     assert requests.get(f"{base}/v2/models/adder/ready", headers=auth, timeout=10).status_code == 200  # route cached
     deployment.refresh_from_db()
-    psutil.Process(deployment.runtime_state["pid"]).kill()
-    psutil.Process(deployment.runtime_state["pid"]).wait(10)
+    triton = psutil.Process(deployment.runtime_state["pid"])  # one handle: its exit watcher reaps it at once
+    triton.kill()
+    triton.wait(10)
     gone = requests.get(f"{base}/v2/models/adder", headers=auth, timeout=10)
     assert gone.status_code == 503, gone.text
     assert "retry in a few seconds" in gone.json()["error"]
@@ -501,16 +553,22 @@ def test_a_request_read_whole_is_sent_again_to_another_server_when_the_first_can
     caller, deployment, base = served
     client, headers = _client(base, caller.token)
     assert client.is_model_ready("adder", headers=headers)  # the route is cached now
-    ((expires, route),) = [value for value in gateway.app._routes.values() if not isinstance(value[1], Exception)]
+    ((expires, route),) = [
+        value for value in gateway.app.serving.routes.entries.values() if not isinstance(value[1], Exception)
+    ]
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    key = next(k for k, v in gateway.app._routes.items() if v[1] is route)
-    gateway.app._routes[key] = (expires, dataclasses.replace(route, servers=((dead, ""), *route.servers)))
-    gateway.app._turns[route.deployment_id] = itertools.count()  # the dead one is tried first
+    key = next(k for k, v in gateway.app.serving.routes.entries.items() if v[1] is route)
+    gateway.app.serving.routes.entries[key] = (
+        expires,
+        dataclasses.replace(route, servers=((dead, ""), *route.servers)),
+    )
+    gateway.app.serving.picker.turns[route.deployment_id] = itertools.count()  # the dead one is tried first
     x = triton_http.InferInput("x", list(X.shape), "FP32")
     x.set_data_from_numpy(X, binary_data=True)
     result = client.infer("adder", [x], headers=dict(headers))
     assert result.as_numpy("y").tolist() == (X + 1).tolist()
-    assert key not in gateway.app._routes  # the dead server was tried: the route is to be resolved afresh
+    # the dead server was tried: the route is to be resolved afresh
+    assert key not in gateway.app.serving.routes.entries
 
 
 def _raw_exchange(base: str, head: bytes, body_parts: list[bytes], pause_s: float = 0.0) -> tuple[int, bytes]:
@@ -585,7 +643,9 @@ def test_a_client_that_stops_sending_its_body_gets_408_and_others_are_served(ser
 
 def _triton_of(gateway) -> tuple[str, str]:
     """(base URL, restricted-endpoint key) of the one Triton the gateway has a cached route to."""
-    ((_, route),) = [value for value in gateway.app._routes.values() if not isinstance(value[1], Exception)]
+    ((_, route),) = [
+        value for value in gateway.app.serving.routes.entries.values() if not isinstance(value[1], Exception)
+    ]
     return route.servers[0]
 
 

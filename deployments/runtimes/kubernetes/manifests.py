@@ -23,6 +23,9 @@ Rules and their sources:
   seccomp profile (Kubernetes "Pod Security Standards", restricted); `/dev/shm` is a memory-backed emptyDir with a
   size limit (Triton's Python backend exchanges tensors through shared memory).
 - Rolling updates never go below the ready count (`maxUnavailable: 0`).
+- Ingress to the pods is denied but from Conch's own pods (http, grpc, metrics) and the monitoring pods (metrics
+  only), as the operator selects them (Kubernetes "Network Policies": a pod selected by a policy of type Ingress
+  takes only what some rule admits). Egress stays open: the pods read the repository from the object store.
 """
 
 from __future__ import annotations
@@ -44,12 +47,14 @@ __all__ = [
     "METRICS_PORT",
     "Autoscaling",
     "GpuRequest",
+    "PeerSelector",
     "TritonPodSpec",
     "api_key_secret_manifest",
     "deployment_manifest",
     "dns_label",
     "hpa_manifest",
     "labels",
+    "network_policy_manifest",
     "object_name",
     "pdb_manifest",
     "pod_monitor_manifest",
@@ -95,6 +100,18 @@ class Autoscaling:
     target_queue_time_us: int | None = None
     target_cpu_percent: int | None = None
     metric_name: str = "triton_queue_time_per_request_us"
+
+
+@dataclass(frozen=True)
+class PeerSelector:
+    """Pods a NetworkPolicy admits: those whose labels include `pod_labels` (empty: every pod) in the namespaces
+    whose labels include `namespace_labels` (empty: only the policy's own namespace, the deployment's).
+
+    Both are equality selectors (`{"app.kubernetes.io/part-of": "conch"}`), as `matchLabels` takes them.
+    """
+
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    namespace_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -461,5 +478,40 @@ def pod_monitor_manifest(spec: TritonPodSpec) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": _selector(spec)},
             "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def _peer(selector: PeerSelector) -> dict[str, Any]:
+    peer: dict[str, Any] = {"podSelector": {"matchLabels": dict(selector.pod_labels)}}
+    if selector.namespace_labels:
+        peer["namespaceSelector"] = {"matchLabels": dict(selector.namespace_labels)}
+    return peer
+
+
+def network_policy_manifest(spec: TritonPodSpec, *, conch: PeerSelector, monitoring: PeerSelector) -> dict[str, Any]:
+    """The `networking.k8s.io/v1` NetworkPolicy of the deployment's pods: ingress only from `conch` (Conch's
+    gateway, web and worker pods) on the http, grpc and metrics ports, and from `monitoring` (Prometheus) on the
+    metrics port; everything else that comes in is denied. Egress is not restricted.
+
+    Ports are given as numbers (8000, 8001, 8002), the container ports of `deployment_manifest`. Kubernetes
+    "Network Policies": a policy is enforced by the cluster's network plugin; without one, it is stored and has
+    no effect.
+    """
+    ports = {"http": HTTP_PORT, "grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, object_name(spec)),
+        "spec": {
+            "podSelector": {"matchLabels": _selector(spec)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [_peer(conch)],
+                    "ports": [{"protocol": "TCP", "port": number} for number in ports.values()],
+                },
+                {"from": [_peer(monitoring)], "ports": [{"protocol": "TCP", "port": ports["metrics"]}]},
+            ],
         },
     }

@@ -60,6 +60,7 @@ OWNED_KINDS = (
     "HorizontalPodAutoscaler",
     "PodDisruptionBudget",
     "PodMonitor",
+    "NetworkPolicy",
 )
 
 
@@ -127,6 +128,24 @@ class KubernetesRuntime(Runtime):
         return self._owned_selector(**{"conch.io/deployment": str(deployment_id)})
 
     @staticmethod
+    def conch_peers() -> manifests.PeerSelector:
+        """Conch's own pods, which reach the Triton pods' http, grpc and metrics ports (settings
+        `CONCH_KUBERNETES_CONCH_POD_SELECTOR`, `CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR`)."""
+        return manifests.PeerSelector(
+            pod_labels=settings.CONCH_KUBERNETES_CONCH_POD_SELECTOR,
+            namespace_labels=settings.CONCH_KUBERNETES_CONCH_NAMESPACE_SELECTOR,
+        )
+
+    @staticmethod
+    def monitoring_peers() -> manifests.PeerSelector:
+        """The monitoring pods, which reach the metrics port only (settings
+        `CONCH_KUBERNETES_MONITORING_POD_SELECTOR`, `CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR`)."""
+        return manifests.PeerSelector(
+            pod_labels=settings.CONCH_KUBERNETES_MONITORING_POD_SELECTOR,
+            namespace_labels=settings.CONCH_KUBERNETES_MONITORING_NAMESPACE_SELECTOR,
+        )
+
+    @staticmethod
     def api_key(state: RuntimeState) -> str:
         """Key of the pods' restricted endpoints, derived from SECRET_KEY and the objects' identity (never
         stored; written into the deployment's Secret by `apply`)."""
@@ -174,8 +193,8 @@ class KubernetesRuntime(Runtime):
     # --- Runtime -----------------------------------------------------------------------------------------------
 
     def apply(self, spec: DeploymentSpec, state: RuntimeState) -> RuntimeState:
-        """Server-side apply every object of the deployment (Secrets first, then the Deployment, Service, HPA,
-        PDB, PodMonitor) and delete the optional ones the spec no longer wants. Returns at once.
+        """Server-side apply every object of the deployment (Secrets first, then the NetworkPolicy, Deployment,
+        Service, HPA, PDB, PodMonitor) and delete the optional ones the spec no longer wants. Returns at once.
 
         Raises InvalidInput for values no cluster could run or that the API server refused (its message),
         Unavailable when the cluster cannot be reached.
@@ -204,7 +223,12 @@ class KubernetesRuntime(Runtime):
                     region=environment.get("AWS_DEFAULT_REGION", "us-east-1"),
                 )
             )
-        wanted += [manifests.deployment_manifest(pod), manifests.service_manifest(pod)]
+        # The policy goes first: the pods never run a moment open to the rest of the cluster.
+        wanted += [
+            manifests.network_policy_manifest(pod, conch=self.conch_peers(), monitoring=self.monitoring_peers()),
+            manifests.deployment_manifest(pod),
+            manifests.service_manifest(pod),
+        ]
         hpa = manifests.hpa_manifest(pod, api_version=versions.autoscaling)
         pdb = manifests.pdb_manifest(pod, api_version=versions.policy)
         monitor = manifests.pod_monitor_manifest(pod) if versions.pod_monitor else None
@@ -395,6 +419,7 @@ class KubernetesRuntime(Runtime):
                     http_url=f"http://{host}:{manifests.HTTP_PORT}",
                     metrics_url=f"http://{host}:{manifests.METRICS_PORT}/metrics",
                     api_key=key,
+                    grpc_target=f"{host}:{manifests.GRPC_PORT}",
                 )
             )
         return servers

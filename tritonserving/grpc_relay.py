@@ -1,0 +1,226 @@
+"""Relay of KServe v2 gRPC calls to Triton over pooled channels, message bytes passed through as they are.
+
+The inference gateway's gRPC edge (`deployments.api.grpc_gateway`) serves Triton's own service,
+`inference.GRPCInferenceService` (KServe v2 "Open Inference Protocol", gRPC; Triton docs "HTTP/REST and GRPC
+Protocol"), so NVIDIA's `tritonclient.grpc` works through it unchanged. To add little to each call, the edge and
+this relay move the serialized messages as bytes (gRPC's identity (de)serializers): an inference request is
+decoded only to read what the gateway checks (the model's name, the batch of the first input), never encoded
+again, and Triton's answer goes back as Triton wrote it. One `grpc.aio` channel per Triton `host:port` is kept
+open and shared by every call (HTTP/2 carries the concurrent calls side by side).
+
+The messages' classes come from `tritonclient.grpc.service_pb2` (the generated code of Triton's
+`grpc_service.proto`); the small helpers here decode and build the few messages the edge reads or answers itself.
+
+Talks to: Triton's gRPC endpoint (`--grpc-port`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+from tritonclient.grpc import service_pb2
+
+from tritonserving.access import GRPC_API_KEY_HEADER
+from tritonserving.client import TritonUnavailable, TritonUnreachable
+
+__all__ = [
+    "SERVICE",
+    "GrpcRelay",
+    "InferSummary",
+    "TritonGrpcError",
+    "live_answer",
+    "model_named",
+    "ready_answer",
+    "renamed_server_metadata",
+    "stream_answer_failed",
+    "stream_error_answer",
+    "stream_failure",
+    "summarize_infer_request",
+]
+
+#: The gRPC service Triton (and KServe) serves: `inference.GRPCInferenceService`.
+SERVICE = "inference.GRPCInferenceService"
+
+#: Metadata of the calls the relay sends, as (key, value) pairs.
+Metadata = tuple[tuple[str, str], ...]
+
+
+class TritonGrpcError(TritonUnavailable):
+    """Triton answered a call with an error status (a bad request, a model that failed, a deadline). `code` is the
+    `grpc.StatusCode` and `detail` Triton's message: the edge passes both to its client unchanged."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class InferSummary:
+    """What the gateway reads of a `ModelInferRequest`: the model's `model_name`, the request's `id`, and `batch`,
+    the first dimension of the first input's shape (None without an input or a shape)."""
+
+    model_name: str
+    id: str
+    batch: int | None
+
+
+def summarize_infer_request(raw: bytes) -> InferSummary:
+    """Decode the serialized `ModelInferRequest` `raw` far enough to check it. Raises `ValueError` when `raw` is not
+    such a message."""
+    try:
+        request = service_pb2.ModelInferRequest.FromString(raw)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise ValueError(f"not a ModelInferRequest ({exc})") from None
+    batch = None
+    if request.inputs and request.inputs[0].shape:
+        batch = int(request.inputs[0].shape[0])
+    return InferSummary(model_name=request.model_name, id=request.id, batch=batch)
+
+
+def model_named(method: str, raw: bytes, model_name: str) -> tuple[str, bytes]:
+    """The model a `ModelMetadataRequest`, `ModelReadyRequest`, `ModelConfigRequest` or `ModelStatisticsRequest`
+    (`method` names the call: "ModelMetadata" …) asks about, and the request to send Triton: `raw` unchanged, or,
+    for statistics asked without a name (every model's: what `get_inference_statistics()` sends by default), one
+    naming `model_name`. Raises `ValueError` when `raw` is not such a message."""
+    kind = {
+        "ModelMetadata": service_pb2.ModelMetadataRequest,
+        "ModelReady": service_pb2.ModelReadyRequest,
+        "ModelConfig": service_pb2.ModelConfigRequest,
+        "ModelStatistics": service_pb2.ModelStatisticsRequest,
+    }[method]
+    try:
+        request = kind.FromString(raw)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise ValueError(f"not a {kind.__name__} ({exc})") from None
+    if method == "ModelStatistics" and not request.name:
+        request.name = model_name
+        return model_name, request.SerializeToString()
+    return request.name, raw
+
+
+def live_answer() -> bytes:
+    """A serialized `ServerLiveResponse` saying live."""
+    return service_pb2.ServerLiveResponse(live=True).SerializeToString()
+
+
+def ready_answer(ready: bool) -> bytes:
+    """A serialized `ServerReadyResponse` with `ready`."""
+    return service_pb2.ServerReadyResponse(ready=ready).SerializeToString()
+
+
+def renamed_server_metadata(raw: bytes, name: str, extensions: Iterable[str]) -> bytes:
+    """Triton's serialized `ServerMetadataResponse` with `name` as the server's name (Triton's own id is internal)
+    and only the protocol extensions in `extensions` (those a client can use through the gateway)."""
+    metadata = service_pb2.ServerMetadataResponse.FromString(raw)
+    kept = [item for item in metadata.extensions if item in set(extensions)]
+    metadata.name = name
+    del metadata.extensions[:]
+    metadata.extensions.extend(kept)
+    return metadata.SerializeToString()
+
+
+def stream_error_answer(message: str, *, request_id: str, model_name: str) -> bytes:
+    """A serialized `ModelStreamInferResponse` carrying `message` as its `error_message`, for one request of a
+    stream, as Triton answers a request of a stream it refuses (the stream stays open)."""
+    return service_pb2.ModelStreamInferResponse(
+        error_message=message, infer_response=service_pb2.ModelInferResponse(id=request_id, model_name=model_name)
+    ).SerializeToString()
+
+
+def stream_answer_failed(raw: bytes) -> bool:
+    """Whether the serialized `ModelStreamInferResponse` `raw` carries an `error_message` (its field 1, which a
+    serializer writes first: no decoding needed)."""
+    return raw[:1] == b"\x0a"
+
+
+_Unary = grpc.aio.UnaryUnaryMultiCallable
+_Stream = grpc.aio.StreamStreamMultiCallable
+
+
+class GrpcRelay:
+    """Pooled channels to Tritons' gRPC endpoints, calling `SERVICE`'s methods with serialized messages.
+
+    `max_message_bytes`: the largest message sent or received (gRPC's own default is 4 MiB). Every call has a
+    deadline (`timeout_s`, or less when the caller gives one). Use it on one event loop; `close()` when done.
+    """
+
+    def __init__(self, *, max_message_bytes: int, timeout_s: float) -> None:
+        self._options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            # One TCP connection per Triton for this process's channel, kept alive across idle minutes.
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.enable_retries", 0),
+        ]
+        self._timeout_s = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._unary: dict[tuple[str, str], _Unary] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._closing: list[grpc.aio.Channel] = []  # dropped by `forget`, closed with the relay
+
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = grpc.aio.insecure_channel(target, options=self._options)
+        return channel
+
+    async def unary(
+        self, target: str, method: str, request: bytes, *, key: str = "", timeout_s: float | None = None
+    ) -> bytes:
+        """Call `method` (e.g. "ModelInfer") of the Triton at `target` (`host:port`) with the serialized request
+        and return its serialized answer. `key`: the server's restricted-endpoint key, sent for the calls that need
+        it (ModelConfig, ModelStatistics). Raises `TritonUnreachable` (status UNAVAILABLE: the server cannot be
+        reached; the caller may try another one) and `TritonGrpcError` with Triton's status otherwise."""
+        callable_ = self._unary.get((target, method))
+        if callable_ is None:
+            callable_ = self._unary[(target, method)] = self._channel(target).unary_unary(f"/{SERVICE}/{method}")
+        metadata: Metadata = ((GRPC_API_KEY_HEADER, key),) if key else ()
+        timeout = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        try:
+            return await callable_(request, metadata=metadata, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+
+    def stream(self, target: str) -> grpc.aio.StreamStreamCall:
+        """Open a `ModelStreamInfer` stream to the Triton at `target`: `write(bytes)` serialized
+        `ModelInferRequest`s, `done_writing()`, and read serialized `ModelStreamInferResponse`s from it (`read()`,
+        or `async for`). Reading raises `grpc.aio.AioRpcError`; `stream_failure(exc)` turns one into ours."""
+        callable_ = self._streams.get(target)
+        if callable_ is None:
+            callable_ = self._streams[target] = self._channel(target).stream_stream(f"/{SERVICE}/ModelStreamInfer")
+        return callable_()
+
+    def forget(self, target: str) -> None:
+        """Drop the channel to `target` (a server that went away); the next call opens a new one."""
+        channel = self._channels.pop(target, None)
+        self._streams.pop(target, None)
+        for key in [key for key in self._unary if key[0] == target]:
+            del self._unary[key]
+        if channel is not None:
+            # Closed with the relay: calls still on it end with their own status.
+            self._closing.append(channel)
+
+    async def close(self) -> None:
+        """Close every channel (calls still running end with CANCELLED)."""
+        channels = [*self._channels.values(), *self._closing]
+        self._channels.clear()
+        self._unary.clear()
+        self._streams.clear()
+        self._closing.clear()
+        for channel in channels:
+            await channel.close()
+
+
+def stream_failure(exc: grpc.aio.AioRpcError) -> TritonUnavailable:
+    """Our error for a failed stream call: `TritonUnreachable` or `TritonGrpcError`."""
+    return _error(exc)
+
+
+def _error(exc: grpc.aio.AioRpcError) -> TritonUnavailable:
+    code, detail = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return TritonUnreachable(detail or "the server cannot be reached")
+    return TritonGrpcError(code, detail)
