@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -19,7 +19,15 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def env(name: str, default: object = _MISSING, *, cast: type[T] = str) -> T:
+@overload
+def env(name: str, default: str = ...) -> str: ...
+
+
+@overload
+def env(name: str, default: T = ..., *, cast: type[T]) -> T: ...
+
+
+def env(name: str, default: object = _MISSING, *, cast: type[object] = str) -> object:
     """Return environment variable `name` converted to `cast` (str, int, float, bool, list).
 
     `list` splits on commas and drops empty items. Without a `default` the variable is
@@ -29,17 +37,18 @@ def env(name: str, default: object = _MISSING, *, cast: type[T] = str) -> T:
     if raw is None:
         if default is _MISSING:
             raise ImproperlyConfigured(f"Environment variable {name} is required; see .env.example.")
-        return default  # type: ignore[return-value]
+        return default
     try:
         if cast is bool:
             lowered = raw.strip().lower()
             if lowered in _TRUE:
-                return True  # type: ignore[return-value]
+                return True
             if lowered in _FALSE:
-                return False  # type: ignore[return-value]
+                return False
             raise ValueError(raw)
         if cast is list:
-            return [item.strip() for item in raw.split(",") if item.strip()]  # type: ignore[return-value]
+            return [item.strip() for item in raw.split(",") if item.strip()]
+        # cast is str, int or float here (bool and list are handled above): each takes the one string.
         return cast(raw)  # type: ignore[call-arg]
     except ValueError as exc:
         raise ImproperlyConfigured(f"Environment variable {name}={raw!r} is not a valid {cast.__name__}.") from exc

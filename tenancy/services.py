@@ -18,7 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -94,7 +94,7 @@ def ensure_team(*, slug: str, name: str = "") -> Team:
     return team
 
 
-def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.DEVELOPER) -> Membership:
+def ensure_membership(*, team: Team, user: User, role: str = Role.DEVELOPER) -> Membership:
     """Make `user` a member of `team` with `role` (idempotent; updates the role). A change is audited."""
     with transaction.atomic():
         held = Membership.objects.select_for_update().filter(team=team, user=user)
@@ -111,19 +111,19 @@ def ensure_membership(*, team: Team, user: AbstractBaseUser, role: str = Role.DE
     return membership
 
 
-def remove_membership(*, team: Team, user: AbstractBaseUser) -> bool:
+def remove_membership(*, team: Team, user: User) -> bool:
     """Take `user` out of `team` (idempotent); returns whether they were a member. Their tokens of the team stop
     working with it (a token acts with its user's role in its team, and they have none)."""
     deleted, _ = Membership.objects.filter(team=team, user=user).delete()
     return bool(deleted)
 
 
-def is_platform_admin(user: AbstractBaseUser) -> bool:
+def is_platform_admin(user: User) -> bool:
     """Staff users (and superusers) administer every team."""
     return bool(getattr(user, "is_staff", False) or getattr(user, "is_superuser", False))
 
 
-def role_in_team(*, user: AbstractBaseUser, team: Team) -> Role | None:
+def role_in_team(*, user: User, team: Team) -> Role | None:
     """The user's role in `team` (admin for a platform admin), or None for a non-member."""
     if is_platform_admin(user):
         return Role.ADMIN
@@ -131,7 +131,7 @@ def role_in_team(*, user: AbstractBaseUser, team: Team) -> Role | None:
     return Role(role) if role else None
 
 
-def teams_for_user(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Team]:
+def teams_for_user(*, user: User, token: TokenGrant | None = None) -> QuerySet[Team]:
     """The teams `user` may see (all teams for a platform admin); only the token's team with a bound token."""
     teams = Team.objects.all() if is_platform_admin(user) else Team.objects.filter(memberships__user=user)
     if token is not None and token.team_id is not None:
@@ -139,9 +139,7 @@ def teams_for_user(*, user: AbstractBaseUser, token: TokenGrant | None = None) -
     return teams
 
 
-def get_team_for_user(
-    *, user: AbstractBaseUser, slug: str, field: str = "team", token: TokenGrant | None = None
-) -> Team:
+def get_team_for_user(*, user: User, slug: str, field: str = "team", token: TokenGrant | None = None) -> Team:
     """Return the team `slug` if `user` (and `token`) may act in it.
 
     Raises InvalidInput (field `team`) when the slug is empty, NotFound when the team does
@@ -157,7 +155,7 @@ def get_team_for_user(
 
 def require_role(
     *,
-    user: AbstractBaseUser,
+    user: User,
     team: Team,
     role: Role,
     action: str,
@@ -270,7 +268,7 @@ def _expiry(expires_in_days: object) -> datetime:
 
 def create_api_token(
     *,
-    user: AbstractBaseUser,
+    user: User,
     team: Team | None,
     name: str = "",
     scopes: Iterable[str] | None = None,
@@ -300,7 +298,7 @@ def create_api_token(
         if token.team_id is not None and token.team_id != team.pk:
             raise NotFound(f"Team '{team.slug}' does not exist or you are not a member of it.", field="team")
         for scope in chosen_scopes:
-            require_scope(token=token, scope=scope, action="Creating a token with it")
+            require_scope(token=token, scope=Scope(scope), action="Creating a token with it")
         if token.deployments and not (names and set(names) <= set(token.deployments)):
             raise Forbidden(
                 f"Token {token.prefix}… is limited to deployments {', '.join(token.deployments)}; a token it "
@@ -328,7 +326,7 @@ def create_api_token(
     return IssuedToken(token=row, secret=raw)
 
 
-def authenticate_token(*, raw: str) -> tuple[AbstractBaseUser, TokenGrant]:
+def authenticate_token(*, raw: str) -> tuple[User, TokenGrant]:
     """Return the active user a token secret belongs to, and what the token allows.
 
     Raises Unauthenticated for an unknown token (or one of an inactive user), a revoked one, or an expired
@@ -376,7 +374,7 @@ def set_token_rate_limit(*, token_id: int, requests_per_minute: int | None) -> A
     return token
 
 
-def visible_tokens(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[ApiToken]:
+def visible_tokens(*, user: User, token: TokenGrant | None = None) -> QuerySet[ApiToken]:
     """Tokens the caller may list and revoke: their own, and every token of the teams they administer.
 
     Revoked tokens are left out. With a team-bound `token`, only tokens of its team.
@@ -390,7 +388,7 @@ def visible_tokens(*, user: AbstractBaseUser, token: TokenGrant | None = None) -
     return tokens
 
 
-def revoke_api_token(*, user: AbstractBaseUser, token_id: int, token: TokenGrant | None = None) -> ApiToken:
+def revoke_api_token(*, user: User, token_id: int, token: TokenGrant | None = None) -> ApiToken:
     """Revoke a token the caller may manage (`visible_tokens`); it answers 401 from then on. Raises NotFound."""
     row = visible_tokens(user=user, token=token).filter(pk=token_id).first()
     if row is None:
@@ -401,7 +399,7 @@ def revoke_api_token(*, user: AbstractBaseUser, token_id: int, token: TokenGrant
     return row
 
 
-def revoke_named_tokens(*, user: AbstractBaseUser, name: str) -> int:
+def revoke_named_tokens(*, user: User, name: str) -> int:
     """Revoke every token of `user` called `name` (a tool replacing its token); returns how many."""
     rows = list(ApiToken.objects.filter(user=user, name=name, is_revoked=False).select_related("team", "user"))
     ApiToken.objects.filter(pk__in=[row.pk for row in rows]).update(is_revoked=True)
@@ -411,7 +409,7 @@ def revoke_named_tokens(*, user: AbstractBaseUser, name: str) -> int:
 
 
 @transaction.atomic
-def ensure_user(*, username: str, password: str | None = None, is_superuser: bool = False) -> AbstractBaseUser:
+def ensure_user(*, username: str, password: str | None = None, is_superuser: bool = False) -> User:
     """Create the user if missing; set the password when given. Audited: its creation, a new password, and
     becoming staff."""
     user_model = get_user_model()
@@ -433,9 +431,7 @@ def ensure_user(*, username: str, password: str | None = None, is_superuser: boo
     return user
 
 
-def change_team_quota(
-    *, user: AbstractBaseUser, slug: str, limits: Mapping[str, Any], token: TokenGrant | None = None
-) -> list:
+def change_team_quota(*, user: User, slug: str, limits: Mapping[str, Any], token: TokenGrant | None = None) -> list:
     """Set some of team `slug`'s limits as a platform admin (`tenancy.quotas.set_quota`); returns its usage.
 
     Only staff may: Forbidden otherwise. Through an API token, the token must be of that team (NotFound
@@ -476,9 +472,7 @@ def object_history(*, team: Team, object_type: str, object_id: object, limit: in
     return list(entries.order_by("-created_at", "-id")[:limit])
 
 
-def visible_audit_entries(
-    *, user: AbstractBaseUser, token: TokenGrant | None = None, team_slug: str = ""
-) -> QuerySet[AuditEntry]:
+def visible_audit_entries(*, user: User, token: TokenGrant | None = None, team_slug: str = "") -> QuerySet[AuditEntry]:
     """Audit entries the caller may read, newest first: those of the teams they administer (every entry, the
     ones of no team included, for a platform admin; only its team's with a team-bound `token`).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -27,8 +27,9 @@ __all__ = [
     "serving_versions",
 ]
 
-#: The protobuf message class of a Triton model configuration (`inference.ModelConfig`).
-ModelConfig = model_config_pb2.ModelConfig
+#: The protobuf message class of a Triton model configuration (`inference.ModelConfig`). tritonclient ships no type
+#: information for its generated protobuf modules (no .pyi), so to the type checker this alias is Any.
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
 
 def config_to_pbtxt(config: ModelConfig) -> str:

@@ -101,20 +101,26 @@ class _Connection(asyncio.Protocol):
         self._writable = None
 
     # -- httptools callbacks ------------------------------------------------------------------------------------
+    # httptools calls these only from `data_received`'s feed_data, which runs with an exchange open on a connected
+    # transport: the asserts state that for the type checker.
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.answer is not None
         lowered = name.decode("latin-1").lower()
         if lowered in _ANSWER_HEADERS:
             self.answer.headers[lowered] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        assert self.answer is not None
         self.answer.started(self._parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
+        assert self.answer is not None and self.transport is not None
         if self.answer.add(body) > ANSWER_BUFFER_BYTES:
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        assert self.answer is not None
         self.answer.finish(keep_alive=self._parser.should_keep_alive())
 
     # -- use ----------------------------------------------------------------------------------------------------
@@ -345,7 +351,7 @@ class TritonRelay:
         idle = self._idle.get(key)
         while idle:
             connection = idle.pop()
-            if not connection.closed and not connection.transport.is_closing():
+            if not connection.closed and connection.transport is not None and not connection.transport.is_closing():
                 return connection, True
             self._open.discard(connection)
         loop = asyncio.get_running_loop()
@@ -360,6 +366,7 @@ class TritonRelay:
     @staticmethod
     async def _write(connection: _Connection, head: bytes, body: bytes | list | AsyncIterator[bytes] | None) -> None:
         transport = connection.transport
+        assert transport is not None  # create_connection returns the protocol once connection_made has run
         if body is None or isinstance(body, bytes | bytearray | memoryview):
             transport.writelines((head, body) if body else (head,))
             return

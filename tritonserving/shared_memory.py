@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from tritonserving.access import API_KEY_HEADER
 from tritonserving.client import TritonUnavailable
+from tritonserving.relay import TritonRelay
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class SharedMemoryRegion:
         self._memory = shared_memory.SharedMemory(name=self.name, create=True, size=byte_size)  # mode 0600
         self.key = "/" + self._memory.name
         self.byte_size = byte_size
-        self.buffer = self._memory.buf
+        self.buffer: memoryview | None = self._memory.buf  # None once closed
         self.spans = SpanAllocator(byte_size)
         self._key_forgotten = False
 
@@ -235,7 +236,7 @@ class SharedMemoryInputs:
     #: Regions kept at most (one per server this process talked to); the least recently used is dropped past it.
     MAX_REGIONS = 64
 
-    def __init__(self, relay, region_bytes: int) -> None:
+    def __init__(self, relay: TritonRelay, region_bytes: int) -> None:
         self._relay = relay
         self._region_bytes = region_bytes
         self._regions: dict[str, SharedMemoryRegion] = {}
@@ -271,7 +272,7 @@ class SharedMemoryInputs:
         else:
             self._regions[base_url] = self._regions.pop(base_url)  # most recently used last
         base = region.spans.allocate(sum(aligned(size) for size in sizes))
-        if base is None:
+        if base is None or region.buffer is None:  # no free span (a region here is never closed)
             return None
         body = shared_memory_header(request, region.name, base)
         offset, start = base, header_length

@@ -449,16 +449,16 @@ class VerifyServer:
                     raise _ServerMisbehaved(
                         f"the verify server failed during the smoke inference: {exc.detail}"
                     ) from None
-                asked_unload = self._ask_unload(client, load_name)
+                asked_unload = self._ask_unload(client, process, load_name)
             return results
         finally:
             self._clean_up_later(process, load_name, target, asked_unload)
 
-    def _ask_unload(self, client: TritonClient, load_name: str) -> bool:
+    def _ask_unload(self, client: TritonClient, process: triton_server.ServerProcess, load_name: str) -> bool:
         try:
             client.unload_model(load_name)
         except ConchError as exc:
-            self._broken = (self._process, f"the unload of {load_name} failed: {exc.detail}")
+            self._broken = (process, f"the unload of {load_name} failed: {exc.detail}")
             return False
         return True
 

@@ -158,14 +158,18 @@ class LocalRuntime(Runtime):
 
     @staticmethod
     def _alive(server: LocalServerState) -> bool:
-        return server.has_process and triton_server.is_alive(int(server.pid), float(server.create_time))
+        if server.pid is None or server.create_time is None:  # not has_process (spelled out to narrow)
+            return False
+        return triton_server.is_alive(int(server.pid), float(server.create_time))
 
     @staticmethod
     def _ports(previous: LocalServerState) -> tuple[int, int, int]:
         """The previous ports when all three are free again (endpoints a user copied keep working), else new."""
-        wanted = (previous.http_port, previous.grpc_port, previous.metrics_port)
-        if all(wanted) and all(_port_is_free(settings.CONCH_TRITON_BIND_ADDRESS, int(p)) for p in wanted):
-            return int(wanted[0]), int(wanted[1]), int(wanted[2])
+        http, grpc, metrics = previous.http_port, previous.grpc_port, previous.metrics_port
+        if http and grpc and metrics:
+            wanted = (int(http), int(grpc), int(metrics))
+            if all(_port_is_free(settings.CONCH_TRITON_BIND_ADDRESS, port) for port in wanted):
+                return wanted
         http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
         return http_port, grpc_port, metrics_port
 
@@ -269,7 +273,7 @@ class LocalRuntime(Runtime):
     def delete(self, state: RuntimeState) -> None:
         """Stop the server and its backend stubs (SIGTERM, then SIGKILL); its ports are free on return."""
         server = LocalServerState.from_state(state)
-        if server.has_process:
+        if server.pid is not None and server.create_time is not None:  # has_process
             triton_server.stop_server(int(server.pid), float(server.create_time))
 
     def list_owned(self) -> list[OwnedWorkload]:

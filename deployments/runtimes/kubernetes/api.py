@@ -16,6 +16,7 @@ number of calls per cluster.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import threading
@@ -328,11 +329,14 @@ class ClusterApi:
         except NotFoundInCluster:
             return
 
-    def nodes(self) -> list[dict[str, Any]]:
+    # Annotations below name `builtins.list`: in this class's scope `list` is the method above.
+    def nodes(self) -> builtins.list[dict[str, Any]]:
         """Every Node of the cluster (one request)."""
         return list(self.request("GET", "/api/v1/nodes").get("items", []))
 
-    def pod_log(self, name: str, *, container: str = "", tail_lines: int = 30, previous: bool = False) -> list[str]:
+    def pod_log(
+        self, name: str, *, container: str = "", tail_lines: int = 30, previous: bool = False
+    ) -> builtins.list[str]:
         """The last `tail_lines` lines of a pod container's log (the previous run's with `previous`); [] when the
         log cannot be read (the pod is gone, never ran, or its node does not serve logs)."""
         query: list[tuple[str, Any]] = [("tailLines", tail_lines)]

@@ -235,8 +235,8 @@ class KubernetesRuntime(Runtime):
         wanted += [manifest for manifest in (hpa, pdb, monitor) if manifest is not None]
         for manifest in wanted:
             api.apply(manifest)
-        for kind, manifest in (("HorizontalPodAutoscaler", hpa), ("PodDisruptionBudget", pdb)):
-            if manifest is None:
+        for kind, optional in (("HorizontalPodAutoscaler", hpa), ("PodDisruptionBudget", pdb)):
+            if optional is None:
                 api.delete(kind, name)
         return new_state
 
@@ -424,7 +424,7 @@ class KubernetesRuntime(Runtime):
             )
         return servers
 
-    def _remember_pods(self, state: RuntimeState, pods: list[Mapping[str, Any]]) -> None:
+    def _remember_pods(self, state: RuntimeState, pods: Sequence[Mapping[str, Any]]) -> None:
         with _cache_lock:
             _pod_cache[_cache_key(state)] = (time.monotonic(), self._servers_of(state, pods))
 

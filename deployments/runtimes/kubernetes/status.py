@@ -155,7 +155,8 @@ def describe_workload(
     if deployment is None:
         return Observation(Phase.ABSENT, "The Kubernetes Deployment does not exist.")
     spec, status, meta = deployment.get("spec") or {}, deployment.get("status") or {}, deployment.get("metadata") or {}
-    desired = int(spec.get("replicas") if spec.get("replicas") is not None else 1)
+    replicas = spec.get("replicas")
+    desired = int(replicas if replicas is not None else 1)
     ready = int(status.get("readyReplicas") or 0)
     current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
     summaries = sorted(
