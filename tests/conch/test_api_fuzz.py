@@ -27,7 +27,7 @@ from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
 
 SEED = os.environ.get("CONCH_FUZZ_SEED", "20260501")
-EXAMPLES = os.environ.get("CONCH_FUZZ_EXAMPLES", "40")
+EXAMPLES = os.environ.get("CONCH_FUZZ_EXAMPLES", "15")
 
 
 def _config(*, model: int, version: int, ready: int, pending: int, team: str, upload: str) -> str:
