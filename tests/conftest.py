@@ -68,6 +68,9 @@ def _use_worker_redis() -> str:
         settings.CELERY_BROKER_URL = url
         app.conf.broker_url = url
         os.environ["CELERY_BROKER_URL"] = url
+        # The cache follows the broker (CONCH_CACHE_URL unset in `make test`): it moves with it.
+        if settings.CACHES["default"].get("LOCATION") == configured:
+            settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": url}}
     return configured
 
 
@@ -89,6 +92,8 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     """
     if item.get_closest_marker("kube") is not None:
         return "kube"
+    if item.get_closest_marker("xdist_group") is not None:
+        return None  # the test names its group itself
     fixture_info = getattr(item, "_fixtureinfo", None)
     definitions = fixture_info.name2fixturedefs.values() if fixture_info is not None else ()
     if any(definition.scope in _SHARED_SCOPES for chain in definitions for definition in chain):

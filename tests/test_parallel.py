@@ -42,7 +42,8 @@ def shared_by_the_module():
 
 
 def test_a_test_sharing_a_module_fixture_runs_with_its_module(request, shared_by_the_module):
-    assert xdist_group_of(request.node) == "tests/test_parallel.py"
+    # (collection put the mark on it: the group a worker runs it in)
+    assert request.node.get_closest_marker("xdist_group").args == ("tests/test_parallel.py",)
 
 
 def test_a_test_without_a_shared_set_up_may_run_anywhere(request, settings):
