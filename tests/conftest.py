@@ -1,4 +1,13 @@
-"""Shared fixtures: isolated storage and Triton folders, users/teams/tokens, API clients, Celery modes."""
+"""Shared fixtures: isolated storage and Triton folders, users/teams/tokens, API clients, Celery modes.
+
+The suite runs in parallel under pytest-xdist (`make test`: `-n 3 --dist loadgroup`), each worker a process of its
+own. What a worker holds is its own: its test database (pytest-django appends the worker id, `test_conch_gw1`),
+its Redis database (`worker_redis_url` below), its tmp folders, its Tritons (their ids carry the worker's pid) and
+its session-wide servers (the verify Triton, Chromium, the S3 server). The tests on the local Kubernetes test
+cluster (`kube`) all go to one worker, which starts the one cluster (`xdist_group("kube")`). A new session-scoped
+fixture must therefore be safe to run once per worker; a test that needs to be alone on the machine (a process
+sweep, a fixed port) does not fit here.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from rest_framework.test import APIClient
@@ -19,6 +29,85 @@ pytest_plugins = ["tests.s3_server", "tests.kube.fixtures", "tests.gateway_serve
 
 #: Marks of the tiers `make test-fast` leaves out; a test marked so may start a tritonserver without `triton`.
 SLOW_TIER_MARKS = ("triton", "e2e", "kube")
+
+#: Redis has databases 0-15 unless configured otherwise.
+REDIS_DATABASES = 16
+
+
+def worker_index(worker: str | None) -> int:
+    """Return the number of the pytest-xdist worker `worker` (`gw0` -> 0, `gw2` -> 2); 0 outside xdist (None, "")."""
+    return int(worker.removeprefix("gw")) if worker and worker.startswith("gw") else 0
+
+
+def worker_redis_url(url: str, worker: str | None) -> str:
+    """Return `url` (redis://host:port/db) on the database of xdist worker `worker`: db + its index, modulo 16.
+
+    A worker's Celery tasks, its in-process and subprocess Celery workers and its gateway rate limits then never
+    meet another worker's (test database ids repeat across workers). Other URLs, and `url` outside xdist, come back
+    unchanged.
+    """
+    parts = urlsplit(url)
+    index = worker_index(worker)
+    if parts.scheme not in ("redis", "rediss") or index == 0:
+        return url
+    base = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(base + index) % REDIS_DATABASES}"))
+
+
+def _use_worker_redis() -> str:
+    """Point this xdist worker's broker (settings, Celery's config and the environment its subprocesses inherit)
+    at its own Redis database; return the broker URL the run was given. Runs when this conftest is imported: after
+    Django read its settings, before any Celery connection."""
+    from django.conf import settings
+
+    from conch.celery import app
+
+    configured = settings.CELERY_BROKER_URL
+    url = worker_redis_url(configured, os.environ.get("PYTEST_XDIST_WORKER"))
+    if url != configured:
+        settings.CELERY_BROKER_URL = url
+        app.conf.broker_url = url
+        os.environ["CELERY_BROKER_URL"] = url
+        # The cache follows the broker (CONCH_CACHE_URL unset in `make test`): it moves with it.
+        if settings.CACHES["default"].get("LOCATION") == configured:
+            settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": url}}
+    return configured
+
+
+#: The broker URL the run was given (this worker's own is `worker_redis_url` of it).
+CONFIGURED_BROKER_URL = _use_worker_redis()
+
+
+#: Fixture scopes a worker would set up again for each module's tests it runs: tests sharing one stay together.
+_SHARED_SCOPES = ("package", "module", "class")
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """Return the pytest-xdist group `item` must run in, or None when any worker may run it alone.
+
+    `kube` tests: "kube" (one worker, one test cluster; a cluster per worker would cost a start each and twice the
+    CPU). A test using a module-, class- or package-scoped fixture: its module's path, so the module's tests run on
+    one worker, in file order, on one set-up (the embedded demo's tests share one running demo and build on each
+    other's steps).
+    """
+    if item.get_closest_marker("kube") is not None:
+        return "kube"
+    if item.get_closest_marker("xdist_group") is not None:
+        return None  # the test names its group itself
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    definitions = fixture_info.name2fixturedefs.values() if fixture_info is not None else ()
+    if any(definition.scope in _SHARED_SCOPES for chain in definitions for definition in chain):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its xdist group (`xdist_group_of`); `--dist loadgroup` sends a group to one worker, the
+    largest groups first. Without xdist the mark does nothing."""
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @dataclass

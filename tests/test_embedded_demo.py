@@ -33,7 +33,8 @@ from django.conf import settings
 
 from tests import real_models
 
-pytestmark = pytest.mark.e2e
+# The tests share one running demo and build on each other's steps: one xdist worker runs them, in order.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("embedded-demo")]
 
 # Short liveness and recovery limits so a stuck worker or beat, and a build whose worker died, are noticed
 # within the test's patience.
