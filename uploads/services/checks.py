@@ -23,11 +23,7 @@ from builds.formats import check_model_filename, check_model_head
 from builds.services import queue_build
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from models_registry.services import create_uploaded_version, lock_model, refuse_duplicate_version
-from models_registry.storage import (
-    StoredObject,
-    StoredPart,
-    get_object_store,
-)
+from models_registry.storage import StoredObject, StoredPart, get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction
 from tenancy.services import TokenGrant
@@ -183,7 +179,7 @@ def request_completion(
     part and no SHA-256 recorded, so the client completes again with `allow_duplicate` or aborts it (else the
     sweeper aborts it when it expires). `allow_duplicate` is kept on the upload for the worker's check.
 
-    The caller queues the worker's check (`builds`) in the same transaction. `client_parts`, when given, are
+    The caller queues the worker's check (`queue_upload_check`) in the same transaction. `client_parts`, when given, are
     the client's `{"number", "etag"}`: an ETag that differs from the store's refuses the completion. Asking
     again while `completing` changes nothing. Raises Forbidden, Conflict naming `parts` (the first missing part,
     a part of the wrong size or another ETag), `status` or `expires_at`, InvalidInput (field `parts`) for a client
@@ -343,16 +339,16 @@ def fail_upload(*, upload_id: uuid.UUID | str, error: str, field: str) -> None:
 def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObject) -> ModelVersion | None:
     """Make the model's next version from a joined upload, `queued` for build attempt 1, and end the upload.
 
-    Call inside the transaction that queues the build (`builds`). The version is recorded as an ordinary
-    upload records it (source key, filename, size, the upload's build options), with the promised SHA-256
-    marked unchecked (`source_checked` False: its build checks it); the upload becomes
+    Call inside the transaction that queues the build (`builds.services.queue_build`, as `finish_upload` does). The
+    version is recorded as an ordinary upload records it (source key, filename, size, the upload's build options),
+    with the promised SHA-256 marked unchecked (`source_checked` False: its build checks it); the upload becomes
     `completed` and names it. The storage quota was reserved when the upload started: the version's bytes are
     counted from the same commit that ends the upload's reservation. Returns None when the upload is not
     `completing` any more (another worker finished it). Raises Conflict (field `model`) when the model is being
-    deleted, Duplicate (field `sha256`) when, the upload not allowing it, its file already is a live version of
-    the model: the start and the completion checked that, but two identical uploads completed at once pass both
-    checks; under the model's lock the first to get here makes its version and the second is refused (the caller
-    fails it, deleting its object; its error names the version that won).
+    deleted, Duplicate (field `sha256`) when, the upload not allowing it, its file already is a live version of the
+    model: the start and the completion checked that, but two identical uploads completed at once pass both checks;
+    under the model's lock the first to get here makes its version and the second is refused (the caller fails it,
+    deleting its object; its error names the version that won).
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("create_version_from_upload must run inside the transaction that queues the build")

@@ -1,4 +1,5 @@
-"""Resumable uploads: a model file sent part by part into a multipart upload of the object store, then checked.
+"""The resumable upload session: a model file sent part by part into a multipart upload of the object store, then
+checked. This module starts, finds, aborts and expires uploads; `parts` sends the parts, `checks` completes them.
 
 The life of an `Upload` (API contract: UPLOAD-API in docs/uploads.md, "Resumable uploads"):
 
@@ -9,7 +10,7 @@ The life of an `Upload` (API contract: UPLOAD-API in docs/uploads.md, "Resumable
    them to the store's staging folder (`receive_part`). `stored_parts` lists what the store holds, so a client
    that stopped sends only the rest.
 3. `request_completion` checks that the store holds every part at its size and marks the upload `completing`;
-   the builds app queues a worker, which joins the parts (`assemble_upload`), checks the joined object's size
+   a worker (`uploads.tasks.finish_upload`) joins the parts (`assemble_upload`), checks the joined object's size
    and makes the version (`create_version_from_upload`) with the promised SHA-256 marked unchecked, or fails
    the upload (`fail_upload`: the object is deleted). The version's build checks the SHA-256 on the file it
    downloads (`models_registry.services.check_version_source`): a mismatch fails the version, naming `sha256`.
@@ -41,9 +42,7 @@ from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from conch.limits import describe_bytes
 from models_registry.services import lock_model, refuse_duplicate_version
-from models_registry.storage import (
-    get_object_store,
-)
+from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction
 from tenancy.quotas import reserve_quota
@@ -216,16 +215,16 @@ def start_upload(
     checksums can also send none: it reads the upload's `part_checksum_algorithm`), but one with CRC32 is not given
     back to a start without it (a client that sends no checksums could not finish it).
 
-    `build_options` are already validated (the builds app parses them). The same model, filename, size and
-    SHA-256 while an upload of them is `uploading` gives that upload back (new: False), so a client re-run
-    resumes. `sha256` may be "": it is then promised at completion (`request_completion`), so a client hashes the
-    file while it sends the parts; such a start always makes a new upload, and a later start of the same filename
-    and size with a SHA-256 takes that open upload over (its parts are the same file's unless the file changed,
-    which the build's SHA-256 check of the joined file finds), unless both starts carried the file's first bytes
-    and their digests differ (`head_sha256`, hex SHA-256 of those bytes: stored, so `open_uploads` finds the upload
-    again). Otherwise the size is reserved in the team's storage
-    quota under the team's lock, and only then is the multipart upload started in the store. Raises Forbidden
-    (role developer, token scope `models:write`), InvalidInput naming `filename`, `size_bytes`, `sha256`,
+    `build_options` are already validated (`start_resumable_upload` parses them with the builds app's rule). The
+    same model, filename, size and SHA-256 while an upload of them is `uploading` gives that upload back (new:
+    False), so a client re-run resumes. `sha256` may be "": it is then promised at completion
+    (`request_completion`), so a client hashes the file while it sends the parts; such a start always makes a new
+    upload, and a later start of the same filename and size with a SHA-256 takes that open upload over (its parts
+    are the same file's unless the file changed, which the build's SHA-256 check of the joined file finds), unless
+    both starts carried the file's first bytes and their digests differ (`head_sha256`, hex SHA-256 of those bytes:
+    stored, so `open_uploads` finds the upload again). Otherwise the size is reserved in the team's storage quota
+    under the team's lock, and only then is the multipart upload started in the store. Raises Forbidden (role
+    developer, token scope `models:write`), InvalidInput naming `filename`, `size_bytes`, `sha256`,
     `part_size_bytes` or `part_checksum_algorithm`, PayloadTooLarge (field `size_bytes`) over
     CONCH_MAX_UPLOAD_BYTES, Conflict when the model is being deleted, QuotaExceeded (field `storage_bytes`),
     Unavailable when the store cannot be reached (the upload is then aborted).
