@@ -305,6 +305,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             self._run_head_check(raw_data[: self.head_bytes], None)
         self._writer.write(raw_data)
         self._beat()
+        return None
 
     def _beat(self) -> None:
         if self._heartbeat is None:
@@ -340,6 +341,8 @@ class ObjectStoreUploadHandler(FileUploadHandler):
 
     def _run_head_check(self, head: bytes, size_bytes: int | None) -> None:
         """Run `check_head` on the first bytes; abort the writer when it raises."""
+        if self.check_head is None:
+            return
         try:
             self.check_head(head, size_bytes)
         except BaseException:

@@ -144,7 +144,8 @@ def _check_parts(upload: Upload, parts: list[StoredPart], client_parts: Sequence
                 field="parts",
             )
     for given in client_parts or ():
-        number, etag = given.get("number"), str(given.get("etag") or "")
+        number: object = given.get("number")
+        etag = str(given.get("etag") or "")
         if not isinstance(number, int) or not 1 <= number <= upload.part_count:
             raise InvalidInput(
                 f"parts names part {number!r}, which this upload does not have: its parts are 1 to "

@@ -155,7 +155,7 @@ def part_checksums(upload: Upload, numbers: Sequence[int], checksums: Mapping[st
                 "numbers, and only those.",
                 field=f"checksums.{key}",
             )
-    result = {}
+    result: dict[int, str] = {}
     for number in numbers:
         value = given.get(str(number))
         if not is_crc32_base64(value):
@@ -168,7 +168,7 @@ def part_checksums(upload: Upload, numbers: Sequence[int], checksums: Mapping[st
                 f'"big"))); got {got}.',
                 field=f"checksums.{number}",
             )
-        result[number] = value
+        result[number] = str(value)
     return result
 
 
