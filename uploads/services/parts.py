@@ -5,7 +5,6 @@ what the store holds (`stored_parts`). API contract: UPLOAD-API in docs/uploads.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -31,8 +30,6 @@ from tenancy.choices import Role, Scope
 from tenancy.services import TokenGrant, require_role
 from uploads.choices import UploadStatus, UploadTransport
 from uploads.models import Upload
-
-log = logging.getLogger(__name__)
 
 #: Part size when the client names none: few enough requests (64 for 1 GiB), little to resend after a dropped
 #: connection. bench/upload.py on moto: the worker's CompleteMultipartUpload was fastest with 16 MiB parts (3-5 s
@@ -75,6 +72,7 @@ def part_range(upload: Upload, number: int) -> tuple[int, int]:
 
 
 def upload_expiry() -> datetime:
+    """When an upload worked on now expires: CONCH_UPLOAD_EXPIRES_HOURS from now."""
     return timezone.now() + timedelta(hours=settings.CONCH_UPLOAD_EXPIRES_HOURS)
 
 
