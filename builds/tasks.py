@@ -28,23 +28,5 @@ def build_version(self, version_id: int, attempt: int) -> str:
 
 @shared_task(name="builds.sweep_stalled_versions")
 def sweep_stalled_versions() -> dict[str, int]:
-    """Periodic: recover builds whose worker stopped or whose message was lost; abort stale uploads."""
+    """Periodic: recover builds whose worker stopped or whose message was lost; abort stale version uploads."""
     return services.sweep_stalled_versions()
-
-
-@shared_task(
-    name="builds.finish_upload",
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=4,
-)
-def finish_upload(self, upload_id: str) -> str:
-    """Check a completed resumable upload and make its version (see builds.services.finish_upload)."""
-    try:
-        return services.finish_upload(upload_id=upload_id)
-    except Unavailable as exc:
-        if self.request.retries >= self.max_retries:
-            # The check was given back: the sweeper queues it again once the store answers.
-            return "released"
-        raise self.retry(exc=exc, countdown=min(60, 5 * 2**self.request.retries)) from exc

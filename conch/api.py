@@ -222,9 +222,9 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
 
 class HeaderCsrfSessionScheme(OpenApiAuthenticationExtension):
-    """The upload view's session authentication is a browser session, like DRF's."""
+    """The session authentication of the views that stream their body is a browser session, like DRF's."""
 
-    target_class = "models_registry.uploads.HeaderCsrfSessionAuthentication"
+    target_class = "conch.authentication.HeaderCsrfSessionAuthentication"
     name = "cookieAuth"
 
     def get_security_definition(self, auto_schema):

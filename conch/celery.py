@@ -1,7 +1,7 @@
 """The Celery application: configuration from Django settings (CELERY_*), queues, routes and the beat schedule.
 
 Two queues: `celery` (builds, deployment starts and stops: minutes long) and `periodic` (the beat tasks:
-reconcile, metrics, the sweeper of stuck builds and uploads). Periodic tasks go to their own queue and
+reconcile, metrics, the sweepers of stuck builds and uploads). Periodic tasks go to their own queue and
 expire after about one period, so they never pile up behind a long build, and a worker that was away
 does not run a backlog of stale copies. Every worker consumes both (`-Q celery,periodic`, which is also
 what a worker started without `-Q` consumes, since both queues are declared here).
@@ -34,6 +34,7 @@ PERIODIC_TASKS = (
     "deployments.scrape_metrics",
     "deployments.prune_metric_samples",
     "builds.sweep_stalled_versions",
+    "uploads.sweep_uploads",
     "deployments.collect_repository_garbage",
     "conch.heartbeat",  # conch.liveness.HEARTBEAT_TASK
 )
@@ -61,6 +62,11 @@ def _install_beat_schedule(sender: Celery, **_: object) -> None:
         (settings.CONCH_METRICS_SCRAPE_INTERVAL_SECONDS, "deployments.scrape_metrics", "scrape Triton metrics"),
         (300.0, "deployments.prune_metric_samples", "prune old metric samples"),
         (settings.CONCH_SWEEP_INTERVAL_SECONDS, "builds.sweep_stalled_versions", "recover stuck builds and uploads"),
+        (
+            settings.CONCH_SWEEP_INTERVAL_SECONDS,
+            "uploads.sweep_uploads",
+            "expire resumable uploads, requeue their checks",
+        ),
         (900.0, "deployments.collect_repository_garbage", "delete repositories no build or deployment uses"),
         # Beat's own pulse (conch.liveness): keeps beat publishing, and some worker running a heartbeat, at a
         # known period whatever the other intervals are.

@@ -5,7 +5,7 @@ before anything reads a byte (`conch.middleware.RequestBodyLimitMiddleware`). A 
 `@accepts_body(LIMIT)` on a function view or a DRF handler/action, or `body_limit = LIMIT` on a view class; a view
 that declares nothing gets `JSON_BODY` (CONCH_MAX_JSON_BODY_BYTES, 1 MiB by default): JSON bodies of the API,
 console and admin forms. `STREAMED` marks a view that enforces its own limit while it streams the body (model
-uploads: `models_registry.uploads`), so the refusal can name the file.
+uploads: `conch.upload_handlers`), so the refusal can name the file.
 
 Under ASGI (`python -m conch.web`), Django's handler spools the whole body (to disk past 2.5 MB) before any
 middleware runs, so `conch.asgi` applies the same limits before that: a declared length over the view's limit is

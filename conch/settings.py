@@ -109,6 +109,7 @@ INSTALLED_APPS = [
     "tenancy",
     "models_registry",
     "builds",
+    "uploads",
     "deployments",
     "console",
 ]
@@ -313,7 +314,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CONCH_RECONCILE_INTERVAL_SECONDS = env("CONCH_RECONCILE_INTERVAL_SECONDS", 10.0, cast=float)
 CONCH_METRICS_SCRAPE_INTERVAL_SECONDS = env("CONCH_METRICS_SCRAPE_INTERVAL_SECONDS", 5.0, cast=float)
 CONCH_METRICS_RETENTION_SECONDS = env("CONCH_METRICS_RETENTION_SECONDS", 86400, cast=int)
-# The sweeper (builds.sweep_stalled_versions) recovers stuck builds and uploads every this many seconds.
+# The sweepers (builds.sweep_stalled_versions, uploads.sweep_uploads) recover stuck builds and uploads every this
+# many seconds.
 CONCH_SWEEP_INTERVAL_SECONDS = env("CONCH_SWEEP_INTERVAL_SECONDS", 30.0, cast=float)
 
 # --- Heartbeats of builds and uploads (seconds) ------------------------------------

@@ -11,6 +11,7 @@ api_v1 = [
     path("", include("tenancy.api.urls")),
     path("", include("models_registry.api.urls")),
     path("", include("builds.api.urls")),
+    path("", include("uploads.api.urls")),
     path("", include("deployments.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

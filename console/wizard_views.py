@@ -40,11 +40,11 @@ from console.context import role_can_write, team_context
 from console.views import _deployment_of
 from deployments import services as deployments
 from deployments.services.trial import IMAGE_FIELD, MAX_IMAGE_BYTES, inference_form, run_trial_inference
-from models_registry import resumable
 from models_registry import services as registry
-from models_registry.choices import UploadStatus
 from tenancy import services as tenancy
 from tenancy.choices import Role
+from uploads import services as uploads
+from uploads.choices import UploadStatus
 
 #: Open uploads the upload page lists (a model rarely has more than one: the same file resumes the same upload).
 OPEN_UPLOADS_SHOWN = 5
@@ -210,9 +210,9 @@ def _open_uploads(model) -> list[dict[str, Any]]:
     with its filename, size, the bytes and parts the store holds now (None when the store cannot be reached),
     its expiry, and whether it is already being checked (`completing`)."""
     rows = []
-    for upload in resumable.open_uploads(model=model).select_related("created_by")[:OPEN_UPLOADS_SHOWN]:
+    for upload in uploads.open_uploads(model=model).select_related("created_by")[:OPEN_UPLOADS_SHOWN]:
         try:
-            parts = resumable.stored_parts(upload=upload)
+            parts = uploads.stored_parts(upload=upload)
         except Unavailable:
             parts = None
         rows.append(

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from conch.admin_base import ReadOnlyModelAdmin
-from models_registry.models import ModelVersion, RegisteredModel, Upload
+from models_registry.models import ModelVersion, RegisteredModel
 
 
 @admin.register(RegisteredModel)
@@ -18,11 +18,3 @@ class ModelVersionAdmin(ReadOnlyModelAdmin):
 
     list_display = ["model", "number", "status", "source_size_bytes", "created_at"]
     list_filter = ["status"]
-
-
-@admin.register(Upload)
-class UploadAdmin(ReadOnlyModelAdmin):
-    """Resumable uploads, read-only: their clients and the sweeper move them along."""
-
-    list_display = ["id", "model", "filename", "size_bytes", "status", "expires_at", "created_at"]
-    list_filter = ["status", "transport"]

@@ -2,16 +2,18 @@
 store, then their rows go (which frees their storage and, for a model, its place in the models quota).
 
 What uses a version lives in apps above this one (deployments), which this app may not import: they register a
-`VersionUser` at start (`register_version_user`, from their AppConfig.ready), as quota counters are registered.
+`VersionUser` at start (`register_version_user`, from their AppConfig.ready), as quota counters are registered. So
+does what a model leaves in the store outside its folder (the uploads app's open multipart uploads:
+`register_model_cleanup`).
 
 Retry-safe in three steps: (1) under row locks, check and mark: the versions become `deleting` (the model gets
 `deletion_requested_at`), so nothing new starts using them (`services.lock_built_version`, `reserve_version`,
-`mark_rebuild`, `resumable.start_upload` refuse); (2) delete the objects (every key under the version's or model's
-folder, the file of a version made from a resumable upload, and the parts of the model's open uploads) and let each
-`VersionUser` forget what only remembers the versions (stopped deployments: their repositories, then their rows);
-(3) delete the rows. Each step may run again: deleting what is gone is no error. When the store fails in (2) the
-rows stay, marked, still counted in the storage quota; `DELETE` again, or the sweeper (`finish_stalled_deletions`,
-run by `builds.sweep_stalled_versions`), finishes the job.
+`mark_rebuild`, `uploads.services.start_upload` refuse); (2) delete the objects (every key under the version's or
+model's folder, the file of a version made from a resumable upload, and the parts of the model's open uploads:
+`register_model_cleanup`) and let each `VersionUser` forget what only remembers the versions (stopped deployments:
+their repositories, then their rows); (3) delete the rows. Each step may run again: deleting what is gone is no
+error. When the store fails in (2) the rows stay, marked, still counted in the storage quota; `DELETE` again, or
+the sweeper (`finish_stalled_deletions`, run by `builds.sweep_stalled_versions`), finishes the job.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -29,7 +32,6 @@ from django.utils import timezone
 from conch.errors import Conflict, InUse, Unavailable
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
-from models_registry.resumable import abort_uploads_of_model
 from models_registry.services import model_root, source_key, version_root
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
@@ -70,13 +72,27 @@ class VersionUser:
     forget: Callable[[list[int]], None]
 
 
+class ModelCleanup(Protocol):
+    """What an app above this one removes from the store when a model is deleted (`register_model_cleanup`)."""
+
+    def __call__(self, *, model_id: int) -> object: ...
+
+
 _users: list[VersionUser] = []
+_model_cleanups: list[ModelCleanup] = []
 
 
 def register_version_user(user: VersionUser) -> None:
     """Tell this app how another app uses model versions (once, from that app's AppConfig.ready)."""
     if all(known.kind != user.kind for known in _users):
         _users.append(user)
+
+
+def register_model_cleanup(cleanup: ModelCleanup) -> None:
+    """Run `cleanup(model_id=...)` when a model's objects leave the store, before its rows go (once, from an app's
+    AppConfig.ready). It must be idempotent and may raise Unavailable (the deletion is then finished later)."""
+    if cleanup not in _model_cleanups:
+        _model_cleanups.append(cleanup)
 
 
 def delete_model_version(*, user: AbstractBaseUser, version: ModelVersion, token: TokenGrant | None = None) -> None:
@@ -226,7 +242,8 @@ def _finish_model(model_id: int) -> None:
     version_ids = list(ModelVersion.objects.filter(model_id=model_id).values_list("pk", flat=True))
     for number in ModelVersion.objects.filter(model_id=model_id).values_list("number", flat=True):
         store.abort_multipart_uploads(source_key(model_id=model_id, number=number))
-    abort_uploads_of_model(model_id=model_id)
+    for cleanup in _model_cleanups:
+        cleanup(model_id=model_id)
     removed = store.delete_prefix(model_root(model_id=model_id) + "/")
     _forget(version_ids)
     with transaction.atomic():

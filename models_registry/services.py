@@ -203,6 +203,64 @@ def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: To
         return version
 
 
+def lock_model(*, model_id: int) -> RegisteredModel | None:
+    """Lock model `model_id`'s row (select_for_update, inside the caller's transaction) and return it with its
+    team; None when it is gone. Whoever makes a version of the model or reserves room for one takes this lock
+    first, so duplicate checks and version numbers of one model take turns; a model being deleted has
+    `deletion_requested_at` set."""
+    return RegisteredModel.objects.select_for_update().select_related("team").filter(pk=model_id).first()
+
+
+def create_uploaded_version(
+    *,
+    model: RegisteredModel,
+    source_key: str,
+    filename: str,
+    size_bytes: int,
+    sha256: str,
+    build_options: dict[str, Any],
+    created_by: AbstractBaseUser | None,
+    upload_id: str,
+) -> ModelVersion:
+    """Make the model's next version from a file already in the store (a resumable upload's joined object), `queued`
+    for build attempt 1.
+
+    `model` is locked by the caller's transaction (`lock_model`), which also queues the build. `sha256` is the
+    SHA-256 the upload promised, marked unchecked (`source_checked` False): the build hashes the file it downloads
+    (`check_version_source`). Audited as created (naming `upload_id`) and uploaded. The storage quota was reserved
+    by the upload; the version's bytes count from the same commit that ends the upload's reservation.
+    """
+    number = allocate_version_number(model=model)
+    version = ModelVersion.objects.create(
+        model=model,
+        number=number,
+        status=VersionStatus.QUEUED,
+        source_key=source_key,
+        source_filename=filename,
+        source_size_bytes=size_bytes,
+        source_sha256=sha256,
+        source_checked=False,
+        build_options=build_options,
+        build_attempt=1,
+        heartbeat_at=timezone.now(),
+        created_by=created_by,
+    )
+    record_audit(action=AuditAction.VERSION_CREATED, team=model.team, target=version, after={"upload": upload_id})
+    record_audit(
+        action=AuditAction.VERSION_UPLOADED,
+        team=model.team,
+        target=version,
+        after={
+            "status": version.status,
+            "filename": version.source_filename,
+            "size_bytes": version.source_size_bytes,
+            "sha256": version.source_sha256,
+            "attempt": version.build_attempt,
+        },
+    )
+    return version
+
+
 def allocate_version_number(*, model: RegisteredModel) -> int:
     """Take the next version number of `model`, whose row the caller's transaction has locked (select_for_update).
 

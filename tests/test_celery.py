@@ -14,6 +14,13 @@ def test_every_beat_entry_expires_within_its_period_on_the_periodic_queue(settin
         period_s = entry["schedule"]
         assert entry["options"] == {"expires": period_s, "queue": PERIODIC_QUEUE}, entry
     assert "builds.sweep_stalled_versions" in {entry["task"] for entry in schedule.values()}
+    assert "uploads.sweep_uploads" in {entry["task"] for entry in schedule.values()}
+
+
+def test_the_upload_check_keeps_its_task_name_after_moving_to_the_uploads_app():
+    # messages queued before the move name the task as the builds app registered it
+    app.loader.import_default_modules()
+    assert app.tasks["builds.finish_upload"].__module__ == "uploads.tasks"
 
 
 def test_periodic_tasks_route_to_their_queue_and_builds_to_the_default_one():

@@ -40,17 +40,17 @@ from builds.services.review import (
 )
 from builds.verification import MAX_SAMPLE_INPUTS_BYTES, SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD
 from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
+from conch.authentication import HeaderCsrfSessionAuthentication
 from conch.errors import InvalidInput, UnsupportedMediaType
 from conch.limits import STREAMED, BodyLimit, accepts_body
-from models_registry import deletion, services
-from models_registry.storage import get_object_store
-from models_registry.uploads import (
+from conch.upload_handlers import (
     MULTIPART_SLACK_BYTES,
-    HeaderCsrfSessionAuthentication,
     ObjectStoreUploadHandler,
     check_content_length,
     declared_file_bytes,
 )
+from models_registry import deletion, services
+from models_registry.storage import get_object_store
 from tenancy.authentication import BearerTokenAuthentication
 
 BUILD_OPTION_FIELDS = (

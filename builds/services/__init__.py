@@ -9,10 +9,8 @@ may serve, is never deleted or changed), and a redelivered task simply does the 
 No build stays stuck: a running build writes a heartbeat (at each step and from a small thread
 in between), and `sweep_stalled_versions` (a periodic task) starts the next attempt of a build
 whose heartbeat stopped (its worker died), of a queued build no worker claimed (its message was
-lost), and aborts uploads whose bytes stopped arriving or whose resumable upload expired.
-`collect_repository_garbage` deletes the repositories of attempts nothing uses any more. Resumable uploads
-(`resumable`): the build options are checked when one starts, and a worker turns a completed one into a
-version whose build it queues.
+lost), and aborts version uploads whose bytes stopped arriving (resumable uploads are the `uploads` app's).
+`collect_repository_garbage` deletes the repositories of attempts nothing uses any more.
 """
 
 from builds.services.pipeline import (
@@ -24,13 +22,6 @@ from builds.services.pipeline import (
     run_build,
 )
 from builds.services.recovery import collect_repository_garbage, sweep_stalled_versions
-from builds.services.resumable import (
-    check_upload_file,
-    complete_resumable_upload,
-    finish_upload,
-    start_resumable_upload,
-    sweep_uploads,
-)
 from builds.services.samples import make_version_sample
 from builds.services.submission import queue_build, request_rebuild, submit_upload
 from builds.services.verify_servers import (
@@ -45,21 +36,16 @@ __all__ = [
     "BuildHeartbeat",
     "BuildSuperseded",
     "StepLog",
-    "check_upload_file",
     "collect_repository_garbage",
-    "complete_resumable_upload",
     "fail_build_after_retries",
-    "finish_upload",
     "make_version_sample",
     "queue_build",
     "request_rebuild",
     "reset_steps",
     "run_build",
-    "start_resumable_upload",
     "stop_verify_servers",
     "stop_warm_verify_server",
     "submit_upload",
     "sweep_stalled_versions",
-    "sweep_uploads",
     "warm_up_verify_server",
 ]

@@ -23,7 +23,6 @@ from models_registry.storage import get_object_store
 if TYPE_CHECKING:
     pass
 from builds.services.pipeline import finish_step, skip_remaining_steps
-from builds.services.resumable import sweep_uploads
 from builds.services.storage import discard_attempt_repositories, forget_repository
 from builds.services.submission import building_stale_before, queue_build, queued_stale_before
 
@@ -46,12 +45,10 @@ def sweep_stalled_versions() -> dict[str, int]:
       waits in a deep queue. The same attempt is sent again (a duplicate is skipped by whichever copy comes
       second); this does not count as a lost attempt. (`requeued_unclaimed`)
     - `uploading` with no bytes for CONCH_UPLOAD_STALE_SECONDS: the row, the stored object and any open
-      multipart upload are removed. (`aborted_uploads`)
+      multipart upload are removed. (`aborted_uploads`; resumable uploads have their own sweeper,
+      `uploads.sweep_uploads`)
     - models and versions whose deletion started CONCH_DELETION_RETRY_SECONDS ago and did not end (the object
       store failed, or the process died): the deletion is finished. (`finished_deletions`)
-    - resumable uploads left `uploading` past their `expires_at`: aborted in the store, quota freed
-      (`expired_uploads`); `completing` ones whose checking worker stopped (no sign for CONCH_UPLOAD_STALE_SECONDS):
-      the check is queued again (`requeued_upload_checks`).
     - sample inputs stored before Conch counted them in storage: their size is recorded
       (`measured_samples`, `models_registry.services.measure_unmeasured_samples`).
     """
@@ -110,7 +107,6 @@ def sweep_stalled_versions() -> dict[str, int]:
     counts["finished_deletions"] = finish_stalled_deletions(
         started_before=timezone.now() - timedelta(seconds=settings.CONCH_DELETION_RETRY_SECONDS)
     )
-    counts.update(sweep_uploads())
     counts["measured_samples"] = registry.measure_unmeasured_samples()
     return counts
 

@@ -39,8 +39,6 @@ NOTHING_DONE = {
     "requeued_unclaimed": 0,
     "aborted_uploads": 0,
     "finished_deletions": 0,
-    "expired_uploads": 0,
-    "requeued_upload_checks": 0,
     "measured_samples": 0,
 }
 

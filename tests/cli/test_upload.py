@@ -27,8 +27,9 @@ import httpx
 import pytest
 from conch_cli import transfer
 
-from models_registry.models import ModelVersion, Upload
+from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
+from uploads.models import Upload
 
 MIB = 1024 * 1024
 
@@ -692,14 +693,13 @@ def test_an_upload_another_client_completed_meanwhile_ends_with_its_version(
 def test_upload_waits_for_a_worker_s_check_that_ends_later(cli, model, model_file, monkeypatch, server_waits):
     from conch_cli.api import ConchApi
 
-    from builds import services as builds
-    from models_registry import resumable
+    from uploads import services as uploads
 
     # given no task runs inline: the check waits for a worker, here a thread that runs it 0.5 s after the upload
     # becomes `completing`
     path, sha256 = model_file
     if not server_waits:  # a Conch that answers at once, `wait` or not (one before the long poll)
-        monkeypatch.setattr(resumable, "wait_for_check", lambda *, upload, wait_s: upload)
+        monkeypatch.setattr(uploads, "wait_for_check", lambda *, upload, wait_s: upload)
     asked: list[dict] = []
     original_get = ConchApi.get
 
@@ -720,7 +720,7 @@ def test_upload_waits_for_a_worker_s_check_that_ends_later(cli, model, model_fil
                 upload = Upload.objects.filter(status="completing").first()
                 if upload is not None:
                     time.sleep(0.5)
-                    checked.append(builds.finish_upload(upload_id=upload.pk))
+                    checked.append(uploads.finish_upload(upload_id=upload.pk))
                     return
                 time.sleep(0.02)
         finally:

@@ -11,7 +11,6 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from builds.services import start_resumable_upload
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
 from deployments.models import GatewayUsage
@@ -23,6 +22,7 @@ from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
 from tests.factories import UserFactory
 from tests.tiny_models import add_constant
+from uploads.services import start_resumable_upload
 
 
 @dataclass

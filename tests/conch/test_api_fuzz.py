@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from builds import services as builds
 from deployments import services as deployments
 from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tests import real_models
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
+from uploads import services as uploads
 
 SEED = os.environ.get("CONCH_FUZZ_SEED", "20260501")
 EXAMPLES = os.environ.get("CONCH_FUZZ_EXAMPLES", "15")
@@ -110,7 +110,7 @@ def test_schemathesis_gets_no_server_error_from_any_operation(
         ),
     )
     # and an open resumable upload of the model (folder storage: its parts come through Conch)
-    upload, _ = builds.start_resumable_upload(
+    upload, _ = uploads.start_resumable_upload(
         user=caller.user, model=version.model, filename="next.onnx", size_bytes=6 * 1024 * 1024, sha256="d" * 64
     )
     config = tmp_path / "schemathesis.toml"

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.django_db
 METHODS = ("get", "head", "post", "put", "patch", "delete")
 #: Tables compared before and after the sweep (apps' labels); columns that record a use rather than a change
 #: (a token's or user's last use) are left out.
-SNAPSHOT_APPS = ("tenancy", "models_registry", "builds", "deployments", "auth", "axes")
+SNAPSHOT_APPS = ("tenancy", "models_registry", "builds", "uploads", "deployments", "auth", "axes")
 VOLATILE_COLUMNS = {"last_used_at", "last_login"}
 GATEWAY_POINTER = "/serve/{rest}"
 #: Routes whose object belongs to no team, with the reason; they are swept too and must change nothing.

@@ -35,9 +35,9 @@ PLANNED_PART_BYTES = 8 * 1024 * 1024
 
 @pytest.fixture(autouse=True)
 def _parts_of_8_mib(monkeypatch):
-    from models_registry import resumable
+    from uploads.services import parts
 
-    monkeypatch.setattr(resumable, "DEFAULT_PART_SIZE_BYTES", PLANNED_PART_BYTES)
+    monkeypatch.setattr(parts, "DEFAULT_PART_SIZE_BYTES", PLANNED_PART_BYTES)
 
 
 #: ImageNet's mean and std, as typed into the test form (the server does the preprocessing with them).
@@ -372,7 +372,7 @@ def test_an_upload_interrupted_mid_part_resumes_after_a_reload(
 def test_an_upload_resumes_from_the_server_when_the_browser_forgot_it(
     console_browser, alice, eager_tasks, screenshot, tmp_path
 ):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # given an upload of a 20 MiB file (three parts) stopped by a connection that drops part 2 (parts 1 and 3 stored)
     page, data, model_id = _interrupted_upload(console_browser, alice, tmp_path, "forgotten")
@@ -396,7 +396,7 @@ def test_an_upload_resumes_from_the_server_when_the_browser_forgot_it(
 def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
     console_browser, alice, eager_tasks, tmp_path
 ):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # given an open upload of a 20 MiB file that the browser forgot (storage cleared), the connection back
     page, first, model_id = _interrupted_upload(console_browser, alice, tmp_path, "replaced")
@@ -422,7 +422,7 @@ def test_another_file_of_the_same_name_and_size_does_not_resume_the_open_upload(
 def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_them(
     console_browser, alice, eager_tasks, tmp_path
 ):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # given an open upload of this very file (name, size, first bytes) started by a client that promised each
     # part's CRC32 (as `conch upload` does), with part 1 of its 3 already stored
@@ -479,7 +479,7 @@ def test_an_open_upload_whose_client_promised_part_checksums_is_resumed_with_the
 def test_a_part_damaged_on_the_way_is_refused_by_its_crc32_and_sent_again(
     console_browser, alice, eager_tasks, tmp_path
 ):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # given a 10 MiB file (two parts) and a connection that flips a byte of part 2 the first time it goes
     data = onnx_like(23, 10 * 1024 * 1024)
@@ -544,7 +544,7 @@ def test_resume_goes_on_without_a_reload(console_browser, alice, eager_tasks, tm
 
 
 def test_cancel_aborts_the_upload(console_browser, alice, eager_tasks, tmp_path):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # given an upload waiting to retry a part the connection dropped
     page, _, model_id = _interrupted_upload(console_browser, alice, tmp_path, "cancelled")
@@ -598,10 +598,10 @@ def test_with_s3_storage_the_parts_go_straight_to_the_bucket(
 def test_the_page_sends_the_parts_the_server_plans(console_browser, alice, eager_tasks, monkeypatch, tmp_path):
     import json
 
-    from models_registry import resumable
+    from uploads.services import parts
 
     # given a server that plans parts of 5 MiB, and a 12 MiB file
-    monkeypatch.setattr(resumable, "DEFAULT_PART_SIZE_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(parts, "DEFAULT_PART_SIZE_BYTES", 5 * 1024 * 1024)
     data = onnx_like(31, 12 * 1024 * 1024)
     model, path = model_and_file(alice, tmp_path / "planned.onnx", data, name="planned")
     page = console_browser.page_for(alice.user)
@@ -848,8 +848,8 @@ def test_a_part_refused_with_a_4xx_that_names_the_problem_stops_with_it(console_
 def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
     console_browser, alice, eager_tasks, tmp_path
 ):
-    from models_registry import resumable
-    from models_registry.models import Upload
+    from uploads import services as uploads
+    from uploads.models import Upload
 
     # given a 40 MiB file (five parts of 8 MiB, three at a time) going at 4 MiB/s
     data = onnx_like(23, 40 * 1024 * 1024)
@@ -867,7 +867,7 @@ def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
     line.filter(has_text="Paused: 24.0 MiB of 40.0 MiB stored (60.0 %), 3 of 5 parts").wait_for(timeout=60_000)
     page.wait_for_timeout(1_000)
     upload = Upload.objects.get(model_id=model["id"])
-    assert [part.number for part in resumable.stored_parts(upload=upload)] == [1, 2, 3]
+    assert [part.number for part in uploads.stored_parts(upload=upload)] == [1, 2, 3]
     assert stored == sorted(stored) and stored[-1] == 24 * 1024 * 1024, stored
     # and Resume sends the other two: the stored file has the file's sha256
     with page.expect_navigation(url="**/build/", timeout=SLOW_MS):
@@ -885,7 +885,7 @@ def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
 def test_a_file_conch_cannot_build_is_refused_by_the_server_before_it_is_hashed_or_sent(
     console_browser, alice, tmp_path, name, content, label, detail
 ):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # given a file that is not an ONNX model, by its name or by its first bytes
     path = tmp_path / name
@@ -937,7 +937,7 @@ def _duplicate_page(console_browser, alice, tmp_path):
 def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_be_uploaded_anyway(
     console_browser, alice, eager_tasks, screenshot, tmp_path
 ):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     # when a file that already is version 1 is chosen
     page, version, puts = _duplicate_page(console_browser, alice, tmp_path)
@@ -977,7 +977,7 @@ def test_a_file_that_already_is_a_version_is_said_so_before_it_is_sent_and_can_b
 
 
 def test_cancel_after_a_duplicate_refusal_aborts_the_upload(console_browser, alice, tmp_path):
-    from models_registry.models import Upload
+    from uploads.models import Upload
 
     page, version, _ = _duplicate_page(console_browser, alice, tmp_path)
     page.get_by_test_id("upload-duplicate-cancel").click()

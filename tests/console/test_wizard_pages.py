@@ -11,11 +11,12 @@ from django.test import Client
 from builds.model_config import BuildOptions
 from builds.services.review import current_option_values
 from deployments.models import Deployment
-from models_registry.models import RegisteredModel, Upload
+from models_registry.models import RegisteredModel
 from tenancy.quotas import set_quota
 from tests import real_models
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
+from uploads.models import Upload
 
 pytestmark = [pytest.mark.django_db]
 

@@ -23,8 +23,12 @@ The body must not be parsed before the handler is installed. Django's CSRF check
 `request.POST` for a POST, and DRF runs that check inside `SessionAuthentication` (during
 `initial()`, before the view method); the body would then be parsed by Django's default
 handlers (spooled to a temp file) and installing ours raises AttributeError. Upload views
-therefore authenticate sessions with `HeaderCsrfSessionAuthentication`, which takes the CSRF
-token from the `X-CSRFToken` header only and leaves the body unread.
+therefore authenticate sessions with `conch.authentication.HeaderCsrfSessionAuthentication`, which takes the
+CSRF token from the `X-CSRFToken` header only and leaves the body unread.
+
+This is HTTP plumbing of the API edge, with no rule of its own: the views that stream a body (the version upload and
+the rebuild's sample inputs, in the builds app) hand it their checks, heartbeat and quota room. Resumable uploads
+(the `uploads` app) send their parts as raw bodies instead.
 """
 
 from __future__ import annotations
@@ -32,25 +36,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO, Self
+from typing import TYPE_CHECKING, Any, BinaryIO, Self
 
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, StopFutureHandlers
-from django.http import QueryDict
-from rest_framework.authentication import SessionAuthentication
 
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge
 from conch.limits import describe_bytes
-from models_registry.storage import MIB, ObjectStore, ObjectWriter, StoredObject
-from tenancy.quotas import QuotaRoom
+
+if TYPE_CHECKING:
+    from models_registry.storage import ObjectStore, ObjectWriter, StoredObject
+    from tenancy.quotas import QuotaRoom
 
 log = logging.getLogger(__name__)
 
 # Bytes Django's parser hands over per call: large chunks keep the parser's per-chunk Python
 # work small next to the bytes moved; memory per upload stays a few chunks plus the writer's parts.
-UPLOAD_CHUNK_BYTES = 2 * MIB
+UPLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 # Room in CONTENT_LENGTH for the multipart framing and the small form fields sent with the file.
-MULTIPART_SLACK_BYTES = 1 * MIB
+MULTIPART_SLACK_BYTES = 1024 * 1024
 
 
 def _too_large(max_bytes: int, field: str = "file") -> PayloadTooLarge:
@@ -301,6 +305,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
             self._run_head_check(raw_data[: self.head_bytes], None)
         self._writer.write(raw_data)
         self._beat()
+        return None
 
     def _beat(self) -> None:
         if self._heartbeat is None:
@@ -336,6 +341,8 @@ class ObjectStoreUploadHandler(FileUploadHandler):
 
     def _run_head_check(self, head: bytes, size_bytes: int | None) -> None:
         """Run `check_head` on the first bytes; abort the writer when it raises."""
+        if self.check_head is None:
+            return
         try:
             self.check_head(head, size_bytes)
         except BaseException:
@@ -375,35 +382,3 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         if exc_type is not None:
             self.discard()
-
-
-class _BodylessRequest:
-    """The Django request as the CSRF check sees it: same headers, cookies and session, empty POST."""
-
-    def __init__(self, request: Any) -> None:
-        object.__setattr__(self, "_wrapped", request)
-
-    @property
-    def POST(self) -> QueryDict:  # noqa: N802 - the attribute Django's CSRF check reads
-        return QueryDict()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._wrapped, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._wrapped, name, value)
-
-
-class HeaderCsrfSessionAuthentication(SessionAuthentication):
-    """Session authentication whose CSRF check never reads the request body.
-
-    Django's check would read `request.POST` for the `csrfmiddlewaretoken` field and so parse a
-    multipart upload before the view installs `ObjectStoreUploadHandler`. This runs the same
-    check (cookie, Origin/Referer, token format and match) but takes the token from the
-    `X-CSRFToken` header (settings.CSRF_HEADER_NAME) only. Raises PermissionDenied (403) on failure.
-    """
-
-    def enforce_csrf(self, request: Any) -> None:
-        """Run Django's CSRF check on the request with its body hidden."""
-        django_request = getattr(request, "_request", request)
-        super().enforce_csrf(_BodylessRequest(django_request))

@@ -25,15 +25,17 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from builds import services as builds
-from builds.tasks import finish_upload
-from models_registry import resumable
-from models_registry.models import ModelVersion, Upload
+from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
 from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota, team_usage
 from tenancy.services import create_api_token, ensure_membership
 from tests import real_models
 from tests.conftest import make_caller
+from uploads import services as uploads
+from uploads.models import Upload
+from uploads.services import checks
+from uploads.tasks import finish_upload
 
 pytestmark = pytest.mark.django_db
 
@@ -84,7 +86,7 @@ def _storage_used(team) -> int:
 
 
 def _usage_of_open_uploads(team) -> int:
-    return resumable.count_team_upload_reservations(team)["bytes of storage"]
+    return uploads.count_team_upload_reservations(team)["bytes of storage"]
 
 
 def test_a_file_goes_straight_to_the_bucket_then_becomes_a_version(alice, s3, django_capture_on_commit_callbacks):
@@ -188,7 +190,7 @@ def test_a_stopped_upload_resumes_where_it_stopped_through_conch_with_folder_sto
         assert alice.client.put(target["url"], data=chunk, content_type="application/octet-stream").status_code == 200
     with django_capture_on_commit_callbacks():
         assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     # then the joined file is the file, and the staging folder is gone
     version = Upload.objects.get(pk=upload["id"]).version
     assert get_object_store().read_bytes(version.source_key) == data
@@ -254,7 +256,7 @@ def test_a_checksum_mismatch_fails_the_version_s_build_naming_sha256_and_a_rebui
     # when it completes and the worker joins it
     with django_capture_on_commit_callbacks() as queued:
         assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     # then the size matched: a version is made, queued, its promised SHA-256 not checked yet (the object was not
     # read back)
     done = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
@@ -387,14 +389,14 @@ def test_the_sweeper_aborts_an_expired_upload_and_frees_its_quota(alice, s3):
     assert refused.json()["field"] == "expires_at"
     assert "expired" in refused.json()["detail"] and "Start a new upload" in refused.json()["detail"]
     # when the sweeper runs
-    counts = builds.sweep_stalled_versions()
+    counts = uploads.sweep_uploads()
     # then the multipart upload is aborted in the bucket and the upload says why
     assert counts["expired_uploads"] == 1
     assert s3() == {"keys": [], "pending": []}
     swept = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
     assert (swept["status"], swept["error_field"]) == ("aborted", "expires_at")
     assert "CONCH_UPLOAD_EXPIRES_HOURS" in swept["error"]
-    assert builds.sweep_stalled_versions()["expired_uploads"] == 0
+    assert uploads.sweep_uploads()["expired_uploads"] == 0
 
 
 def test_the_sweeper_queues_again_the_check_of_an_upload_whose_worker_stopped(
@@ -408,17 +410,17 @@ def test_the_sweeper_queues_again_the_check_of_an_upload_whose_worker_stopped(
     with django_capture_on_commit_callbacks():
         assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
     # given a worker took the check, then stopped (no heartbeat for longer than CONCH_UPLOAD_STALE_SECONDS)
-    assert resumable.claim_upload_check(upload_id=upload["id"], stale_before=timezone.now()) is not None
+    assert uploads.claim_upload_check(upload_id=upload["id"], stale_before=timezone.now()) is not None
     long_ago = timezone.now() - timedelta(seconds=settings.CONCH_UPLOAD_STALE_SECONDS + 1)
     Upload.objects.filter(pk=upload["id"]).update(heartbeat_at=long_ago)
     # when the sweeper runs
     with django_capture_on_commit_callbacks() as queued:
-        counts = builds.sweep_stalled_versions()
+        counts = uploads.sweep_uploads()
     # then the check is queued again, and the next worker finishes it
     assert counts["requeued_upload_checks"] == 1
     assert len(queued) == 1
     with django_capture_on_commit_callbacks():
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     assert Upload.objects.get(pk=upload["id"]).version.source_size_bytes == 1000
 
 
@@ -710,7 +712,7 @@ def _completed_version(caller, model_id: int, data: bytes, capture) -> ModelVers
     assert requests.put(target["url"], data=data, timeout=30).status_code == 200
     with capture():
         assert caller.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     return Upload.objects.get(pk=upload["id"]).version
 
 
@@ -755,7 +757,7 @@ def test_a_part_sent_again_with_other_bytes_after_complete_fails_the_size_check(
     # when a client sends part 2 again, a byte longer, before the worker joins the parts
     assert requests.put(targets[1]["url"], data=data[PART:] + b"!", timeout=30).status_code == 200
     with django_capture_on_commit_callbacks() as queued:
-        assert builds.finish_upload(upload_id=upload["id"]) == "failed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "failed"
     # then the joined object's size (HeadObject) does not match: the upload fails naming size_bytes, no version
     failed = Upload.objects.get(pk=upload["id"])
     assert (failed.status, failed.error_field) == ("failed", "size_bytes")
@@ -900,7 +902,7 @@ def test_a_real_model_sent_straight_to_the_bucket_is_built_like_an_ordinary_uplo
     ],
 )
 def test_without_a_part_size_conch_plans_16_mib_parts_or_the_least_whole_mib_under_10000_parts(size_bytes, planned):
-    assert resumable.plan_parts(size_bytes=size_bytes) == planned
+    assert uploads.plan_parts(size_bytes=size_bytes) == planned
 
 
 # --- Per-part CRC32 (part_checksum_algorithm) ---------------------------------------------------------------------
@@ -969,7 +971,7 @@ def test_a_crc32_upload_to_the_bucket_signs_each_part_s_checksum_and_the_object_
     # when it is completed and the worker joins the parts
     with django_capture_on_commit_callbacks():
         assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     # then the object holds the file, with S3's COMPOSITE CRC32: the CRC32 of the parts' CRC32s, not of the bytes
     # (AWS S3 appends "-<part count>" and says ChecksumType COMPOSITE; moto's HeadObject does neither when the
     # upload declared no ChecksumType, CRC32's default)
@@ -1026,7 +1028,7 @@ def test_a_folder_store_refuses_a_part_whose_bytes_do_not_match_its_crc32_naming
     assert put(3, chunks[2], {"x-amz-checksum-crc32": checksums["3"]}).status_code == 200
     with django_capture_on_commit_callbacks():
         assert alice.client.post(f"/api/v1/models/{model_id}/uploads/{upload['id']}/complete").status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     # then the version holds the file
     assert get_object_store().read_bytes(Upload.objects.get().version.source_key) == data
 
@@ -1132,10 +1134,10 @@ def test_a_get_that_waits_for_a_check_nobody_runs_answers_completing_when_its_ti
     # waited for a notification, not in a loop of queries)
     assert answer.status_code == 200, answer.content
     assert answer.json()["status"] == "completing"
-    reads = [query["sql"] for query in queries.captured_queries if '"models_registry_upload"' in query["sql"]]
+    reads = [query["sql"] for query in queries.captured_queries if '"uploads_upload"' in query["sql"]]
     assert len(reads) <= 4, reads
     # and a wait longer than the server holds a request is cut to MAX_WAIT_S: the answer still comes
-    monkeypatch.setattr(resumable, "MAX_WAIT_S", 0.1)
+    monkeypatch.setattr(checks, "MAX_WAIT_S", 0.1)
     answer = alice.client.get(url, {"wait": "3600"})
     assert answer.status_code == 200 and answer.json()["status"] == "completing"
 
@@ -1144,7 +1146,7 @@ def test_a_get_that_waits_answers_at_once_for_an_upload_that_is_not_completing(a
     data = os.urandom(MIB)
     model_id = _model(alice)
     upload = _start(alice, model_id, data).json()
-    monkeypatch.setattr(resumable.time, "sleep", lambda pause: pytest.fail(f"waited {pause} s on an open upload"))
+    monkeypatch.setattr(checks.time, "sleep", lambda pause: pytest.fail(f"waited {pause} s on an open upload"))
     answer = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/", {"wait": "10"})
     assert answer.status_code == 200 and answer.json()["status"] == "uploading"
 
@@ -1158,7 +1160,7 @@ def test_a_get_that_waits_answers_as_soon_as_the_worker_s_check_ends():
     def worker() -> None:  # the worker's check, on another connection, once the GET below waits
         try:
             time.sleep(0.3)
-            assert builds.finish_upload(upload_id=upload_id) == "completed"  # its version's build is queued
+            assert uploads.finish_upload(upload_id=upload_id) == "completed"  # its version's build is queued
         finally:
             connection.close()
 

@@ -9,10 +9,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from builds.verification import MAX_SAMPLE_INPUTS_BYTES
 from conch.errors import QuotaExceeded
+from conch.upload_handlers import MULTIPART_SLACK_BYTES
 from models_registry import services as registry
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.storage import StoredObject
-from models_registry.uploads import MULTIPART_SLACK_BYTES
 from tenancy.quotas import set_quota
 from tests.tiny_models import onnx_like
 

@@ -1,4 +1,5 @@
-"""Streaming upload handler, driven by Django's real multipart parser (and DRF's request on top of it)."""
+"""Streaming upload handler (and the session authentication that leaves the body to it), driven by Django's real
+multipart parser (and DRF's request on top of it)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.parsers import MultiPartParser as DRFMultiPartParser
 from rest_framework.request import Request
 
+from conch.authentication import HeaderCsrfSessionAuthentication
 from conch.errors import InvalidInput, PayloadTooLarge
-from models_registry.storage import FileObjectStore, ObjectStore, S3ObjectStore, StoredObject
-from models_registry.uploads import (
+from conch.upload_handlers import (
     MULTIPART_SLACK_BYTES,
-    HeaderCsrfSessionAuthentication,
     ObjectStoreUploadHandler,
     StoredUpload,
     check_content_length,
 )
+from models_registry.storage import FileObjectStore, ObjectStore, S3ObjectStore, StoredObject
 
 MIB = 1024 * 1024
 BOUNDARY = "conch-test-boundary-7d1f"

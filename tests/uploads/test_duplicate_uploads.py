@@ -10,11 +10,12 @@ import os
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from builds import services as builds
-from models_registry.models import ModelVersion, Upload
+from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
 from tests.conftest import make_caller
 from tests.tiny_models import onnx_like
+from uploads import services as uploads
+from uploads.models import Upload
 
 pytestmark = pytest.mark.django_db
 
@@ -174,7 +175,7 @@ def test_a_completion_that_brings_the_sha256_of_a_version_is_refused_and_the_upl
     with django_capture_on_commit_callbacks():
         done = _complete(alice, model_id, upload["id"], sha256=digest, allow_duplicate=True)
         assert done.status_code == 202, done.content
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     # then version 2 is made from the same file
     made = Upload.objects.get(pk=upload["id"]).version
     assert (made.number, made.source_sha256) == (2, digest)
@@ -199,7 +200,7 @@ def test_a_start_that_allowed_duplicates_completes_without_saying_so_again(alice
     _send(alice, model_id, upload["id"], data)
     with django_capture_on_commit_callbacks():
         assert _complete(alice, model_id, upload["id"]).status_code == 202
-        assert builds.finish_upload(upload_id=upload["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=upload["id"]) == "completed"
     assert Upload.objects.get(pk=upload["id"]).version.number == 2
 
 
@@ -216,8 +217,8 @@ def test_of_two_identical_uploads_completed_at_once_the_first_wins(alice, django
             assert _complete(alice, model_id, upload["id"], sha256=digest).status_code == 202
     # when the worker checks them, one after the other
     with django_capture_on_commit_callbacks(execute=False):
-        assert builds.finish_upload(upload_id=first["id"]) == "completed"
-        assert builds.finish_upload(upload_id=second["id"]) == "failed"
+        assert uploads.finish_upload(upload_id=first["id"]) == "completed"
+        assert uploads.finish_upload(upload_id=second["id"]) == "failed"
     # then the first made version 1; the second failed naming sha256 and that version, its file deleted
     version = Upload.objects.get(pk=first["id"]).version
     lost = Upload.objects.get(pk=second["id"])

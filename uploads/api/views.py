@@ -1,6 +1,5 @@
-"""REST views of resumable uploads (docs/uploads.md): start, list, sign parts, receive a part (folder
-storage only), complete, abort. They translate HTTP to service calls: `models_registry.resumable` holds the rules,
-`builds.services` queues the worker's check of a completed upload.
+"""REST views of resumable uploads (docs/uploads.md): check a file, start, list, sign parts, receive a part (folder
+storage only), complete, abort. They translate HTTP to service calls; `uploads.services` holds the rules.
 """
 
 from __future__ import annotations
@@ -17,8 +16,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from builds import services as builds
-from builds.api.serializers import (
+from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
+from conch.authentication import HeaderCsrfSessionAuthentication
+from conch.limits import BodyLimit, accepts_body
+from models_registry import services as registry
+from tenancy.authentication import BearerTokenAuthentication
+from uploads import services
+from uploads.api.serializers import (
     CheckedUploadFileSerializer,
     CheckUploadFileSerializer,
     CompleteUploadSerializer,
@@ -30,11 +34,6 @@ from builds.api.serializers import (
     UploadSerializer,
     UploadWaitSerializer,
 )
-from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
-from conch.limits import BodyLimit, accepts_body
-from models_registry import resumable, services
-from models_registry.uploads import HeaderCsrfSessionAuthentication
-from tenancy.authentication import BearerTokenAuthentication
 
 _ERRORS = {400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer}
 #: A part's body: no part is larger than a whole file may be (413 before a byte is read); the exact part size is
@@ -47,7 +46,7 @@ _DUPLICATE = {409: DuplicateVersionErrorSerializer}
 
 def _render(uploads: list, *, many: bool = False) -> dict | list:
     """Serialize uploads with the parts the store holds now."""
-    parts = {upload.pk: resumable.stored_parts(upload=upload) for upload in uploads}
+    parts = {upload.pk: services.stored_parts(upload=upload) for upload in uploads}
     data = UploadSerializer(uploads, many=True, context={"parts": parts}).data
     return data if many else data[0]
 
@@ -69,7 +68,7 @@ class CheckUploadFileView(APIView):
         form = CheckUploadFileSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data
-        found = builds.check_upload_file(
+        found = services.check_upload_file(
             filename=data["filename"], head=data["head"], size_bytes=data.get("size_bytes")
         )
         return Response({"format": found})
@@ -92,11 +91,11 @@ class ModelUploadsView(APIView):
         "SHA-256 is still checked on the joined file). A bad filter is 400 naming it.",
     )
     def get(self, request: Request, model_id: int) -> Response:
-        model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
+        model = registry.get_model(user=request.user, model_id=model_id, token=request.auth)
         query = UploadListFilterSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         paginator = self.pagination_class()
-        found = resumable.open_uploads(model=model, **query.validated_data)
+        found = services.open_uploads(model=model, **query.validated_data)
         page = paginator.paginate_queryset(found, request, view=self)
         return paginator.get_paginated_response(_render(page, many=True))
 
@@ -127,11 +126,11 @@ class ModelUploadsView(APIView):
         "has it.",
     )
     def post(self, request: Request, model_id: int) -> Response:
-        model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
+        model = registry.get_model(user=request.user, model_id=model_id, token=request.auth)
         form = StartUploadSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data
-        upload, created = builds.start_resumable_upload(
+        upload, created = services.start_resumable_upload(
             user=request.user,
             model=model,
             filename=data["filename"],
@@ -161,9 +160,9 @@ class UploadDetailView(APIView):
     def get(self, request: Request, model_id: int, upload_id: str) -> Response:
         query = UploadWaitSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        upload = services.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         if query.validated_data.get("wait"):
-            upload = resumable.wait_for_check(upload=upload, wait_s=query.validated_data["wait"])
+            upload = services.wait_for_check(upload=upload, wait_s=query.validated_data["wait"])
         return Response(_render([upload]))
 
     @extend_schema(
@@ -173,8 +172,8 @@ class UploadDetailView(APIView):
         "409 while it is `completing` or once `completed`; an aborted or failed upload stays as it is.",
     )
     def delete(self, request: Request, model_id: int, upload_id: str) -> Response:
-        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
-        resumable.abort_upload(user=request.user, upload=upload, token=request.auth)
+        upload = services.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        services.abort_upload(user=request.user, upload=upload, token=request.auth)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -196,12 +195,12 @@ class UploadPartsView(APIView):
         "another CRC32 (S3: 400 BadDigest; folder storage: 400 naming `parts[n]`): send that part again.",
     )
     def post(self, request: Request, model_id: int, upload_id: str) -> Response:
-        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        upload = services.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         form = SignPartsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         numbers = form.validated_data["numbers"]
         checksums = form.validated_data.get("checksums")
-        targets = resumable.sign_parts(
+        targets = services.sign_parts(
             user=request.user, upload=upload, numbers=numbers, checksums=checksums, token=request.auth
         )
         now = timezone.now()
@@ -216,7 +215,7 @@ class UploadPartsView(APIView):
                         "number": number,
                         "method": "PUT",
                         "url": request.build_absolute_uri(path),
-                        "headers": resumable.conch_part_headers(upload, number, checksums),
+                        "headers": services.conch_part_headers(upload, number, checksums),
                         "expires_at": upload.expires_at,
                     }
                 )
@@ -253,12 +252,12 @@ class UploadPartView(APIView):
     )
     @accepts_body(PART_BODY)
     def put(self, request: Request, model_id: int, upload_id: str, number: str) -> Response:
-        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        upload = services.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         try:
             length: int | None = int(request.META.get("CONTENT_LENGTH") or "")
         except ValueError:
             length = None
-        part = resumable.receive_part(
+        part = services.receive_part(
             user=request.user,
             upload=upload,
             number=int(number),
@@ -292,10 +291,10 @@ class UploadCompleteView(APIView):
         "complete at once, the first makes its version and the second fails naming `sha256` and that version.",
     )
     def post(self, request: Request, model_id: int, upload_id: str) -> Response:
-        upload = resumable.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
+        upload = services.get_upload(user=request.user, model_id=model_id, upload_id=upload_id, token=request.auth)
         form = CompleteUploadSerializer(data=request.data or {})
         form.is_valid(raise_exception=True)
-        upload = builds.complete_resumable_upload(
+        upload = services.complete_resumable_upload(
             user=request.user,
             upload=upload,
             client_parts=form.validated_data.get("parts"),
