@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import grpc
 import grpc.aio
@@ -136,8 +137,8 @@ def stream_answer_failed(raw: bytes) -> bool:
     return raw[:1] == b"\x0a"
 
 
-_Unary = grpc.aio.UnaryUnaryMultiCallable
-_Stream = grpc.aio.StreamStreamMultiCallable
+_Unary: TypeAlias = grpc.aio.UnaryUnaryMultiCallable
+_Stream: TypeAlias = grpc.aio.StreamStreamMultiCallable
 
 
 class GrpcRelay:
