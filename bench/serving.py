@@ -24,6 +24,11 @@ Systems measured (only one is under load at any time; the others sit idle):
       gateway process's alone; its note starts with the CPU the Triton behind it spent per inference. The Triton
       is on this host, so the gateway hands it the tensor bytes in shared memory
       (CONCH_GATEWAY_SHARED_MEMORY_BYTES=0 in the environment: over HTTP instead, as to a Kubernetes pod).
+  (g) the Triton of (a) over KServe v2 gRPC with NVIDIA's `tritonclient.grpc` (one client per connection, the
+      same image, output as raw bytes): "direct" straight to (a)'s gRPC port, and "gateway" through the gateway's
+      gRPC service (CONCH_GATEWAY_GRPC_BIND, same process as (e)) with the token and `conch-deployment:
+      bench/orientation` in the call's metadata. The gateway relays the serialized messages as bytes over a
+      pooled channel; its "srv cpu" is the gateway's alone, its note starts with the Triton's CPU per inference.
 
 Clients are closed-loop (each sends its next request when the previous answer arrives), one thread and one
 keep-alive connection each, in a separate process from every server. All traffic stays on 127.0.0.1. All servers
@@ -33,10 +38,12 @@ Before each point the run waits (boundedly) for other work on the machine to cal
 server, the client and everything else used during each window.
 
 Targets at concurrency 16: a/c >= 2.5 (throughput), p99_c/p99_a >= 2.5, a/b >= 1.3, a/d >= 0.8; for the
-gateway, e/a >= 0.85 and p50_added_ms = p50(e) - p50(a) <= 2.
+gateway, e/a >= 0.85 and p50_added_ms = p50(e) - p50(a) <= 2; over gRPC, g/direct >= 0.9 and
+g_p50_added_ms = p50(g gateway) - p50(g direct) <= 2.
 Ends with one machine-readable line:
-  serving: a/c=<x.xx> a/b=<x.xx> a/d=<x.xx> p99_c/p99_a=<x.xx> e/a=<x.xx> p50_added_ms=<x.xx>
-Run: .venv/bin/python bench/serving.py [--duration 10] [--concurrency 1,8,16] [--systems a,b,c,d,e]
+  serving: a/c=<x.xx> a/b=<x.xx> a/d=<x.xx> p99_c/p99_a=<x.xx> e/a=<x.xx> p50_added_ms=<x.xx> g/direct=<x.xx>
+  g_p50_added_ms=<x.xx>
+Run: .venv/bin/python bench/serving.py [--duration 10] [--concurrency 1,8,16] [--systems a,b,c,d,e,g]
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ MODEL_NAME = "orientation"
 INPUT_NAME, OUTPUT_NAME = "x", "fetch_name_0"
 ITEM_SHAPE = (3, 224, 224)
 INPUT_SEED = 20240601
-TARGETS = {"a/c": 2.5, "a/b": 1.3, "a/d": 0.8, "p99_c/p99_a": 2.5, "e/a": 0.85}
+TARGETS = {"a/c": 2.5, "a/b": 1.3, "a/d": 0.8, "p99_c/p99_a": 2.5, "e/a": 0.85, "g/direct": 0.9}
 #: Most milliseconds the gateway may add to the median latency of (a) at the top concurrency.
 P50_ADDED_TARGET_MS = 2.0
 # Upper bound on everything one measurement point may take beyond its warm-up + duration, in seconds.
@@ -83,6 +90,8 @@ SERVER_START_TIMEOUT_S = 90.0
 #: Environment variable that hands the gateway token (e) to the client processes (not on their command line).
 TOKEN_VARIABLE = "CONCH_BENCH_TOKEN"
 GATEWAY_PATH = f"/serve/bench/{MODEL_NAME}/v2/models/{MODEL_NAME}/infer"
+#: The deployment (g)'s gRPC calls name in their `conch-deployment` metadata.
+GATEWAY_DEPLOYMENT = f"bench/{MODEL_NAME}"
 
 
 # --- settings of the systems ------------------------------------------------------------------------------------
@@ -320,6 +329,73 @@ def run_client(port: int, path: str, concurrency: int, warmup_s: float, duration
             reader.close()
             sock.close()
 
+    _drive(worker, concurrency, connected, clock, warmup_s, duration_s, latencies, errors, first_output)
+
+
+def run_grpc_client(port: int, deployment: str, concurrency: int, warmup_s: float, duration_s: float) -> None:
+    """`run_client` over KServe v2 gRPC with NVIDIA's tritonclient.grpc: `concurrency` closed-loop clients, each
+    its own `InferenceServerClient`, the same image as a raw FP32 input, the output asked for as raw bytes. With
+    `deployment` ("team/name"), every call carries the token (TOKEN_VARIABLE) and `conch-deployment: <deployment>`
+    as metadata (the gateway, g); without, none (Triton direct). Prints the same lines as `run_client`.
+    """
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    token = os.environ.get(TOKEN_VARIABLE, "")
+    metadata = {"authorization": f"Bearer {token}", "conch-deployment": deployment} if deployment else None
+    image = sample_input(1)
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors: list[str] = []
+    first_output: list[list[float]] = []
+    connected = threading.Barrier(concurrency + 1)
+    clock = {"start": 0.0, "stop": 0.0}
+
+    def worker(index: int) -> None:
+        mine = latencies[index]
+        client = grpcclient.InferenceServerClient(f"{HOST}:{port}")
+        tensor = grpcclient.InferInput(INPUT_NAME, list(image.shape), "FP32")
+        tensor.set_data_from_numpy(image)
+        outputs = [grpcclient.InferRequestedOutput(OUTPUT_NAME)]
+        try:
+            client.infer(MODEL_NAME, [tensor], outputs=outputs, headers=metadata, client_timeout=60)
+        except InferenceServerException as exc:
+            errors.append(f"first call: {exc}")
+            connected.abort()
+            client.close()
+            return
+        connected.wait()
+        try:
+            while True:
+                sent = time.perf_counter()
+                if sent >= clock["stop"]:
+                    break
+                result = client.infer(MODEL_NAME, [tensor], outputs=outputs, headers=metadata, client_timeout=60)
+                done = time.perf_counter()
+                if not first_output:
+                    first_output.append(result.as_numpy(OUTPUT_NAME).ravel().tolist())
+                if clock["start"] <= done <= clock["stop"]:
+                    mine.append(done - sent)
+        except InferenceServerException as exc:
+            errors.append(f"{exc.status()}: {exc.message()}")
+        finally:
+            client.close()
+
+    _drive(worker, concurrency, connected, clock, warmup_s, duration_s, latencies, errors, first_output)
+
+
+def _drive(
+    worker: Callable[[int], None],
+    concurrency: int,
+    connected: threading.Barrier,
+    clock: dict[str, float],
+    warmup_s: float,
+    duration_s: float,
+    latencies: list[list[float]],
+    errors: list[str],
+    first_output: list[list[float]],
+) -> None:
+    """Start `concurrency` threads of `worker`, open the window once all are connected, print the window markers
+    and then the results as one JSON line (see `run_client`)."""
     threads = [threading.Thread(target=worker, args=(index,), daemon=True) for index in range(concurrency)]
     now = time.perf_counter()
     # Far-future bounds until every connection is open, so the windows start together.
@@ -581,11 +657,14 @@ def measure_clients(
     plan: Plan,
     server_pid: int,
     on_window: Callable[[str], None] | None = None,
+    protocol: str = "http",
 ) -> Point:
     """Run one closed-loop client process against a server and return the measured point.
 
     CPU use of the server tree, the client and the rest of the machine is sampled over the same window, in cores;
     `on_window("window-start")` / `on_window("window-end")` run at the window's edges (e.g. to read server metrics).
+    `protocol` "grpc": the client speaks KServe v2 gRPC (`run_grpc_client`; `path` is then the deployment named in
+    the metadata, "" for none).
     Raises SystemExit when the client reports errors, no completions, or an output that differs from onnxruntime's.
     """
     warmup_s, duration_s, expected = plan.warmup_s, plan.duration_s, plan.expected
@@ -603,6 +682,8 @@ def measure_clients(
             str(warmup_s),
             "--duration",
             str(duration_s),
+            "--protocol",
+            protocol,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -870,15 +951,17 @@ def register_gateway_deployment(process, repository: Path) -> str:
     return issued.secret
 
 
-def start_gateway(work: Path) -> tuple[subprocess.Popen, int]:
-    """Start Conch's inference gateway (`python -m conch.gateway`) on a free port against the bench database."""
+def start_gateway(work: Path) -> tuple[subprocess.Popen, int, int]:
+    """Start Conch's inference gateway (`python -m conch.gateway`) on free ports against the bench database; return
+    (process, HTTP port, gRPC port)."""
     from tritonserving import server as triton_server
 
-    (port,) = triton_server.allocate_ports(1)
+    port, grpc_port = triton_server.allocate_ports(2)
     env = {
         **os.environ,
         "DATABASE_URL": bench_database_url(),
         "CONCH_GATEWAY_BIND": f"{HOST}:{port}",
+        "CONCH_GATEWAY_GRPC_BIND": f"{HOST}:{grpc_port}",
         "CONCH_GATEWAY_REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
     }
     log = (work / "logs" / "gateway.log").open("wb")
@@ -898,7 +981,7 @@ def start_gateway(work: Path) -> tuple[subprocess.Popen, int]:
             with socket.create_connection((HOST, port), timeout=1) as sock:
                 sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
                 if sock.recv(64).startswith(b"HTTP/1.1 200"):
-                    return process, port
+                    return process, port, grpc_port
         except OSError:
             pass
         time.sleep(0.2)
@@ -960,7 +1043,11 @@ def measure_server(server: Server, concurrency: int, plan: Plan) -> Point:
         if server.metrics_url is not None:
             counters[marker] = triton_counters(TritonClient.fetch_metrics_text(server.metrics_url, timeout_s=10))
 
-    path = GATEWAY_PATH if server.system == "e" else f"/v2/models/{MODEL_NAME}/infer"
+    protocol = "grpc" if server.system in ("g", "gd") else "http"
+    if protocol == "grpc":
+        path = GATEWAY_DEPLOYMENT if server.system == "g" else ""
+    else:
+        path = GATEWAY_PATH if server.system == "e" else f"/v2/models/{MODEL_NAME}/infer"
     backend: dict[str, float] = {}
 
     def sample_all(marker: str) -> None:
@@ -968,7 +1055,9 @@ def measure_server(server: Server, concurrency: int, plan: Plan) -> Point:
         if server.backend_pid is not None:
             backend[marker] = tree_cpu_seconds(server.backend_pid)
 
-    point = measure_clients(server.system, "", server.port, path, concurrency, plan, server.pid, sample_all)
+    point = measure_clients(
+        server.system, "", server.port, path, concurrency, plan, server.pid, sample_all, protocol=protocol
+    )
     if len(counters) == 2:
         point.note = describe_counters(counters["window-start"], counters["window-end"])
     if len(backend) == 2:
@@ -1059,6 +1148,8 @@ SYSTEM_NAMES = {
     "b": "(b) conch triton, no batching",
     "c": "(c) python http + onnxruntime",
     "e": "(e) (a) through conch's gateway, token",
+    "gd": "(g) direct: (a) over grpc, tritonclient",
+    "g": "(g) (a) through conch's grpc gateway, token",
 }
 
 
@@ -1093,7 +1184,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds measured per point (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each point")
     parser.add_argument("--concurrency", default="1,8,16", help="closed-loop client counts, e.g. 1,8,16")
-    parser.add_argument("--systems", default="a,b,c,d,e", help="which of a,b,c,d,e to measure")
+    parser.add_argument(
+        "--systems", default="a,b,c,d,e,g", help="which of a,b,c,d,e,g to measure (g: gRPC direct and through Conch)"
+    )
     parser.add_argument(
         "--quiet-wait",
         type=float,
@@ -1118,6 +1211,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--role", choices=["main", "client", "baseline"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -1126,7 +1220,10 @@ def main() -> None:
     args = parse_arguments()
     cpus = len(os.sched_getaffinity(0))
     if args.role == "client":
-        run_client(args.port, args.path, int(args.concurrency), args.warmup, args.duration)
+        if args.protocol == "grpc":
+            run_grpc_client(args.port, args.path, int(args.concurrency), args.warmup, args.duration)
+        else:
+            run_client(args.port, args.path, int(args.concurrency), args.warmup, args.duration)
         return
     chosen_baseline = default_baseline_settings(cpus)
     baseline = BaselineSettings(
@@ -1214,15 +1311,19 @@ def main() -> None:
                 baseline_process, port = start_baseline(model, baseline)
                 servers["c"] = Server("c", port, baseline_process.pid)
             for system, batching in (("b", False), ("a", True)):
-                if system in systems or (system == "a" and "e" in systems):
+                if system in systems or (system == "a" and systems & {"e", "g"}):
                     process = start_triton(system, work, repository, conch, batching)
                     tritons.append((system, process))
                     if system in systems:
                         servers[system] = Server(system, process.http_port, process.pid, process.metrics_url)
-                    if system == "a" and "e" in systems:
+                    if system == "a" and systems & {"e", "g"}:
                         os.environ[TOKEN_VARIABLE] = register_gateway_deployment(process, repository)
-                        gateway_process, port = start_gateway(work)
-                        servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url, process.pid)
+                        gateway_process, port, grpc_port = start_gateway(work)
+                        if "e" in systems:
+                            servers["e"] = Server("e", port, gateway_process.pid, process.metrics_url, process.pid)
+                        if "g" in systems:
+                            servers["gd"] = Server("gd", process.grpc_port, process.pid, process.metrics_url)
+                            servers["g"] = Server("g", grpc_port, gateway_process.pid, process.metrics_url, process.pid)
 
             layouts = inprocess_layouts(model, cpus) if "d" in systems else []
             for label, sessions in layouts:
@@ -1241,7 +1342,7 @@ def main() -> None:
             # The machine's speed drifts over minutes (a shared VM): measuring the systems back to back at each
             # concurrency keeps the ratios between points taken close together in time.
             for concurrency in concurrencies:
-                for system in ("c", "b", "a", "e"):
+                for system in ("c", "b", "a", "e", "gd", "g"):
                     if system in servers:
                         server = servers[system]
                         points.append(
@@ -1268,14 +1369,14 @@ def main() -> None:
                 for line in [line for line in logged if "WARNING" in line or "ERROR" in line][-10:]:
                     print(f"(e) gateway log: {line[:400]}", file=sys.stderr)
 
-    order = {"d": 0, "c": 1, "b": 2, "a": 3, "e": 4}
+    order = {"d": 0, "c": 1, "b": 2, "a": 3, "e": 4, "gd": 5, "g": 6}
     print_table(sorted(points, key=lambda p: (order[p.system], p.concurrency if p.system != "d" else 0)))
 
     def at(system: str) -> Point | None:
         return next((p for p in points if p.system == system and p.concurrency == ratio_at), None)
 
     nan = float("nan")
-    a, b, c, e = at("a"), at("b"), at("c"), at("e")
+    a, b, c, e, g, g_direct = at("a"), at("b"), at("c"), at("e"), at("g"), at("gd")
     # The limit is the better of the sweep's best and its re-run next to the concurrency-16 points.
     d = max((p for p in (d_best, d_again) if p is not None), key=lambda p: p.throughput, default=None)
     ratios = {
@@ -1284,8 +1385,10 @@ def main() -> None:
         "a/d": a.throughput / d.throughput if a and d else nan,
         "p99_c/p99_a": c.p99_ms / a.p99_ms if a and c else nan,
         "e/a": e.throughput / a.throughput if a and e else nan,
+        "g/direct": g.throughput / g_direct.throughput if g and g_direct else nan,
     }
     p50_added_ms = e.p50_ms - a.p50_ms if a and e else nan
+    g_p50_added_ms = g.p50_ms - g_direct.p50_ms if g and g_direct else nan
     print()
     if d is not None:
         print(f"(d) limit: {d.label}: {d.throughput:.1f} inferences/s")
@@ -1314,13 +1417,15 @@ def main() -> None:
     for name, value in ratios.items():
         verdict = "n/a" if value != value else ("met" if value >= TARGETS[name] else "MISSED")
         print(f"  {name:<12} {ratio_text(value):>6}   target >= {TARGETS[name]:<4}  {verdict}")
-    verdict = "n/a" if p50_added_ms != p50_added_ms else ("met" if p50_added_ms <= P50_ADDED_TARGET_MS else "MISSED")
-    print(f"  {'p50_added_ms':<12} {ratio_text(p50_added_ms):>6}   target <= {P50_ADDED_TARGET_MS:<4}  {verdict}")
+    for name, added in (("p50_added_ms", p50_added_ms), ("g_p50_added_ms", g_p50_added_ms)):
+        verdict = "n/a" if added != added else ("met" if added <= P50_ADDED_TARGET_MS else "MISSED")
+        print(f"  {name:<12} {ratio_text(added):>6}   target <= {P50_ADDED_TARGET_MS:<4}  {verdict}")
     print(f"total time {time.monotonic() - started:.0f} s, load average now {os.getloadavg()[0]:.2f}")
     print(
         f"serving: a/c={ratio_text(ratios['a/c'])} a/b={ratio_text(ratios['a/b'])} "
         f"a/d={ratio_text(ratios['a/d'])} p99_c/p99_a={ratio_text(ratios['p99_c/p99_a'])} "
-        f"e/a={ratio_text(ratios['e/a'])} p50_added_ms={ratio_text(p50_added_ms)}"
+        f"e/a={ratio_text(ratios['e/a'])} p50_added_ms={ratio_text(p50_added_ms)} "
+        f"g/direct={ratio_text(ratios['g/direct'])} g_p50_added_ms={ratio_text(g_p50_added_ms)}"
     )
 
 

@@ -3,7 +3,7 @@
 Serves `deployments.api.gateway.GatewayApp` (KServe v2 REST) on CONCH_GATEWAY_BIND (127.0.0.1:8001 by default)
 and, on the same event loop with the same routes, rate limits and usage meter, the KServe v2 gRPC service
 (`deployments.api.grpc_gateway`) on CONCH_GATEWAY_GRPC_BIND (127.0.0.1:8002 by default; empty: none), with
-CONCH_GATEWAY_WORKERS processes (their gRPC servers share the port: gRPC binds it with SO_REUSEPORT).
+CONCH_GATEWAY_WORKERS processes (with more than one, their gRPC servers share the port through SO_REUSEPORT).
 
 Why a process of its own and not a view of the console's web server (`conch.web`): the console's requests are
 blocking Django views (uploads of GiBs among them), each run in a thread, while the gateway relays many small
@@ -27,7 +27,11 @@ from deployments.api.gateway import GatewayApp  # noqa: E402 - needs Django set 
 
 __all__ = ["application", "main"]
 
-application = GatewayApp(grpc_bind=_settings.CONCH_GATEWAY_GRPC_BIND)
+application = GatewayApp(
+    grpc_bind=_settings.CONCH_GATEWAY_GRPC_BIND,
+    # Several worker processes share the gRPC port (each has its own gRPC server); one binds it alone.
+    grpc_reuse_port=int(os.environ.get("CONCH_GATEWAY_WORKERS", "1")) > 1,
+)
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, When
@@ -316,7 +315,8 @@ def _deployment_page(request: HttpRequest, deployment, *, status: int = 200, err
     version = deployment.model_version
     batch = presenters.max_batch_size_of(deployment.config_pbtxt or version.config_pbtxt)
     tensors = presenters.signature_rows(version.signature, batching=batch > 0)
-    gateway = f"{settings.CONCH_GATEWAY_URL}/serve/{deployment.team.slug}/{deployment.name}"
+    address = deployments.gateway_address(team_slug=deployment.team.slug, name=deployment.name)
+    gateway = address.http
     role = tenancy.role_in_team(user=request.user, team=deployment.team)
     other_versions = (
         registry.visible_versions(user=request.user)
@@ -331,6 +331,8 @@ def _deployment_page(request: HttpRequest, deployment, *, status: int = 200, err
             "deployment": deployment,
             "endpoints": deployments.endpoints(deployment),
             "gateway": gateway,
+            "gateway_grpc": address.grpc,
+            "gateway_grpc_metadata": address.grpc_metadata,
             "curl": presenters.curl_snippet(
                 gateway_url=gateway, model_name=deployment.model_name, inputs=tensors["inputs"]
             ),

@@ -64,11 +64,14 @@ class GatewayApp:
     first request when the server sends no lifespan events) inside the server's event loop. `serving`: the
     process's shared routes, rate limiter, usage meter and server pick (`deployments.services.serving`), given
     when another edge shares it; a new one otherwise. `grpc_bind`: where to serve the gRPC edge
-    (`deployments.api.grpc_gateway`, `host:port`) on the same event loop with the same `serving`; "" for none."""
+    (`deployments.api.grpc_gateway`, `host:port`) on the same event loop with the same `serving`; "" for none.
+    `grpc_reuse_port`: bind it with SO_REUSEPORT, for several gateway processes on one port (never by default: a
+    second installation's gateway on the same port would silently take half of the calls)."""
 
-    def __init__(self, serving: Serving | None = None, *, grpc_bind: str = "") -> None:
+    def __init__(self, serving: Serving | None = None, *, grpc_bind: str = "", grpc_reuse_port: bool = False) -> None:
         self.serving = serving if serving is not None else Serving()
         self.grpc_bind = grpc_bind
+        self.grpc_reuse_port = grpc_reuse_port
         self.grpc: GrpcGateway | None = None
         self._relay: TritonRelay | None = None
         self._shared_memory: SharedMemoryInputs | None = None
@@ -107,7 +110,7 @@ class GatewayApp:
         )
         await self.serving.start()
         if self.grpc_bind:
-            self.grpc = GrpcGateway(self.serving)
+            self.grpc = GrpcGateway(self.serving, reuse_port=self.grpc_reuse_port)
             await self.grpc.start(self.grpc_bind)
 
     async def _stop(self) -> None:

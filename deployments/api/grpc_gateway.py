@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DEPLOYMENT_KEY", "GrpcGateway"]
 
 #: The metadata key naming the deployment a call is for: `<team>/<deployment>`.
-DEPLOYMENT_KEY = "conch-deployment"
+DEPLOYMENT_KEY = rules.GRPC_DEPLOYMENT_KEY
 _DEPLOYMENT = re.compile(r"(?P<team>[-a-z0-9]+)/(?P<deployment>[-a-z0-9]+)")
 
 #: Triton protocol extensions a client can use through the gateway; the server metadata lists only these.
@@ -104,10 +104,12 @@ _Unary = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 
 class GrpcGateway:
     """The gRPC server of the gateway. `serving`: the process's shared routes, rate limiter, usage meter and server
-    pick. `start(bind)` binds and serves on the running event loop; `stop()` ends it."""
+    pick. `start(bind)` binds and serves on the running event loop; `stop()` ends it. `reuse_port`: bind with
+    SO_REUSEPORT (several gateway processes on one port)."""
 
-    def __init__(self, serving: Serving) -> None:
+    def __init__(self, serving: Serving, *, reuse_port: bool = False) -> None:
         self.serving = serving
+        self.reuse_port = reuse_port
         self.port = 0
         self._relay: GrpcRelay | None = None
         self._server: grpc.aio.Server | None = None
@@ -118,7 +120,11 @@ class GrpcGateway:
         limit = settings.CONCH_GATEWAY_MAX_BODY_BYTES
         self._relay = GrpcRelay(max_message_bytes=limit, timeout_s=rules.RELAY_TIMEOUT_S)
         server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", int(self.reuse_port)),
+            ]
         )
         handlers: dict[str, grpc.RpcMethodHandler] = {
             name: grpc.unary_unary_rpc_method_handler(self._unary_handler(name))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from rest_framework import serializers
 
 from deployments.models import Deployment, GatewayUsage
-from deployments.services import effective_settings, endpoints, log_tail
+from deployments.services import effective_settings, endpoints, gateway_address, log_tail
 
 
 class CreateDeploymentSerializer(serializers.Serializer):
@@ -121,14 +120,18 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_endpoints(self, obj: Deployment) -> dict:
         where = endpoints(obj)
+        gateway = gateway_address(team_slug=obj.team.slug, name=obj.name)
         return {
             "http": where.http,
             "grpc": where.grpc,
             "metrics": where.metrics,
             "infer": f"{where.http}/v2/models/{obj.model_name}/infer" if where.http else "",
             # Through Conch's inference gateway, with a token (KServe v2 REST; tritonclient takes it without the
-            # scheme).
-            "gateway": f"{settings.CONCH_GATEWAY_URL}/serve/{obj.team.slug}/{obj.name}",
+            # scheme), and its KServe v2 gRPC service with the metadata each call sends besides the token's
+            # `authorization: Bearer …`.
+            "gateway": gateway.http,
+            "gateway_grpc": gateway.grpc,
+            "gateway_grpc_metadata": dict(gateway.grpc_metadata) if gateway.grpc else {},
         }
 
     def get_replicas(self, obj: Deployment) -> dict | None:

@@ -7,7 +7,7 @@ runtime spawns, stops or waits on a server, or while the network is used.
 """
 
 from deployments.services.clusters import describe_cluster, get_cluster, list_clusters
-from deployments.services.gateway import gateway_usage
+from deployments.services.gateway import gateway_address, gateway_usage
 from deployments.services.inference import infer
 from deployments.services.lifecycle import (
     collect_repository_garbage,
@@ -55,6 +55,7 @@ __all__ = [
     "DeploymentPlan",
     "check_deployment_fits",
     "collect_repository_garbage",
+    "gateway_address",
     "gateway_usage",
     "create_deployment",
     "deployment_events",

@@ -43,11 +43,13 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
 __all__ = [
+    "GatewayAddress",
     "GatewayMethodNotAllowed",
     "Plan",
     "Route",
     "UsageCounts",
     "deployment_route",
+    "gateway_address",
     "gateway_usage",
     "parse_header_length",
     "plan_request",
@@ -127,6 +129,34 @@ class UsageCounts:
         self.errors += other.errors
         self.bytes_in += other.bytes_in
         self.bytes_out += other.bytes_out
+
+
+#: The gRPC metadata key that names the deployment a call is for, as `<team>/<deployment>`.
+GRPC_DEPLOYMENT_KEY = "conch-deployment"
+
+
+@dataclass(frozen=True)
+class GatewayAddress:
+    """Where clients reach one deployment through the gateway, with a token of the `infer` scope.
+
+    `http`: its KServe v2 REST base URL (`…/serve/<team>/<deployment>`; tritonclient.http takes it without the
+    scheme). `grpc`: the gateway's KServe v2 gRPC `host:port` ("" when the gateway serves no gRPC) and
+    `grpc_metadata` the metadata every call sends there besides `authorization: Bearer <token>`.
+    """
+
+    http: str
+    grpc: str
+    grpc_metadata: Mapping[str, str]
+
+
+def gateway_address(*, team_slug: str, name: str) -> GatewayAddress:
+    """The gateway's addresses of deployment `name` of team `team_slug` (CONCH_GATEWAY_URL,
+    CONCH_GATEWAY_GRPC_ADDRESS). Pure: reads settings only."""
+    return GatewayAddress(
+        http=f"{settings.CONCH_GATEWAY_URL}/serve/{team_slug}/{name}",
+        grpc=settings.CONCH_GATEWAY_GRPC_ADDRESS if settings.CONCH_GATEWAY_GRPC_BIND else "",
+        grpc_metadata={GRPC_DEPLOYMENT_KEY: f"{team_slug}/{name}"},
+    )
 
 
 def resolve_route(*, raw_token: str, team_slug: str, name: str) -> Route:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conch_cli import output, tensors
 from conch_cli.errors import CliError, exit_code_for_status
-from conch_cli.main import _size
+from conch_cli.main import _grpc_gateway_line, _size
 from conch_cli.transfer import RateLimit
 
 
@@ -112,3 +112,11 @@ def test_a_text_file_as_an_input_is_said_to_need_numpy_save_naming_the_input(tmp
         f"{notes} is not a .npy file (input 'x'): give an array saved with numpy.save"
     )
     assert "pickle" not in refused.value.detail
+
+
+def test_the_grpc_gateway_line_names_the_address_and_the_metadata_to_send():
+    endpoints = {"gateway_grpc": "127.0.0.1:8002", "gateway_grpc_metadata": {"conch-deployment": "demo/orientation"}}
+    assert _grpc_gateway_line(endpoints) == (
+        "127.0.0.1:8002 (metadata conch-deployment: demo/orientation, authorization: Bearer <token>)"
+    )
+    assert _grpc_gateway_line({"gateway": "http://x"}) == ""  # a server without a gRPC gateway

@@ -7,9 +7,14 @@ could not be seen by the gateway's thread); the module's end flushes the tables 
 
 from __future__ import annotations
 
+import os
 import queue
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -240,3 +245,47 @@ def test_usage_is_counted_per_token_like_http(served):
     assert (row.requests, row.inferences, row.errors) == (4, 6, 1)
     request_bytes = 2 * 4 * 4
     assert row.bytes_in > 3 * request_bytes and row.bytes_out > 3 * request_bytes
+
+
+def test_the_deployment_shows_the_grpc_gateway_and_the_documented_block_works_with_it(served, settings):
+    # given the gateway's gRPC address as the settings tell clients
+    settings.CONCH_GATEWAY_GRPC_ADDRESS = served.gateway.grpc_target
+    shown = served.caller.client.get(f"/api/v1/deployments/{served.deployment.pk}/").json()["endpoints"]
+    assert shown["gateway_grpc"] == served.gateway.grpc_target
+    assert shown["gateway_grpc_metadata"] == {"conch-deployment": "grpc-team/adder"}
+    text = (Path(settings.BASE_DIR) / "docs" / "gateway.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text[text.index("## gRPC") :], re.DOTALL).group(1)
+    # when the tritonclient.grpc block of docs/gateway.md runs as written, with what the deployment shows
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        env={
+            **os.environ,
+            "CONCH_GATEWAY_GRPC": shown["gateway_grpc"],
+            "CONCH_GATEWAY_DEPLOYMENT": shown["gateway_grpc_metadata"]["conch-deployment"],
+            "CONCH_TOKEN": served.caller.token,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # then it is ready and infers
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True", "(1, 4)"]
+
+
+def test_without_a_grpc_bind_the_deployment_shows_no_grpc_gateway(served, settings):
+    settings.CONCH_GATEWAY_GRPC_BIND = ""
+    shown = served.caller.client.get(f"/api/v1/deployments/{served.deployment.pk}/").json()["endpoints"]
+    assert (shown["gateway_grpc"], shown["gateway_grpc_metadata"]) == ("", {})
+
+
+def test_the_console_page_shows_the_grpc_gateway_and_its_metadata(served, client, settings):
+    settings.CONCH_GATEWAY_GRPC_ADDRESS = "grpc.example:8002"
+    client.force_login(served.caller.user)
+    page = client.get(f"/deployments/{served.deployment.pk}/")
+    assert page.status_code == 200
+    text = " ".join(re.sub(r"<[^>]+>", " ", page.content.decode()).split())
+    assert (
+        "Inference gateway, gRPC (token) grpc.example:8002 with metadata conch-deployment: grpc-team/adder , "
+        "authorization: Bearer $CONCH_TOKEN"
+    ) in text

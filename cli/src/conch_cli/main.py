@@ -799,6 +799,7 @@ def status(
         ("message", one.get("status_message")),
         ("error", one.get("error")),
         ("gateway", one["endpoints"].get("gateway")),
+        ("gateway grpc", _grpc_gateway_line(one["endpoints"])),
         ("replicas", one.get("replicas")),
         ("update", one.get("update_status")),
     ):
@@ -806,6 +807,15 @@ def status(
             output.line(f"{label}: {value}")
     for pod in one.get("pods") or []:
         output.line(f"pod {pod.get('name')}: {pod.get('phase')} ready={pod.get('ready')} {pod.get('message') or ''}")
+
+
+def _grpc_gateway_line(endpoints: dict) -> str:
+    """`host:port (metadata key: value, …)` of the gateway's gRPC service, "" when the server shows none."""
+    address = endpoints.get("gateway_grpc")
+    if not address:
+        return ""
+    metadata = [f"{key}: {value}" for key, value in (endpoints.get("gateway_grpc_metadata") or {}).items()]
+    return f"{address} (metadata {', '.join([*metadata, 'authorization: Bearer <token>'])})"
 
 
 @app.command(cls=_Command)

@@ -81,6 +81,21 @@ ADMIN = "admin"
 DEMO_TOKEN_NAME = "demo"
 
 
+def _grpc_ready(address: str, metadata: dict[str, str]) -> bool:
+    """Whether the gateway's gRPC service at `address` says the deployment `metadata` names is ready, asked with
+    NVIDIA's tritonclient.grpc as an application would. Raises CommandError when it does not answer."""
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.utils import InferenceServerException
+
+    client = triton_grpc.InferenceServerClient(url=address)
+    try:
+        return bool(client.is_server_ready(headers=metadata, client_timeout=10))
+    except InferenceServerException as exc:
+        raise CommandError(f"the inference gateway's gRPC service at {address} did not answer: {exc}") from None
+    finally:
+        client.close()
+
+
 def _free_port(preferred: int) -> int:
     """Return `preferred` if a server can listen on it, else any free port (0 asks for any)."""
     for port in (preferred, 0):
@@ -220,9 +235,13 @@ class Command(AuditedCommand):
         if gateway_port != port + 1:
             self._say(f"port {port + 1} is in use; the inference gateway uses {gateway_port}")
         gateway_url = f"http://127.0.0.1:{gateway_port}"
-        # The web process shows the gateway's address on each deployment (endpoints.gateway).
+        grpc_port = _free_port(gateway_port + 1)
+        if grpc_port != gateway_port + 1:
+            self._say(f"port {gateway_port + 1} is in use; the inference gateway's gRPC service uses {grpc_port}")
+        # The web process shows the gateway's addresses on each deployment (endpoints.gateway, .gateway_grpc).
         os.environ["CONCH_GATEWAY_BIND"] = f"127.0.0.1:{gateway_port}"
         os.environ["CONCH_GATEWAY_URL"] = gateway_url
+        os.environ["CONCH_GATEWAY_GRPC_BIND"] = os.environ["CONCH_GATEWAY_GRPC_ADDRESS"] = f"127.0.0.1:{grpc_port}"
         self._start_services(port)
         self._wait_http(url, timeout=60)
         self._wait_http(gateway_url, timeout=60)
@@ -240,6 +259,9 @@ class Command(AuditedCommand):
         ready = api.get(f"{gateway}/v2/health/ready", timeout=10)
         self._check(ready, 200)
         self._say(f"gateway: {gateway}/v2/health/ready answers {ready.json()} to the demo token")
+        grpc_address = deployment["endpoints"]["gateway_grpc"]
+        grpc_metadata = {**deployment["endpoints"]["gateway_grpc_metadata"], "authorization": f"Bearer {token}"}
+        self._say(f"gateway gRPC: {grpc_address} answers ready={_grpc_ready(grpc_address, grpc_metadata)}")
         self._say("")
         if password:
             login = f"user {ADMIN}, password {password}"
@@ -255,6 +277,11 @@ class Command(AuditedCommand):
         else:
             self._say(f"Triton:   {deployment['endpoints']['http']}")
         self._say(f"Gateway:  {gateway}  (KServe v2 REST with the token; tritonclient takes it without http://)")
+        named = deployment["endpoints"]["gateway_grpc_metadata"]["conch-deployment"]
+        self._say(
+            f"gRPC:     {grpc_address}  (KServe v2 gRPC; metadata authorization: Bearer $CONCH_TOKEN, "
+            f"conch-deployment: {named})"
+        )
         lines = [
             f"CONCH_URL={url}",
             f"CONCH_TOKEN={token}",
@@ -262,6 +289,8 @@ class Command(AuditedCommand):
             f"CONCH_CONSOLE={url}/",
             # Only while it is the demo's own: a password someone changed is theirs (the sentence above says so).
             *([f"CONCH_ADMIN_PASSWORD={password}"] if password else []),
+            f"CONCH_GATEWAY_GRPC={grpc_address}",
+            f"CONCH_GATEWAY_DEPLOYMENT={named}",
             f"CONCH_GATEWAY={gateway}",
         ]
         shell_file = Path(settings.VAR_DIR) / "demo.env"
