@@ -411,10 +411,11 @@ def test_ctrl_c_stops_everything_and_a_second_demo_reuses_what_the_first_made(de
     try:
         found = again.wait_until_up()
         # then it reuses the token, the admin password, the built version and the deployment
-        # (on the ports free this time: the web's, and the gateway's next to it)
-        moved = ("CONCH_URL", "CONCH_CONSOLE", "CONCH_GATEWAY")
+        # (on the ports free this time: the web's, and the gateway's HTTP and gRPC ones next to it)
+        moved = ("CONCH_URL", "CONCH_CONSOLE", "CONCH_GATEWAY", "CONCH_GATEWAY_GRPC")
         assert found == demo.found | {name: found[name] for name in moved}
         assert found["CONCH_CONSOLE"] == f"{found['CONCH_URL']}/"
+        assert found["CONCH_GATEWAY_GRPC"].startswith("127.0.0.1:")
         assert found["CONCH_GATEWAY"].split("/serve/")[1] == demo.found["CONCH_GATEWAY"].split("/serve/")[1]
         assert next(line for line in again.lines if line.startswith("Console:")) == console.replace(
             demo.found["CONCH_URL"], found["CONCH_URL"]
