@@ -457,7 +457,7 @@ class S3ObjectStore(ObjectStore):
         """Return a buffered stream over GetObject of `key`. Raises NotFound, Unavailable."""
         with self._errors("read", key):
             response = self._client.get_object(Bucket=self.bucket, Key=self._object_key(key))
-        return io.BufferedReader(_S3BodyReader(response["Body"], key), buffer_size=_COPY_BUFFER_BYTES)  # type: ignore[return-value]
+        return io.BufferedReader(_S3BodyReader(response["Body"], key), buffer_size=_COPY_BUFFER_BYTES)
 
     def read_bytes(self, key: str) -> bytes:
         """Return the whole content of object `key`. Raises NotFound, Unavailable."""
@@ -683,9 +683,10 @@ class S3ObjectStore(ObjectStore):
                 if self.exists(key):
                     return
                 raise NotFound(f"Upload {upload_id} is no longer in the object store.", field="upload_id") from exc
-            code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+            error = exc.response.get("Error", {}) if isinstance(exc, ClientError) else {}
+            code = error.get("Code")
             if code in ("EntityTooSmall", "InvalidPart", "InvalidPartOrder"):
-                message = exc.response.get("Error", {}).get("Message", "")
+                message = error.get("Message", "")
                 raise InvalidInput(
                     f"The object store refused the parts ({code}: {message}); every part but the last must be at "
                     "least 5 MiB. Start a new upload with a larger part size.",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import current_app
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -144,18 +144,18 @@ def _check_parts(upload: Upload, parts: list[StoredPart], client_parts: Sequence
                 field="parts",
             )
     for given in client_parts or ():
-        number: object = given.get("number")
+        named: object = given.get("number")
         etag = str(given.get("etag") or "")
-        if not isinstance(number, int) or not 1 <= number <= upload.part_count:
+        if not isinstance(named, int) or not 1 <= named <= upload.part_count:
             raise InvalidInput(
-                f"parts names part {number!r}, which this upload does not have: its parts are 1 to "
+                f"parts names part {named!r}, which this upload does not have: its parts are 1 to "
                 f"{upload.part_count}. Send the numbers and ETags of those parts, or no `parts` at all.",
                 field="parts",
             )
-        stored = by_number.get(number)
+        stored = by_number.get(named)
         if stored is not None and etag and etag.strip('"') != stored.etag.strip('"'):
             raise Conflict(
-                f"Part {number} in the object store has ETag {stored.etag}, not {etag}: another copy of the part "
+                f"Part {named} in the object store has ETag {stored.etag}, not {etag}: another copy of the part "
                 "arrived last. Send it again, then complete again.",
                 field="parts",
             )
@@ -163,7 +163,7 @@ def _check_parts(upload: Upload, parts: list[StoredPart], client_parts: Sequence
 
 def request_completion(
     *,
-    user: AbstractBaseUser,
+    user: User,
     upload: Upload,
     client_parts: Sequence[dict[str, Any]] | None = None,
     sha256: str | None = None,
@@ -229,7 +229,7 @@ def request_completion(
 
 def complete_resumable_upload(
     *,
-    user: AbstractBaseUser,
+    user: User,
     upload: Upload,
     client_parts: Sequence[dict[str, Any]] | None = None,
     sha256: str | None = None,

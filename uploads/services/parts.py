@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from conch.errors import Conflict, InvalidInput, NotFound
@@ -30,6 +30,9 @@ from tenancy.choices import Role, Scope
 from tenancy.services import TokenGrant, require_role
 from uploads.choices import UploadStatus, UploadTransport
 from uploads.models import Upload
+
+if TYPE_CHECKING:
+    from tenancy.models import Team
 
 #: Part size when the client names none: few enough requests (64 for 1 GiB), little to resend after a dropped
 #: connection. bench/upload.py on moto: the worker's CompleteMultipartUpload was fastest with 16 MiB parts (3-5 s
@@ -76,7 +79,7 @@ def upload_expiry() -> datetime:
     return timezone.now() + timedelta(hours=settings.CONCH_UPLOAD_EXPIRES_HOURS)
 
 
-def require_upload_writer(*, user: AbstractBaseUser, token: TokenGrant | None, team: Any, action: str) -> None:
+def require_upload_writer(*, user: User, token: TokenGrant | None, team: Team, action: str) -> None:
     """Raise Forbidden unless the caller may upload to `team` (role developer, token scope `models:write`)."""
     require_role(user=user, team=team, role=Role.DEVELOPER, action=action, token=token, scope=Scope.MODELS_WRITE)
 
@@ -172,7 +175,7 @@ def part_checksums(upload: Upload, numbers: Sequence[int], checksums: Mapping[st
 
 def sign_parts(
     *,
-    user: AbstractBaseUser,
+    user: User,
     upload: Upload,
     numbers: Sequence[int],
     checksums: Mapping[str, Any] | None = None,
@@ -229,7 +232,7 @@ def conch_part_headers(upload: Upload, number: int, checksums: Mapping[str, Any]
 
 def receive_part(
     *,
-    user: AbstractBaseUser,
+    user: User,
     upload: Upload,
     number: int,
     stream: BinaryIO,

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
@@ -76,15 +76,13 @@ def upload_key(*, model_id: int, upload_id: uuid.UUID | str) -> str:
 # --- reading ---------------------------------------------------------------------------------
 
 
-def visible_uploads(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Upload]:
+def visible_uploads(*, user: User, token: TokenGrant | None = None) -> QuerySet[Upload]:
     """Uploads of models of the caller's teams (of the token's team, for a team-bound token)."""
     teams = teams_for_user(user=user, token=token)
     return Upload.objects.filter(model__team__in=teams).select_related("model__team")
 
 
-def get_upload(
-    *, user: AbstractBaseUser, model_id: int, upload_id: str | uuid.UUID, token: TokenGrant | None = None
-) -> Upload:
+def get_upload(*, user: User, model_id: int, upload_id: str | uuid.UUID, token: TokenGrant | None = None) -> Upload:
     """Return upload `upload_id` of model `model_id` if the caller may see it. Raises NotFound."""
     try:
         key = uuid.UUID(str(upload_id))
@@ -136,7 +134,7 @@ def check_sha256(sha256: str | None, *, required: bool) -> str:
 
 def start_resumable_upload(
     *,
-    user: AbstractBaseUser,
+    user: User,
     model: RegisteredModel,
     filename: str,
     size_bytes: int,
@@ -192,7 +190,7 @@ def start_resumable_upload(
 
 def start_upload(
     *,
-    user: AbstractBaseUser,
+    user: User,
     model: RegisteredModel,
     filename: str,
     size_bytes: int,
@@ -386,7 +384,7 @@ def end_upload(upload_id: Any, status: str, *, error: str = "", field: str = "",
 # --- aborting and sweeping ---------------------------------------------------------------------------
 
 
-def abort_upload(*, user: AbstractBaseUser, upload: Upload, token: TokenGrant | None = None) -> None:
+def abort_upload(*, user: User, upload: Upload, token: TokenGrant | None = None) -> None:
     """Abort an `uploading` upload: the store drops its parts, the quota reservation ends.
 
     An upload already aborted or failed is left as it is (no error). Raises Forbidden, Conflict (field
