@@ -40,6 +40,8 @@ from uploads.services.sessions import (
 )
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -104,11 +106,11 @@ def wait_for_check(*, upload: Upload, wait_s: float) -> Upload:
     return upload
 
 
-def _still_completing(upload_id: Any) -> bool:
+def _still_completing(upload_id: uuid.UUID) -> bool:
     return Upload.objects.filter(pk=upload_id).values_list("status", flat=True).first() == UploadStatus.COMPLETING
 
 
-def _listen_for_check_end(db: Any, upload_id: Any, timeout_s: float) -> None:
+def _listen_for_check_end(db: BaseDatabaseWrapper, upload_id: uuid.UUID, timeout_s: float) -> None:
     """Wait up to `timeout_s` seconds for the NOTIFY that ends the upload's check, on a new connection made with the
     request's own database settings (a LISTEN inside the request's transaction would hear nothing until it ends)."""
     listener = db.get_new_connection(db.get_connection_params())
