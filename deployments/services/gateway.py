@@ -40,7 +40,7 @@ from tenancy.choices import Role, Scope
 from tenancy.services import TokenGrant, authenticate_token, get_team_for_user, require_role
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
 __all__ = [
     "GatewayAddress",
@@ -330,7 +330,7 @@ def record_gateway_usage(*, counts: Mapping[tuple[int, int, int, dt.date], Usage
 
 def gateway_usage(
     *,
-    user: AbstractBaseUser,
+    user: User,
     team_slug: str,
     token: TokenGrant | None = None,
     since: dt.date | None = None,

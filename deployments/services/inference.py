@@ -41,7 +41,7 @@ from tritonserving.client import InferenceResponse, TritonUnavailable, TritonUnr
 from tritonserving.relay import TritonRelay, infer_body
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def inference_edge() -> InferenceEdge:
 
 def infer(
     *,
-    user: AbstractBaseUser,
+    user: User,
     deployment: Deployment,
     body: bytes,
     header_length: int | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import transaction
@@ -56,7 +57,7 @@ def deployment_spec(deployment: Deployment) -> DeploymentSpec:
         environment=store.triton_environment(),
         team=deployment.team.slug,
         name=deployment.name,
-        cluster=deployment.cluster.name if deployment.cluster_id else "",
+        cluster=deployment.cluster.name if deployment.cluster is not None else "",
         replicas=deployment.replicas,
         autoscaling=deployment.autoscaling,
         gpu=deployment.gpu,
@@ -137,8 +138,11 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         if deployment.runtime_state != state or deployment.desired_state != DesiredState.RUNNING:
             return deployment.status
         # Ready after a failure (a restart): a recovery, recorded in the history next to that failure.
-        recovering = deployment.failed_at is not None and (
-            deployment.ready_at is None or deployment.failed_at > deployment.ready_at
+        failed_at = deployment.failed_at
+        recovered_from = (
+            failed_at
+            if failed_at is not None and (deployment.ready_at is None or failed_at > deployment.ready_at)
+            else None
         )
         deployment.status = DeploymentStatus.READY
         deployment.ready_at = timezone.now()
@@ -149,12 +153,12 @@ def ensure_deployment_started(*, deployment_id: int) -> str:
         deployment.save(
             update_fields=["status", "ready_at", "permanent_failure", "error", "status_message", "updated_at"]
         )
-        if recovering:
+        if recovered_from is not None:
             record_audit(
                 action=AuditAction.DEPLOYMENT_RECOVERED,
                 team=deployment.team,
                 target=deployment,
-                before={"status": DeploymentStatus.FAILED, "failed_at": deployment.failed_at.isoformat()},
+                before={"status": DeploymentStatus.FAILED, "failed_at": recovered_from.isoformat()},
                 after={"status": DeploymentStatus.READY, "restart_count": deployment.restart_count},
             )
     log.info("deployment.ready", extra={"deployment_id": deployment_id})
@@ -366,8 +370,8 @@ def reconcile_deployments() -> dict[str, int]:
         action = _reconcile_one(deployment, runtime, now)
         if action:
             counts[action] += 1
-    for name, deployments in observed.items():
-        for action in _reconcile_observed(get_runtime(name), deployments, now):
+    for name, watched in observed.items():
+        for action in _reconcile_observed(get_runtime(name), watched, now):
             counts[action] += 1
     for name in ENABLED_RUNTIMES:
         runtime, states = get_runtime(name), running_states.get(name, [])
@@ -460,6 +464,15 @@ def _reconcile_one(deployment: Deployment, runtime: Runtime, now: datetime) -> s
     return None
 
 
+class ObservedWorkload(TypedDict):
+    """What reconcile last observed of a deployment whose runtime it observes (Kubernetes), as stored in
+    `Deployment.observed`: `replicas` {"desired", "ready"} pod counts (None when the runtime gives none) and `pods`,
+    each pod's state as the runtime reports it (`Observation.pods`: name, ready, ...)."""
+
+    replicas: dict[str, int] | None
+    pods: list[dict[str, Any]]
+
+
 #: Our status for each phase a runtime observed (UNKNOWN and ABSENT are handled apart).
 _STATUS_OF_PHASE = {
     Phase.READY: DeploymentStatus.READY,
@@ -497,7 +510,7 @@ def _reconcile_observed(runtime: Runtime, deployments: list[Deployment], now: da
                 Deployment.objects.filter(pk=deployment.pk).update(status_message=observation.message)
             continue
         status = _STATUS_OF_PHASE[observation.phase]
-        seen = {
+        seen: ObservedWorkload = {
             "replicas": {"desired": observation.replicas[0], "ready": observation.replicas[1]}
             if observation.replicas
             else None,
@@ -542,7 +555,7 @@ _OBSERVED_STATUS_ACTIONS = {
 }
 
 
-def _audit_observed_status(deployment: Deployment, status: str, message: str) -> None:
+def _audit_observed_status(deployment: Deployment, status: DeploymentStatus, message: str) -> None:
     action = _OBSERVED_STATUS_ACTIONS.get(status)
     if action is None and status == DeploymentStatus.READY and deployment.status in _OBSERVED_STATUS_ACTIONS:
         action = AuditAction.DEPLOYMENT_RECOVERED

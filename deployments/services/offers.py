@@ -22,7 +22,7 @@ from tenancy.quotas import FIELDS, team_usage
 from tenancy.services import TokenGrant, get_team_for_user
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
 __all__ = ["deployment_offers"]
 
@@ -32,7 +32,7 @@ _RUNTIME_LABELS = {
 }
 
 
-def deployment_offers(*, user: AbstractBaseUser, team_slug: str, token: TokenGrant | None = None) -> dict[str, Any]:
+def deployment_offers(*, user: User, team_slug: str, token: TokenGrant | None = None) -> dict[str, Any]:
     """What `team_slug`'s deploy form offers, for a caller who may see the team (NotFound otherwise).
 
     Returns {"runtimes": [{"name", "label", "available", "reason"}], "clusters": [describe_cluster(...) each: name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from django.conf import settings
 
@@ -25,10 +25,38 @@ from deployments.runtimes.local import local_gpu_count
 from deployments.services.clusters import cluster_gpu_offers
 from deployments.services.requests import PlacementRequest
 
-__all__ = ["Placement", "check_instance_kind", "check_placement", "parse_placement", "parse_scaling"]
+__all__ = [
+    "AutoscalingSpec",
+    "GpuSpec",
+    "Placement",
+    "check_instance_kind",
+    "check_placement",
+    "parse_placement",
+    "parse_scaling",
+]
 
 _AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_queue_time_us", "target_cpu_percent")
 _GPU_KEYS = ("count", "product", "mig_profile")
+
+
+class AutoscalingSpec(TypedDict):
+    """Parsed autoscaling bounds (stored as `Deployment.autoscaling`): pods between `min_replicas` and
+    `max_replicas`, and exactly one target, `target_queue_time_us` (microseconds of queue time per request) or
+    `target_cpu_percent` (percent of the CPU request). The keyword arguments of `manifests.Autoscaling`."""
+
+    min_replicas: int
+    max_replicas: int
+    target_queue_time_us: NotRequired[int]
+    target_cpu_percent: NotRequired[int]
+
+
+class GpuSpec(TypedDict, total=False):
+    """Parsed GPUs per pod (stored as `Deployment.gpu`): `count` whole GPUs, of `product` when given (a
+    `nvidia.com/gpu.product` label value), or one MIG slice `mig_profile` alone ("1g.10gb")."""
+
+    count: int
+    product: str
+    mig_profile: str
 
 
 @dataclass(frozen=True)
@@ -38,10 +66,17 @@ class Placement:
 
     cluster: Cluster | None = None
     replicas: int = 1
-    autoscaling: dict[str, int] | None = None
-    gpu: dict[str, Any] | None = None
+    autoscaling: AutoscalingSpec | None = None
+    gpu: GpuSpec | None = None
     cpu: str = ""
     memory: str = ""
+
+    def require_cluster(self) -> Cluster:
+        """The cluster of a kubernetes placement. Raises ValueError for a placement without one (a local
+        deployment's), which no kubernetes code path should be handed."""
+        if self.cluster is None:
+            raise ValueError("This placement names no cluster; only a kubernetes placement has one.")
+        return self.cluster
 
 
 def _whole(value: Any, field: str, *, low: int, high: int) -> int:
@@ -72,7 +107,7 @@ def _mapping(value: Any, field: str, keys: tuple[str, ...]) -> Mapping[str, Any]
     return value
 
 
-def parse_scaling(*, replicas: Any, autoscaling: Any) -> tuple[int, dict[str, int] | None]:
+def parse_scaling(*, replicas: Any, autoscaling: Any) -> tuple[int, AutoscalingSpec | None]:
     """Fixed `replicas` (0..CONCH_KUBERNETES_MAX_REPLICAS) or `autoscaling` bounds, not both; returns (replicas,
     autoscaling or None). With neither, 1 replica."""
     most = settings.CONCH_KUBERNETES_MAX_REPLICAS
@@ -91,7 +126,7 @@ def parse_scaling(*, replicas: Any, autoscaling: Any) -> tuple[int, dict[str, in
             f"autoscaling.min_replicas ({low}) must not exceed autoscaling.max_replicas ({high}).",
             field="autoscaling.min_replicas",
         )
-    parsed = {"min_replicas": low, "max_replicas": high}
+    parsed: AutoscalingSpec = {"min_replicas": low, "max_replicas": high}
     if raw.get("target_cpu_percent") is not None:
         parsed["target_cpu_percent"] = _whole(
             raw["target_cpu_percent"], "autoscaling.target_cpu_percent", low=1, high=1000
@@ -113,7 +148,7 @@ def parse_scaling(*, replicas: Any, autoscaling: Any) -> tuple[int, dict[str, in
     return parsed["min_replicas"], parsed
 
 
-def _parse_gpu(gpu: Any) -> dict[str, Any] | None:
+def _parse_gpu(gpu: Any) -> GpuSpec | None:
     if gpu is None:
         return None
     raw = _mapping(gpu, "gpu", _GPU_KEYS)
@@ -133,7 +168,7 @@ def _parse_gpu(gpu: Any) -> dict[str, Any] | None:
             "GPU, ask for a MIG slice with gpu.mig_profile.",
             field="gpu.count",
         )
-    parsed: dict[str, Any] = {"count": _whole(count, "gpu.count", low=1, high=16)}
+    parsed: GpuSpec = {"count": _whole(count, "gpu.count", low=1, high=16)}
     product = raw.get("product")
     if product is not None:
         if not isinstance(product, str) or not product or len(product) > 63:
@@ -204,6 +239,8 @@ def parse_placement(request: PlacementRequest) -> Placement:
     placement, refusals = check_placement(request)
     if refusals:
         raise refusals[0]
+    if placement is None:
+        raise ValueError("check_placement returned neither a placement nor a refusal.")
     return placement
 
 
@@ -249,7 +286,7 @@ def check_placement(request: PlacementRequest) -> tuple[Placement | None, list[C
 
 def _check_manifests(placement: Placement) -> None:
     """Build the placement's manifests as the runtime will (raises InvalidInput naming the field)."""
-    found, scaling = placement.cluster, placement.autoscaling
+    found, scaling = placement.require_cluster(), placement.autoscaling
     request = _gpu_request(placement.gpu)
     # The rules the manifests will apply, checked now (quantities, MIG profile names, autoscaling bounds).
     trial = manifests.TritonPodSpec(

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.db.models import Count, Sum
+from django.db.models import Count, QuerySet, Sum
 
 from deployments.choices import DeploymentStatus, RuntimeName
 from deployments.models import Deployment
 from tenancy.quotas import register_usage_counter
 from tritonserving.config import ModelConfig, config_from_pbtxt
+
+if TYPE_CHECKING:
+    from tenancy.models import Team
 
 
 def gpu_request(
@@ -46,7 +49,7 @@ def instance_request(config: ModelConfig) -> int:
     return sum(group.count or 1 for group in config.instance_group) or 1
 
 
-def _active(team_ids: Sequence[int]):
+def _active(team_ids: Sequence[int]) -> QuerySet[Deployment]:
     return Deployment.objects.filter(team_id__in=team_ids).exclude(status=DeploymentStatus.STOPPED).order_by()
 
 
@@ -87,19 +90,19 @@ def count_teams_repository_bytes(team_ids: Sequence[int]) -> dict[int, dict[str,
     return {team_id: {"bytes of storage": total or 0} for team_id, total in rows}
 
 
-def count_team_repository_bytes(team: Any) -> dict[str, int]:
+def count_team_repository_bytes(team: Team) -> dict[str, int]:
     return count_teams_repository_bytes([team.pk]).get(team.pk, {"bytes of storage": 0})
 
 
-def count_team_deployments(team: Any) -> dict[str, int]:
+def count_team_deployments(team: Team) -> dict[str, int]:
     return count_teams_deployments([team.pk]).get(team.pk, {"deployments": 0})
 
 
-def count_team_instances(team: Any) -> dict[str, int]:
+def count_team_instances(team: Team) -> dict[str, int]:
     return count_teams_instances([team.pk]).get(team.pk, {"model instances": 0})
 
 
-def count_team_gpus(team: Any) -> dict[str, int]:
+def count_team_gpus(team: Team) -> dict[str, int]:
     return count_teams_gpus([team.pk]).get(team.pk, {})
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
@@ -34,7 +34,7 @@ from tritonserving.config import ModelConfig, config_from_pbtxt, config_to_pbtxt
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
-    from tenancy.models import Team
+    from tenancy.models import AuditEntry, Team
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ ENABLED_RUNTIMES = (RuntimeName.LOCAL, RuntimeName.KUBERNETES)
 # --- queries ---------------------------------------------------------------------
 
 
-def visible_deployments(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[Deployment]:
+def visible_deployments(*, user: User, token: TokenGrant | None = None) -> QuerySet[Deployment]:
     """Deployments of the caller's teams (of the token's team, for a request made with a team-bound token; only
     those it names, for a token limited to named deployments)."""
     teams = teams_for_user(user=user, token=token)
@@ -57,7 +57,7 @@ def visible_deployments(*, user: AbstractBaseUser, token: TokenGrant | None = No
     return deployments
 
 
-def get_deployment(*, user: AbstractBaseUser, deployment_id: int, token: TokenGrant | None = None) -> Deployment:
+def get_deployment(*, user: User, deployment_id: int, token: TokenGrant | None = None) -> Deployment:
     """Return a deployment the caller may see. Raises NotFound."""
     deployment = visible_deployments(user=user, token=token).filter(pk=deployment_id).first()
     if deployment is None:
@@ -67,7 +67,7 @@ def get_deployment(*, user: AbstractBaseUser, deployment_id: int, token: TokenGr
 
 def require_deployment_access(
     *,
-    user: AbstractBaseUser,
+    user: User,
     deployment: Deployment,
     action: str,
     token: TokenGrant | None = None,
@@ -87,7 +87,7 @@ def require_deployment_access(
     )
 
 
-def deployment_events(deployment: Deployment, limit: int = 50) -> list[Any]:
+def deployment_events(deployment: Deployment, limit: int = 50) -> list[AuditEntry]:
     """The deployment's history, newest first: its audit entries (created, scaled, version updates, failed,
     degraded, recovered, restarted, stop requested), at most `limit`; `tenancy.models.AuditEntry` rows. The
     caller has checked that the deployment is visible to whoever sees them (`get_deployment`)."""
@@ -142,7 +142,7 @@ def effective_settings(deployment: Deployment) -> dict[str, Any]:
 
 def create_deployment(
     *,
-    user: AbstractBaseUser,
+    user: User,
     request: DeploymentRequest,
     token: TokenGrant | None = None,
 ) -> Deployment:
@@ -238,7 +238,7 @@ class DeploymentPlan:
 
 def plan_deployment(
     *,
-    user: AbstractBaseUser,
+    user: User,
     request: DeploymentRequest,
     token: TokenGrant | None = None,
 ) -> DeploymentPlan:
@@ -251,6 +251,8 @@ def plan_deployment(
     checked = _check_request(user=user, request=request, token=token)
     if checked.refusals:
         raise checked.refusals[0]
+    if checked.plan is None:
+        raise ValueError("_check_request returned neither a plan nor a refusal.")
     return checked.plan
 
 
@@ -268,7 +270,7 @@ class _CheckedRequest:
 
 def _check_request(
     *,
-    user: AbstractBaseUser,
+    user: User,
     request: DeploymentRequest,
     token: TokenGrant | None,
 ) -> _CheckedRequest:
@@ -311,7 +313,7 @@ def _check_request(
             refusals,
             pod_repository_location,
             get_object_store().triton_repository_location("check"),
-            placement.cluster.s3_endpoint,
+            placement.require_cluster().s3_endpoint,
         )
     _, version = attempt(
         refusals, version_for_deployment, user=user, model_version_id=request.model_version_id, token=token
@@ -385,6 +387,8 @@ def _check_request(
         requested["storage_bytes"] = repository_bytes or 0
     plan = None
     if not refusals:
+        if placement is None:
+            raise ValueError("A deployment request with no refusal has a placement.")
         plan = DeploymentPlan(
             team=team,
             version=version,
@@ -398,9 +402,7 @@ def _check_request(
     return _CheckedRequest(plan=plan, team=team, requested=requested, refusals=refusals)
 
 
-def check_deployment_fits(
-    *, user: AbstractBaseUser, request: DeploymentRequest, token: TokenGrant | None = None
-) -> dict[str, Any]:
+def check_deployment_fits(*, user: User, request: DeploymentRequest, token: TokenGrant | None = None) -> dict[str, Any]:
     """Say whether a deployment would be accepted now, by the same checks as `create_deployment`, writing nothing,
     naming every refusal at once.
 
@@ -426,10 +428,10 @@ def check_deployment_fits(
             )
     if refusals:
         raise refuse_all(refusals)
-    return {"requested": checked.plan.requested}
+    return {"requested": checked.requested}
 
 
-def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: TokenGrant | None = None) -> Deployment:
+def request_stop(*, user: User, deployment: Deployment, token: TokenGrant | None = None) -> Deployment:
     """Ask for a deployment to stop; a task ends its Triton and frees its ports.
 
     Needs the developer role in its team (and, with a token, `deployments:write`): Forbidden otherwise.
@@ -455,9 +457,7 @@ def request_stop(*, user: AbstractBaseUser, deployment: Deployment, token: Token
     return deployment
 
 
-def version_for_deployment(
-    *, user: AbstractBaseUser, model_version_id: Any, token: TokenGrant | None = None
-) -> ModelVersion:
+def version_for_deployment(*, user: User, model_version_id: Any, token: TokenGrant | None = None) -> ModelVersion:
     """The model version `model_version_id` names (an id, as JSON or text), when the caller may see it.
 
     Raises InvalidInput (not an id) or NotFound (no such version in the caller's teams), field `model_version`.
@@ -485,7 +485,7 @@ def _queue_start(deployment_id: int) -> None:
 
 def rescale_deployment(
     *,
-    user: AbstractBaseUser,
+    user: User,
     deployment: Deployment,
     replicas: Any = None,
     autoscaling: Any = None,

@@ -232,7 +232,8 @@ class RateLimiter:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for token in keys:
                     key = f"conch:gateway:rate:{settings.CONCH_INSTANCE_ID}:{token}:{window}"
-                    pipe.incrby(key, pending[token]).expire(key, 120)
+                    pipe.incrby(key, pending[token])
+                    pipe.expire(key, 120)
                 answers = await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - any Redis trouble: count locally, and say so
             if window == self._window:

@@ -24,7 +24,7 @@ from deployments.services.inference import infer
 from tenancy.services import TokenGrant
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
     from deployments.models import Deployment
 
@@ -217,7 +217,7 @@ class TrialResult:
 
 def run_trial_inference(
     *,
-    user: AbstractBaseUser,
+    user: User,
     deployment: Deployment,
     token: TokenGrant | None = None,
     request_json: str | None = None,

@@ -41,7 +41,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -102,7 +102,7 @@ SERVING = (DeploymentStatus.READY, DeploymentStatus.DEGRADED)
 
 
 def update_deployment(
-    *, user: AbstractBaseUser, deployment: Deployment, changes: Mapping[str, Any], token: TokenGrant | None = None
+    *, user: User, deployment: Deployment, changes: Mapping[str, Any], token: TokenGrant | None = None
 ) -> Deployment:
     """Apply a partial update of a deployment (`changes`: field name -> new value); returns the deployment.
 
@@ -135,7 +135,7 @@ def update_deployment(
 
 
 def update_model_version(
-    *, user: AbstractBaseUser, deployment: Deployment, model_version_id: Any, token: TokenGrant | None = None
+    *, user: User, deployment: Deployment, model_version_id: Any, token: TokenGrant | None = None
 ) -> Deployment:
     """Ask for `deployment` to serve another built version of its model, without a restart; returns it.
 
@@ -179,11 +179,12 @@ def update_model_version(
                 f"Model version {version.pk} is '{version.status}'; only a built version can be served.",
                 field="model_version",
             )
+        target = deployment.target_model_version
         if deployment.update_status in UPDATES_IN_PROGRESS:
+            toward = f" to version {target.number}" if target is not None else ""
             raise Conflict(
-                f"Deployment '{deployment.name}' is already being updated to version "
-                f"{deployment.target_model_version.number}; wait until its update_status is no longer "
-                f"'{deployment.update_status}'.",
+                f"Deployment '{deployment.name}' is already being updated{toward}; wait until its update_status "
+                f"is no longer '{deployment.update_status}'.",
                 field="model_version",
             )
         if version.pk == current.pk:
@@ -279,7 +280,8 @@ def ensure_model_version_updated(*, deployment_id: int) -> str:
             .select_related("model_version__model", "target_model_version")
             .get(pk=deployment_id)
         )
-        if deployment.update_status not in UPDATES_IN_PROGRESS or deployment.target_model_version is None:
+        target = deployment.target_model_version
+        if deployment.update_status not in UPDATES_IN_PROGRESS or target is None:
             return deployment.update_status
         if deployment.update_status == UpdateStatus.UPDATING and not update_is_stale(deployment):
             return deployment.update_status
@@ -290,15 +292,17 @@ def ensure_model_version_updated(*, deployment_id: int) -> str:
         deployment.update_heartbeat_at = timezone.now()
         deployment.save(update_fields=["update_status", "update_heartbeat_at", "updated_at"])
     try:
-        return _run_update(deployment)
+        return _run_update(deployment, target)
     except Exception as exc:
         # The task's edge: an update must not stay 'updating' for a failure this module did not foresee.
         _record_update_failure(deployment_id, f"The update stopped on an unexpected error: {exc}")
         raise
 
 
-def _run_update(deployment: Deployment) -> str:
-    old, new = deployment.model_version, deployment.target_model_version
+def _run_update(deployment: Deployment, new: ModelVersion) -> str:
+    """Move the deployment's servers from the version they serve to `new`, its `target_model_version` (read
+    under the lock by `ensure_model_version_updated`). Returns the final `update_status`."""
+    old = deployment.model_version
     name = deployment.model_name
     old_config = served_config(deployment)
     try:
