@@ -663,13 +663,22 @@ def record_build_result(
     return True
 
 
-def record_build_artifacts(*, version_id: int, **fields: Any) -> None:
-    """Store what a build step produced (`signature`, `config_pbtxt`)."""
-    allowed = {"signature", "config_pbtxt"}
-    unknown = set(fields) - allowed
-    if unknown:
-        raise ValueError(f"unknown build artifacts: {sorted(unknown)}")
-    ModelVersion.objects.filter(pk=version_id).update(**fields)
+def record_build_artifacts(
+    *, version_id: int, signature: dict[str, Any] | None = None, config_pbtxt: str | None = None
+) -> None:
+    """Store what a build step produced on the version; an argument left as None is not written.
+
+    `signature` is the inspected model's signature as `ModelSignature.to_dict()` returns it
+    (inputs/outputs with name, datatype, dims); `config_pbtxt` is the generated Triton model
+    configuration text. A version id that matches no row writes nothing.
+    """
+    fields: dict[str, Any] = {}
+    if signature is not None:
+        fields["signature"] = signature
+    if config_pbtxt is not None:
+        fields["config_pbtxt"] = config_pbtxt
+    if fields:
+        ModelVersion.objects.filter(pk=version_id).update(**fields)
 
 
 def claim_build(*, version_id: int, attempt: int, stale_before: datetime | None = None) -> ModelVersion | None:
