@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
@@ -102,18 +102,18 @@ def repository_prefix(*, model_id: int, number: int, attempt: int = 1) -> str:
     return f"{repositories_root(model_id=model_id, number=number)}/attempt-{attempt}"
 
 
-def visible_models(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[RegisteredModel]:
+def visible_models(*, user: User, token: TokenGrant | None = None) -> QuerySet[RegisteredModel]:
     """Models of the caller's teams (of the token's team, for a request made with a team-bound token)."""
     return RegisteredModel.objects.filter(team__in=teams_for_user(user=user, token=token)).select_related("team")
 
 
-def visible_versions(*, user: AbstractBaseUser, token: TokenGrant | None = None) -> QuerySet[ModelVersion]:
+def visible_versions(*, user: User, token: TokenGrant | None = None) -> QuerySet[ModelVersion]:
     """Versions of models of the caller's teams."""
     teams = teams_for_user(user=user, token=token)
     return ModelVersion.objects.filter(model__team__in=teams).select_related("model__team")
 
 
-def get_model(*, user: AbstractBaseUser, model_id: int, token: TokenGrant | None = None) -> RegisteredModel:
+def get_model(*, user: User, model_id: int, token: TokenGrant | None = None) -> RegisteredModel:
     """Return a model the caller may see. Raises NotFound."""
     model = visible_models(user=user, token=token).filter(pk=model_id).first()
     if model is None:
@@ -121,7 +121,7 @@ def get_model(*, user: AbstractBaseUser, model_id: int, token: TokenGrant | None
     return model
 
 
-def get_version(*, user: AbstractBaseUser, version_id: int, token: TokenGrant | None = None) -> ModelVersion:
+def get_version(*, user: User, version_id: int, token: TokenGrant | None = None) -> ModelVersion:
     """Return a version the caller may see. Raises NotFound."""
     version = visible_versions(user=user, token=token).filter(pk=version_id).first()
     if version is None:
@@ -144,9 +144,7 @@ def open_version_source(*, version: ModelVersion) -> BinaryIO:
     return store.open_reader(version.source_key)
 
 
-def create_model(
-    *, user: AbstractBaseUser, team_slug: str, name: str, token: TokenGrant | None = None
-) -> RegisteredModel:
+def create_model(*, user: User, team_slug: str, name: str, token: TokenGrant | None = None) -> RegisteredModel:
     """Register a model name in a team (the developer role and, with a token, the `models:write` scope).
 
     The name is also the Triton model name and part of Kubernetes object names, so it must be
@@ -169,7 +167,7 @@ def create_model(
         raise Conflict(f"Team '{team.slug}' already has a model named '{name}'.", field="name") from None
 
 
-def reserve_version(*, model: RegisteredModel, user: AbstractBaseUser, token: TokenGrant | None = None) -> ModelVersion:
+def reserve_version(*, model: RegisteredModel, user: User, token: TokenGrant | None = None) -> ModelVersion:
     """Allocate the next version number of `model` (1, 2, 3…; never one a deleted version had) and its source key.
 
     Uploading needs the developer role in the model's team and, with a token, the `models:write` scope
@@ -219,7 +217,7 @@ def create_uploaded_version(
     size_bytes: int,
     sha256: str,
     build_options: dict[str, Any],
-    created_by: AbstractBaseUser | None,
+    created_by: User | None,
     upload_id: str,
 ) -> ModelVersion:
     """Make the model's next version from a file already in the store (a resumable upload's joined object), `queued`
@@ -472,13 +470,14 @@ def complete_upload(
         # The model first (as reserve_version locks it), so that duplicate checks of one model take turns.
         RegisteredModel.objects.select_for_update().filter(pk=version.model_id).first()
         locked = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team")
-        version = locked.filter(pk=version.pk).first()
-        if version is None or version.status != VersionStatus.UPLOADING:
+        current = locked.filter(pk=version.pk).first()
+        if current is None or current.status != VersionStatus.UPLOADING:
             raise Conflict(
                 "This upload was given up because no bytes arrived for too long (CONCH_UPLOAD_STALE_SECONDS); "
                 "upload the file again.",
                 field="file",
             )
+        version = current
         refuse_duplicate_version(
             model=version.model,
             sha256=stored.sha256_hex,
@@ -663,13 +662,22 @@ def record_build_result(
     return True
 
 
-def record_build_artifacts(*, version_id: int, **fields: Any) -> None:
-    """Store what a build step produced (`signature`, `config_pbtxt`)."""
-    allowed = {"signature", "config_pbtxt"}
-    unknown = set(fields) - allowed
-    if unknown:
-        raise ValueError(f"unknown build artifacts: {sorted(unknown)}")
-    ModelVersion.objects.filter(pk=version_id).update(**fields)
+def record_build_artifacts(
+    *, version_id: int, signature: dict[str, Any] | None = None, config_pbtxt: str | None = None
+) -> None:
+    """Store what a build step produced on the version; an argument left as None is not written.
+
+    `signature` is the inspected model's signature as `ModelSignature.to_dict()` returns it
+    (inputs/outputs with name, datatype, dims); `config_pbtxt` is the generated Triton model
+    configuration text. A version id that matches no row writes nothing.
+    """
+    fields: dict[str, Any] = {}
+    if signature is not None:
+        fields["signature"] = signature
+    if config_pbtxt is not None:
+        fields["config_pbtxt"] = config_pbtxt
+    if fields:
+        ModelVersion.objects.filter(pk=version_id).update(**fields)
 
 
 def claim_build(*, version_id: int, attempt: int, stale_before: datetime | None = None) -> ModelVersion | None:

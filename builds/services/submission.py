@@ -23,7 +23,7 @@ from tenancy.choices import Role, Scope
 from tenancy.services import TokenGrant, require_role
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
     from models_registry.models import ModelVersion
 
@@ -82,7 +82,7 @@ def submit_upload(
 
 def request_rebuild(
     *,
-    user: AbstractBaseUser,
+    user: User,
     version: ModelVersion,
     sample_inputs: StoredObject | None = None,
     sample_values: Any = None,
@@ -124,7 +124,8 @@ def request_rebuild(
             first = check.errors[0]
             raise InvalidInput(first["detail"], field=first["field"])
         build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
-        build_options.update(check.options.to_dict())
+        if check.options is not None:  # set whenever check.ok
+            build_options.update(check.options.to_dict())
     previous = build_options.get("samples") or {}
     samples = _accept_samples(store, version, previous, sample_inputs, sample_values, move=False)
     build_options.pop("samples", None)
