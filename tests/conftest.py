@@ -108,6 +108,27 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # collected in an xdist worker
+        _suffix_group_ids(items)
+
+
+def _suffix_group_ids(items: list[pytest.Item]) -> None:
+    """Give each item marked `xdist_group` the id `<nodeid>@<group>` that `--dist loadgroup` schedules by.
+
+    pytest-xdist 3.8.0 writes that suffix into `item._nodeid`, which pytest 9 no longer reads (its node id is
+    `item._id`, a `NodeId`): without this the groups' tests spread over all workers. An id that already ends in
+    its suffix is left alone.
+    """
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        suffix = "@" + "_".join(sorted(names))
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @dataclass
