@@ -920,6 +920,7 @@ def register_gateway_deployment(process, repository: Path) -> str:
     django.setup()
     from django.core.management import call_command
 
+    from builds.models import Build
     from deployments.models import Deployment, GatewayUsage
     from deployments.runtimes.local import LocalServerState
     from models_registry.models import ModelVersion, RegisteredModel
@@ -936,7 +937,8 @@ def register_gateway_deployment(process, repository: Path) -> str:
     ApiToken.objects.filter(team=team).delete()
     config = (repository / MODEL_NAME / "config.pbtxt").read_text()
     model = RegisteredModel.objects.create(team=team, name=MODEL_NAME)
-    version = ModelVersion.objects.create(model=model, number=1, status="built", config_pbtxt=config)
+    version = ModelVersion.objects.create(model=model, number=1, status="built")
+    Build.objects.create(version=version, attempt=1, status="succeeded", config_pbtxt=config, worker="bench")
     Deployment.objects.create(
         team=team,
         name=MODEL_NAME,

@@ -19,3 +19,21 @@ class StepStatus(models.TextChoices):
 
 
 STEP_ORDER = [StepName.INSPECT, StepName.CONFIGURE, StepName.WRITE_REPOSITORY, StepName.VERIFY]
+
+
+class BuildStatus(models.TextChoices):
+    """Where one build attempt stands (`builds.models.Build.status`)."""
+
+    # Waiting for a worker to claim it; `building` once one has.
+    QUEUED = "queued", "Queued"
+    BUILDING = "building", "Building"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    # Its worker stopped mid-build (no heartbeat): the next attempt took over.
+    LOST = "lost", "Lost"
+    # A rebuild started before it finished (it had stalled); what it records is ignored.
+    SUPERSEDED = "superseded", "Superseded"
+
+
+#: Statuses of an attempt that is not over: a worker has it, or will.
+OPEN_BUILD_STATUSES = (BuildStatus.QUEUED, BuildStatus.BUILDING)

@@ -1,16 +1,66 @@
-"""Build steps of a model version, each with its status and log lines."""
+"""Build attempts of a model version, their steps (each with its status and log lines) and the repositories they
+wrote."""
 
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
-from builds.choices import StepName, StepStatus
+from builds.choices import BuildStatus, StepName, StepStatus
+
+
+class Build(models.Model):
+    """One build attempt of a model version: numbered 1, 2, 3… per version, never reused, never rewritten by another.
+
+    A version's history is its attempts. The version's current build is its highest attempt; the build it serves
+    is its latest `succeeded` one (`repository_prefix`: `<prefix>/<model name>/config.pbtxt`,
+    `<prefix>/<model name>/<number>/model.onnx`). `options` are the build options this attempt used
+    (`builds.model_config.parse_build_options` reads them; "samples" describes stored sample inputs).
+
+    `heartbeat_at` is the last sign of life: while `queued`, when it was queued (or sent again); while
+    `building`, the worker's last heartbeat; once over, when it ended. The sweeper
+    (`builds.services.sweep_stalled_versions`) acts on open attempts whose heartbeat is too old.
+    `lost_attempts` counts the attempts lost in a row just before this one (their worker stopped mid-build,
+    status `lost`); a user's build or rebuild starts again from 0. An attempt the sweeper failed because its worker
+    stopped once too often counts itself too (CONCH_BUILD_MAX_ATTEMPTS). `worker` names the Celery worker that claimed
+    it (host and process id). `config_pbtxt` is the Triton model configuration its configure step generated (and
+    verify may have corrected); `error`/`error_field` say why it failed.
+    """
+
+    version = models.ForeignKey("models_registry.ModelVersion", on_delete=models.CASCADE, related_name="builds")
+    attempt = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=BuildStatus.choices, default=BuildStatus.QUEUED)
+    options = models.JSONField(default=dict, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    lost_attempts = models.PositiveSmallIntegerField(default=0)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    repository_prefix = models.CharField(max_length=500, blank=True)
+    config_pbtxt = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    error_field = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        ordering = ["version_id", "attempt"]
+        constraints = [models.UniqueConstraint(fields=["version", "attempt"], name="build_unique_version_attempt")]
+        # The sweeper's query: attempts in one status whose heartbeat is older than a bound.
+        indexes = [models.Index(fields=["status", "heartbeat_at"], name="build_status_heartbeat")]
+
+    def __str__(self) -> str:
+        return f"{self.version} attempt {self.attempt}: {self.status}"
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a worker has this attempt or will (`queued` or `building`)."""
+        return self.status in (BuildStatus.QUEUED, BuildStatus.BUILDING)
 
 
 class BuildStep(models.Model):
-    """One step of the latest build of a version; a rebuild resets the four rows in place."""
+    """One of the four steps of a build attempt (inspect, configure, write repository, verify) and its log."""
 
-    version = models.ForeignKey("models_registry.ModelVersion", on_delete=models.CASCADE, related_name="build_steps")
+    build = models.ForeignKey(Build, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=32, choices=StepName.choices)
     position = models.PositiveSmallIntegerField()
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
@@ -19,11 +69,11 @@ class BuildStep(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["version_id", "position"]
-        constraints = [models.UniqueConstraint(fields=["version", "name"], name="buildstep_unique_version_name")]
+        ordering = ["build_id", "position"]
+        constraints = [models.UniqueConstraint(fields=["build", "name"], name="buildstep_unique_build_name")]
 
     def __str__(self) -> str:
-        return f"{self.version} {self.name}: {self.status}"
+        return f"{self.build} {self.name}: {self.status}"
 
 
 class BuildRepository(models.Model):

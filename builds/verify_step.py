@@ -43,14 +43,13 @@ from builds.verification import (
     read_sample_arrays,
 )
 from conch.errors import InvalidInput
-from models_registry import services as registry
 from models_registry.storage import ObjectStore
 from tritonserving.client import TritonRequestError
 from tritonserving.config import ModelConfig, config_to_pbtxt
 from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
 
 if TYPE_CHECKING:
-    from models_registry.models import ModelVersion
+    from builds.models import Build
 
 __all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "sample_limits", "verify_build"]
 
@@ -110,7 +109,8 @@ def describe_batching_plan(signature: ModelSignature, options: BuildOptions, con
 
 def verify_build(
     *,
-    version: ModelVersion,
+    build: Build,
+    record_config: Callable[[str], None],
     store: ObjectStore,
     prefix: str,
     config: ModelConfig,
@@ -120,7 +120,10 @@ def verify_build(
     scratch: Callable[[], ScratchServer | VerifyServer],
     source_file: Path,
 ) -> ModelConfig:
-    """Run the verify step on the repository the build wrote under `prefix`; return the configuration it keeps.
+    """Run the verify step of `build` on the repository it wrote under `prefix`; return the configuration it keeps.
+
+    `record_config` is called with the configuration text each time verify rewrites config.pbtxt (the pipeline
+    records it on the build).
 
     Batching configurations are proven first (Triton "Dynamic Batcher" joins requests along axis 0): two
     different samples run alone and joined on axis 0, on one scratch server, and the joined run must give each
@@ -141,8 +144,9 @@ def verify_build(
     Raises InvalidInput / VerificationError for a model that fails verification (naming the tensor, what was sent
     and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
     """
-    samples = load_samples(store, version.build_options or {})
-    run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{version.build_attempt}")
+    version = build.version
+    samples = load_samples(store, build.options or {})
+    run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{build.attempt}")
 
     model_key = f"{prefix}/{config.name}/{version.number}/model.onnx"
     # The outputs the repository's model file redeclares now (the write step packaged it for `config`).
@@ -165,7 +169,7 @@ def verify_build(
                 say(line)
         pbtxt = config_to_pbtxt(new_config)
         store.put_bytes(f"{prefix}/{new_config.name}/config.pbtxt", pbtxt.encode())
-        registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+        record_config(pbtxt)
 
     settle = functools.partial(
         _settle_output_shapes,

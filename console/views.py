@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
+from builds import services as builds
 from conch.errors import ConchError, Conflict, InUse, InvalidInput, NotFound
 from console import presenters
 from console.context import SESSION_TEAM, role_can_write, team_context
@@ -210,11 +211,18 @@ def model_list(request: HttpRequest) -> HttpResponse:
 
 def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = "") -> HttpResponse:
     versions = []
-    for version in registry.visible_versions(user=request.user).filter(model=model).order_by("-number"):
-        batch = presenters.max_batch_size_of(version.config_pbtxt)
+    listed = builds.with_builds(registry.visible_versions(user=request.user).filter(model=model).order_by("-number"))
+    for version in listed:
+        config_pbtxt = builds.latest_config_pbtxt(version)
+        batch = presenters.max_batch_size_of(config_pbtxt)
+        current = builds.current_build(version)
         versions.append(
             {
                 "row": version,
+                "build": current,
+                "built_at": current.finished_at if current is not None and current.status == "succeeded" else None,
+                "config_pbtxt": config_pbtxt,
+                "history": builds.history(version),
                 "max_batch_size": batch,
                 "tensors": presenters.signature_rows(version.signature, batching=batch > 0),
             }
@@ -313,7 +321,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 
 def _deployment_page(request: HttpRequest, deployment, *, status: int = 200, error: str = "") -> HttpResponse:
     version = deployment.model_version
-    batch = presenters.max_batch_size_of(deployment.config_pbtxt or version.config_pbtxt)
+    batch = presenters.max_batch_size_of(deployment.config_pbtxt or builds.served_config_pbtxt(version))
     tensors = presenters.signature_rows(version.signature, batching=batch > 0)
     address = deployments.gateway_address(team_slug=deployment.team.slug, name=deployment.name)
     gateway = address.http

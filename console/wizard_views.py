@@ -237,9 +237,12 @@ def _open_uploads(model) -> list[dict[str, Any]]:
 
 
 def _build_context(request: HttpRequest, version) -> dict[str, Any]:
-    steps = sorted(version.build_steps.all(), key=lambda step: step.position)
+    current = builds.current_build(version)
+    steps = sorted(current.steps.all(), key=lambda step: step.position) if current is not None else []
     return {
         "version": version,
+        "build": current,
+        "config_pbtxt": builds.latest_config_pbtxt(version),
         "steps": steps,
         "settled": version.status in BUILD_SETTLED,
         "rows": signature_rows(version),
@@ -272,7 +275,7 @@ def build(request: HttpRequest, version_id: int) -> HttpResponse:
         else:
             return redirect("console:wizard:build", version_id=version.pk)
     context = _build_context(request, version)
-    batching_on = not version.config_pbtxt or any(row.batch_axis for row in context["rows"])
+    batching_on = not context["config_pbtxt"] or any(row.batch_axis for row in context["rows"])
     context.update(
         {
             "step": 3,
@@ -309,11 +312,11 @@ def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
     fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
     check = check_build_options(version=version, fields=fields)
     change = ""
-    if check.ok and check.config_pbtxt and version.config_pbtxt:
-        change = diff_configs(
-            version.config_pbtxt, check.config_pbtxt, before_label="as built", after_label="with these options"
-        )
-    return render(request, "console/wizard/_options_check.html", {"check": check, "version": version, "change": change})
+    built = builds.latest_config_pbtxt(version)
+    if check.ok and check.config_pbtxt and built:
+        change = diff_configs(built, check.config_pbtxt, before_label="as built", after_label="with these options")
+    context = {"check": check, "version": version, "change": change, "config_pbtxt": built}
+    return render(request, "console/wizard/_options_check.html", context)
 
 
 # --- 4. deploy -----------------------------------------------------------------------------------------------

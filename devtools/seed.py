@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+from django.utils import timezone
 from onnx import TensorProto, helper
 
+from builds.choices import BuildStatus
 from builds.inspection import inspect_onnx
 from builds.model_config import BuildOptions, build_model_config
+from builds.models import Build
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion, RegisteredModel
 from models_registry.services import repository_prefix, source_key
@@ -59,13 +62,25 @@ def write_built_version(team: Team, name: str, model_file: Path, options: BuildO
     prefix = repository_prefix(model_id=model.pk, number=number)
     store.put_bytes(f"{prefix}/{name}/{number}/model.onnx", data)
     store.put_bytes(f"{prefix}/{name}/config.pbtxt", config_to_pbtxt(config).encode())
-    return ModelVersion.objects.create(
+    version = ModelVersion.objects.create(
         model=model,
         number=number,
         status=VersionStatus.BUILT,
         source_key=source_key(model_id=model.pk, number=number),
         source_size_bytes=len(data),
         signature=signature.to_dict(),
+    )
+    now = timezone.now()
+    Build.objects.create(
+        version=version,
+        attempt=1,
+        status=BuildStatus.SUCCEEDED,
+        options=(options or BuildOptions()).to_dict(),
+        worker="devtools.seed",
+        heartbeat_at=now,
+        started_at=now,
+        finished_at=now,
         config_pbtxt=config_to_pbtxt(config),
         repository_prefix=prefix,
     )
+    return version

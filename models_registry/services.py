@@ -1,10 +1,9 @@
-"""Model registry rules: naming, race-free version numbers, upload bookkeeping, rebuilds, heartbeats.
+"""Model registry rules: naming, race-free version numbers, upload bookkeeping, quotas.
 
-The bytes themselves go through `models_registry.storage` (the object-store adapter);
-builds are run by the `builds` app, which reports back through `record_build_*` here.
-Every status change of a version happens here, under a row lock; the `builds` app's sweeper
-decides when a version has stalled and calls `recover_stalled_build`, `requeue_unclaimed_build`
-and `abort_stale_uploads`.
+The bytes themselves go through `models_registry.storage` (the object-store adapter). A version's builds are the
+`builds` app's (`builds.services.state` changes them, and the version's `status` with them); the upload's part of
+a version's life (`uploading` until `complete_upload` or `create_uploaded_version`, heartbeats, `abort_stale_uploads`)
+happens here, under a row lock.
 """
 
 from __future__ import annotations
@@ -55,20 +54,22 @@ def sample_inputs_key(*, model_id: int, number: int, incoming: bool = False) -> 
 
 def measure_unmeasured_samples(*, limit: int = 100) -> int:
     """Record the size (bytes) of sample inputs stored before Conch counted them in storage: a database from then has
-    `samples_size_bytes` 0 on versions that already had a `.npz` (`build_options["samples"]["key"]`). Each such
+    `samples_size_bytes` 0 on versions that already had a `.npz` (a build's `options["samples"]["key"]`). Each such
     version gets the stored object's size, at most `limit` a call; returns how many were measured. A version whose
     object is gone keeps 0; a store that cannot be reached ends the call (the next one goes on). Run by the builds
     app's periodic sweep, so usage heals by itself after an upgrade."""
     store = get_object_store()
     measured = 0
+    # `builds` is the related name of the builds app's attempts, whose options describe the samples.
     unmeasured = (
-        ModelVersion.objects.filter(samples_size_bytes=0, build_options__samples__has_key="key")
+        ModelVersion.objects.filter(samples_size_bytes=0, builds__options__samples__has_key="key")
         .exclude(status=VersionStatus.DELETING)
-        .values_list("pk", "build_options")[:limit]
+        .values_list("pk", "model_id", "number")
+        .distinct()[:limit]
     )
-    for pk, options in unmeasured:
+    for pk, model_id, number in unmeasured:
         try:
-            size = store.size(options["samples"]["key"])
+            size = store.size(sample_inputs_key(model_id=model_id, number=number))
         except NotFound:
             continue
         except ConchError as error:
@@ -97,7 +98,7 @@ def repository_prefix(*, model_id: int, number: int, attempt: int = 1) -> str:
     """Object-store prefix of the Triton model repository build `attempt` of a version writes.
 
     One prefix per attempt (`.../repository/attempt-<k>`), so a rebuild never rewrites what a running
-    deployment serves; `attempt` is the version's `build_attempt` (1 for its first build).
+    deployment serves; `attempt` is the build's `attempt` (1 for its first build).
     """
     return f"{repositories_root(model_id=model_id, number=number)}/attempt-{attempt}"
 
@@ -216,14 +217,14 @@ def create_uploaded_version(
     filename: str,
     size_bytes: int,
     sha256: str,
-    build_options: dict[str, Any],
     created_by: User | None,
     upload_id: str,
 ) -> ModelVersion:
     """Make the model's next version from a file already in the store (a resumable upload's joined object), `queued`
-    for build attempt 1.
+    for its first build.
 
-    `model` is locked by the caller's transaction (`lock_model`), which also queues the build. `sha256` is the
+    `model` is locked by the caller's transaction (`lock_model`), which also starts and queues the build
+    (`builds.services.start_first_build`). `sha256` is the
     SHA-256 the upload promised, marked unchecked (`source_checked` False): the build hashes the file it downloads
     (`check_version_source`). Audited as created (naming `upload_id`) and uploaded. The storage quota was reserved
     by the upload; the version's bytes count from the same commit that ends the upload's reservation.
@@ -238,8 +239,6 @@ def create_uploaded_version(
         source_size_bytes=size_bytes,
         source_sha256=sha256,
         source_checked=False,
-        build_options=build_options,
-        build_attempt=1,
         heartbeat_at=timezone.now(),
         created_by=created_by,
     )
@@ -253,7 +252,6 @@ def create_uploaded_version(
             "filename": version.source_filename,
             "size_bytes": version.source_size_bytes,
             "sha256": version.source_sha256,
-            "attempt": version.build_attempt,
         },
     )
     return version
@@ -283,7 +281,8 @@ def find_duplicate_version(
     versions = ModelVersion.objects.filter(model_id=model.pk, source_sha256=sha256).exclude(
         status=VersionStatus.DELETING
     )
-    versions = versions.exclude(status=VersionStatus.FAILED, error_field="sha256")
+    # (`builds` is the related name of the builds app's attempts; a mismatch fails one with error_field sha256)
+    versions = versions.exclude(status=VersionStatus.FAILED, builds__error_field="sha256")
     if exclude_id is not None:
         versions = versions.exclude(pk=exclude_id)
     return versions.order_by("number").first()
@@ -450,19 +449,21 @@ def complete_upload(
     allow_duplicate: bool = False,
     samples_size_bytes: int = 0,
 ) -> ModelVersion:
-    """Record a finished upload as `queued` for build attempt 1 (or the next attempt).
+    """Record a finished upload as `queued` for its first build.
 
     A file that already is a live version of the model (its SHA-256) is refused with Duplicate (409, field
     `sha256`, `refuse_duplicate_version`) unless `allow_duplicate`; the check runs under the model's row lock, so
     of two identical uploads finishing at once the first wins. The caller then discards the upload.
 
-    `build_options` are already-validated build options (a plain dict). `samples_size_bytes`: bytes of the sample
+    `build_options` are the already-validated build options sent with it (a plain dict), named in a refusal of a
+    duplicate (the builds app records them on the build). `samples_size_bytes`: bytes of the sample
     inputs stored with the upload (`sample_inputs_key`), 0 without; they count in storage beside the file. The
-    caller queues the build in the same transaction (`builds.services.submit_upload`). Raises InvalidInput naming
-    `file` for an empty file; the caller then discards the upload (`discard_upload`, which deletes the samples
-    too), as it does for any failure while the body is received. Raises Conflict (field `file`) when the sweeper
-    already gave the upload up (no bytes arrived for longer than CONCH_UPLOAD_STALE_SECONDS), QuotaExceeded
-    (field `storage_bytes`) when the file and its sample inputs do not fit in the team's storage quota.
+    caller starts and queues the build in the same transaction (`builds.services.submit_upload`). Raises
+    InvalidInput naming `file` for an empty file; the caller then discards the upload (`discard_upload`, which
+    deletes the samples too), as it does for any failure while the body is received. Raises Conflict (field
+    `file`) when the sweeper already gave the upload up (no bytes arrived for longer than
+    CONCH_UPLOAD_STALE_SECONDS), QuotaExceeded (field `storage_bytes`) when the file and its sample inputs do
+    not fit in the team's storage quota.
     """
     if stored.size_bytes == 0:
         raise InvalidInput("The uploaded file is empty (0 bytes); send the model file in field 'file'.", field="file")
@@ -495,11 +496,8 @@ def complete_upload(
         version.samples_size_bytes = samples_size_bytes
         version.source_sha256 = stored.sha256_hex
         version.source_checked = True  # hashed while the body was streamed to the store
-        version.build_options = build_options
         version.status = VersionStatus.QUEUED
-        version.build_attempt += 1
         version.heartbeat_at = timezone.now()
-        version.lost_attempts = 0
         version.save()
         record_audit(
             action=AuditAction.VERSION_UPLOADED,
@@ -511,7 +509,6 @@ def complete_upload(
                 "filename": version.source_filename,
                 "size_bytes": version.source_size_bytes,
                 "sha256": version.source_sha256,
-                "attempt": version.build_attempt,
             },
         )
     log.info("version.uploaded", extra={"version_id": version.pk, "size_bytes": stored.size_bytes})
@@ -550,261 +547,37 @@ def check_version_source(*, version: ModelVersion, path: Path) -> bool:
     return True
 
 
-def mark_rebuild(
-    *,
-    version: ModelVersion,
-    building_stale_before: datetime | None = None,
-    queued_stale_before: datetime | None = None,
-    build_options: dict[str, Any] | None = None,
-    samples_size_bytes: int | None = None,
-) -> ModelVersion:
-    """Start a new build attempt of a stored version: status `queued`, attempt + 1, error cleared.
-
-    `build_options`, when given, replaces the stored (already validated) build options, e.g. with sample inputs
-    added. `samples_size_bytes`, when given, is the size of new sample inputs that replace the version's (the
-    caller writes them once this returns, in the same transaction): reserved in the team's storage quota in
-    place of the old ones. Raises Conflict while the upload has not finished, or while a build is queued or
-    running, unless that build has stalled: `building` with a heartbeat before `building_stale_before` (its
-    worker stopped), or `queued` since before `queued_stale_before` (its message was lost); QuotaExceeded
-    (field `storage_bytes`) when the new sample inputs do not fit. The caller queues the build in the same
-    transaction.
-    """
-    with transaction.atomic():
-        version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team").get(pk=version.pk)
-        if version.status == VersionStatus.UPLOADING:
-            raise Conflict("The upload of this version has not finished.", field=None)
-        previous = version.status
-        if version.status == VersionStatus.DELETING:
-            raise Conflict("This version is being deleted.", field=None)
-        if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING):
-            bound = building_stale_before if version.status == VersionStatus.BUILDING else queued_stale_before
-            if bound is None or not _heartbeat_before(version, bound):
-                raise Conflict(_still_busy_message(version, bound), field=None)
-            log.warning(
-                "version.rebuild_stalled",
-                extra={"version_id": version.pk, "status": version.status, "attempt": version.build_attempt},
-            )
-        if samples_size_bytes is not None:
-            reserve_quota(
-                team=version.model.team,
-                requested={"storage_bytes": samples_size_bytes},
-                released={"storage_bytes": version.samples_size_bytes},
-                what="these sample inputs",
-            )
-            version.samples_size_bytes = samples_size_bytes
-        version.status = VersionStatus.QUEUED
-        version.error = ""
-        version.error_field = ""
-        version.build_attempt += 1
-        version.heartbeat_at = timezone.now()
-        version.lost_attempts = 0
-        if build_options is not None:
-            version.build_options = build_options
-        version.save()
-        record_audit(
-            action=AuditAction.VERSION_REBUILD_REQUESTED,
-            team=version.model.team,
-            target=version,
-            before={"status": previous},
-            after={"status": version.status, "attempt": version.build_attempt},
-        )
-    return version
+def lock_version(*, version_id: int) -> ModelVersion | None:
+    """Lock a version's row until the caller's transaction ends (select_for_update) and return it with its model and
+    team; None when it is gone. The builds app takes this lock before it changes one of the version's builds, so
+    that a rebuild, a worker's claim, its result, the sweeper and a deletion take turns."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("lock_version must run inside the caller's transaction")
+    locked = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team")
+    return locked.filter(pk=version_id).first()
 
 
-def _heartbeat_before(version: ModelVersion, bound: datetime) -> bool:
-    return version.heartbeat_at is None or version.heartbeat_at < bound
+def set_version_status(*, version_id: int, status: str) -> None:
+    """Set a version's `status` to `status` (a VersionStatus), the builds app's summary of its current build; the
+    caller holds the version's lock (`lock_version`)."""
+    ModelVersion.objects.filter(pk=version_id).update(status=status)
 
 
-def _still_busy_message(version: ModelVersion, bound: datetime | None) -> str:
-    message = f"This version is already {version.status}; wait for its build to finish."
-    if bound is not None:
-        wait_s = (timezone.now() - bound).total_seconds()
-        what = "heartbeat from its worker" if version.status == VersionStatus.BUILDING else "worker claims it"
-        message += f" If no {what} for {wait_s:.0f} s, it has stalled: rebuild is then allowed."
-    return message
+def set_samples_size(*, version_id: int, size_bytes: int) -> None:
+    """Record the size (bytes) of the version's stored sample inputs; the caller reserved it in the team's storage
+    quota under the version's lock."""
+    ModelVersion.objects.filter(pk=version_id).update(samples_size_bytes=size_bytes)
 
 
-def record_build_result(
-    *,
-    version_id: int,
-    attempt: int,
-    succeeded: bool,
-    error: str = "",
-    error_field: str = "",
-    repository_prefix: str = "",
-) -> bool:
-    """Store the outcome of build `attempt`; a stale attempt (a newer rebuild exists) is ignored.
-
-    A success records `repository_prefix` (where that attempt wrote its repository) as the version's
-    current one; a failure keeps the prefix of the latest successful build. Returns whether the result was
-    recorded.
-    """
-    with transaction.atomic():
-        version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team").get(pk=version_id)
-        if version.build_attempt != attempt or version.status not in (VersionStatus.QUEUED, VersionStatus.BUILDING):
-            return False
-        previous = version.status
-        version.status = VersionStatus.BUILT if succeeded else VersionStatus.FAILED
-        version.error = error
-        version.error_field = error_field
-        version.built_at = timezone.now() if succeeded else None
-        if succeeded:
-            version.repository_prefix = repository_prefix
-        version.heartbeat_at = timezone.now()
-        version.save()
-        record_audit(
-            action=AuditAction.BUILD_SUCCEEDED if succeeded else AuditAction.BUILD_FAILED,
-            team=version.model.team,
-            target=version,
-            before={"status": previous},
-            after={"status": version.status, "attempt": attempt, "error": error.splitlines()[0] if error else ""},
-        )
-    return True
+def record_signature(*, version_id: int, signature: dict[str, Any]) -> None:
+    """Store the signature a build inspected in the version's file (`ModelSignature.to_dict()`: inputs and outputs
+    with name, datatype, dims). A version id that matches no row writes nothing."""
+    ModelVersion.objects.filter(pk=version_id).update(signature=signature)
 
 
-def record_build_artifacts(
-    *, version_id: int, signature: dict[str, Any] | None = None, config_pbtxt: str | None = None
-) -> None:
-    """Store what a build step produced on the version; an argument left as None is not written.
-
-    `signature` is the inspected model's signature as `ModelSignature.to_dict()` returns it
-    (inputs/outputs with name, datatype, dims); `config_pbtxt` is the generated Triton model
-    configuration text. A version id that matches no row writes nothing.
-    """
-    fields: dict[str, Any] = {}
-    if signature is not None:
-        fields["signature"] = signature
-    if config_pbtxt is not None:
-        fields["config_pbtxt"] = config_pbtxt
-    if fields:
-        ModelVersion.objects.filter(pk=version_id).update(**fields)
-
-
-def claim_build(*, version_id: int, attempt: int, stale_before: datetime | None = None) -> ModelVersion | None:
-    """Mark build `attempt` of a version as taken by a worker (`building`, heartbeat now) and return it.
-
-    Returns None when the attempt is stale (a newer rebuild exists) or already finished, and when another
-    worker is building it (its heartbeat is at or after `stale_before`): a duplicate message must not run a
-    second build beside the first. A redelivered task claims a `building` attempt whose heartbeat stopped
-    and redoes it (builds are idempotent).
-    """
-    with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
-        if version is None or version.build_attempt != attempt:
-            return None
-        if version.status not in (VersionStatus.QUEUED, VersionStatus.BUILDING):
-            return None
-        if version.status == VersionStatus.BUILDING and stale_before and not _heartbeat_before(version, stale_before):
-            log.warning("build.claim.busy", extra={"version_id": version_id, "attempt": attempt})
-            return None
-        previous = version.status
-        version.status = VersionStatus.BUILDING
-        version.heartbeat_at = timezone.now()
-        version.save(update_fields=["status", "heartbeat_at"])
-        claimed = ModelVersion.objects.select_related("model__team").get(pk=version_id)
-        record_audit(
-            action=AuditAction.BUILD_STARTED,
-            team=claimed.model.team,
-            target=claimed,
-            before={"status": previous},
-            after={"status": claimed.status, "attempt": attempt},
-        )
-    return claimed
-
-
-def record_build_heartbeat(*, version_id: int, attempt: int) -> bool:
-    """Record that the worker running build `attempt` is alive; return False once that attempt is superseded.
-
-    Superseded: a rebuild or the sweeper started a newer attempt, or the attempt finished. The build should
-    then stop; whatever it records is ignored anyway.
-    """
-    updated = ModelVersion.objects.filter(pk=version_id, build_attempt=attempt, status=VersionStatus.BUILDING).update(
-        heartbeat_at=timezone.now()
-    )
-    return updated == 1
-
-
-def release_build(*, version_id: int, attempt: int) -> None:
-    """Put build `attempt` back to `queued` (heartbeat now): it waits for a retry, no worker has it."""
-    ModelVersion.objects.filter(pk=version_id, build_attempt=attempt, status=VersionStatus.BUILDING).update(
-        status=VersionStatus.QUEUED, heartbeat_at=timezone.now()
-    )
-
-
-def stalled_version_ids(*, status: str, stale_before: datetime) -> list[int]:
-    """Ids of versions in `status` whose heartbeat is before `stale_before` (or missing), oldest first."""
-    return list(
-        ModelVersion.objects.filter(status=status)
-        .filter(Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True))
-        .order_by("heartbeat_at", "pk")
-        .values_list("pk", flat=True)
-    )
-
-
-def recover_stalled_build(
-    *, version_id: int, stale_before: datetime, max_attempts: int, error: str
-) -> ModelVersion | None:
-    """Recover a `building` version whose worker stopped (heartbeat before `stale_before`).
-
-    Counts the lost attempt; while fewer than `max_attempts` attempts were lost, starts the next attempt
-    (`queued`, attempt + 1, heartbeat now) for the caller to queue in the same transaction; otherwise marks
-    the version `failed` with `error`. Returns the updated version, or None when it is no longer stalled
-    (it finished, was rebuilt, or its heartbeat came back).
-    """
-    with transaction.atomic():
-        locked = ModelVersion.objects.select_for_update(of=("self",)).select_related("model__team")
-        version = locked.filter(pk=version_id).first()
-        if version is None or version.status != VersionStatus.BUILDING or not _heartbeat_before(version, stale_before):
-            return None
-        version.lost_attempts += 1
-        version.heartbeat_at = timezone.now()
-        if version.lost_attempts >= max_attempts:
-            version.status = VersionStatus.FAILED
-            version.error = error
-            version.error_field = ""
-            version.built_at = None
-        else:
-            version.status = VersionStatus.QUEUED
-            version.build_attempt += 1
-        version.save()
-        failed = version.status == VersionStatus.FAILED
-        record_audit(
-            action=AuditAction.BUILD_FAILED if failed else AuditAction.BUILD_REQUEUED,
-            team=version.model.team,
-            target=version,
-            before={"status": VersionStatus.BUILDING},
-            after={
-                "status": version.status,
-                "attempt": version.build_attempt,
-                "lost_attempts": version.lost_attempts,
-                "error": error.splitlines()[0] if failed else "",
-            },
-        )
-    return version
-
-
-def requeue_unclaimed_build(*, version_id: int, queued_before: datetime) -> ModelVersion | None:
-    """Restart the wait of a version `queued` since before `queued_before` that no worker claimed.
-
-    Its task message was probably lost (kombu's filesystem transport deletes a message when a worker reads
-    it, and a worker killed before claiming it takes it along); the caller sends the same attempt again in
-    the same transaction. If the first message was only slow (a deep queue), whichever arrives second finds
-    the attempt building or done and is skipped (`claim_build`), and the version keeps its place in the queue.
-    Returns the version, or None when it is no longer unclaimed.
-    """
-    with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().filter(pk=version_id).first()
-        if version is None or version.status != VersionStatus.QUEUED or not _heartbeat_before(version, queued_before):
-            return None
-        version.heartbeat_at = timezone.now()
-        version.save(update_fields=["heartbeat_at"])
-    return version
-
-
-def versions_with_builds() -> QuerySet[ModelVersion]:
-    """Versions that were ever queued for a build (so may have repositories in the object store)."""
-    busy = (VersionStatus.UPLOADING, VersionStatus.DELETING)
-    return ModelVersion.objects.filter(build_attempt__gt=0).exclude(status__in=busy).order_by("pk")
+def versions_past_upload() -> QuerySet[ModelVersion]:
+    """Versions whose upload finished and that are not being deleted (queued, building, built or failed)."""
+    return ModelVersion.objects.exclude(status__in=(VersionStatus.UPLOADING, VersionStatus.DELETING))
 
 
 def lock_built_version(*, version_id: int) -> None:

@@ -21,7 +21,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 
 from builds.models import BuildStep
-from builds.services import sweep_stalled_versions
+from builds.services import current_build, sweep_stalled_versions
 from conch.celery import DEFAULT_QUEUE, PERIODIC_QUEUE
 from deployments.models import Deployment
 from deployments.observe import scrape_ready_deployments
@@ -183,7 +183,7 @@ def test_worker_killed_mid_build_is_recovered_by_the_sweeper(alice, settings, tm
         assert response.status_code == 201, response.content
         version_id = response.json()["id"]
         deadline = time.monotonic() + 300
-        while not BuildStep.objects.filter(version_id=version_id, name="verify", status="running").exists():
+        while not BuildStep.objects.filter(build__version_id=version_id, name="verify", status="running").exists():
             assert doomed.poll() is None, (tmp_path / "doomed-worker.log").read_text()
             assert time.monotonic() < deadline, f"verify never started: {(tmp_path / 'doomed-worker.log').read_text()}"
             time.sleep(0.2)
@@ -215,4 +215,4 @@ def test_worker_killed_mid_build_is_recovered_by_the_sweeper(alice, settings, tm
     assert version["status"] == "built", version["error"]
     assert version["repository_prefix"].endswith("/repository/attempt-2")
     row = ModelVersion.objects.get(pk=version_id)
-    assert (row.build_attempt, row.lost_attempts) == (2, 1)
+    assert (current_build(row).attempt, current_build(row).lost_attempts) == (2, 1)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from builds.choices import BuildStatus
 from builds.model_config import (
     DEFAULT_INSTANCE_COUNT,
     DEFAULT_MAX_BATCH_SIZE,
@@ -13,7 +15,8 @@ from builds.model_config import (
     MAX_MAX_BATCH_SIZE,
     MAX_QUEUE_DELAY_MICROSECONDS,
 )
-from builds.models import BuildStep
+from builds.models import Build, BuildStep
+from builds.services import state
 from models_registry.models import ModelVersion
 
 _SAMPLE_INPUTS_HELP = (
@@ -45,6 +48,46 @@ class BuildStepSerializer(serializers.ModelSerializer):
     class Meta:
         model = BuildStep
         fields = ["name", "status", "log", "started_at", "finished_at"]
+
+
+class BuildSerializer(serializers.ModelSerializer):
+    """One build attempt of a version: its number, status, the options it used, the worker that ran it, its times,
+    the repository it wrote, the configuration it generated, its error and its steps with their logs."""
+
+    steps = BuildStepSerializer(many=True, read_only=True)
+    version = serializers.PrimaryKeyRelatedField(read_only=True)
+    lost_attempts = serializers.IntegerField(
+        read_only=True, help_text="Attempts lost in a row just before this one (their worker stopped mid-build)."
+    )
+    worker = serializers.CharField(read_only=True, help_text="The worker that claimed it (host:process id).")
+
+    class Meta:
+        model = Build
+        fields = [
+            "id",
+            "version",
+            "attempt",
+            "status",
+            "options",
+            "worker",
+            "lost_attempts",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "repository_prefix",
+            "config_pbtxt",
+            "error",
+            "error_field",
+            "steps",
+        ]
+
+
+class BuildSummarySerializer(serializers.ModelSerializer):
+    """The current build attempt of a version, without its logs (GET /versions/{id}/builds/ has them all)."""
+
+    class Meta:
+        model = Build
+        fields = ["attempt", "status", "worker", "lost_attempts", "queued_at", "started_at", "finished_at"]
 
 
 class UploadVersionSerializer(serializers.Serializer):
@@ -169,11 +212,27 @@ class RebuildFormScheme(UploadVersionFormScheme):
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
+    """A version and its current build.
+
+    `status` sums the version up (uploading, then its current build's: queued, building, built, failed; or
+    deleting). `error`, `error_field`, `build_options`, `steps` and `build` are the current build attempt's;
+    `config_pbtxt` is the latest configured attempt's; `repository_prefix` and `built_at` are the served build's
+    (the latest that succeeded; empty/null while none did, and `built_at` null while the current attempt is not
+    the one that succeeded). Every attempt: GET /versions/{id}/builds/.
+    """
+
     model = serializers.PrimaryKeyRelatedField(read_only=True)
     model_name = serializers.CharField(source="model.name", read_only=True)
     team = serializers.CharField(source="model.team.slug", read_only=True)
     source = serializers.SerializerMethodField()
-    steps = BuildStepSerializer(source="build_steps", many=True, read_only=True)
+    error = serializers.SerializerMethodField()
+    error_field = serializers.SerializerMethodField()
+    build_options = serializers.SerializerMethodField()
+    config_pbtxt = serializers.SerializerMethodField()
+    repository_prefix = serializers.SerializerMethodField()
+    steps = serializers.SerializerMethodField()
+    built_at = serializers.SerializerMethodField()
+    build = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelVersion
@@ -192,9 +251,45 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "config_pbtxt",
             "repository_prefix",
             "steps",
+            "build",
             "created_at",
             "built_at",
         ]
+
+    def get_error(self, obj: ModelVersion) -> str:
+        build = state.current_build(obj)
+        return build.error if build is not None else ""
+
+    def get_error_field(self, obj: ModelVersion) -> str:
+        build = state.current_build(obj)
+        return build.error_field if build is not None else ""
+
+    def get_build_options(self, obj: ModelVersion) -> dict:
+        return state.current_options(obj)
+
+    def get_config_pbtxt(self, obj: ModelVersion) -> str:
+        return state.latest_config_pbtxt(obj)
+
+    def get_repository_prefix(self, obj: ModelVersion) -> str:
+        served = state.served_build(obj)
+        return served.repository_prefix if served is not None else ""
+
+    @extend_schema_field(BuildStepSerializer(many=True))
+    def get_steps(self, obj: ModelVersion) -> list:
+        build = state.current_build(obj)
+        return BuildStepSerializer(build.steps.all(), many=True).data if build is not None else []
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_built_at(self, obj: ModelVersion) -> str | None:
+        build = state.current_build(obj)
+        if build is None or build.status != BuildStatus.SUCCEEDED or build.finished_at is None:
+            return None
+        return serializers.DateTimeField().to_representation(build.finished_at)
+
+    @extend_schema_field(BuildSummarySerializer(allow_null=True))
+    def get_build(self, obj: ModelVersion) -> dict | None:
+        build = state.current_build(obj)
+        return BuildSummarySerializer(build).data if build is not None else None
 
     def get_source(self, obj: ModelVersion) -> dict:
         return {

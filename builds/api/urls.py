@@ -14,6 +14,7 @@ urlpatterns = [
     re_path(
         r"^versions/(?P<version_id>[0-9]+)/check-options/?$", views.CheckOptionsView.as_view(), name="version-check"
     ),
+    re_path(r"^versions/(?P<version_id>[0-9]+)/builds/?$", views.VersionBuildListView.as_view(), name="version-builds"),
     re_path(r"^versions/(?P<version_id>[0-9]+)/review/?$", views.VersionReviewView.as_view(), name="version-review"),
     *router.urls,
 ]

@@ -22,6 +22,7 @@ from rest_framework.viewsets import GenericViewSet
 from builds import services as builds
 from builds.api.serializers import (
     BuildOptionsSerializer,
+    BuildSerializer,
     ModelVersionSerializer,
     OptionsCheckSerializer,
     RebuildSerializer,
@@ -30,6 +31,7 @@ from builds.api.serializers import (
 )
 from builds.formats import HEAD_BYTES, check_model_filename, check_model_head
 from builds.model_config import OUTPUT_DIMS_FIELD
+from builds.services import state as build_state
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -95,7 +97,7 @@ class ModelVersionListUploadView(APIView):
     def get(self, request: Request, model_id: int) -> Response:
         model = services.get_model(user=request.user, model_id=model_id, token=request.auth)
         versions = services.visible_versions(user=request.user, token=request.auth).filter(model=model)
-        versions = versions.prefetch_related("build_steps").order_by("number")
+        versions = build_state.with_builds(versions.order_by("number"))
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(versions, request, view=self)
         return paginator.get_paginated_response(ModelVersionSerializer(page, many=True).data)
@@ -204,7 +206,7 @@ class ModelVersionViewSet(RetrieveModelMixin, ListModelMixin, GenericViewSet):
 
     def get_queryset(self):
         versions = services.visible_versions(user=self.request.user, token=self.request.auth)
-        return versions.prefetch_related("build_steps").order_by("id")
+        return build_state.with_builds(versions.order_by("id"))
 
     @extend_schema(
         request=None,
@@ -326,8 +328,29 @@ class VersionReviewView(APIView):
                 "status": version.status,
                 "signature": [row.__dict__ for row in signature_rows(version)],
                 "batching_reason": batching_reason(version),
-                "config_pbtxt": version.config_pbtxt,
+                "config_pbtxt": build_state.latest_config_pbtxt(version),
                 "previous_version_number": diff.previous_number,
                 "config_diff": diff.diff,
             }
         )
+
+
+class VersionBuildListView(APIView):
+    """GET every build attempt of a version, newest first, with its steps and logs."""
+
+    pagination_class = BoundedLimitOffsetPagination
+
+    @extend_schema(
+        responses={200: BuildSerializer(many=True), 400: ErrorSerializer, 404: ErrorSerializer},
+        description="The version's build history: every attempt, newest first, a page at a time (`limit`, `offset`), "
+        "each with its status (queued, building, succeeded, failed; `lost` when its worker stopped mid-build and the "
+        "next attempt took over; `superseded` when a rebuild replaced it), the options it used, the worker that ran "
+        "it, its times, the repository it wrote, the configuration it generated, its error and its steps with their "
+        "logs. 404 for a version outside your teams.",
+    )
+    def get(self, request: Request, version_id: int) -> Response:
+        version = services.get_version(user=request.user, version_id=version_id, token=request.auth)
+        attempts = build_state.builds_of(version_id=version.pk).prefetch_related("steps")
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(attempts, request, view=self)
+        return paginator.get_paginated_response(BuildSerializer(page, many=True).data)

@@ -23,7 +23,19 @@ from builds.services.pipeline import (
 )
 from builds.services.recovery import collect_repository_garbage, sweep_stalled_versions
 from builds.services.samples import make_version_sample
-from builds.services.submission import queue_build, request_rebuild, submit_upload
+from builds.services.state import (
+    builds_of,
+    current_build,
+    current_error,
+    current_options,
+    history,
+    latest_config_pbtxt,
+    served_build,
+    served_config_pbtxt,
+    served_repository_prefix,
+    with_builds,
+)
+from builds.services.submission import queue_build, request_rebuild, start_first_build, submit_upload
 from builds.services.verify_servers import (
     SERVER_ID_INFIX_VERIFY,
     stop_verify_servers,
@@ -36,6 +48,16 @@ __all__ = [
     "BuildHeartbeat",
     "BuildSuperseded",
     "StepLog",
+    "builds_of",
+    "current_build",
+    "current_error",
+    "current_options",
+    "history",
+    "latest_config_pbtxt",
+    "served_build",
+    "served_config_pbtxt",
+    "served_repository_prefix",
+    "with_builds",
     "collect_repository_garbage",
     "fail_build_after_retries",
     "make_version_sample",
@@ -43,6 +65,7 @@ __all__ = [
     "request_rebuild",
     "reset_steps",
     "run_build",
+    "start_first_build",
     "stop_verify_servers",
     "stop_warm_verify_server",
     "submit_upload",

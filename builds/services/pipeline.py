@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
@@ -18,17 +17,10 @@ from django.utils import timezone
 
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.model_config import build_model_config, parse_build_options
-from builds.models import BuildStep
+from builds.models import Build, BuildStep
 from builds.packaging import describe_packaging, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
-from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
-from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
-from models_registry import services as registry
-from models_registry.storage import get_object_store
-from tritonserving.config import config_to_pbtxt
-
-if TYPE_CHECKING:
-    from models_registry.models import ModelVersion
+from builds.services import state
 from builds.services.storage import (
     discard_attempt_repositories,
     record_repository_size,
@@ -36,6 +28,11 @@ from builds.services.storage import (
 )
 from builds.services.submission import building_stale_before
 from builds.services.verify_servers import scratch_server
+from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
+from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
+from models_registry import services as registry
+from models_registry.storage import get_object_store
+from tritonserving.config import config_to_pbtxt
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +69,7 @@ class BuildHeartbeat:
         try:
             while not self._stop.wait(self.interval_s):
                 try:
-                    if not registry.record_build_heartbeat(version_id=self.version_id, attempt=self.attempt):
+                    if not state.record_build_heartbeat(version_id=self.version_id, attempt=self.attempt):
                         return
                 except DatabaseError as error:
                     log.warning("build.heartbeat.failed", extra={"version_id": self.version_id, "error": str(error)})
@@ -92,13 +89,14 @@ class StepLog:
         BuildStep.objects.filter(pk=self.step.pk).update(log=self.step.log)
 
 
-def reset_steps(*, version: ModelVersion) -> list[BuildStep]:
-    """Create or reset the four step rows of a version to `pending` (no duplicates)."""
+def reset_steps(*, build: Build) -> list[BuildStep]:
+    """Create or reset the four step rows of a build attempt to `pending` (no duplicates; a redelivered task redoes
+    the same attempt's steps)."""
     steps = []
     with transaction.atomic():
         for position, name in enumerate(STEP_ORDER):
             step, _ = BuildStep.objects.update_or_create(
-                version=version,
+                build=build,
                 name=name,
                 defaults={
                     "position": position,
@@ -113,10 +111,10 @@ def reset_steps(*, version: ModelVersion) -> list[BuildStep]:
 
 
 @contextmanager
-def _step(version: ModelVersion, name: str) -> Iterator[StepLog]:
-    if not registry.record_build_heartbeat(version_id=version.pk, attempt=version.build_attempt):
+def _step(build: Build, name: str) -> Iterator[StepLog]:
+    if not state.record_build_heartbeat(version_id=build.version_id, attempt=build.attempt):
         raise BuildSuperseded()
-    step = BuildStep.objects.get(version=version, name=name)
+    step = BuildStep.objects.get(build=build, name=name)
     step.status, step.started_at, step.log = StepStatus.RUNNING, timezone.now(), []
     step.save(update_fields=["status", "started_at", "log"])
     started = time.monotonic()
@@ -140,39 +138,47 @@ def finish_step(step: BuildStep, status: str) -> None:
     step.save(update_fields=["status", "finished_at", "log"])
 
 
-def skip_remaining_steps(version_id: int) -> None:
-    BuildStep.objects.filter(version_id=version_id, status=StepStatus.PENDING).update(status=StepStatus.SKIPPED)
+def skip_remaining_steps(*, version_id: int, attempt: int) -> None:
+    """Mark the steps of build `attempt` of a version that did not start as `skipped`."""
+    BuildStep.objects.filter(build__version_id=version_id, build__attempt=attempt, status=StepStatus.PENDING).update(
+        status=StepStatus.SKIPPED
+    )
 
 
 def run_build(*, version_id: int, attempt: int) -> str:
     """Run build `attempt` of a version; returns the version's final status (or "skipped").
+
+    The attempt is walked through once here: claimed (`state.claim_build`), its four steps run with a heartbeat,
+    and its result recorded (`state.record_build_result`); every change of its state goes through
+    `builds.services.state`.
 
     Permanent problems (a bad file, a meaningless option, a model that fails its smoke
     inference) mark the version `failed` with a message naming the field or tensor.
     `Unavailable` (object store or Triton unreachable) puts the version back to `queued` and
     propagates so the task retries. "skipped": the attempt is stale, finished, being built by
     a live worker, or was superseded while it ran. The repository goes under the attempt's own
-    prefix (`registry.repository_prefix`), recorded as the version's on success.
+    prefix (`registry.repository_prefix`), recorded on the attempt on success (the version then serves it).
     """
-    version = registry.claim_build(version_id=version_id, attempt=attempt, stale_before=building_stale_before())
-    if version is None:
+    build = state.claim_build(version_id=version_id, attempt=attempt, stale_before=building_stale_before())
+    if build is None:
         return "skipped"
     with BuildHeartbeat(version_id=version_id, attempt=attempt, interval_s=settings.CONCH_BUILD_HEARTBEAT_SECONDS):
-        return _run_claimed_build(version, attempt)
+        return _run_claimed_build(build)
 
 
-def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
-    reset_steps(version=version)
+def _run_claimed_build(build: Build) -> str:
+    version, attempt = build.version, build.attempt
+    reset_steps(build=build)
     store = get_object_store()
     model_name = version.model.name
     try:
         with tempfile.TemporaryDirectory(prefix="conch-build-") as tmp:
             local = Path(tmp) / "model.onnx"
-            with _step(version, StepName.INSPECT) as say:
-                if version.lost_attempts:
+            with _step(build, StepName.INSPECT) as say:
+                if build.lost_attempts:
                     say(
                         f"attempt {attempt}: the worker running the previous attempt stopped mid-build (no heartbeat; "
-                        f"{version.lost_attempts} attempt(s) lost so far), so the build starts again"
+                        f"{build.lost_attempts} attempt(s) lost so far), so the build starts again"
                     )
                 say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
                 store.download_to(version.source_key, local)
@@ -185,18 +191,18 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:
                         say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}{axis_names_text(t.dim_names)}")
-                registry.record_build_artifacts(version_id=version.pk, signature=signature.to_dict())
+                state.record_build_artifacts(version_id=version.pk, attempt=attempt, signature=signature.to_dict())
 
-            with _step(version, StepName.CONFIGURE) as say:
-                options = parse_build_options(version.build_options)
+            with _step(build, StepName.CONFIGURE) as say:
+                options = parse_build_options(build.options)
                 config = build_model_config(name=model_name, signature=signature, options=options)
                 pbtxt = config_to_pbtxt(config)
-                registry.record_build_artifacts(version_id=version.pk, config_pbtxt=pbtxt)
+                state.record_build_artifacts(version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt)
                 for line in describe_batching_plan(signature, options, config):
                     say(line)
 
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
-            with _step(version, StepName.WRITE_REPOSITORY) as say:
+            with _step(build, StepName.WRITE_REPOSITORY) as say:
                 model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
                 size = version.source_size_bytes + len(pbtxt.encode())
                 reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
@@ -213,9 +219,12 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
                 for line in describe_packaging(packaged, model_key):
                     say(line)
 
-            with _step(version, StepName.VERIFY) as say:
+            with _step(build, StepName.VERIFY) as say:
                 verified = verify_build(
-                    version=version,
+                    build=build,
+                    record_config=lambda pbtxt: state.record_build_artifacts(
+                        version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt
+                    ),
                     store=store,
                     prefix=prefix,
                     config=config,
@@ -232,25 +241,25 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
         log.info("build.superseded", extra={"version_id": version.pk, "attempt": attempt})
         return "skipped"
     except Unavailable:
-        registry.release_build(version_id=version.pk, attempt=attempt)
+        state.release_build(version_id=version.pk, attempt=attempt)
         raise
     except (InvalidInput, QuotaExceeded, PayloadTooLarge) as exc:
-        skip_remaining_steps(version.pk)
+        skip_remaining_steps(version_id=version.pk, attempt=attempt)
         error = exc.detail
         if isinstance(exc, QuotaExceeded):
             error += (
                 ". Delete versions the team no longer needs (DELETE /api/v1/versions/{id}/) or ask a platform admin "
                 "for more storage, then rebuild."
             )
-        if registry.record_build_result(
+        if state.record_build_result(
             version_id=version.pk, attempt=attempt, succeeded=False, error=error, error_field=exc.field or ""
         ):
             _discard_failed_attempt(version.pk, attempt)
         log.info("build.failed", extra={"version_id": version.pk, "error": exc.detail})
         return "failed"
     except Exception as exc:
-        skip_remaining_steps(version.pk)
-        if registry.record_build_result(
+        skip_remaining_steps(version_id=version.pk, attempt=attempt)
+        if state.record_build_result(
             version_id=version.pk,
             attempt=attempt,
             succeeded=False,
@@ -259,7 +268,7 @@ def _run_claimed_build(version: ModelVersion, attempt: int) -> str:
         ):
             _discard_failed_attempt(version.pk, attempt)
         raise
-    registry.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True, repository_prefix=prefix)
+    state.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True, repository_prefix=prefix)
     log.info("build.succeeded", extra={"version_id": version.pk, "attempt": attempt, "prefix": prefix})
     return "built"
 
@@ -275,8 +284,8 @@ def _discard_failed_attempt(version_id: int, attempt: int) -> None:
 
 def fail_build_after_retries(*, version_id: int, attempt: int, detail: str) -> None:
     """Mark a build failed once its transient errors outlived the task's retries, and delete what it wrote."""
-    skip_remaining_steps(version_id)
-    if registry.record_build_result(
+    skip_remaining_steps(version_id=version_id, attempt=attempt)
+    if state.record_build_result(
         version_id=version_id,
         attempt=attempt,
         succeeded=False,

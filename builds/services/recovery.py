@@ -6,25 +6,21 @@ import logging
 import re
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from builds.choices import StepStatus
+from builds.choices import BuildStatus, StepStatus
 from builds.models import BuildStep
-from conch.errors import ConchError
-from models_registry import services as registry
-from models_registry.choices import VersionStatus
-from models_registry.deletion import finish_stalled_deletions
-from models_registry.storage import get_object_store
-
-if TYPE_CHECKING:
-    pass
+from builds.services import state
 from builds.services.pipeline import finish_step, skip_remaining_steps
 from builds.services.storage import discard_attempt_repositories, forget_repository
 from builds.services.submission import building_stale_before, queue_build, queued_stale_before
+from conch.errors import ConchError
+from models_registry import services as registry
+from models_registry.deletion import finish_stalled_deletions
+from models_registry.storage import get_object_store
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +52,12 @@ def sweep_stalled_versions() -> dict[str, int]:
     building_before = building_stale_before()
     max_attempts = settings.CONCH_BUILD_MAX_ATTEMPTS
     stale_s = settings.CONCH_BUILD_STALE_SECONDS
-    for version_id in registry.stalled_version_ids(status=VersionStatus.BUILDING, stale_before=building_before):
-        step = BuildStep.objects.filter(version_id=version_id, status=StepStatus.RUNNING).order_by("position").first()
+    for version_id, attempt in state.stalled_builds(status=BuildStatus.BUILDING, stale_before=building_before):
+        step = (
+            BuildStep.objects.filter(build__version_id=version_id, build__attempt=attempt, status=StepStatus.RUNNING)
+            .order_by("position")
+            .first()
+        )
         where = f" at step '{step.name}'" if step else ""
         error = (
             f"The worker stopped during the build{where} (no heartbeat for {stale_s:.0f} s), "
@@ -65,42 +65,47 @@ def sweep_stalled_versions() -> dict[str, int]:
             "Start the build again with rebuild."
         )
         with transaction.atomic():
-            version = registry.recover_stalled_build(
-                version_id=version_id, stale_before=building_before, max_attempts=max_attempts, error=error
+            build = state.recover_stalled_build(
+                version_id=version_id,
+                attempt=attempt,
+                stale_before=building_before,
+                max_attempts=max_attempts,
+                error=error,
             )
-            if version is None:
+            if build is None:
                 continue
-            failed = version.status == VersionStatus.FAILED
+            failed = build.status == BuildStatus.FAILED
             if failed:
-                _close_lost_steps(version_id, "the worker stopped during this step; the build gave up")
+                _close_lost_steps(version_id, attempt, "the worker stopped during this step; the build gave up")
             else:
                 _close_lost_steps(
                     version_id,
-                    f"the worker stopped during this step; queued again as attempt {version.build_attempt} "
-                    f"({version.lost_attempts} of {max_attempts} lost)",
+                    attempt,
+                    f"the worker stopped during this step; queued again as attempt {build.attempt} "
+                    f"({build.lost_attempts} of {max_attempts} lost)",
                 )
-                queue_build(version_id=version_id, attempt=version.build_attempt)
+                queue_build(version_id=version_id, attempt=build.attempt)
         if failed:
             counts["failed"] += 1
             log.warning("build.worker_lost.failed", extra={"version_id": version_id})
             # Once committed: what the lost attempts wrote serves nothing (none of them succeeded).
-            lost = range(version.build_attempt - version.lost_attempts + 1, version.build_attempt + 1)
+            lost = range(build.attempt - build.lost_attempts + 1, build.attempt + 1)
             _discard_lost_attempts(version_id, list(lost))
             continue
         counts["requeued"] += 1
         log.warning(
             "build.worker_lost.requeued",
-            extra={"version_id": version_id, "attempt": version.build_attempt, "lost_attempts": version.lost_attempts},
+            extra={"version_id": version_id, "attempt": build.attempt, "lost_attempts": build.lost_attempts},
         )
     queued_before = queued_stale_before()
-    for version_id in registry.stalled_version_ids(status=VersionStatus.QUEUED, stale_before=queued_before):
+    for version_id, attempt in state.stalled_builds(status=BuildStatus.QUEUED, stale_before=queued_before):
         with transaction.atomic():
-            version = registry.requeue_unclaimed_build(version_id=version_id, queued_before=queued_before)
-            if version is None:
+            build = state.requeue_unclaimed_build(version_id=version_id, attempt=attempt, queued_before=queued_before)
+            if build is None:
                 continue
-            queue_build(version_id=version_id, attempt=version.build_attempt)
+            queue_build(version_id=version_id, attempt=build.attempt)
         counts["requeued_unclaimed"] += 1
-        log.warning("build.unclaimed.requeued", extra={"version_id": version_id, "attempt": version.build_attempt})
+        log.warning("build.unclaimed.requeued", extra={"version_id": version_id, "attempt": build.attempt})
     counts["aborted_uploads"] = registry.abort_stale_uploads(
         stale_before=timezone.now() - timedelta(seconds=settings.CONCH_UPLOAD_STALE_SECONDS)
     )
@@ -120,23 +125,26 @@ def _discard_lost_attempts(version_id: int, attempts: list[int]) -> None:
         log.warning("build.repository.discard_failed", extra={"version_id": version_id, "error": error.detail})
 
 
-def _close_lost_steps(version_id: int, line: str) -> None:
-    """Mark the step a dead worker was running as failed (with `line` in its log) and skip the rest."""
+def _close_lost_steps(version_id: int, attempt: int, line: str) -> None:
+    """Mark the step a dead worker was running in build `attempt` as failed (with `line` in its log) and skip the
+    rest."""
     stamp = timezone.now().strftime("%H:%M:%S")
-    for step in BuildStep.objects.filter(version_id=version_id, status=StepStatus.RUNNING):
+    running = BuildStep.objects.filter(build__version_id=version_id, build__attempt=attempt, status=StepStatus.RUNNING)
+    for step in running:
         step.log.append(f"{stamp} {line}")
         finish_step(step, StepStatus.FAILED)
-    skip_remaining_steps(version_id)
+    skip_remaining_steps(version_id=version_id, attempt=attempt)
 
 
 def collect_repository_garbage(*, keep: Iterable[str], grace_seconds: float | None = None) -> int:
     """Delete build repositories nothing uses; return how many attempt prefixes were deleted.
 
-    A version's attempt prefix (`.../repository/attempt-<k>`) is deleted unless it is the version's current
-    `repository_prefix`, the attempt now queued or building, or in `keep` (the prefixes deployments pin; the
-    deployments app passes them), or lies inside or around one of those. Only versions whose last status change
-    is older than `grace_seconds` (default CONCH_REPOSITORY_GC_GRACE_SECONDS) are touched, so a deployment that
-    read the previous `repository_prefix` just before a rebuild finished can still pin it. Object-store errors
+    A version's attempt prefix (`.../repository/attempt-<k>`) is deleted unless it is the repository of the
+    version's served build (`state.served_build`), of an attempt now queued or building, or in `keep` (the
+    prefixes deployments pin; the deployments app passes them), or lies inside or around one of those. Only
+    versions whose builds last changed longer ago than `grace_seconds` (default CONCH_REPOSITORY_GC_GRACE_SECONDS)
+    are touched, so a deployment that read the previous served repository just before a rebuild finished can still
+    pin it. Object-store errors
     propagate (Unavailable); what was deleted before stays deleted.
     """
     grace = settings.CONCH_REPOSITORY_GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
@@ -144,17 +152,21 @@ def collect_repository_garbage(*, keep: Iterable[str], grace_seconds: float | No
     kept = {prefix.strip("/") for prefix in keep if prefix}
     store = get_object_store()
     deleted = 0
-    for version in registry.versions_with_builds():
-        if version.heartbeat_at is not None and version.heartbeat_at > settled_before:
+    for version in state.versions_with_builds():
+        builds = state.history(version)
+        changed = state.last_change(builds)
+        if changed is not None and changed > settled_before:
             continue
         protected = set(kept)
-        if version.repository_prefix:
-            protected.add(version.repository_prefix.strip("/"))
-        if version.status in (VersionStatus.QUEUED, VersionStatus.BUILDING):
-            building = registry.repository_prefix(
-                model_id=version.model_id, number=version.number, attempt=version.build_attempt
-            )
-            protected.add(building)
+        served = state.served_build(version)
+        if served is not None and served.repository_prefix:
+            protected.add(served.repository_prefix.strip("/"))
+        for build in builds:
+            if build.is_open:
+                building = registry.repository_prefix(
+                    model_id=version.model_id, number=version.number, attempt=build.attempt
+                )
+                protected.add(building)
         root = registry.repositories_root(model_id=version.model_id, number=version.number)
         attempts = {
             key[len(root) + 1 :].split("/", 1)[0] for key in store.list_keys(root + "/") if key.startswith(root + "/")

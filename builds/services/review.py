@@ -19,6 +19,7 @@ from builds.choices import StepName
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
 from builds.model_config import OUTPUT_DIMS_FIELD, BuildOptions, build_model_config, parse_build_options
 from builds.models import BuildStep
+from builds.services import state
 from conch.errors import InvalidInput
 from models_registry.choices import VersionStatus
 from tritonserving.config import config_from_pbtxt, config_to_pbtxt
@@ -126,10 +127,11 @@ def built_option_values(version: ModelVersion) -> dict[str, str]:
     instance groups' counts added up) — Triton "Model Configuration", "Maximum Batch Size", "Dynamic Batcher",
     "Instance Groups".
     """
-    if not version.config_pbtxt:
+    config_pbtxt = state.latest_config_pbtxt(version)
+    if not config_pbtxt:
         return {}
     try:
-        config = config_from_pbtxt(version.config_pbtxt)
+        config = config_from_pbtxt(config_pbtxt)
     except InvalidInput:
         return {}
     values = {"max_batch_size": str(config.max_batch_size)}
@@ -145,7 +147,7 @@ def built_option_values(version: ModelVersion) -> dict[str, str]:
 def current_option_values(version: ModelVersion) -> dict[str, Any]:
     """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8",
     output_dims as "387=-1,1,8210; other=1,4"."""
-    stored = version.build_options or {}
+    stored = state.current_options(version)
     values = {name: stored.get(name) for name in OPTION_NAMES}
     if values["preferred_batch_size"]:
         values["preferred_batch_size"] = ", ".join(str(size) for size in values["preferred_batch_size"])
@@ -194,7 +196,8 @@ def signature_rows(version: ModelVersion) -> list[SignatureRow]:
     signature = _signature(version)
     if signature is None:
         return []
-    batching = bool(version.config_pbtxt) and config_from_pbtxt(version.config_pbtxt).max_batch_size > 0
+    config_pbtxt = state.latest_config_pbtxt(version)
+    batching = bool(config_pbtxt) and config_from_pbtxt(config_pbtxt).max_batch_size > 0
     rows = []
     for role, specs in (("input", signature.inputs), ("output", signature.outputs)):
         for spec in specs:
@@ -218,7 +221,10 @@ def batching_reason(version: ModelVersion) -> str:
     The configure step logs its plan (`describe_batching_plan`: "batching: …" or "batching off: …") and the
     verify step logs its proof or the reason it turned batching off; the latest such line is the one in force.
     """
-    steps = BuildStep.objects.filter(version_id=version.pk, name__in=[StepName.CONFIGURE, StepName.VERIFY]).order_by(
+    configured = next((build for build in state.history(version) if build.config_pbtxt), None)
+    if configured is None:
+        return ""
+    steps = BuildStep.objects.filter(build=configured, name__in=[StepName.CONFIGURE, StepName.VERIFY]).order_by(
         "position"
     )
     reason = ""
@@ -250,17 +256,18 @@ def config_diff(version: ModelVersion, versions: Any) -> ConfigDiff:
     `versions`: a queryset of versions the caller may see (`models_registry.services.visible_versions`); the
     previous one is the highest-numbered built version of the same model below `version`'s number.
     """
-    previous = (
-        versions.filter(model_id=version.model_id, number__lt=version.number, status=VersionStatus.BUILT)
-        .exclude(config_pbtxt="")
-        .order_by("-number")
-        .first()
+    earlier = state.with_builds(
+        versions.filter(model_id=version.model_id, number__lt=version.number, status=VersionStatus.BUILT).order_by(
+            "-number"
+        )
     )
-    if previous is None or not version.config_pbtxt:
+    previous = next((row for row in earlier if state.latest_config_pbtxt(row)), None)
+    config_pbtxt = state.latest_config_pbtxt(version)
+    if previous is None or not config_pbtxt:
         return ConfigDiff(previous_number=previous.number if previous else None, diff="", changed=False)
     text = diff_configs(
-        previous.config_pbtxt,
-        version.config_pbtxt,
+        state.latest_config_pbtxt(previous),
+        config_pbtxt,
         before_label=f"version {previous.number}/config.pbtxt",
         after_label=f"version {version.number}/config.pbtxt",
     )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from builds.inspection import ModelSignature
+from builds.services import state
 from builds.verification import make_sample_inputs
 from builds.verify_step import load_samples
 from models_registry.storage import get_object_store
@@ -24,5 +25,5 @@ def make_version_sample(*, version: ModelVersion, config: ModelConfig) -> dict[s
     Raises InvalidInput when the stored samples do not fit `config`, Unavailable (object store).
     """
     signature = ModelSignature.from_dict(version.signature) if version.signature else None
-    samples = load_samples(get_object_store(), version.build_options or {})
+    samples = load_samples(get_object_store(), state.current_options(version))
     return make_sample_inputs(config, signature=signature, samples=samples)

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
+from builds.services import state
 from builds.services.review import check_build_options
 from builds.verification import check_sample_archive, parse_sample_values
 from builds.verify_step import sample_limits
@@ -25,6 +26,7 @@ from tenancy.services import TokenGrant, require_role
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from builds.models import Build
     from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,14 @@ def queue_build(*, version_id: int, attempt: int) -> None:
     """Queue build `attempt` of a version once the current transaction commits."""
     # By task name: tasks import this module, so importing them here would close a cycle.
     transaction.on_commit(lambda: current_app.signature("builds.build_version", args=(version_id, attempt)).delay())
+
+
+def start_first_build(*, version: ModelVersion, options: Mapping[str, Any]) -> Build:
+    """Start a freshly uploaded version's first build attempt (`queued`, `options` the validated build options) and
+    queue it once the caller's transaction commits; returns the attempt."""
+    build = state.open_first_build(version=version, options=dict(options))
+    queue_build(version_id=version.pk, attempt=build.attempt)
+    return build
 
 
 def submit_upload(
@@ -76,7 +86,7 @@ def submit_upload(
             allow_duplicate=allow_duplicate,
             samples_size_bytes=sample_inputs.size_bytes if sample_inputs is not None else 0,
         )
-        queue_build(version_id=version.pk, attempt=version.build_attempt)
+        start_first_build(version=version, options=build_options)
     return version
 
 
@@ -117,7 +127,8 @@ def request_rebuild(
         scope=Scope.MODELS_WRITE,
     )
     store = get_object_store()
-    build_options = dict(version.build_options or {})
+    current = state.current_build(version)
+    build_options = dict(current.options if current is not None else {})
     if options is not None:
         check = check_build_options(version=version, fields=options)
         if not check.ok:
@@ -132,7 +143,7 @@ def request_rebuild(
     if samples:
         build_options["samples"] = samples
     with transaction.atomic():
-        version = registry.mark_rebuild(
+        build = state.mark_rebuild(
             version=version,
             building_stale_before=building_stale_before(),
             queued_stale_before=queued_stale_before(),
@@ -141,10 +152,10 @@ def request_rebuild(
         )
         if sample_inputs is not None:
             store.copy(sample_inputs.key, samples["key"])
-        queue_build(version_id=version.pk, attempt=version.build_attempt)
+        queue_build(version_id=version.pk, attempt=build.attempt)
     if sample_inputs is not None:
         store.delete(sample_inputs.key)
-    return version
+    return build.version
 
 
 def building_stale_before() -> datetime:

@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
+from builds import services as builds
 from builds.model_config import apply_deployment_overrides, instance_kind_of, parse_build_options
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, attempt, refuse_all
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
@@ -190,7 +191,7 @@ def create_deployment(
                 max_batch_size=max_batch_size,
                 max_queue_delay_microseconds=delay,
                 config_pbtxt=config_to_pbtxt(config),
-                repository_prefix=version.repository_prefix,
+                repository_prefix=builds.served_repository_prefix(version),
                 repository_bytes=requested.get("storage_bytes", 0),
                 created_by=user,
             )
@@ -330,7 +331,7 @@ def _check_request(
         refusals.append(
             Conflict(
                 f"Model version {version.pk} is '{version.status}'; only a built version can be deployed"
-                + (f" (build error: {version.error})" if version.error else "")
+                + (f" (build error: {error})" if (error := builds.current_error(version)) else "")
                 + ".",
                 field="model_version",
             )
@@ -361,7 +362,7 @@ def _check_request(
         _, config = attempt(
             refusals,
             apply_deployment_overrides,
-            config_from_pbtxt(version.config_pbtxt),
+            config_from_pbtxt(builds.served_config_pbtxt(version)),
             instance_count=overrides.instance_count,
             max_batch_size=overrides.max_batch_size,
             max_queue_delay_microseconds=overrides.max_queue_delay_microseconds,
@@ -379,7 +380,7 @@ def _check_request(
         _, repository_bytes = attempt(
             refusals,
             repository_request_bytes,
-            build_prefix=version.repository_prefix,
+            build_prefix=builds.served_repository_prefix(version),
             model_name=version.model.name,
             number=version.number,
             config=config,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 
+from builds import services as builds
 from conch.errors import ConchError, NotFound
 from deployments.choices import DeploymentStatus
 from deployments.models import Deployment
@@ -139,7 +140,7 @@ def ensure_deployment_repository(*, deployment: Deployment) -> None:
     version = deployment.model_version
     copy_version_files(
         store,
-        build_prefix=deployment.repository_prefix or version.repository_prefix,
+        build_prefix=deployment.repository_prefix or builds.served_repository_prefix(version),
         model_name=deployment.model_name,
         number=version.number,
         deployment_id=deployment.pk,

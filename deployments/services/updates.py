@@ -156,7 +156,9 @@ def update_model_version(
     store, name, number = get_object_store(), version.model.name, version.number
     added_bytes = max(
         0,
-        version_files_bytes(store, build_prefix=version.repository_prefix, model_name=name, number=number)
+        version_files_bytes(
+            store, build_prefix=builds.served_repository_prefix(version), model_name=name, number=number
+        )
         - version_files_bytes(
             store, build_prefix=deployment_repository_prefix(deployment.pk), model_name=name, number=number
         ),
@@ -248,7 +250,7 @@ def effective_config(deployment: Deployment, version: ModelVersion) -> ModelConf
     running = config_from_pbtxt(deployment.config_pbtxt)
     try:
         return apply_deployment_overrides(
-            config_from_pbtxt(version.config_pbtxt),
+            config_from_pbtxt(builds.served_config_pbtxt(version)),
             instance_count=(running.instance_group[0].count or None) if running.instance_group else None,
             # the kind it was deployed with (builds write KIND_AUTO, so only a kind chosen at create is carried)
             instance_kind=kind if (kind := instance_kind_of(running)) in ("KIND_CPU", "KIND_GPU") else None,
@@ -310,7 +312,11 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
         store = get_object_store()
         remove_other_versions(store, deployment_id=deployment.pk, model_name=name, keep={old.number, new.number})
         copy_version_files(
-            store, build_prefix=new.repository_prefix, model_name=name, number=new.number, deployment_id=deployment.pk
+            store,
+            build_prefix=builds.served_repository_prefix(new),
+            model_name=name,
+            number=new.number,
+            deployment_id=deployment.pk,
         )
         record_repository_bytes(deployment_id=deployment.pk)
         inputs = builds.make_version_sample(version=new, config=new_config)
@@ -354,7 +360,7 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
     with transaction.atomic():
         row = Deployment.objects.select_for_update(of=("self",)).select_related("team").get(pk=deployment.pk)
         row.model_version = new
-        row.repository_prefix = new.repository_prefix
+        row.repository_prefix = builds.served_repository_prefix(new)
         row.config_pbtxt = config_to_pbtxt(new_config)
         row.target_model_version = None
         row.update_status = UpdateStatus.SUCCEEDED

@@ -17,7 +17,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from onnx import TensorProto, helper, numpy_helper
 
-from builds.services import run_build
+from builds.services import current_build, current_error, current_options, run_build
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from models_registry.models import ModelVersion
@@ -421,7 +421,11 @@ def test_a_rebuild_with_a_bad_samples_file_keeps_the_versions_samples(
     assert response.status_code == 400
     assert response.json()["field"] == "sample_inputs"
     row = ModelVersion.objects.get(pk=version["id"])
-    assert (row.status, row.build_attempt, row.build_options["samples"]) == ("failed", 1, {"values": {"a": 1}})
+    assert (row.status, current_build(row).attempt, current_options(row)["samples"]) == (
+        "failed",
+        1,
+        {"values": {"a": 1}},
+    )
     assert get_object_store().list_keys("") == keys
 
 
@@ -520,7 +524,11 @@ def test_a_rebuild_refuses_a_sample_bomb_with_413_and_keeps_the_versions_samples
     assert response.json()["field"] == "sample_inputs"
     assert "(CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in response.json()["detail"]
     row = ModelVersion.objects.get(pk=version["id"])
-    assert (row.status, row.build_attempt, row.build_options["samples"]) == ("failed", 1, {"values": {"a": 1}})
+    assert (row.status, current_build(row).attempt, current_options(row)["samples"]) == (
+        "failed",
+        1,
+        {"values": {"a": 1}},
+    )
     assert get_object_store().list_keys("") == keys
 
 
@@ -536,17 +544,17 @@ def test_a_build_refuses_a_sample_bomb_that_reached_the_store_another_way(
     version = ModelVersion.objects.get(pk=response.json()["id"])
     # and its stored samples replaced by a bomb behind the web process's back, under a limit of 1 MiB
     settings.CONCH_MAX_SAMPLE_UNPACKED_BYTES = 1024 * 1024
-    get_object_store().put_bytes(version.build_options["samples"]["key"], npz_bomb(name="x", shape=(16, 1024, 1024)))
+    get_object_store().put_bytes(current_options(version)["samples"]["key"], npz_bomb(name="x", shape=(16, 1024, 1024)))
     # when the worker builds it
-    outcome, peak = _traced_peak(lambda: run_build(version_id=version.pk, attempt=version.build_attempt))
+    outcome, peak = _traced_peak(lambda: run_build(version_id=version.pk, attempt=current_build(version).attempt))
     assert outcome == "failed"
     assert peak < 16 * 1024 * 1024, peak
     # then verify failed on the samples, naming the limit, before any inference
     version.refresh_from_db()
-    assert version.error_field == "sample_inputs"
-    assert "'x' alone is 67,108,992" in version.error
-    assert "(CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in version.error
-    verify = version.build_steps.get(name="verify")
+    assert current_build(version).error_field == "sample_inputs"
+    assert "'x' alone is 67,108,992" in current_error(version)
+    assert "(CONCH_MAX_SAMPLE_UNPACKED_BYTES)" in current_error(version)
+    verify = current_build(version).steps.get(name="verify")
     assert verify.status == "failed"
     assert not any("loaded" in line for line in verify.log), verify.log
 
@@ -568,13 +576,13 @@ def test_samples_whose_array_data_is_damaged_are_taken_by_the_upload_and_fail_th
     )
     assert response.status_code == 201, response.content
     version = ModelVersion.objects.get(pk=response.json()["id"])
-    assert version.build_options["samples"]["inputs"] == {"x": {"dtype": "float32", "shape": [2048, 4]}}
+    assert current_options(version)["samples"]["inputs"] == {"x": {"dtype": "float32", "shape": [2048, 4]}}
     # then the worker, which reads the arrays, fails the build at verify naming the samples, before any inference
-    assert run_build(version_id=version.pk, attempt=version.build_attempt) == "failed"
+    assert run_build(version_id=version.pk, attempt=current_build(version).attempt) == "failed"
     version.refresh_from_db()
-    assert version.error_field == "sample_inputs"
-    assert "Array 'x' of the sample inputs file cannot be read (Bad CRC-32" in version.error
-    verify = version.build_steps.get(name="verify")
+    assert current_build(version).error_field == "sample_inputs"
+    assert "Array 'x' of the sample inputs file cannot be read (Bad CRC-32" in current_error(version)
+    verify = current_build(version).steps.get(name="verify")
     assert verify.status == "failed"
     assert not any("loaded" in line for line in verify.log), verify.log
 
@@ -586,7 +594,7 @@ def test_a_rebuild_takes_sample_values_as_json(alice, eager_tasks, django_captur
             f"/api/v1/versions/{version['id']}/rebuild", {"sample_values": {"sr": 8000}}, format="json"
         )
     assert response.status_code == 202, response.content
-    assert ModelVersion.objects.get(pk=version["id"]).build_options["samples"] == {"values": {"sr": 8000}}
+    assert current_options(ModelVersion.objects.get(pk=version["id"]))["samples"] == {"values": {"sr": 8000}}
 
 
 @pytest.mark.parametrize("body", ['"has sample_values in it"', "[1, 2]"])
@@ -599,4 +607,4 @@ def test_a_rebuild_refuses_a_json_body_that_is_not_an_object(
     )
     assert response.status_code == 400, response.content
     assert response.json()["field"] == "sample_values"
-    assert ModelVersion.objects.get(pk=version["id"]).build_attempt == 1
+    assert current_build(ModelVersion.objects.get(pk=version["id"])).attempt == 1

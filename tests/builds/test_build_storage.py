@@ -7,8 +7,8 @@ import onnx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from builds.models import BuildRepository
-from builds.services import collect_repository_garbage
+from builds.models import Build, BuildRepository
+from builds.services import collect_repository_garbage, current_build, served_repository_prefix
 from builds.services.storage import reserve_repository_storage
 from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
@@ -86,9 +86,9 @@ def test_a_redelivered_attempt_reserves_in_place_of_its_own_reservation(alice, t
     # given an attempt that reserved its repository, and a limit it exactly fills
     version = write_built_version(alice.team, "adder", add_constant(tmp_path / "a.onnx", 1.0))
     set_quota(team=alice.team, limits={"storage_bytes": version.source_size_bytes + 500})
-    reserve_repository_storage(version=version, attempt=1, prefix=version.repository_prefix, size_bytes=500)
+    reserve_repository_storage(version=version, attempt=1, prefix=served_repository_prefix(version), size_bytes=500)
     # when the same attempt runs again (a redelivered task)
-    reserve_repository_storage(version=version, attempt=1, prefix=version.repository_prefix, size_bytes=500)
+    reserve_repository_storage(version=version, attempt=1, prefix=served_repository_prefix(version), size_bytes=500)
     # then it is counted once
     assert BuildRepository.objects.count() == 1
     assert _storage_used(alice.team) == version.source_size_bytes + 500
@@ -98,14 +98,13 @@ def test_collecting_an_unused_attempt_repository_frees_its_storage(alice, tmp_pa
     # given a version built twice: attempt 1's repository is no longer current
     version = write_built_version(alice.team, "adder", add_constant(tmp_path / "a.onnx", 1.0))
     store = get_object_store()
-    old_prefix = version.repository_prefix
+    old_prefix = served_repository_prefix(version)
     new_prefix = old_prefix.replace("attempt-1", "attempt-2")
     for key in store.list_keys(old_prefix + "/"):
         store.copy(key, new_prefix + key[len(old_prefix) :])
     reserve_repository_storage(version=version, attempt=1, prefix=old_prefix, size_bytes=300)
     reserve_repository_storage(version=version, attempt=2, prefix=new_prefix, size_bytes=300)
-    version.repository_prefix, version.build_attempt = new_prefix, 2
-    version.save()
+    Build.objects.create(version=version, attempt=2, status="succeeded", repository_prefix=new_prefix)
     assert _storage_used(alice.team) == version.source_size_bytes + 600
     # when the garbage collector runs
     assert collect_repository_garbage(keep=[], grace_seconds=0) == 1
@@ -171,7 +170,7 @@ def test_a_failed_build_frees_its_repository_keeps_the_upload_and_deleting_the_v
         rebuild = alice.client.post(f"/api/v1/versions/{version['id']}/rebuild", {}, format="json")
     assert rebuild.status_code == 202, rebuild.content
     assert alice.client.get(f"/api/v1/versions/{version['id']}/").json()["status"] == "failed"
-    assert ModelVersion.objects.get(pk=version["id"]).build_attempt == 2
+    assert current_build(ModelVersion.objects.get(pk=version["id"])).attempt == 2
     assert s3_storage() == [source] and not BuildRepository.objects.exists()
     # when the failed version is deleted
     assert alice.client.delete(f"/api/v1/versions/{version['id']}/").status_code == 204

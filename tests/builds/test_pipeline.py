@@ -12,8 +12,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from builds.models import BuildStep
-from builds.services import run_build
+from builds.models import Build, BuildStep
+from builds.services import current_build, run_build, served_repository_prefix
 from models_registry.choices import VersionStatus
 from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
@@ -99,24 +99,25 @@ def test_rebuild_writes_a_new_prefix_and_redelivery_overwrites_only_its_own(
     assert response.status_code == 202
     # then the rebuild wrote its own repository and left the first one as it was
     row = ModelVersion.objects.get(pk=version["id"])
-    assert (row.status, row.build_attempt) == ("built", 2)
-    assert row.repository_prefix == first_prefix.replace("attempt-1", "attempt-2")
+    assert (row.status, current_build(row).attempt) == ("built", 2)
+    assert served_repository_prefix(row) == first_prefix.replace("attempt-1", "attempt-2")
     assert {key: store.read_bytes(key) for key in store.list_keys(first_prefix + "/")} == first
     keys_after_rebuild = sorted(store.list_keys(""))
-    assert [key for key in keys_after_rebuild if key.startswith(row.repository_prefix + "/")] == [
-        f"{row.repository_prefix}/classifier/1/model.onnx",
-        f"{row.repository_prefix}/classifier/config.pbtxt",
+    assert [key for key in keys_after_rebuild if key.startswith(served_repository_prefix(row) + "/")] == [
+        f"{served_repository_prefix(row)}/classifier/1/model.onnx",
+        f"{served_repository_prefix(row)}/classifier/config.pbtxt",
     ]
     # when the same attempt is delivered again after a crash left it "building" with no heartbeat
-    ModelVersion.objects.filter(pk=row.pk).update(
-        status=VersionStatus.BUILDING, heartbeat_at=timezone.now() - timedelta(hours=1)
+    ModelVersion.objects.filter(pk=row.pk).update(status=VersionStatus.BUILDING)
+    Build.objects.filter(version=row, attempt=2).update(
+        status="building", heartbeat_at=timezone.now() - timedelta(hours=1)
     )
-    assert run_build(version_id=row.pk, attempt=row.build_attempt) == "built"
+    assert run_build(version_id=row.pk, attempt=current_build(row).attempt) == "built"
     # then nothing is duplicated
     assert sorted(store.list_keys("")) == keys_after_rebuild
-    assert BuildStep.objects.filter(version_id=row.pk).count() == 4
+    assert BuildStep.objects.filter(build__version_id=row.pk, build__attempt=2).count() == 4
     row.refresh_from_db()
-    assert (row.status, row.build_attempt) == ("built", 2)
+    assert (row.status, current_build(row).attempt) == ("built", 2)
     # and a stale attempt is ignored
     assert run_build(version_id=row.pk, attempt=1) == "skipped"
 

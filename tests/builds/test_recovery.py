@@ -14,14 +14,17 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from builds.choices import StepName, StepStatus
-from builds.models import BuildRepository, BuildStep
+from builds.models import Build, BuildRepository, BuildStep
 from builds.services import (
     BuildHeartbeat,
     collect_repository_garbage,
+    current_build,
     reset_steps,
     run_build,
+    served_repository_prefix,
     sweep_stalled_versions,
 )
+from builds.services.state import record_build_heartbeat, record_build_result
 from builds.services.storage import reserve_repository_storage
 from conch.errors import Conflict
 from models_registry import services as registry
@@ -57,21 +60,34 @@ def _queued_version(caller, capture, *, name: str = "classifier") -> ModelVersio
     return ModelVersion.objects.get(pk=response.json()["id"])
 
 
+def _set_build(version: ModelVersion, *, status: str | None = None, **fields) -> Build:
+    """Set fields of `version`'s current build attempt (and, given `status`, the attempt's and the version's status,
+    as `builds.services.state` keeps them together); returns the attempt."""
+    build = current_build(version)
+    assert build is not None
+    if status is not None:
+        fields["status"] = {"built": "succeeded"}.get(status, status)
+        ModelVersion.objects.filter(pk=version.pk).update(status=status)
+    Build.objects.filter(pk=build.pk).update(**fields)
+    return current_build(version)
+
+
 def _worker_died_during(version: ModelVersion, step: str, *, lost_attempts: int = 0) -> None:
     """Leave `version` as a worker killed during `step` leaves it: building, step running, heartbeat old."""
-    ModelVersion.objects.filter(pk=version.pk).update(
-        status=VersionStatus.BUILDING, heartbeat_at=timezone.now() - LONG_AGO, lost_attempts=lost_attempts
+    build = _set_build(
+        version, status=VersionStatus.BUILDING, heartbeat_at=timezone.now() - LONG_AGO, lost_attempts=lost_attempts
     )
-    reset_steps(version=version)
+    reset_steps(build=build)
     for done in BuildStep.objects.filter(
-        version=version, position__lt=BuildStep.objects.get(version=version, name=step).position
+        build=build, position__lt=BuildStep.objects.get(build=build, name=step).position
     ):
         BuildStep.objects.filter(pk=done.pk).update(status=StepStatus.SUCCEEDED)
-    BuildStep.objects.filter(version=version, name=step).update(status=StepStatus.RUNNING, log=["12:00:00 started"])
+    BuildStep.objects.filter(build=build, name=step).update(status=StepStatus.RUNNING, log=["12:00:00 started"])
 
 
 def _steps(version: ModelVersion) -> dict[str, str]:
-    return dict(BuildStep.objects.filter(version=version).values_list("name", "status"))
+    """The steps of the version's current attempt, by name."""
+    return dict(BuildStep.objects.filter(build=current_build(version)).values_list("name", "status"))
 
 
 # --- the sweeper -----------------------------------------------------------------------------------------------
@@ -90,11 +106,16 @@ def test_build_whose_worker_died_is_requeued_by_the_sweeper_and_ends_built(
     # then the next attempt was queued and built, into its own repository
     assert counts == {**NOTHING_DONE, "requeued": 1}
     version.refresh_from_db()
-    assert (version.status, version.error) == ("built", "")
-    assert (version.build_attempt, version.lost_attempts) == (2, 1)
-    assert version.repository_prefix.endswith("/repository/attempt-2")
+    build = current_build(version)
+    assert (version.status, build.error) == ("built", "")
+    assert (build.attempt, build.lost_attempts) == (2, 1)
+    assert build.repository_prefix.endswith("/repository/attempt-2")
     assert set(_steps(version).values()) == {StepStatus.SUCCEEDED}
-    inspect_log = BuildStep.objects.get(version=version, name=StepName.INSPECT).log
+    inspect_log = BuildStep.objects.get(build=build, name=StepName.INSPECT).log
+    # and the history keeps the lost attempt, with the step it died in
+    lost = Build.objects.get(version=version, attempt=1)
+    assert lost.status == "lost"
+    assert BuildStep.objects.get(build=lost, name=StepName.VERIFY).status == StepStatus.FAILED
     assert "attempt 2: the worker running the previous attempt stopped mid-build" in inspect_log[0]
     # and the dead worker's attempt, were it delivered again, is skipped
     assert run_build(version_id=version.pk, attempt=1) == "skipped"
@@ -116,8 +137,9 @@ def test_build_whose_worker_died_too_often_fails_with_a_message(alice, settings,
     assert counts == {**NOTHING_DONE, "failed": 1}
     assert queued == []
     version.refresh_from_db()
-    assert (version.status, version.build_attempt, version.lost_attempts) == ("failed", 1, 3)
-    assert version.error == (
+    build = current_build(version)
+    assert (version.status, build.attempt, build.lost_attempts, build.status) == ("failed", 1, 3, "failed")
+    assert build.error == (
         "The worker stopped during the build at step 'verify' (no heartbeat for 60 s), 3 times in a row: the worker "
         "was killed or restarted, or the model exhausts it (memory). Start the build again with rebuild."
     )
@@ -127,7 +149,7 @@ def test_build_whose_worker_died_too_often_fails_with_a_message(alice, settings,
         "write_repository": "succeeded",
         "verify": "failed",
     }
-    verify_log = BuildStep.objects.get(version=version, name=StepName.VERIFY).log
+    verify_log = BuildStep.objects.get(build=build, name=StepName.VERIFY).log
     assert verify_log[-1].endswith("the worker stopped during this step; the build gave up")
     # and what the lost attempt wrote is deleted and no longer counted; the uploaded file stays
     assert get_object_store().list_keys(prefix + "/") == []
@@ -143,14 +165,15 @@ def test_queued_build_whose_message_was_lost_is_queued_again_and_ends_built(
 ):
     # given a version queued long ago that no worker ever claimed (its message was lost)
     version = _queued_version(alice, django_capture_on_commit_callbacks)
-    ModelVersion.objects.filter(pk=version.pk).update(heartbeat_at=timezone.now() - LONG_AGO)
+    _set_build(version, heartbeat_at=timezone.now() - LONG_AGO)
     # when the sweeper runs
     with django_capture_on_commit_callbacks(execute=True):
         counts = sweep_stalled_versions()
     # then the attempt was sent again and built; a lost message is not a lost attempt
     assert counts == {**NOTHING_DONE, "requeued_unclaimed": 1}
     version.refresh_from_db()
-    assert (version.status, version.build_attempt, version.lost_attempts) == ("built", 1, 0)
+    build = current_build(version)
+    assert (version.status, build.attempt, build.lost_attempts) == ("built", 1, 0)
     # and the first message, should it turn up after all, is skipped
     assert run_build(version_id=version.pk, attempt=1) == "skipped"
 
@@ -158,7 +181,7 @@ def test_queued_build_whose_message_was_lost_is_queued_again_and_ends_built(
 def test_sweeper_leaves_live_work_alone(alice, django_capture_on_commit_callbacks):
     # given a build with a fresh heartbeat, a version just queued, and an upload receiving bytes
     building = _queued_version(alice, django_capture_on_commit_callbacks, name="building")
-    ModelVersion.objects.filter(pk=building.pk).update(status=VersionStatus.BUILDING, heartbeat_at=timezone.now())
+    _set_build(building, status=VersionStatus.BUILDING, heartbeat_at=timezone.now())
     queued = _queued_version(alice, django_capture_on_commit_callbacks, name="queued")
     uploading = registry.reserve_version(model=queued.model, user=alice.user)
     # when
@@ -174,12 +197,12 @@ def test_sweeper_leaves_live_work_alone(alice, django_capture_on_commit_callback
 
 def test_duplicate_message_does_not_start_a_second_build_beside_a_live_one(alice, django_capture_on_commit_callbacks):
     version = _queued_version(alice, django_capture_on_commit_callbacks)
-    ModelVersion.objects.filter(pk=version.pk).update(status=VersionStatus.BUILDING, heartbeat_at=timezone.now())
+    _set_build(version, status=VersionStatus.BUILDING, heartbeat_at=timezone.now())
 
     assert run_build(version_id=version.pk, attempt=1) == "skipped"
     version.refresh_from_db()
-    assert (version.status, version.build_attempt) == ("building", 1)
-    assert not BuildStep.objects.filter(version=version).exists()
+    assert (version.status, current_build(version).attempt) == ("building", 1)
+    assert not BuildStep.objects.filter(build__version=version).exists()
 
 
 def test_stale_upload_is_aborted_row_object_and_multipart_upload(
@@ -250,23 +273,24 @@ def test_build_heartbeat_beats_from_its_thread_and_stops_when_superseded(alice):
     # given a version a worker is building, its heartbeat long ago
     model = RegisteredModel.objects.create(team=alice.team, name="classifier")
     old = timezone.now() - LONG_AGO
-    version = ModelVersion.objects.create(
-        model=model, number=1, status=VersionStatus.BUILDING, build_attempt=1, heartbeat_at=old
-    )
+    version = ModelVersion.objects.create(model=model, number=1, status=VersionStatus.BUILDING)
+    first = Build.objects.create(version=version, attempt=1, status="building", heartbeat_at=old)
     with BuildHeartbeat(version_id=version.pk, attempt=1, interval_s=0.05) as heartbeat:
         # when the build runs, its heartbeat moves without the build doing anything
         deadline = time.monotonic() + 30
-        while ModelVersion.objects.get(pk=version.pk).heartbeat_at == old:
+        while Build.objects.get(pk=first.pk).heartbeat_at == old:
             assert time.monotonic() < deadline, "no heartbeat was written"
             time.sleep(0.05)
         # and once a rebuild supersedes the attempt, the thread stops by itself
-        ModelVersion.objects.filter(pk=version.pk).update(build_attempt=2, status=VersionStatus.QUEUED)
+        Build.objects.filter(pk=first.pk).update(status="superseded")
+        Build.objects.create(version=version, attempt=2, status="queued", heartbeat_at=old)
         heartbeat._thread.join(timeout=30)
         assert not heartbeat._thread.is_alive()
-    # then the superseded attempt never moved the new attempt's heartbeat past the rebuild
-    stopped_at = ModelVersion.objects.get(pk=version.pk).heartbeat_at
-    assert registry.record_build_heartbeat(version_id=version.pk, attempt=1) is False
-    assert ModelVersion.objects.get(pk=version.pk).heartbeat_at == stopped_at
+    # then the superseded attempt no longer beats
+    stopped_at = Build.objects.get(pk=first.pk).heartbeat_at
+    assert record_build_heartbeat(version_id=version.pk, attempt=1) is False
+    assert Build.objects.get(pk=first.pk).heartbeat_at == stopped_at
+    assert Build.objects.get(version=version, attempt=2).heartbeat_at == old
 
 
 # --- rebuild of a stalled build ----------------------------------------------------------------------------------
@@ -274,7 +298,7 @@ def test_build_heartbeat_beats_from_its_thread_and_stops_when_superseded(alice):
 
 def test_rebuild_of_a_building_version_is_refused_while_its_worker_beats(alice, django_capture_on_commit_callbacks):
     version = _queued_version(alice, django_capture_on_commit_callbacks)
-    ModelVersion.objects.filter(pk=version.pk).update(status=VersionStatus.BUILDING, heartbeat_at=timezone.now())
+    _set_build(version, status=VersionStatus.BUILDING, heartbeat_at=timezone.now())
 
     response = alice.client.post(f"/api/v1/versions/{version.pk}/rebuild")
 
@@ -300,16 +324,31 @@ def test_rebuild_of_a_building_version_whose_heartbeat_stopped_is_allowed(
     assert response.status_code == 202, response.content
     assert response.json()["status"] == "queued"
     version.refresh_from_db()
-    assert (version.status, version.build_attempt, version.lost_attempts) == ("built", 2, 0)
-    # and the dead worker's attempt can no longer record anything
-    assert registry.record_build_result(version_id=version.pk, attempt=1, succeeded=False, error="late") is False
+    build = current_build(version)
+    assert (version.status, build.attempt, build.lost_attempts) == ("built", 2, 0)
+    # and the stalled attempt is kept in the history as superseded, and can no longer record anything
+    assert Build.objects.get(version=version, attempt=1).status == "superseded"
+    assert record_build_result(version_id=version.pk, attempt=1, succeeded=False, error="late") is False
 
 
 # --- immutable attempt repositories and their garbage collection --------------------------------------------------
 
 
-def _version_with_attempts(team, name: str, attempts: list[int], source: bytes = b"onnx", **fields) -> ModelVersion:
-    """A version row, its source file, and a tiny repository (config.pbtxt) under each given attempt prefix."""
+def _version_with_attempts(
+    team,
+    name: str,
+    attempts: list[int],
+    source: bytes = b"onnx",
+    *,
+    builds: dict[int, str],
+    served: int | None = None,
+    served_prefix: str | None = None,
+    heartbeat_at=None,
+    **fields,
+) -> ModelVersion:
+    """A version row, its source file, a tiny repository (config.pbtxt) under each of `attempts`' prefixes, and its
+    build attempts (`builds`: attempt -> status, last changed at `heartbeat_at`); attempt `served` succeeded and
+    names its repository (or `served_prefix`)."""
     model = RegisteredModel.objects.create(team=team, name=name)
     store = get_object_store()
     for attempt in attempts:
@@ -317,7 +356,15 @@ def _version_with_attempts(team, name: str, attempts: list[int], source: bytes =
         store.put_bytes(f"{prefix}/{name}/config.pbtxt", f"attempt {attempt}".encode())
     source_key = registry.source_key(model_id=model.pk, number=1)
     store.put_bytes(source_key, source)
-    return ModelVersion.objects.create(model=model, number=1, source_key=source_key, **fields)
+    version = ModelVersion.objects.create(model=model, number=1, source_key=source_key, **fields)
+    for attempt, status in builds.items():
+        prefix = ""
+        if attempt == served:
+            prefix = served_prefix or registry.repository_prefix(model_id=model.pk, number=1, attempt=attempt)
+        Build.objects.create(
+            version=version, attempt=attempt, status=status, repository_prefix=prefix, heartbeat_at=heartbeat_at
+        )
+    return version
 
 
 def _attempt(version: ModelVersion, attempt: int) -> str:
@@ -338,19 +385,20 @@ def test_failed_rebuild_keeps_the_previous_repository(alice, eager_tasks, django
         [1],
         source=real_models.classifier().read_bytes(),
         status="built",
-        build_attempt=1,
+        builds={1: "succeeded"},
+        served=1,
         heartbeat_at=old,
     )
-    ModelVersion.objects.filter(pk=version.pk).update(repository_prefix=_attempt(version, 1))
     before = {key: get_object_store().read_bytes(key) for key in _repository_keys(version)}
     # when a rebuild fails (its options no longer fit the model)
-    ModelVersion.objects.filter(pk=version.pk).update(build_options={"max_batch_size": -3})
+    Build.objects.filter(version=version).update(options={"max_batch_size": -3})
     with django_capture_on_commit_callbacks(execute=True):
         assert alice.client.post(f"/api/v1/versions/{version.pk}/rebuild").status_code == 202
     # then the version failed but still names attempt 1's repository, which is untouched
     version.refresh_from_db()
-    assert (version.status, version.build_attempt, version.error_field) == ("failed", 2, "max_batch_size")
-    assert version.repository_prefix == _attempt(version, 1)
+    assert (version.status, current_build(version).attempt) == ("failed", 2)
+    assert current_build(version).error_field == "max_batch_size"
+    assert served_repository_prefix(version) == _attempt(version, 1)
     assert {key: get_object_store().read_bytes(key) for key in _repository_keys(version)} == before
 
 
@@ -358,24 +406,39 @@ def test_garbage_collection_keeps_current_pinned_and_building_attempts(alice):
     old = timezone.now() - LONG_AGO
     # given a version whose attempt 3 is current, 1 is pinned by a deployment, 2 and 4 are unused
     rebuilt = _version_with_attempts(
-        alice.team, "rebuilt", [1, 2, 3, 4], status="built", build_attempt=4, heartbeat_at=old
+        alice.team,
+        "rebuilt",
+        [1, 2, 3, 4],
+        status="failed",
+        builds={1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "failed"},
+        served=3,
+        heartbeat_at=old,
     )
-    ModelVersion.objects.filter(pk=rebuilt.pk).update(repository_prefix=_attempt(rebuilt, 3))
     # and a version rebuilding as attempt 3 (current 1, 2 failed)
     building = _version_with_attempts(
-        alice.team, "building", [1, 2, 3], status="building", build_attempt=3, heartbeat_at=old
+        alice.team,
+        "building",
+        [1, 2, 3],
+        status="building",
+        builds={1: "succeeded", 2: "failed", 3: "building"},
+        served=1,
+        heartbeat_at=old,
     )
-    ModelVersion.objects.filter(pk=building.pk).update(repository_prefix=_attempt(building, 1))
     # and a version rebuilt a moment ago (within the grace period)
     recent = _version_with_attempts(
-        alice.team, "recent", [1, 2], status="built", build_attempt=2, heartbeat_at=timezone.now()
+        alice.team,
+        "recent",
+        [1, 2],
+        status="built",
+        builds={1: "succeeded", 2: "succeeded"},
+        served=2,
+        heartbeat_at=timezone.now(),
     )
-    ModelVersion.objects.filter(pk=recent.pk).update(repository_prefix=_attempt(recent, 2))
     # and a version built before attempt prefixes existed, whose model is named like an attempt folder
-    legacy = _version_with_attempts(alice.team, "attempt-1", [], status="built", build_attempt=1, heartbeat_at=old)
+    legacy = _version_with_attempts(alice.team, "attempt-1", [], status="built", builds={}, heartbeat_at=old)
     legacy_root = registry.repositories_root(model_id=legacy.model_id, number=1)
     get_object_store().put_bytes(f"{legacy_root}/attempt-1/config.pbtxt", b"legacy")
-    ModelVersion.objects.filter(pk=legacy.pk).update(repository_prefix=legacy_root)
+    Build.objects.create(version=legacy, attempt=1, status="succeeded", repository_prefix=legacy_root, heartbeat_at=old)
 
     # when
     deleted = collect_repository_garbage(keep={_attempt(rebuilt, 1) + "/"}, grace_seconds=600)

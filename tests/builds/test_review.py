@@ -7,7 +7,8 @@ import pytest
 
 from builds.choices import StepName, StepStatus
 from builds.model_config import BuildOptions
-from builds.models import BuildStep
+from builds.models import Build, BuildStep
+from builds.services import current_build, current_options
 from builds.services.review import batching_reason, check_build_options, config_diff, signature_rows
 from models_registry.models import ModelVersion
 from models_registry.services import visible_versions
@@ -90,8 +91,8 @@ def test_rebuild_with_options_checks_them_first_and_then_replaces_them(
     alice, classifier, django_capture_on_commit_callbacks
 ):
     # given a built version with stored sample values
-    classifier.build_options = {**BuildOptions(max_batch_size=8).to_dict(), "samples": {"values": {"x": 0.5}}}
-    classifier.save()
+    options = {**BuildOptions(max_batch_size=8).to_dict(), "samples": {"values": {"x": 0.5}}}
+    Build.objects.filter(version=classifier).update(options=options)
     url = f"/api/v1/versions/{classifier.pk}/rebuild"
     # when a bad option is sent
     refused = alice.client.post(url, {"max_batch_size": "8", "preferred_batch_size": "16"}, format="json")
@@ -99,7 +100,7 @@ def test_rebuild_with_options_checks_them_first_and_then_replaces_them(
     assert refused.status_code == 400
     assert refused.json()["field"] == "preferred_batch_size"
     classifier.refresh_from_db()
-    assert (classifier.status, classifier.build_attempt) == ("built", 0)
+    assert (classifier.status, current_build(classifier).attempt) == ("built", 1)
     # when good options are sent
     with django_capture_on_commit_callbacks() as queued:
         accepted = alice.client.post(url, {"max_batch_size": "4", "instance_count": "2"}, format="json")
@@ -107,7 +108,7 @@ def test_rebuild_with_options_checks_them_first_and_then_replaces_them(
     assert accepted.status_code == 202, accepted.content
     classifier.refresh_from_db()
     assert classifier.status == "queued"
-    assert classifier.build_options == {
+    assert current_options(classifier) == {
         "max_batch_size": 4,
         "max_queue_delay_microseconds": None,
         "preferred_batch_size": None,
@@ -141,15 +142,16 @@ def test_signature_rows_without_batching_show_the_full_shape(alice):
 
 def test_batching_reason_is_the_latest_word_of_the_build_log(classifier):
     # given the configure step planned batching and verify then turned it off
+    build = current_build(classifier)
     BuildStep.objects.create(
-        version=classifier,
+        build=build,
         name=StepName.CONFIGURE,
         position=1,
         status=StepStatus.SUCCEEDED,
         log=["10:00:00 max_batch_size=8 dynamic_batching=on", "10:00:00 batching: axis 0 is the same dynamic axis"],
     )
     BuildStep.objects.create(
-        version=classifier,
+        build=build,
         name=StepName.VERIFY,
         position=3,
         status=StepStatus.SUCCEEDED,
@@ -178,5 +180,5 @@ def test_review_endpoint(alice, classifier):
     body = alice.client.get(f"/api/v1/versions/{classifier.pk}/review").json()
     # then
     assert body["signature"][0]["shape"] == "[batch*, 3, 224, 224]"
-    assert body["config_pbtxt"] == classifier.config_pbtxt
+    assert body["config_pbtxt"] == current_build(classifier).config_pbtxt
     assert body["previous_version_number"] is None and body["config_diff"] == ""

@@ -13,6 +13,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from models_registry.models import ModelVersion
 from tenancy.quotas import set_quota
+from tests.build_records import end_current_build
 from tests.tiny_models import onnx_like
 
 pytestmark = pytest.mark.django_db
@@ -77,7 +78,7 @@ def test_sample_inputs_count_in_storage_until_their_version_is_deleted(alice, s3
     assert version.samples_size_bytes == len(samples)
     assert _storage(alice) == len(MODEL) + len(samples)
     # when the version is deleted (its build failed: nothing serves it)
-    ModelVersion.objects.filter(pk=version.pk).update(status="failed")
+    end_current_build(version, "failed")
     assert alice.client.delete(f"/api/v1/versions/{version.pk}/").status_code == 204
     # then the samples left the bucket with the file, and the storage is free
     assert s3(f"models/{model_id}/") == {}
@@ -112,7 +113,7 @@ def test_a_rebuild_s_new_sample_inputs_count_in_place_of_the_old_ones(alice, s3)
     model_id = _model(alice)
     small, large = _npz(1), _npz(64)
     version = ModelVersion.objects.get(pk=_upload(alice, model_id, small).json()["id"])
-    ModelVersion.objects.filter(pk=version.pk).update(status="failed")
+    end_current_build(version, "failed")
     key = f"models/{model_id}/versions/{version.number}/source/sample_inputs.npz"
     # and room for the larger samples but one byte, once the small ones are given back
     limit = len(MODEL) + len(large) - 1

@@ -12,6 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from builds.model_config import BuildOptions
+from builds.services import latest_config_pbtxt
 from deployments.models import Deployment
 from tenancy.services import create_api_token
 from tests.conftest import make_caller
@@ -330,7 +331,11 @@ def test_stop_says_what_became_of_the_deployment_once(cli, conch_env, tmp_path):
         conch_env.caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions()
     )
     deployment = Deployment.objects.create(
-        team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=conch_env.caller.team,
+        name="web",
+        model_version=version,
+        status="ready",
+        config_pbtxt=latest_config_pbtxt(version),
     )
     result = cli("stop", "web")
     assert result.code == 0, result.err
@@ -352,7 +357,11 @@ def test_metrics_table_shows_failures_rate_and_latency_of_the_json(cli, conch_en
         conch_env.caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions()
     )
     deployment = Deployment.objects.create(
-        team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=conch_env.caller.team,
+        name="web",
+        model_version=version,
+        status="ready",
+        config_pbtxt=latest_config_pbtxt(version),
     )
     now = timezone.now()
     # (created before the window: its rate is over the whole window, the same for both commands below)
@@ -391,7 +400,11 @@ def test_metrics_of_a_deployment_with_no_sample_yet_say_so(cli, conch_env, tmp_p
         conch_env.caller.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions()
     )
     Deployment.objects.create(
-        team=conch_env.caller.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=conch_env.caller.team,
+        name="web",
+        model_version=version,
+        status="ready",
+        config_pbtxt=latest_config_pbtxt(version),
     )
     # when its metrics are printed
     result = cli("metrics", "web")

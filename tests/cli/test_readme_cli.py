@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from builds.services import current_options, latest_config_pbtxt
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
 from tests import real_models
@@ -71,8 +72,8 @@ def test_the_readme_cli_block_works_as_written_in_a_new_shell_after_the_demo(
     ) in done.stdout
     # which the block ran: version 1 is built again with max_batch_size 8, and no version 2 was made
     version.refresh_from_db()
-    assert (version.status, version.build_options["max_batch_size"]) == ("built", 8)
-    assert "max_batch_size: 8" in version.config_pbtxt
+    assert (version.status, current_options(version)["max_batch_size"]) == ("built", 8)
+    assert "max_batch_size: 8" in latest_config_pbtxt(version)
     assert not ModelVersion.objects.filter(model=version.model, number=2).exists()
     # the deployment served an inference, whose output was saved, and was stopped
     assert (tmp_path / "out" / "fetch_name_0.npy").exists()

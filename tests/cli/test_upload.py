@@ -27,6 +27,7 @@ import httpx
 import pytest
 from conch_cli import transfer
 
+from builds.services import current_build, current_options
 from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
 from uploads.models import Upload
@@ -503,7 +504,7 @@ def test_build_options_given_with_a_duplicate_are_said_not_applied_and_the_rebui
     assert rebuilt.code == 0, rebuilt.err
     assert rebuilt.out == f"rebuild of big:1 (version id {version['id']}) queued with -o max_batch_size=8\n"
     stored = ModelVersion.objects.get(pk=version["id"])
-    assert (stored.build_options["max_batch_size"], stored.build_attempt) == (8, 2)
+    assert (current_options(stored)["max_batch_size"], current_build(stored).attempt) == (8, 2)
 
 
 def test_new_version_uploads_the_same_file_as_the_next_version(cli, model, tmp_path, eager_tasks):

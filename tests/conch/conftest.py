@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from builds.services import current_build
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
 from deployments.models import GatewayUsage
@@ -55,7 +56,7 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
     resumable upload of the model."""
     caller = make_caller(username, team_slug, role=Role.ADMIN)
     version = write_built_version(caller.team, "adder", add_constant(folder / f"{team_slug}.onnx", 1.0))
-    reset_steps(version=version)
+    reset_steps(build=current_build(version))
     deployment = deployments.create_deployment(
         user=caller.user,
         request=DeploymentRequest(

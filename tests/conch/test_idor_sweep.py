@@ -35,6 +35,7 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 from django.utils.regex_helper import normalize
 
+from builds.services import current_build
 from tests.conch.conftest import TwoTeams
 
 pytestmark = pytest.mark.django_db
@@ -117,7 +118,7 @@ def _admin_row(route: Route, world: TwoTeams) -> Any:
         "models_registry.registeredmodel": victim.model,
         "models_registry.modelversion": victim.version,
         "models_registry.upload": victim.upload,
-        "builds.buildstep": victim.version.build_steps.first(),
+        "builds.buildstep": current_build(victim.version).steps.first(),
         "deployments.deployment": victim.deployment,
         "deployments.cluster": world.cluster,
         "deployments.gatewayusage": victim.deployment.gateway_usage.first(),

@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from builds.model_config import BuildOptions
+from builds.services import latest_config_pbtxt
 from deployments.models import Deployment
 from deployments.observe import scrape_ready_deployments
 from tests import real_models
@@ -83,7 +84,11 @@ def two_versions(alice, tmp_path):
         for n in (1, 2)
     ]
     deployment = Deployment.objects.create(
-        team=alice.team, name="adder", model_version=versions[0], status="ready", config_pbtxt=versions[0].config_pbtxt
+        team=alice.team,
+        name="adder",
+        model_version=versions[0],
+        status="ready",
+        config_pbtxt=latest_config_pbtxt(versions[0]),
     )
     return versions, deployment
 
@@ -234,7 +239,11 @@ def test_the_overview_rate_is_over_its_15_minutes_and_a_stopped_deployment_shows
         )
     # and a stopped deployment of the same version
     stopped = Deployment.objects.create(
-        team=alice.team, name="old", model_version=versions[0], status="stopped", config_pbtxt=versions[0].config_pbtxt
+        team=alice.team,
+        name="old",
+        model_version=versions[0],
+        status="stopped",
+        config_pbtxt=latest_config_pbtxt(versions[0]),
     )
     # when the overview is open
     page.goto("/")

@@ -6,11 +6,13 @@ import pytest
 from playwright.sync_api import expect
 
 from builds.model_config import BuildOptions
+from builds.services import latest_config_pbtxt
 from conch.errors import Unauthenticated
 from deployments.models import Deployment
 from tenancy.models import ApiToken
 from tenancy.services import authenticate_token
 from tests import real_models
+from tests.build_records import fail_current_build
 from tests.deployments.conftest import write_built_version
 from tests.factories import MembershipFactory, UserFactory
 
@@ -92,7 +94,7 @@ def test_the_model_page_shows_the_signature_and_refuses_deleting_a_used_version(
     # given a built version of the classifier that a deployment uses
     version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
     Deployment.objects.create(
-        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=latest_config_pbtxt(version)
     )
     # when alice opens the model
     page.goto(f"/models/{version.model_id}/")
@@ -116,8 +118,7 @@ def test_a_failed_versions_long_error_wraps_and_is_readable_whole(page, alice):
     # given a version whose build failed with a long sentence
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     sentence = "The uploaded file is not an ONNX model: " + "an ONNX file begins with a protobuf header, " * 6
-    version.status, version.error = "failed", sentence + "but this file begins with the bytes of a ZIP archive."
-    version.save(update_fields=["status", "error"])
+    fail_current_build(version, sentence + "but this file begins with the bytes of a ZIP archive.")
     # when alice opens the model
     page.goto(f"/models/{version.model_id}/")
     box = page.get_by_test_id("version-error")

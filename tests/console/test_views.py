@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 
 from builds.model_config import BuildOptions
+from builds.services import latest_config_pbtxt
 from console import presenters
 from deployments.models import Deployment
 from tenancy.models import ApiToken
@@ -32,7 +33,7 @@ def session(alice) -> Client:
 def adder(alice, tmp_path):
     version = write_built_version(alice.team, "adder", add_constant(tmp_path / "v1.onnx", 1.0), BuildOptions())
     deployment = Deployment.objects.create(
-        team=alice.team, name="adder", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=alice.team, name="adder", model_version=version, status="ready", config_pbtxt=latest_config_pbtxt(version)
     )
     return version, deployment
 
@@ -57,7 +58,11 @@ def test_the_overview_lists_stopped_deployments_after_the_others(session, alice,
     # given two deployments stopped after the ready one was made (newer)
     stopped = [
         Deployment.objects.create(
-            team=alice.team, name=name, model_version=version, status="stopped", config_pbtxt=version.config_pbtxt
+            team=alice.team,
+            name=name,
+            model_version=version,
+            status="stopped",
+            config_pbtxt=latest_config_pbtxt(version),
         )
         for name in ("old-a", "old-b")
     ]
@@ -336,7 +341,7 @@ def test_scaling_a_kubernetes_deployment_sets_its_replicas_and_lists_its_pods(se
         replicas=1,
         status="ready",
         observed={"pods": [pod], "replicas": {"desired": 1, "ready": 1}},
-        config_pbtxt=version.config_pbtxt,
+        config_pbtxt=latest_config_pbtxt(version),
     )
     html = session.get(f"/deployments/{deployment.pk}/").content.decode()
     assert 'id="scale-replicas"' in html and "<code>adder-7d9-x</code>" in html
@@ -369,7 +374,7 @@ def test_the_deployments_list_shows_only_the_current_teams_deployments(session, 
     other = TeamFactory(slug="initech", name="Initech")
     MembershipFactory(user=alice.user, team=other, role="developer")
     theirs = Deployment.objects.create(
-        team=other, name="elsewhere", model_version=adder[0], status="ready", config_pbtxt=adder[0].config_pbtxt
+        team=other, name="elsewhere", model_version=adder[0], status="ready", config_pbtxt=latest_config_pbtxt(adder[0])
     )
     html = session.get("/deployments/").content.decode()
     assert f'href="/deployments/{adder[1].pk}/"' in html and f'href="/deployments/{theirs.pk}/"' not in html

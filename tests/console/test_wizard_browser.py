@@ -21,6 +21,7 @@ from django.template.defaultfilters import filesizeformat
 from PIL import Image
 from playwright.sync_api import expect
 
+from builds.services import current_error
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
 from tenancy.quotas import set_quota
@@ -135,7 +136,7 @@ def upload_through_the_api(caller, capture, name: str = "orientation") -> ModelV
         )
     assert response.status_code == 201, response.content
     version = ModelVersion.objects.get(pk=response.json()["id"])
-    assert version.status == "built", version.error
+    assert version.status == "built", current_error(version)
     return version
 
 

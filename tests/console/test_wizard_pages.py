@@ -9,11 +9,14 @@ from django.template.defaultfilters import filesizeformat
 from django.test import Client
 
 from builds.model_config import BuildOptions
+from builds.models import Build
+from builds.services import current_build, current_options, latest_config_pbtxt
 from builds.services.review import current_option_values
 from deployments.models import Deployment
 from models_registry.models import RegisteredModel
 from tenancy.quotas import set_quota
 from tests import real_models
+from tests.build_records import fail_current_build
 from tests.conftest import make_caller
 from tests.deployments.conftest import write_built_version
 from uploads.models import Upload
@@ -146,7 +149,7 @@ def test_the_options_form_takes_output_dims_checked_naming_the_tensor(alice):
     )
     assert response.status_code == 302, response.content
     version.refresh_from_db()
-    assert version.build_options["output_dims"] == {"fetch_name_0": [-1, 4]}
+    assert current_options(version)["output_dims"] == {"fetch_name_0": [-1, 4]}
     # which the form shows again as it was written
     assert current_option_values(version)["output_dims"] == "fetch_name_0=-1,4"
 
@@ -470,10 +473,11 @@ def test_the_build_partial_shows_steps_live_and_reloads_the_page_once_built(alic
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     version.status = "building"
     version.save()
+    build = current_build(version)
     BuildStep.objects.create(
-        version=version, name="inspect", position=0, status="succeeded", log=["12:00:00 input x: FP32 [-1, 3]"]
+        build=build, name="inspect", position=0, status="succeeded", log=["12:00:00 input x: FP32 [-1, 3]"]
     )
-    BuildStep.objects.create(version=version, name="configure", position=1, status="running")
+    BuildStep.objects.create(build=build, name="configure", position=1, status="running")
     url = f"/wizard/versions/{version.pk}/build/status"
     client = _client(alice)
     # when the page polls
@@ -515,7 +519,7 @@ def test_a_refused_rebuild_lists_every_bad_option_without_repeating_the_field_na
 def test_a_test_inference_in_image_mode_without_an_image_names_the_input(alice):
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     deployment = Deployment.objects.create(
-        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=latest_config_pbtxt(version)
     )
     name = version.signature["inputs"][0]["name"]
     response = _client(alice).post(f"/wizard/deployments/{deployment.pk}/test/", {"mode": "image"})
@@ -528,7 +532,7 @@ def test_a_viewer_sees_the_test_form_without_its_send_button(alice):
     # given a ready deployment and a viewer of its team
     version = write_built_version(alice.team, "classifier", real_models.classifier())
     deployment = Deployment.objects.create(
-        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=version.config_pbtxt
+        team=alice.team, name="web", model_version=version, status="ready", config_pbtxt=latest_config_pbtxt(version)
     )
     viewer = _client(make_caller("victor", "acme", role="viewer"))
     # when the viewer opens the test step, and a developer does
@@ -544,8 +548,7 @@ def test_a_viewer_sees_the_test_form_without_its_send_button(alice):
 def test_a_failed_build_says_what_to_do_next_with_links(alice):
     # given a version whose build failed
     version = write_built_version(alice.team, "classifier", real_models.classifier())
-    version.status, version.error = "failed", "The file starts like an ONNX model but is damaged."
-    version.save(update_fields=["status", "error"])
+    fail_current_build(version, "The file starts like an ONNX model but is damaged.")
     # when its build step is opened
     page = _client(alice).get(f"/wizard/versions/{version.pk}/build/").content.decode()
     # then the page offers the way on: rebuild with other options, upload a fixed file, delete this version
@@ -558,8 +561,7 @@ def test_a_failed_build_says_what_to_do_next_with_links(alice):
 def test_the_options_form_shows_the_values_the_built_configuration_has(alice):
     # given a version built with the model's default largest batch (8) and a dynamic batcher
     version = write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
-    version.build_options = {}
-    version.save(update_fields=["build_options"])
+    Build.objects.filter(version=version).update(options={})
     # when its build step is opened
     page = _client(alice).get(f"/wizard/versions/{version.pk}/build/").content.decode()
     # then each option left to the model's default says the value the configuration has

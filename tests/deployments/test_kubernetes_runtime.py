@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from kubernetes import client as k8s
 
+from builds.services import served_repository_prefix
 from conch.errors import Unavailable
 from deployments.models import Deployment
 from deployments.observe import scrape_deployment
@@ -228,7 +229,9 @@ def test_a_triton_that_exits_at_once_is_failed_with_its_termination_message(
     # a model file Triton cannot read: --load-model fails and Triton exits at once, again after every restart
     from models_registry.storage import get_object_store
 
-    get_object_store().put_bytes(f"{version.repository_prefix}/classifier/{version.number}/model.onnx", b"not onnx")
+    get_object_store().put_bytes(
+        f"{served_repository_prefix(version)}/classifier/{version.number}/model.onnx", b"not onnx"
+    )
     created = _create(alice, capture, version, name="crash", replicas=1)
     seen = _reconcile_until(alice, created["id"], lambda d: d["status"] == "failed", capture=capture, timeout_s=90)
     assert "Triton keeps exiting" in seen["status_message"] or "exit code" in seen["status_message"]
@@ -536,7 +539,7 @@ def test_a_version_one_pod_cannot_load_rolls_every_pod_back(
 
     capture = django_capture_on_commit_callbacks
     v1, v2 = write_adder_versions(alice.team, tmp_path)
-    get_object_store().put_bytes(f"{v2.repository_prefix}/adder/2/model.onnx", b"not onnx")
+    get_object_store().put_bytes(f"{served_repository_prefix(v2)}/adder/2/model.onnx", b"not onnx")
     created = _create(alice, capture, v1, name="rollback", replicas=2)
     _reconcile_until(alice, created["id"], lambda d: d["replicas"] == {"desired": 2, "ready": 2}, capture=capture)
     uids = _pod_uids(k8s_env, created["id"])

@@ -29,6 +29,7 @@ from deployments.runtimes import get_runtime
 from deployments.runtimes.base import DeploymentSpec, Phase
 from deployments.runtimes.local import LocalServerState, triton_api_key
 from tests import real_models
+from tests.build_records import fail_current_build
 from tests.tritonserving.test_server import _write_classifier
 from tritonserving import server as triton_server
 from tritonserving.client import TritonClient
@@ -491,9 +492,7 @@ def test_a_server_named_like_ours_but_not_started_by_this_installation_is_left_a
 
 
 def test_deploying_a_version_that_is_not_built_gets_409(alice, built_classifier):
-    built_classifier.status = "failed"
-    built_classifier.error = "bad file"
-    built_classifier.save()
+    fail_current_build(built_classifier, "bad file")
     response = alice.client.post(
         "/api/v1/deployments/", {"name": "web", "team": "acme", "model_version": built_classifier.pk}, format="json"
     )

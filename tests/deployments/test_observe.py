@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
+from builds.services import latest_config_pbtxt
 from deployments import services, tasks
 from deployments.models import Deployment, MetricSample
 from deployments.observe import (
@@ -116,7 +117,7 @@ def deployment(built_classifier, alice):
         name="web",
         model_version=built_classifier,
         status="ready",
-        config_pbtxt=built_classifier.config_pbtxt,
+        config_pbtxt=latest_config_pbtxt(built_classifier),
     )
 
 

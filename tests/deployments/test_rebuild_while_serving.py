@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from builds.services import current_error, served_repository_prefix
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState
@@ -38,8 +39,8 @@ def test_rebuilding_a_deployed_version_fails_no_inference_and_a_restart_serves_t
             {"file": SimpleUploadedFile("m.onnx", real_models.classifier().read_bytes()), "max_batch_size": "4"},
         )
     version = ModelVersion.objects.get(pk=response.json()["id"])
-    assert version.status == "built", version.error
-    pinned = version.repository_prefix
+    assert version.status == "built", current_error(version)
+    pinned = served_repository_prefix(version)
     body = {"name": "web", "team": "acme", "model_version": version.pk, "runtime": "local"}
     with django_capture_on_commit_callbacks(execute=True):
         deployment_id = alice.client.post("/api/v1/deployments/", body, format="json").json()["id"]
@@ -68,8 +69,8 @@ def test_rebuilding_a_deployed_version_fails_no_inference_and_a_restart_serves_t
     stop.set()
     sender.join(timeout=60)
     # then the rebuild wrote a new prefix, left the pinned one in place, and no inference failed
-    assert version.status == "built", version.error
-    assert version.repository_prefix != pinned
+    assert version.status == "built", current_error(version)
+    assert served_repository_prefix(version) != pinned
     store = get_object_store()
     assert store.read_bytes(f"{pinned}/classifier/config.pbtxt")
     failures = [r for r in results if r != "ok"]

@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from builds.model_config import BuildOptions
-from builds.services import SERVER_ID_INFIX_VERIFY, stop_verify_servers
+from builds.services import SERVER_ID_INFIX_VERIFY, served_repository_prefix, stop_verify_servers
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
@@ -111,7 +111,7 @@ def test_a_model_triton_refuses_to_load_fails_permanently_and_is_not_restarted(
 ):
     # given a built version whose stored model file is not a model Triton can load
     version = write_built_version(alice.team, "broken", real_models.classifier(), BuildOptions(max_batch_size=4))
-    get_object_store().put_bytes(f"{version.repository_prefix}/broken/{version.number}/model.onnx", b"not onnx")
+    get_object_store().put_bytes(f"{served_repository_prefix(version)}/broken/{version.number}/model.onnx", b"not onnx")
     # when it is deployed
     row = _create(alice, version, django_capture_on_commit_callbacks, execute=True)
     row.refresh_from_db()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from builds.services import served_repository_prefix
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState
@@ -31,7 +32,7 @@ def test_a_deployment_serves_its_own_copy_of_the_pinned_build(
     own = services.deployment_repository_prefix(row.pk)
     store = get_object_store()
     assert store.list_keys(own) == [f"{own}/classifier/1/model.onnx", f"{own}/classifier/config.pbtxt"]
-    pinned = built_classifier.repository_prefix
+    pinned = served_repository_prefix(built_classifier)
     assert d["repository_prefix"] == pinned
     assert store.read_bytes(f"{own}/classifier/1/model.onnx") == store.read_bytes(f"{pinned}/classifier/1/model.onnx")
     config = config_from_pbtxt(store.read_bytes(f"{own}/classifier/config.pbtxt").decode())

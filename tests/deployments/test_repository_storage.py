@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from builds.services import served_repository_prefix
 from deployments import services
 from deployments.models import Deployment
 from deployments.services.repository import collect_deployment_repositories
@@ -123,7 +124,7 @@ def test_a_deployment_whose_build_files_are_gone_fails_for_good_and_frees_its_re
     assert row.repository_bytes > 0
     store = get_object_store()
     store.put_bytes(f"deployments/{row.pk}/repository/{row.model_name}/1/model.onnx.part", b"half a copy")
-    store.delete_prefix(v1.repository_prefix + "/")
+    store.delete_prefix(served_repository_prefix(v1) + "/")
     # when it is started
     assert services.ensure_deployment_started(deployment_id=row.pk) == "failed"
     # then it failed for good (nothing would restart it), saying what to do, and what it had written is gone

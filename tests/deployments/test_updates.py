@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from builds.services import latest_config_pbtxt, served_repository_prefix
 from deployments import services
 from deployments.models import Deployment
 from deployments.runtimes.local import LocalServerState, triton_api_key
@@ -103,7 +104,7 @@ def test_an_update_under_continuous_load_fails_no_request_and_restarts_nothing(
     shown = alice.client.get(f"/api/v1/deployments/{row.pk}/").json()
     assert (shown["status"], shown["update_status"], shown["update_error"]) == ("ready", "succeeded", "")
     assert (shown["model_version"], shown["model_version_number"]) == (v2.pk, 2)
-    assert shown["repository_prefix"] == v2.repository_prefix
+    assert shown["repository_prefix"] == served_repository_prefix(v2)
     assert shown["target_model_version"] is None
     updated = AuditEntry.objects.get(action="deployment.version_updated", object_id=str(row.pk))
     assert (updated.before["number"], updated.after["number"], updated.source) == (1, 2, "task")
@@ -130,7 +131,7 @@ def test_an_update_under_continuous_load_fails_no_request_and_restarts_nothing(
     assert admin.ready_versions("adder") == {2}
     assert admin.infer_numpy("adder", {"x": X})["y"].tolist() == [[2.0] * 4]
     # when a server serves the old version (as a pod started mid-update would), reconcile moves it back to 2
-    load_versions(admin, config_from_pbtxt(v1.config_pbtxt), [1])
+    load_versions(admin, config_from_pbtxt(latest_config_pbtxt(v1)), [1])
     wait_until_ready_again(admin, timeout_s=30)
     assert admin.ready_versions("adder") == {1}
     services.reconcile_deployments()
@@ -147,7 +148,7 @@ def test_a_version_triton_refuses_rolls_back_and_the_old_one_keeps_serving(
 ):
     # given version 1 deployed, and a version 2 that built but whose model file Triton cannot load
     v1, v2 = adder_versions
-    get_object_store().put_bytes(f"{v2.repository_prefix}/adder/2/model.onnx", b"not onnx")
+    get_object_store().put_bytes(f"{served_repository_prefix(v2)}/adder/2/model.onnx", b"not onnx")
     d = deploy_ready(alice, django_capture_on_commit_callbacks, v1.pk)
     row = Deployment.objects.get(pk=d["id"])
     before = _server(row)
@@ -160,7 +161,7 @@ def test_a_version_triton_refuses_rolls_back_and_the_old_one_keeps_serving(
     assert shown["update_error"].startswith(f"Server {before.server_id} could not serve version 2: ")
     assert "version 2" in shown["update_error"] and "model.onnx" in shown["update_error"]
     # and the deployment still serves version 1 alone, on the same process, from an unchanged record
-    assert (shown["model_version"], shown["repository_prefix"]) == (v1.pk, v1.repository_prefix)
+    assert (shown["model_version"], shown["repository_prefix"]) == (v1.pk, served_repository_prefix(v1))
     assert _server(row).pid == before.pid
     admin = _admin(row)
     assert admin.ready_versions("adder") == {1}

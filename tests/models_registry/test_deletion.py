@@ -13,7 +13,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from builds.models import BuildRepository, BuildStep
-from builds.services import reset_steps, sweep_stalled_versions
+from builds.services import (
+    current_build,
+    latest_config_pbtxt,
+    reset_steps,
+    served_repository_prefix,
+    sweep_stalled_versions,
+)
 from builds.services.storage import reserve_repository_storage
 from conch.errors import Conflict, InUse
 from deployments import services as deployments
@@ -56,9 +62,9 @@ def _built(caller, tmp_path, name: str = "adder") -> ModelVersion:
     version = write_built_version(caller.team, name, add_constant(tmp_path / f"{name}-{number}.onnx", float(number)))
     store = get_object_store()
     store.put_bytes(registry.sample_inputs_key(model_id=version.model_id, number=version.number), b"npz")
-    size = version.source_size_bytes + len(version.config_pbtxt.encode())
-    reserve_repository_storage(version=version, attempt=1, prefix=version.repository_prefix, size_bytes=size)
-    reset_steps(version=version)
+    size = version.source_size_bytes + len(latest_config_pbtxt(version).encode())
+    reserve_repository_storage(version=version, attempt=1, prefix=served_repository_prefix(version), size_bytes=size)
+    reset_steps(build=current_build(version))
     return version
 
 
@@ -78,12 +84,12 @@ def test_deleting_a_version_removes_its_objects_and_row_and_frees_its_storage(al
     first, second = _built(alice, tmp_path), _built(alice, tmp_path)
     root = f"models/{first.model_id}/versions/"
     assert s3(f"{root}1/") == [
-        f"{first.repository_prefix}/adder/1/model.onnx",
-        f"{first.repository_prefix}/adder/config.pbtxt",
+        f"{served_repository_prefix(first)}/adder/1/model.onnx",
+        f"{served_repository_prefix(first)}/adder/config.pbtxt",
         f"{root}1/source/model.onnx",
         f"{root}1/source/sample_inputs.npz",
     ]
-    each = first.source_size_bytes * 2 + len(first.config_pbtxt.encode())
+    each = first.source_size_bytes * 2 + len(latest_config_pbtxt(first).encode())
     assert _storage_used(alice.team) == 2 * each
     # when the first is deleted
     response = alice.client.delete(f"/api/v1/versions/{first.pk}/")
@@ -93,7 +99,7 @@ def test_deleting_a_version_removes_its_objects_and_row_and_frees_its_storage(al
     assert len(s3(f"{root}2/")) == 4
     # and its rows (version, build steps, build repository) are gone, freeing its storage
     assert not ModelVersion.objects.filter(pk=first.pk).exists()
-    assert not BuildStep.objects.filter(version_id=first.pk).exists()
+    assert not BuildStep.objects.filter(build__version_id=first.pk).exists()
     assert list(BuildRepository.objects.values_list("version_id", flat=True)) == [second.pk]
     assert _storage_used(alice.team) == each
     assert alice.client.get(f"/api/v1/versions/{first.pk}/").status_code == 404
@@ -217,7 +223,7 @@ def test_deleting_a_model_removes_every_version_and_frees_its_place_in_the_quota
     assert AuditEntry.objects.filter(action="model.deleted", object_id=str(first.model_id), actor="alice").exists()
     assert list(ModelVersion.objects.values_list("pk", flat=True)) == [other.pk]
     assert not Deployment.objects.exists()
-    assert _storage_used(alice.team) == other.source_size_bytes * 2 + len(other.config_pbtxt.encode())
+    assert _storage_used(alice.team) == other.source_size_bytes * 2 + len(latest_config_pbtxt(other).encode())
     # and a model fits again
     assert alice.client.post("/api/v1/models/", {"name": "third", "team": "acme"}, format="json").status_code == 201
 

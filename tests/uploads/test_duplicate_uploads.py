@@ -10,8 +10,10 @@ import os
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from builds.services import current_options
 from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
+from tests.build_records import end_current_build, fail_current_build
 from tests.conftest import make_caller
 from tests.tiny_models import onnx_like
 from uploads import services as uploads
@@ -97,10 +99,10 @@ def test_the_advice_follows_the_existing_version_s_status(alice):
     model_id = _model(alice)
     data = _data()
     version = ModelVersion.objects.get(pk=_post_version(alice, model_id, data).json()["id"])
-    ModelVersion.objects.filter(pk=version.pk).update(status="built")
+    end_current_build(version, "built")
     built = _start(alice, model_id, data)
     assert f"deploy that version (POST /api/v1/deployments/ with version {version.pk})" in built.json()["detail"]
-    ModelVersion.objects.filter(pk=version.pk).update(status="failed", error_field="verify")
+    fail_current_build(version, "verify failed", error_field="verify")
     failed = _start(alice, model_id, data)
     assert (
         f"rebuild it if its build failed for a reason since fixed (POST /api/v1/versions/{version.pk}/rebuild)"
@@ -116,7 +118,7 @@ def test_build_options_sent_with_a_duplicate_are_said_not_applied_with_the_rebui
     model_id = _model(alice)
     data = _data()
     version = ModelVersion.objects.get(pk=_post_version(alice, model_id, data).json()["id"])
-    ModelVersion.objects.filter(pk=version.pk).update(status="built")
+    end_current_build(version, "built")
     version.refresh_from_db()
     # when the same file is uploaded again with max_batch_size 8, resumable or in one request
     resumable = _start(alice, model_id, data, build_options={"max_batch_size": 8})
@@ -134,7 +136,7 @@ def test_build_options_sent_with_a_duplicate_are_said_not_applied_with_the_rebui
         rebuilt = alice.client.post(f"/api/v1/versions/{version.pk}/rebuild", {"max_batch_size": 8}, format="json")
     assert rebuilt.status_code == 202, rebuilt.content
     version.refresh_from_db()
-    assert version.build_options["max_batch_size"] == 8
+    assert current_options(version)["max_batch_size"] == 8
     # while a duplicate sent without options says nothing of them
     assert "build options" not in _start(alice, model_id, data).json()["detail"]
 
@@ -232,7 +234,7 @@ def test_a_deleted_version_does_not_count(alice):
     model_id = _model(alice)
     data = _data()
     version = ModelVersion.objects.get(pk=_post_version(alice, model_id, data).json()["id"])
-    ModelVersion.objects.filter(pk=version.pk).update(status="built")
+    end_current_build(version, "built")
     assert alice.client.delete(f"/api/v1/versions/{version.pk}/").status_code == 204
     assert _start(alice, model_id, data).status_code == 201
     assert _post_version(alice, model_id, data).status_code == 201
@@ -245,7 +247,7 @@ def test_a_version_being_deleted_or_failed_on_its_sha256_does_not_count(alice):
     ModelVersion.objects.filter(pk=version.pk).update(status="deleting")
     assert _start(alice, model_id, data).status_code == 201
     # a version whose promised sha256 its file did not keep: the sha256 was never its file's
-    ModelVersion.objects.filter(pk=version.pk).update(status="failed", error_field="sha256")
+    fail_current_build(version, "sha256 mismatch", error_field="sha256")
     assert _post_version(alice, model_id, data).status_code == 201
 
 

@@ -25,12 +25,14 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from builds import services as builds
+from builds.services import current_build, current_error, current_options
 from models_registry.models import ModelVersion
 from models_registry.storage import get_object_store
 from tenancy.models import AuditEntry
 from tenancy.quotas import set_quota, team_usage
 from tenancy.services import create_api_token, ensure_membership
 from tests import real_models
+from tests.build_records import end_current_build
 from tests.conftest import make_caller
 from uploads import services as uploads
 from uploads.models import Upload
@@ -142,11 +144,11 @@ def test_a_file_goes_straight_to_the_bucket_then_becomes_a_version(alice, s3, dj
     done = alice.client.get(f"/api/v1/models/{model_id}/uploads/{upload['id']}/").json()
     assert done["status"] == "completed" and done["error"] == ""
     version = ModelVersion.objects.get(pk=done["version"])
-    assert (version.number, version.status, version.build_attempt) == (1, "queued", 1)
+    assert (version.number, version.status, current_build(version).attempt) == (1, "queued", 1)
     assert (version.source_filename, version.source_size_bytes) == ("model.onnx", len(data))
     assert (version.source_sha256, version.source_checked) == (hashlib.sha256(data).hexdigest(), False)
     assert version.source_key == f"models/{model_id}/uploads/{upload['id']}/model.onnx"
-    assert version.build_options["max_batch_size"] == 4
+    assert current_options(version)["max_batch_size"] == 4
     assert get_object_store().read_bytes(version.source_key) == data
     assert s3() == {"keys": [f"conch/{version.source_key}"], "pending": []}
     # and the bytes are counted once: the version's, the reservation ended
@@ -294,7 +296,7 @@ def test_a_checksum_mismatch_fails_the_version_s_build_naming_sha256_and_a_rebui
     assert builds.run_build(version_id=version.pk, attempt=2) == "failed"
     # then it fails the same way (the check is not skipped the second time)
     again = ModelVersion.objects.get(pk=version.pk)
-    assert (again.status, again.error_field, again.error, again.source_checked) == (
+    assert (again.status, current_build(again).error_field, current_error(again), again.source_checked) == (
         "failed",
         "sha256",
         expected_error,
@@ -719,7 +721,7 @@ def _completed_version(caller, model_id: int, data: bytes, capture) -> ModelVers
 def test_deleting_a_version_made_from_an_upload_deletes_its_file(alice, s3, django_capture_on_commit_callbacks):
     model_id = _model(alice)
     version = _completed_version(alice, model_id, os.urandom(2000), django_capture_on_commit_callbacks)
-    ModelVersion.objects.filter(pk=version.pk).update(status="built")  # its build is not run here
+    end_current_build(version, "built")  # its build is not run here
     # when
     assert alice.client.delete(f"/api/v1/versions/{version.pk}/").status_code == 204
     # then its file, kept where the upload joined it, is gone with it

@@ -20,7 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from builds.formats import check_model_filename, check_model_head
-from builds.services import queue_build
+from builds.services import start_first_build
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from models_registry.services import create_uploaded_version, lock_model, refuse_duplicate_version
 from models_registry.storage import StoredObject, StoredPart, get_object_store
@@ -342,8 +342,9 @@ def fail_upload(*, upload_id: uuid.UUID | str, error: str, field: str) -> None:
 def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObject) -> ModelVersion | None:
     """Make the model's next version from a joined upload, `queued` for build attempt 1, and end the upload.
 
-    Call inside the transaction that queues the build (`builds.services.queue_build`, as `finish_upload` does). The
-    version is recorded as an ordinary upload records it (source key, filename, size, the upload's build options),
+    Call inside the transaction that starts and queues the build with the upload's build options
+    (`builds.services.start_first_build`, as `finish_upload` does). The version is recorded as an ordinary upload
+    records it (source key, filename, size),
     with the promised SHA-256 marked unchecked (`source_checked` False: its build checks it); the upload becomes
     `completed` and names it. The storage quota was reserved when the upload started: the version's bytes are
     counted from the same commit that ends the upload's reservation. Returns None when the upload is not
@@ -376,7 +377,6 @@ def create_version_from_upload(*, upload_id: uuid.UUID | str, stored: StoredObje
         filename=upload.filename,
         size_bytes=stored.size_bytes,
         sha256=stored.sha256_hex,
-        build_options=upload.build_options,
         created_by=upload.created_by,
         upload_id=str(upload.pk),
     )
@@ -423,7 +423,7 @@ def finish_upload(*, upload_id: uuid.UUID | str) -> str:
             version = create_version_from_upload(upload_id=upload_id, stored=stored)
             if version is None:
                 return "skipped"
-            queue_build(version_id=version.pk, attempt=version.build_attempt)
+            start_first_build(version=version, options=upload.build_options)
     except ConchError as error:  # the model is being deleted, or an identical upload made its version first
         fail_upload(upload_id=upload_id, error=error.detail, field=error.field or "")
         return "failed"
