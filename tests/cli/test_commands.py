@@ -268,6 +268,27 @@ def test_builds_wait_exits_5_with_the_build_error_when_the_build_fails(cli, conc
     assert by_name.code == 5 and by_name.json()["error"]["detail"].startswith(f"The build of version {version_id} ")
 
 
+def test_builds_list_shows_every_attempt_newest_first(cli, conch_env, eager_tasks):
+    # given a version whose build failed, then failed again when rebuilt
+    client = conch_env.caller.client
+    model_id = client.post("/api/v1/models/", {"name": "broken", "team": "acme"}, format="json").json()["id"]
+    response = client.post(
+        f"/api/v1/models/{model_id}/versions/", {"file": SimpleUploadedFile("m.onnx", onnx_like(b"this is not onnx"))}
+    )
+    version_id = response.json()["id"]
+    assert client.post(f"/api/v1/versions/{version_id}/rebuild", {}, format="json").status_code == 202
+    # when the history is listed, as JSON and as a table
+    listed = cli("builds", "list", "broken:1", "--json")
+    table = cli("builds", "list", str(version_id))
+    # then both attempts are there, newest first, each failed with the build's error
+    assert listed.code == 0, listed.err
+    assert [(b["attempt"], b["status"]) for b in listed.json()] == [(2, "failed"), (1, "failed")]
+    assert all(b["error"].startswith("The file starts like an ONNX model but is damaged") for b in listed.json())
+    assert table.code == 0 and table.out.split()[:6] == ["ATTEMPT", "STATUS", "STARTED", "FINISHED", "WORKER", "ERROR"]
+    rows = [row.split()[:2] for row in table.out.splitlines() if row[:1].isdigit()]
+    assert rows == [["2", "failed"], ["1", "failed"]]
+
+
 @pytest.mark.parametrize(
     ("version", "code", "says"),
     [

@@ -546,6 +546,43 @@ def builds_rebuild(
         output.line(f"version id {found['id']} built")
 
 
+@builds_app.command("list", cls=_Command)
+def builds_list(
+    version: Annotated[
+        str,
+        typer.Argument(metavar="VERSION", help="The version: its id, or MODEL:NUMBER (as `conch upload` prints it)."),
+    ],
+    team: Team = None,
+    as_json: Json = False,
+) -> None:
+    """List every build attempt of a version, newest first (GET /api/v1/versions/ID/builds/): its status, when it
+    started and finished (UTC), the worker that ran it and its error (--json: every field, steps and logs too)."""
+    with _api() as api:
+        found = list(api.pages(f"/api/v1/versions/{_version_id(api, version, team)}/builds/"))
+    if as_json:
+        output.emit_json(found)
+        return
+    output.table(
+        ["ATTEMPT", "STATUS", "STARTED", "FINISHED", "WORKER", "ERROR"],
+        [
+            [
+                b["attempt"],
+                b["status"] + (f" (after {b['lost_attempts']} lost)" if b["lost_attempts"] else ""),
+                _when(b["started_at"]),
+                _when(b["finished_at"]),
+                b["worker"] or "-",
+                (b["error"].splitlines() or ["-"])[0][:100],
+            ]
+            for b in found
+        ],
+    )
+
+
+def _when(stamp: str | None) -> str:
+    """`YYYY-MM-DD HH:MM:SS` of an API timestamp (ISO 8601, UTC), "-" for none."""
+    return stamp[:19].replace("T", " ") if stamp else "-"
+
+
 def _version_id(api: ConchApi, version: str, team: str | None) -> int:
     """The id of VERSION given as an id or as MODEL:NUMBER. Raises CliError (USAGE, field `version`) otherwise."""
     if version.isdigit():
