@@ -256,6 +256,10 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "built_at",
         ]
 
+    def to_representation(self, instance: ModelVersion) -> dict:
+        # The fields below all read the version's builds: read them once (a queryset may have fetched them already).
+        return super().to_representation(state.read_history_once(instance))
+
     def get_error(self, obj: ModelVersion) -> str:
         build = state.current_build(obj)
         return build.error if build is not None else ""

@@ -56,6 +56,14 @@ def _history(version: ModelVersion) -> list[Build]:
     return list(Build.objects.filter(version_id=version.pk).order_by("-attempt").prefetch_related("steps"))
 
 
+def read_history_once(version: ModelVersion) -> ModelVersion:
+    """Read the version's builds now and keep them on this instance (as `with_builds` does for a queryset), for a
+    caller about to ask several questions of one version it will not change; returns `version`."""
+    if getattr(version, HISTORY_ATTR, None) is None:
+        setattr(version, HISTORY_ATTR, _history(version))
+    return version
+
+
 def current_build(version: ModelVersion) -> Build | None:
     """The version's latest build attempt (what its `status` sums up), or None before its upload finished."""
     history = _history(version)
@@ -448,6 +456,7 @@ __all__ = [
     "last_change",
     "mark_rebuild",
     "open_first_build",
+    "read_history_once",
     "record_build_artifacts",
     "record_build_heartbeat",
     "record_build_result",
