@@ -90,8 +90,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, exceptions.NotAuthenticated):
         auth_header = getattr(exc, "auth_header", None)
         exc = exceptions.NotAuthenticated(
-            "Send an API token as 'Authorization: Bearer <token>'; "
-            "create one with 'python manage.py create_token <username>'."
+            "Send an API token as 'Authorization: Bearer <token>'; create one on your team's page in the console "
+            "or with POST /api/v1/tokens/ (an operator can also run 'python manage.py create_token <username>')."
         )
         exc.auth_header = auth_header  # DRF turns it into the WWW-Authenticate header
     if isinstance(exc, Http404):
@@ -217,7 +217,8 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "A token from `python manage.py create_token <username>`.",
+            "description": "A Conch API token: from your team's page in the console, POST /api/v1/tokens/, or "
+            "`python manage.py create_token <username>`.",
         }
 
 

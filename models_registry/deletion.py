@@ -50,12 +50,14 @@ _BUSY = {
 
 @dataclass(frozen=True)
 class VersionUse:
-    """One thing that uses a model version: `kind` ("deployment"), its `id` and `name`, and which version."""
+    """One thing that uses a model version: `kind` ("deployment"), its `id` and `name`, which version, and whether
+    it is already on its way out (`ending`: a deployment stopping), so a refusal can say to wait instead."""
 
     kind: str
     id: int
     name: str
     version_id: int
+    ending: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,10 +215,13 @@ def _refuse_if_busy(versions: list[ModelVersion], what: str) -> None:
     ids = [version.pk for version in versions]
     uses = [use for user in _users for use in user.uses(ids)] if ids else []
     if uses:
-        named = ", ".join(f"'{use.name}' (id {use.id})" for use in uses)
+        named = ", ".join(f"'{use.name}' (id {use.id}{', stopping' if use.ending else ''})" for use in uses)
+        if all(use.ending for use in uses):
+            todo = "They are stopping: delete again once they have stopped (a few seconds)."
+        else:
+            todo = "Stop them (DELETE /api/v1/deployments/{id}/), or move them to another version, then delete again."
         raise InUse(
-            f"{what} is used by {len(uses)} deployment{'s' if len(uses) != 1 else ''} not stopped: {named}. "
-            "Stop them (DELETE /api/v1/deployments/{id}/), or move them to another version, then delete again.",
+            f"{what} is used by {len(uses)} deployment{'s' if len(uses) != 1 else ''} not stopped: {named}. {todo}",
             field="deployments",
             users=[{"id": use.id, "name": use.name} for use in uses],
         )

@@ -15,8 +15,9 @@ MODEL_NAME_MAX_LENGTH = 63
 _NAME_MAX_LENGTH = MODEL_NAME_MAX_LENGTH
 
 
-def validate_model_name(name: str) -> None:
-    """Check a model name against the rule Triton repositories and Kubernetes objects share.
+def validate_model_name(name: str, *, what: str = "model") -> None:
+    """Check a model name (or, with `what="deployment"`, a deployment's) against the rule Triton repositories and
+    Kubernetes objects share.
 
     Rule: a lowercase RFC 1123 DNS label, `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters. The name is a
     folder in the model repository (Triton "Model Repository" -> "Repository Layout"), part of inference URLs
@@ -26,7 +27,7 @@ def validate_model_name(name: str) -> None:
         InvalidInput: field "name", stating the rule and, when possible, a valid suggestion.
     """
     rule = (
-        "a model name must be 1 to 63 characters of lowercase letters a-z, digits and hyphens, and start and end "
+        f"a {what} name must be 1 to 63 characters of lowercase letters a-z, digits and hyphens, and start and end "
         "with a letter or digit (a DNS label, shared by Triton repository folders and Kubernetes names)"
     )
     if not isinstance(name, str) or not name:
@@ -37,4 +38,4 @@ def validate_model_name(name: str) -> None:
     ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
     suggestion = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:_NAME_MAX_LENGTH].strip("-")
     hint = f" For example: {suggestion!r}." if suggestion and _NAME_RE.fullmatch(suggestion) else ""
-    raise InvalidInput(f"{name!r} is not a valid model name ({problem}): {rule}.{hint}", field="name")
+    raise InvalidInput(f"{name!r} is not a valid {what} name ({problem}): {rule}.{hint}", field="name")

@@ -391,12 +391,14 @@ def abort_stale_uploads(*, stale_before: datetime) -> int:
             log.warning("upload.abort_stale.failed", extra={"version_id": version_id, "error": error.detail})
             continue
         with transaction.atomic():
+            RegisteredModel.objects.select_for_update().filter(pk=version.model_id).first()  # as reserve_version
             deleted, _ = (
                 ModelVersion.objects.filter(pk=version_id, status=VersionStatus.UPLOADING)
                 .filter(Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True))
                 .delete()
             )
             if deleted:
+                _give_back_number(model_id=version.model_id, number=version.number)
                 record_audit(
                     action=AuditAction.VERSION_DISCARDED,
                     team=version.model.team,
@@ -413,10 +415,18 @@ def abort_stale_uploads(*, stale_before: datetime) -> int:
     return removed
 
 
+def _give_back_number(*, model_id: int, number: int) -> None:
+    """Let the model's next upload take `number` again when it was the last one taken and its version, deleted
+    while still uploading, never held a build (so no deployment's repository can hold its folder). The caller
+    holds the model's row lock (as `reserve_version` does) and has just deleted that version's row."""
+    RegisteredModel.objects.filter(pk=model_id, last_version_number=number).update(last_version_number=number - 1)
+
+
 def discard_upload(*, version: ModelVersion) -> None:
     """Forget a version whose upload failed: delete its row and any stored bytes (model file, sample inputs).
 
-    Audited (`version.discarded`) when the row was still there.
+    Audited (`version.discarded`) when the row was still there. Its number goes back to the model when no later
+    upload took one since (`_give_back_number`): a refused upload leaves no gap in the version numbers.
     """
     store = get_object_store()
     keys = [version.source_key] + [
@@ -429,8 +439,10 @@ def discard_upload(*, version: ModelVersion) -> None:
         except NotFound:
             pass
     with transaction.atomic():
+        RegisteredModel.objects.select_for_update().filter(pk=version.model_id).first()  # as reserve_version
         deleted, _ = ModelVersion.objects.filter(pk=version.pk, status=VersionStatus.UPLOADING).delete()
         if deleted:
+            _give_back_number(model_id=version.model_id, number=version.number)
             record_audit(
                 action=AuditAction.VERSION_DISCARDED,
                 team=version.model.team,

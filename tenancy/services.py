@@ -334,7 +334,10 @@ def authenticate_token(*, raw: str) -> tuple[User, TokenGrant]:
     """
     token = ApiToken.objects.select_related("user").filter(key_hash=_hash_token(raw)).first()
     if token is None:
-        raise Unauthenticated("Unknown or revoked token; create one with manage.py create_token.")
+        raise Unauthenticated(
+            "Unknown or revoked token; create a new one on your team's page in the console or with "
+            "POST /api/v1/tokens/ (signed in), and send it as 'Authorization: Bearer <token>'."
+        )
     if not token.user.is_active:
         raise Unauthenticated(f"token {token.prefix}… belongs to a deactivated user; ask an admin to reactivate it")
     if token.is_revoked:

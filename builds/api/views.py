@@ -6,8 +6,9 @@ its build (the registry itself never queues work of a layer above it).
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
@@ -62,6 +63,32 @@ BUILD_OPTION_FIELDS = (
     "instance_count",
     OUTPUT_DIMS_FIELD,
 )
+#: The fields a version upload's form takes besides the build options (Django's form CSRF token included).
+UPLOAD_FORM_FIELDS = ("file", SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD, "allow_duplicate", "csrfmiddlewaretoken")
+#: The fields a rebuild takes.
+REBUILD_FIELDS = (
+    *OPTION_NAMES,
+    DYNAMIC_BATCHING_FIELD,
+    OUTPUT_DIMS_FIELD,
+    SAMPLE_INPUTS_FIELD,
+    SAMPLE_VALUES_FIELD,
+    "csrfmiddlewaretoken",
+)
+
+
+def refuse_unknown_fields(sent: Iterable[str], known: tuple[str, ...], what: str) -> None:
+    """Refuse a body field Conch does not take, so a misspelt build option is not quietly left out (the build would
+    then use the model's default). Raises InvalidInput naming the first unknown field, the closest known name, and
+    every field `what` takes."""
+    unknown = [name for name in sent if name not in known]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    takes = ", ".join(name for name in known if name != "csrfmiddlewaretoken")
+    raise InvalidInput(f"{what} has no field {unknown[0]!r}.{hint} It takes {takes}.", field=unknown[0])
+
+
 #: A rebuild's body: an .npz of sample inputs (streamed, checked by its upload handler) or a small JSON object.
 REBUILD_BODY = BodyLimit(
     setting=None, variable=None, field=SAMPLE_INPUTS_FIELD, extra_bytes=MAX_SAMPLE_INPUTS_BYTES + MULTIPART_SLACK_BYTES
@@ -175,6 +202,9 @@ class ModelVersionListUploadView(APIView):
                     "(curl -F file=@model.onnx …).",
                     field="file",
                 ) from None
+            refuse_unknown_fields(
+                [*data.keys(), *files.keys()], (*UPLOAD_FORM_FIELDS, *BUILD_OPTION_FIELDS), "An upload"
+            )
             upload = files.get("file")
             if upload is None:
                 raise InvalidInput("Send the model file in the multipart field 'file'.", field="file")
@@ -274,6 +304,7 @@ class RebuildView(APIView):
                     'Send the rebuild body as a JSON object such as {"sample_values": {"sr": 16000}}.',
                     field=SAMPLE_VALUES_FIELD,
                 )
+            refuse_unknown_fields([*data.keys(), *files.keys()], REBUILD_FIELDS, "A rebuild")
             samples = files.get(SAMPLE_INPUTS_FIELD)
             option_keys = [key for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD, OUTPUT_DIMS_FIELD) if key in data]
             version = builds.request_rebuild(

@@ -284,7 +284,7 @@ def _check_request(
     """
     name, team_slug, runtime, gpu = request.name, request.team_slug, request.runtime, request.placement.gpu
     refusals: list[ConchError] = []
-    attempt(refusals, validate_model_name, name)
+    attempt(refusals, validate_model_name, name, what="deployment")
     try:
         team = get_team_for_user(user=user, slug=team_slug, token=token)
         require_role(

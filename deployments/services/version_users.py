@@ -25,11 +25,17 @@ def deployments_using(version_ids: list[int]) -> list[VersionUse]:
         Deployment.objects.filter(_naming(version_ids))
         .exclude(status=DeploymentStatus.STOPPED)
         .order_by("pk")
-        .values_list("pk", "name", "model_version_id", "target_model_version_id")
+        .values_list("pk", "name", "model_version_id", "target_model_version_id", "status")
     )
     return [
-        VersionUse(kind="deployment", id=pk, name=name, version_id=current if current in version_ids else target)
-        for pk, name, current, target in rows
+        VersionUse(
+            kind="deployment",
+            id=pk,
+            name=name,
+            version_id=current if current in version_ids else target,
+            ending=status == DeploymentStatus.STOPPING,
+        )
+        for pk, name, current, target, status in rows
     ]
 
 

@@ -72,3 +72,49 @@ def test_upload_form_documents_the_option_bounds(alice):
     assert (properties["max_batch_size"]["minimum"], properties["max_batch_size"]["maximum"]) == (0, MAX_MAX_BATCH_SIZE)
     assert (properties["instance_count"]["minimum"], properties["instance_count"]["maximum"]) == (1, MAX_INSTANCE_COUNT)
     assert properties["max_queue_delay_microseconds"]["maximum"] == MAX_QUEUE_DELAY_MICROSECONDS
+
+
+def test_an_upload_with_a_misspelt_build_option_is_refused_naming_it(alice):
+    # given
+    model_id = alice.client.post("/api/v1/models/", {"name": "m", "team": "acme"}, format="json").json()["id"]
+    # when an upload sends max_batch (no such option) beside the file
+    response = alice.client.post(
+        UPLOAD_PATH.format(model_id=model_id),
+        {"file": SimpleUploadedFile("model.onnx", real_models.classifier().read_bytes()), "max_batch": "4"},
+    )
+    # then it is refused, naming the field and the option meant, and no version is made (nor a number used up)
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["field"] == "max_batch"
+    assert "An upload has no field 'max_batch'. Did you mean 'max_batch_size'?" in body["detail"]
+    assert alice.client.get(f"/api/v1/models/{model_id}/versions/").json()["count"] == 0
+
+
+def test_a_rebuild_with_a_misspelt_build_option_is_refused_naming_it(alice):
+    # given a built version
+    from tests.deployments.conftest import write_built_version
+
+    version = write_built_version(alice.team, "classifier", real_models.classifier())
+    # when a rebuild sends max_batchsize
+    response = alice.client.post(f"/api/v1/versions/{version.pk}/rebuild", {"max_batchsize": 4}, format="json")
+    # then it is refused, naming it, and no build is started
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "max_batchsize"
+    assert "Did you mean 'max_batch_size'?" in response.json()["detail"]
+    assert alice.client.get(f"/api/v1/versions/{version.pk}/builds/").json()["count"] == 1
+
+
+def test_refused_uploads_leave_no_gap_in_the_version_numbers(alice):
+    # given a model
+    model_id = alice.client.post("/api/v1/models/", {"name": "m", "team": "acme"}, format="json").json()["id"]
+    url = UPLOAD_PATH.format(model_id=model_id)
+    # when uploads are refused: no file, a text file, a bad option
+    assert alice.client.post(url, {"max_batch_size": "4"}).status_code == 400
+    assert alice.client.post(url, {"file": SimpleUploadedFile("notes.txt", b"hello")}).status_code == 400
+    model = real_models.classifier().read_bytes()
+    bad = {"file": SimpleUploadedFile("model.onnx", model), "max_batch_size": "-3"}
+    assert alice.client.post(url, bad).status_code == 400
+    # then the next good upload is version 1
+    response = alice.client.post(url, {"file": SimpleUploadedFile("model.onnx", model)})
+    assert response.status_code == 201, response.content
+    assert response.json()["number"] == 1

@@ -241,7 +241,7 @@ def test_every_refusal_shows_at_once_next_to_its_field(console_browser, alice, s
     page.get_by_label("Model instances").fill("3")
     # then the three refusals show at once, each next to its field where it has one, and Deploy is disabled
     expect(page.get_by_test_id("deploy-refusal")).to_have_count(3)
-    expect(page.get_by_test_id("deploy-error-name")).to_contain_text("a model name must be 1 to 63 characters")
+    expect(page.get_by_test_id("deploy-error-name")).to_contain_text("a deployment name must be 1 to 63 characters")
     expect(page.get_by_test_id("deploy-error-instance_count")).to_have_text(
         "Model instance quota exceeded: team 'acme' uses 0 of 2 model instances; this deployment needs 3"
     )

@@ -275,7 +275,8 @@ def test_openapi_schema_and_docs_are_served(alice):
     assert document["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http",
         "scheme": "bearer",
-        "description": "A token from `python manage.py create_token <username>`.",
+        "description": "A Conch API token: from your team's page in the console, POST /api/v1/tokens/, or "
+        "`python manage.py create_token <username>`.",
     }
     upload = document["paths"]["/api/v1/models/{model_id}/versions/"]["post"]
     assert {"bearerAuth": []} in upload["security"]

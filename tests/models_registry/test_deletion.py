@@ -134,6 +134,21 @@ def test_a_version_served_by_a_deployment_is_refused_with_409_naming_it(alice, s
     assert Deployment.objects.count() == 3
 
 
+def test_a_version_whose_deployments_are_stopping_says_to_wait_for_them(alice, s3, tmp_path):
+    # given a version whose only deployment was just told to stop
+    version = _built(alice, tmp_path)
+    web = _deploy(alice, version, "web")
+    Deployment.objects.filter(pk=web.pk).update(status="stopping")
+    # when it is deleted at once
+    response = alice.client.delete(f"/api/v1/versions/{version.pk}/")
+    # then refused, saying the deployment is stopping and to delete again once it has stopped
+    assert response.status_code == 409
+    assert response.json()["detail"].endswith(
+        f"used by 1 deployment not stopped: 'web' (id {web.pk}, stopping). They are stopping: delete again once "
+        "they have stopped (a few seconds)."
+    )
+
+
 def test_a_version_a_deployment_is_being_updated_to_is_in_use(alice, s3, tmp_path):
     # given a deployment of version 1 whose hot update to version 2 is queued
     first, second = _built(alice, tmp_path), _built(alice, tmp_path)

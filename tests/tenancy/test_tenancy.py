@@ -38,7 +38,8 @@ def test_unknown_token_gets_401_with_detail():
     response = client.get("/api/v1/models/")
     assert response.status_code == 401
     assert response.json() == {
-        "detail": "Unknown or revoked token; create one with manage.py create_token.",
+        "detail": "Unknown or revoked token; create a new one on your team's page in the console or with "
+        "POST /api/v1/tokens/ (signed in), and send it as 'Authorization: Bearer <token>'.",
         "field": None,
     }
 
@@ -51,8 +52,8 @@ def test_missing_or_misspelled_credentials_get_401_saying_how_to_send_a_token(he
     response = client.get("/api/v1/deployments/")
     assert response.status_code == 401
     assert response.json() == {
-        "detail": "Send an API token as 'Authorization: Bearer <token>'; "
-        "create one with 'python manage.py create_token <username>'.",
+        "detail": "Send an API token as 'Authorization: Bearer <token>'; create one on your team's page in the console "
+        "or with POST /api/v1/tokens/ (an operator can also run 'python manage.py create_token <username>').",
         "field": None,
     }
     assert response["WWW-Authenticate"] == "Bearer"

@@ -374,6 +374,30 @@ def test_bad_start_fields_are_refused_naming_them(alice, body, field):
     assert not Upload.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "field", "says"),
+    [
+        ({"max_batch_size": "lots"}, "build_options.max_batch_size", "must be a whole number such as 8"),
+        ({"max_batch_size": -3}, "build_options.max_batch_size", "must be between 0 and 1024"),
+        ({"max_batch": 4}, "build_options.max_batch", "build_options has no option 'max_batch'"),
+        ([4], "build_options", "build_options is a JSON object of build options"),
+    ],
+)
+def test_bad_build_options_of_a_start_get_the_builds_own_words(alice, options, field, says):
+    # when a start sends build options the build would refuse (or a key that is no option)
+    model_id = _model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/uploads/",
+        {"filename": "m.onnx", "size_bytes": 10, "sha256": "a" * 64, "build_options": options},
+        format="json",
+    )
+    # then refused as the version upload refuses them, naming the option inside build_options
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == field
+    assert says in response.json()["detail"]
+    assert not Upload.objects.exists()
+
+
 def test_the_sweeper_aborts_an_expired_upload_and_frees_its_quota(alice, s3):
     # given an upload with one part in the bucket, abandoned past its expiry
     data = os.urandom(6 * MIB)

@@ -16,24 +16,31 @@ from uploads.models import Upload
 
 
 class UploadBuildOptionsSerializer(serializers.Serializer):
-    """Build options of a resumable upload: the version upload's fields as a JSON object."""
+    """Build options of a resumable upload: the version upload's fields as a JSON object.
 
-    max_batch_size = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=MAX_MAX_BATCH_SIZE
+    The fields document the options; their values, and any key that is not an option, are checked by the build's
+    own rules when the upload starts (`uploads.services.sessions.start_resumable_upload`), which answer 400 naming
+    `build_options.<name>` in the words the version upload uses.
+    """
+
+    max_batch_size = serializers.JSONField(
+        required=False, help_text=f"0..{MAX_MAX_BATCH_SIZE}; 0 turns batching off. Left out: the model's default."
     )
-    max_queue_delay_microseconds = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS
+    max_queue_delay_microseconds = serializers.JSONField(
+        required=False, help_text=f"0..{MAX_QUEUE_DELAY_MICROSECONDS}, needs batching."
     )
-    preferred_batch_size = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=MAX_MAX_BATCH_SIZE),
-        required=False,
-        allow_null=True,
-        max_length=MAX_MAX_BATCH_SIZE,
+    preferred_batch_size = serializers.JSONField(
+        required=False, help_text="A list of batch sizes, each at most max_batch_size, or text such as '4, 8'."
     )
-    instance_count = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=MAX_INSTANCE_COUNT
-    )
+    instance_count = serializers.JSONField(required=False, help_text=f"1..{MAX_INSTANCE_COUNT} model instances.")
     output_dims = serializers.JSONField(required=False, allow_null=True, help_text=OUTPUT_DIMS_HELP)
+
+    def to_internal_value(self, data: object) -> dict:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                'build_options is a JSON object of build options, such as {"max_batch_size": 8}.'
+            )
+        return dict(data)  # every key, unknown ones too: the start refuses them by name
 
 
 class StartUploadSerializer(serializers.Serializer):

@@ -468,13 +468,14 @@ def upload(
 def _wait_build(api: ConchApi, version_id: int | str, timeout_s: float, *, quiet: bool) -> dict:
     """Poll the version until built (returned) or failed (CliError FAILED with the build's error)."""
     deadline = time.monotonic() + timeout_s
-    seen: dict[str, str] = {}
+    seen: dict[tuple[int, str], str] = {}
     while True:
         version = api.get(f"/api/v1/versions/{version_id}/")
+        attempt = (version.get("build") or {}).get("attempt") or 0
         for step in version.get("steps") or []:
-            if not quiet and seen.get(step["name"]) != step["status"]:
-                output.note(f"build {version['id']}: {step['name']} {step['status']}")
-            seen[step["name"]] = step["status"]
+            if not quiet and seen.get((attempt, step["name"])) != step["status"]:
+                output.note(f"version {version['id']} build attempt {attempt}: {step['name']} {step['status']}")
+            seen[(attempt, step["name"])] = step["status"]
         if version["status"] == "built":
             return version
         if version["status"] == "failed":
