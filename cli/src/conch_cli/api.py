@@ -190,7 +190,12 @@ class ConchApi:
         found = [m for m in self.pages("/api/v1/models/") if m["name"] == ref and (team is None or m["team"] == team)]
         if not found:
             where = f" in team {team!r}" if team else ""
-            raise CliError(f"No model named {ref!r}{where} is visible to this token.", NOT_FOUND, field="model")
+            raise CliError(
+                f"No model named {ref!r}{where} is visible to this token. Register it with `conch models create "
+                f"{ref}` (or let `conch upload` do it: --create-model).",
+                NOT_FOUND,
+                field="model",
+            )
         if len(found) > 1:
             teams = ", ".join(m["team"] for m in found)
             raise CliError(f"Models named {ref!r} exist in {teams}; name the team with --team.", USAGE, field="team")
