@@ -9,9 +9,10 @@ KSERVE_VENV ?= .venv-kserve
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/conch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 # Tests run in TEST_WORKERS pytest-xdist processes (most of the suite waits on Tritons, servers and sockets, so more
-# processes than cores pays); `--dist loadgroup` keeps the Kubernetes tests on one worker and its one cluster.
-# TEST_WORKERS=0 (the default until the embedded demo tests stay on one worker) runs them in this process, in turn.
-TEST_WORKERS ?= 0
+# processes than cores pays: 3 on 2 cores); `--dist loadgroup` keeps the Kubernetes tests on one worker and its one
+# cluster, and the embedded demo's tests, which build on each other, on another (tests/conftest.py).
+# TEST_WORKERS=0 runs them in this process, in turn.
+TEST_WORKERS ?= 3
 TEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 # The cache (API rate-limit counters) follows the broker, throwaway or not: a CONCH_REDIS_URL or CONCH_CACHE_URL of the
 # shell is not used.

@@ -103,13 +103,48 @@ def xdist_group_of(item: pytest.Item) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its xdist group (`xdist_group_of`); `--dist loadgroup` sends a group to one worker, the
-    largest groups first. Without xdist the mark does nothing."""
+    slow tiers' groups first (`_slow_groups_first`). Without xdist the mark does nothing and the order is kept."""
     for item in items:
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # collected in an xdist worker
+        _slow_groups_first(items)
         _suffix_group_ids(items)
+
+
+#: Tier marks by how long their tests take, longest first: the order an xdist run hands their groups out in.
+_TIERS_BY_COST = ("kube", "e2e", "triton")
+
+
+def _tier_rank(item: pytest.Item) -> int:
+    """Return the index in `_TIERS_BY_COST` of the first tier `item` is marked with; len(_TIERS_BY_COST) if none."""
+    return next(
+        (rank for rank, mark in enumerate(_TIERS_BY_COST) if item.get_closest_marker(mark) is not None),
+        len(_TIERS_BY_COST),
+    )
+
+
+def _slow_groups_first(items: list[pytest.Item]) -> None:
+    """Order `items` (in place) so that an xdist run starts the slow tiers first: the kube group, then the groups
+    with an e2e test, then those with a triton test, then the rest; the largest group first within a tier, and
+    collection order otherwise (so a group's tests keep their file order).
+
+    The controller hands the groups out in this order (`pytest_configure` below turns off xdist's own order, by
+    group size alone: with it the API fuzz test, minutes long but a group of one, was handed out last and ran
+    minutes after the other workers had finished). Slowest first, the quick tests fill the workers' ends.
+    """
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(_group_name(item) or item.nodeid, []).append(item)
+    ordered = sorted(groups.values(), key=lambda group: (min(map(_tier_rank, group)), -len(group)))
+    items[:] = [item for group in ordered for item in group]
+
+
+def pytest_configure(config):
+    """Under xdist, hand the groups out in collection order (`_slow_groups_first`), not by group size."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _suffix_group_ids(items: list[pytest.Item]) -> None:
@@ -122,13 +157,18 @@ def _suffix_group_ids(items: list[pytest.Item]) -> None:
     from _pytest.nodeid import NodeId
 
     for item in items:
-        names = {
-            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-            for mark in item.iter_markers("xdist_group")
-        }
-        suffix = "@" + "_".join(sorted(names))
-        if names and not item.nodeid.endswith(suffix):
-            item._id = NodeId.parse(item.nodeid + suffix)
+        name = _group_name(item)
+        if name is not None and not item.nodeid.endswith("@" + name):
+            item._id = NodeId.parse(f"{item.nodeid}@{name}")
+
+
+def _group_name(item: pytest.Item) -> str | None:
+    """Return the xdist group `item` is marked with (xdist joins several with `_`), or None when unmarked."""
+    names = {
+        str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        for mark in item.iter_markers("xdist_group")
+    }
+    return "_".join(sorted(names)) if names else None
 
 
 @dataclass
@@ -305,6 +345,21 @@ def inference_edge(db, monkeypatch):
     monkeypatch.setattr(inference, "_edge", edge)
     yield edge
     edge.close()
+
+
+@pytest.fixture(scope="session")
+def live_server(live_server):
+    """pytest-django's `live_server`, its connections with TCP_NODELAY (as uvicorn's, the real web server's).
+
+    Django's test server writes a response's head and body in two sends; with Nagle's algorithm the body waits
+    for the ACK of the head, which the client delays (40 ms on Linux): every request took 44 ms here instead of
+    4, which was most of the API fuzz test's minutes (thousands of requests).
+    """
+    from django.core.servers.basehttp import WSGIRequestHandler
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WSGIRequestHandler, "disable_nagle_algorithm", True)
+        yield live_server
 
 
 @pytest.fixture(scope="session", autouse=True)

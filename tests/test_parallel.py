@@ -53,3 +53,33 @@ def test_a_test_without_a_shared_set_up_may_run_anywhere(request, settings):
 @pytest.mark.kube
 def test_a_kube_test_runs_on_the_cluster_worker(request):
     assert xdist_group_of(request.node) == "kube"
+
+
+class _Item:
+    """As much of a collected test as the ordering reads: its node id and marks."""
+
+    def __init__(self, nodeid: str, *marks: pytest.MarkDecorator) -> None:
+        self.nodeid = nodeid
+        self.marks = [mark.mark for mark in marks]
+
+    def get_closest_marker(self, name):
+        return next((mark for mark in self.marks if mark.name == name), None)
+
+    def iter_markers(self, name):
+        return (mark for mark in self.marks if mark.name == name)
+
+
+def test_an_xdist_run_hands_out_the_slow_tiers_groups_first_and_keeps_each_groups_order():
+    # given quick tests collected before a module group with one triton test, a long e2e test alone, and kube tests
+    quick = _Item("tests/test_a.py::test_quick")
+    grouped = [
+        _Item("tests/test_b.py::test_first", pytest.mark.xdist_group("tests/test_b.py")),
+        _Item("tests/test_b.py::test_second", pytest.mark.xdist_group("tests/test_b.py"), pytest.mark.triton),
+    ]
+    alone = _Item("tests/test_c.py::test_long", pytest.mark.e2e)
+    kube = [_Item(f"tests/test_d.py::test_{n}", pytest.mark.kube, pytest.mark.xdist_group("kube")) for n in "xy"]
+    items = [quick, *grouped, kube[0], alone, kube[1]]
+    # when ordered for an xdist run
+    conftest._slow_groups_first(items)
+    # then kube's group comes first, then the e2e test, then the group with a triton test (in file order), then the rest
+    assert items == [*kube, alone, *grouped, quick]
