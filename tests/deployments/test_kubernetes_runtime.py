@@ -550,6 +550,9 @@ def test_a_version_one_pod_cannot_load_rolls_every_pod_back(
     # the update failed naming the pod and Triton's message; every pod serves version 1 alone, none restarted
     assert (shown["update_status"], shown["model_version"]) == ("failed", v1.pk)
     assert any(shown["update_error"].startswith(f"Server {name} could not serve version 2") for name in uids)
+    # (a pod's readiness probe may have failed while its Triton tried version 2 and loaded version 1 again: at a
+    # probe period of 1 s and three failures that takes a busy machine only seconds; the probe brings it back)
+    _reconcile_until(alice, created["id"], lambda d: d["replicas"] == {"desired": 2, "ready": 2}, capture=capture)
     row = Deployment.objects.get(pk=created["id"])
     servers = get_runtime("kubernetes").servers(row.runtime_state)
     assert len(servers) == 2
