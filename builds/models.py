@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from builds.choices import BuildStatus, StepName, StepStatus
+from builds.choices import OPEN_BUILD_STATUSES, BuildStatus, StepName, StepStatus
 
 
 class Build(models.Model):
@@ -54,7 +54,7 @@ class Build(models.Model):
     @property
     def is_open(self) -> bool:
         """Whether a worker has this attempt or will (`queued` or `building`)."""
-        return self.status in (BuildStatus.QUEUED, BuildStatus.BUILDING)
+        return self.status in OPEN_BUILD_STATUSES
 
 
 class BuildStep(models.Model):

@@ -211,7 +211,8 @@ def model_list(request: HttpRequest) -> HttpResponse:
 
 def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = "") -> HttpResponse:
     versions = []
-    listed = builds.with_builds(registry.visible_versions(user=request.user).filter(model=model).order_by("-number"))
+    versions_of_model = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")
+    listed = builds.with_builds(versions_of_model, steps=False)  # the page shows no step logs
     for version in listed:
         config_pbtxt = builds.latest_config_pbtxt(version)
         batch = presenters.max_batch_size_of(config_pbtxt)

@@ -261,8 +261,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         return super().to_representation(state.read_history_once(instance))
 
     def get_error(self, obj: ModelVersion) -> str:
-        build = state.current_build(obj)
-        return build.error if build is not None else ""
+        return state.current_error(obj)
 
     def get_error_field(self, obj: ModelVersion) -> str:
         build = state.current_build(obj)
@@ -275,8 +274,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         return state.latest_config_pbtxt(obj)
 
     def get_repository_prefix(self, obj: ModelVersion) -> str:
-        served = state.served_build(obj)
-        return served.repository_prefix if served is not None else ""
+        return state.served_repository_prefix(obj)
 
     @extend_schema_field(BuildStepSerializer(many=True))
     def get_steps(self, obj: ModelVersion) -> list:

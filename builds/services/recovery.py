@@ -144,8 +144,7 @@ def collect_repository_garbage(*, keep: Iterable[str], grace_seconds: float | No
     prefixes deployments pin; the deployments app passes them), or lies inside or around one of those. Only
     versions whose builds last changed longer ago than `grace_seconds` (default CONCH_REPOSITORY_GC_GRACE_SECONDS)
     are touched, so a deployment that read the previous served repository just before a rebuild finished can still
-    pin it. Object-store errors
-    propagate (Unavailable); what was deleted before stays deleted.
+    pin it. Object-store errors propagate (Unavailable); what was deleted before stays deleted.
     """
     grace = settings.CONCH_REPOSITORY_GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
     settled_before = timezone.now() - timedelta(seconds=grace)

@@ -259,7 +259,8 @@ def config_diff(version: ModelVersion, versions: Any) -> ConfigDiff:
     earlier = state.with_builds(
         versions.filter(model_id=version.model_id, number__lt=version.number, status=VersionStatus.BUILT).order_by(
             "-number"
-        )
+        ),
+        steps=False,
     )
     previous = next((row for row in earlier if state.latest_config_pbtxt(row)), None)
     config_pbtxt = state.latest_config_pbtxt(version)

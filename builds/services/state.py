@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Max, Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from builds.choices import OPEN_BUILD_STATUSES, BuildStatus
+from builds.choices import BuildStatus
 from builds.models import Build
 from conch.errors import Conflict
 from models_registry import services as registry
@@ -39,11 +39,13 @@ log = logging.getLogger(__name__)
 HISTORY_ATTR = "build_history"
 
 
-def with_builds(versions: QuerySet[ModelVersion]) -> QuerySet[ModelVersion]:
-    """`versions` with each one's builds and their steps fetched in two more queries (newest attempt first), for
-    `current_build`, `served_build` and the steps to read without queries per version."""
-    attempts = Build.objects.order_by("-attempt").prefetch_related("steps")
-    history = Prefetch("builds", queryset=attempts, to_attr=HISTORY_ATTR)
+def with_builds(versions: QuerySet[ModelVersion], *, steps: bool = True) -> QuerySet[ModelVersion]:
+    """`versions` with each one's builds (newest attempt first) fetched in one more query, and with `steps` their
+    steps in another, for `current_build`, `served_build` and the steps to read without queries per version."""
+    attempts = Build.objects.order_by("-attempt")
+    history = Prefetch(
+        "builds", queryset=attempts.prefetch_related("steps") if steps else attempts, to_attr=HISTORY_ATTR
+    )
     return versions.prefetch_related(history)
 
 
@@ -53,14 +55,14 @@ def _history(version: ModelVersion) -> list[Build]:
     prefetched = getattr(version, HISTORY_ATTR, None)
     if prefetched is not None:
         return prefetched
-    return list(Build.objects.filter(version_id=version.pk).order_by("-attempt").prefetch_related("steps"))
+    return list(builds_of(version_id=version.pk))
 
 
 def read_history_once(version: ModelVersion) -> ModelVersion:
-    """Read the version's builds now and keep them on this instance (as `with_builds` does for a queryset), for a
-    caller about to ask several questions of one version it will not change; returns `version`."""
+    """Read the version's builds and their steps now and keep them on this instance (as `with_builds` does for a
+    queryset), for a caller about to ask several questions of one version it will not change; returns `version`."""
     if getattr(version, HISTORY_ATTR, None) is None:
-        setattr(version, HISTORY_ATTR, _history(version))
+        setattr(version, HISTORY_ATTR, list(builds_of(version_id=version.pk).prefetch_related("steps")))
     return version
 
 
@@ -117,10 +119,6 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _lock_version(version_id: int) -> ModelVersion | None:
-    return registry.lock_version(version_id=version_id)
-
-
 def _set_status(version: ModelVersion, status: str) -> None:
     registry.set_version_status(version_id=version.pk, status=status)
     version.status = status
@@ -173,7 +171,7 @@ def mark_rebuild(
     the same transaction.
     """
     with transaction.atomic():
-        locked = _lock_version(version.pk)
+        locked = registry.lock_version(version_id=version.pk)
         if locked is None:
             raise Conflict("This version was deleted.", field=None)
         version = locked
@@ -235,7 +233,7 @@ def _end(build: Build, status: str, *, error: str = "", error_field: str = "") -
 
 def _locked_attempt(version_id: int, attempt: int) -> tuple[ModelVersion, Build] | None:
     """Lock the version, then its build `attempt`; None unless that attempt is the version's latest and open."""
-    version = _lock_version(version_id)
+    version = registry.lock_version(version_id=version_id)
     if version is None:
         return None
     build = Build.objects.select_for_update().filter(version_id=version_id).order_by("-attempt").first()
@@ -361,7 +359,7 @@ def stalled_builds(*, status: str, stale_before: datetime) -> list[tuple[int, in
     stalled = Build.objects.filter(status=status).filter(
         Q(heartbeat_at__lt=stale_before) | Q(heartbeat_at__isnull=True)
     )
-    return [(row[0], row[1]) for row in stalled.order_by("heartbeat_at", "pk").values_list("version_id", "attempt")]
+    return list(stalled.order_by("heartbeat_at", "pk").values_list("version_id", "attempt"))
 
 
 def recover_stalled_build(
@@ -428,9 +426,10 @@ def requeue_unclaimed_build(*, version_id: int, attempt: int, queued_before: dat
 
 
 def versions_with_builds() -> QuerySet[ModelVersion]:
-    """Versions that have build attempts (so may have repositories in the object store), with their builds
-    (`with_builds`), leaving out versions being uploaded or deleted."""
-    return with_builds(registry.versions_past_upload().filter(builds__isnull=False).distinct().order_by("pk"))
+    """Versions that have build attempts (so may have repositories in the object store), with their builds but not
+    their steps (`with_builds`), leaving out versions being uploaded or deleted."""
+    versions = registry.versions_past_upload().filter(builds__isnull=False).distinct().order_by("pk")
+    return with_builds(versions, steps=False)
 
 
 def last_change(builds: Iterable[Build]) -> datetime | None:
@@ -445,7 +444,6 @@ def history(version: ModelVersion) -> list[Build]:
 
 
 __all__ = [
-    "OPEN_BUILD_STATUSES",
     "builds_of",
     "claim_build",
     "current_build",

@@ -102,6 +102,10 @@ app.add_typer(models_app, name="models")
 app.add_typer(builds_app, name="builds")
 
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
+VersionArg = Annotated[
+    str,
+    typer.Argument(metavar="VERSION", help="The version: its id, or MODEL:NUMBER (as `conch upload` prints it)."),
+]
 Team = Annotated[str | None, typer.Option("--team", metavar="TEAM", help="Team slug (default: the token's only team).")]
 Timeout = Annotated[
     float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait at most (exit 6 past it).", min=1)
@@ -519,10 +523,7 @@ def builds_wait(
 
 @builds_app.command("rebuild", cls=_Command)
 def builds_rebuild(
-    version: Annotated[
-        str,
-        typer.Argument(metavar="VERSION", help="The version: its id, or MODEL:NUMBER (as `conch upload` prints it)."),
-    ],
+    version: VersionArg,
     build_option: BuildOptionArg = None,
     team: Team = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the build; exit 5 if it fails.")] = False,
@@ -549,10 +550,7 @@ def builds_rebuild(
 
 @builds_app.command("list", cls=_Command)
 def builds_list(
-    version: Annotated[
-        str,
-        typer.Argument(metavar="VERSION", help="The version: its id, or MODEL:NUMBER (as `conch upload` prints it)."),
-    ],
+    version: VersionArg,
     team: Team = None,
     as_json: Json = False,
 ) -> None:
