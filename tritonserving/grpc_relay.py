@@ -16,7 +16,7 @@ Talks to: Triton's gRPC endpoint (`--grpc-port`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2
 
 from tritonserving.access import GRPC_API_KEY_HEADER
 from tritonserving.client import TritonUnavailable, TritonUnreachable
+from tritonserving.shared_memory import aligned
 
 __all__ = [
     "SERVICE",
@@ -38,6 +39,8 @@ __all__ = [
     "renamed_server_metadata",
     "stream_answer_failed",
     "stream_error_answer",
+    "shared_memory_infer_request",
+    "split_raw_input_contents",
     "stream_failure",
     "summarize_infer_request",
 ]
@@ -103,6 +106,65 @@ def summarize_infer_request(raw: bytes) -> InferSummary:
         return InferSummary(model_name=model_name.decode(), id=request_id.decode(), batch=batch)
     except UnicodeDecodeError as exc:
         raise ValueError(f"a name is not UTF-8 ({exc})") from None
+
+
+def split_raw_input_contents(raw: bytes) -> tuple[bytes, list[memoryview]]:
+    """The serialized `ModelInferRequest` `raw` without its `raw_input_contents` (field 7), and those contents in
+    order, as views of `raw` (nothing of the tensors' bytes is copied). The rest is a well-formed message of the
+    same fields (protobuf fields may come in any order: Protocol Buffers "Encoding"). Raises `ValueError` when
+    `raw` is not a well-formed message."""
+    view = memoryview(raw)
+    rest: list[memoryview] = []
+    contents: list[memoryview] = []
+    kept_from, position, end = 0, 0, len(raw)
+    while position < end:
+        field_start = position
+        key, position = _varint(raw, position)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            length, position = _varint(raw, position)
+            stop = position + length
+            if stop > end:
+                raise ValueError("a field runs past the end of the message")
+            if field == 7:
+                rest.append(view[kept_from:field_start])
+                contents.append(view[position:stop])
+                kept_from = stop
+            position = stop
+        else:
+            position = _skip(raw, position, wire)
+    if position != end:
+        raise ValueError("the last field runs past the end of the message")
+    rest.append(view[kept_from:end])
+    return b"".join(rest), contents
+
+
+def shared_memory_infer_request(rest: bytes, sizes: Sequence[int], region: str, base: int) -> bytes | None:
+    """A serialized `ModelInferRequest` asking for `rest` (a request without `raw_input_contents`, from
+    `split_raw_input_contents`) with the inputs whose bytes were raw read from spans of the registered system
+    shared-memory `region` instead: the i-th such input (one without `contents` and without a region of its own,
+    in order) at `base` + the aligned sizes (`shared_memory.aligned`) of those before it, `sizes[i]` bytes long, as
+    the `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size` parameters say (Triton docs,
+    "Shared-Memory Extension"). None when the raw contents do not pair one to one with such inputs (the request is
+    then sent as it is, for Triton to answer). Raises `ValueError` when `rest` is not a `ModelInferRequest`."""
+    try:
+        request = service_pb2.ModelInferRequest.FromString(rest)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise ValueError(f"not a ModelInferRequest ({exc})") from None
+    takers = [
+        tensor
+        for tensor in request.inputs
+        if "shared_memory_region" not in tensor.parameters and not tensor.HasField("contents")
+    ]
+    if len(takers) != len(sizes):
+        return None
+    offset = base
+    for tensor, size in zip(takers, sizes, strict=True):
+        tensor.parameters["shared_memory_region"].string_param = region
+        tensor.parameters["shared_memory_offset"].int64_param = offset
+        tensor.parameters["shared_memory_byte_size"].int64_param = size
+        offset += aligned(size)
+    return request.SerializeToString()
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:

@@ -6,10 +6,11 @@ shared-memory object with the server (`POST v2/systemsharedmemory/region/<name>/
 input's `parameters` (`shared_memory_region`, `shared_memory_offset`, `shared_memory_byte_size`) instead of
 sending the tensor's bytes. Triton reads the tensor straight from the mapping.
 
-The gateway uses it for Tritons on its own host (the local runtime): a 600 KB image tensor then crosses the
-loopback socket once (client to gateway) instead of twice, and Triton parses a JSON header of a few hundred bytes
-instead of receiving the body. On the 2-core benchmark machine that CPU is taken from Triton itself
-(bench/serving.py, system e).
+The gateway uses it for Tritons on its own host (the local runtime), on both edges: a 600 KB image tensor then
+crosses the loopback socket once (client to gateway) instead of twice, and Triton parses a JSON header (HTTP) or
+a `ModelInferRequest` without `raw_input_contents` (gRPC, `grpc_relay.shared_memory_infer_request`) of a few
+hundred bytes instead of receiving the tensors. Both edges of a gateway process share one region per server.
+On the 2-core benchmark machine that CPU is taken from Triton itself (bench/serving.py, systems e and g).
 
 One `SharedMemoryRegion` per (gateway process, Triton server): created here with mode 0600 under a random name,
 registered with the server (a restricted endpoint: it needs the server's key), then unlinked, so nothing is left
@@ -244,23 +245,11 @@ class SharedMemoryInputs:
         self._refused_until: dict[str, float] = {}
         self._keys: dict[str, str] = {}
 
-    async def place(
-        self,
-        base_url: str,
-        api_key: str,
-        request: Mapping[str, Any],
-        sizes: Sequence[int],
-        header_length: int,
-        pieces: Sequence[bytes],
-    ) -> Placement | None:
-        """Write the binary inputs of a checked request to a span of `base_url`'s region; return the `Placement`,
-        or None to send the body as it is (another host, region being registered or refused, no free span,
-        nothing binary).
-
-        `request`: its parsed JSON header (left as it is, so the body can be placed again); `sizes`: the
-        `binary_data_size` of each binary input, in order (bytes); `header_length`: bytes of the JSON header;
-        `pieces`: the whole body, as read.
-        """
+    async def lease(self, base_url: str, api_key: str, sizes: Sequence[int]) -> Placement | None:
+        """A span of `base_url`'s region (registered first if need be) for tensors of `sizes` bytes each, in
+        order: tensor i goes at `placement.offset` + the aligned sizes of those before it (`aligned`). The
+        returned `Placement` has an empty `body` for the caller to set. None to send the tensors as they are
+        (another host, region being registered or refused, no free span, no tensor or an empty one)."""
         if not sizes or not all(sizes):
             return None
         region = self._regions.get(base_url)
@@ -274,19 +263,58 @@ class SharedMemoryInputs:
         base = region.spans.allocate(sum(aligned(size) for size in sizes))
         if base is None or region.buffer is None:  # no free span (a region here is never closed)
             return None
-        body = shared_memory_header(request, region.name, base)
-        offset, start = base, header_length
+        return Placement(b"", region, base)
+
+    async def place(
+        self,
+        base_url: str,
+        api_key: str,
+        request: Mapping[str, Any],
+        sizes: Sequence[int],
+        header_length: int,
+        pieces: Sequence[bytes],
+    ) -> Placement | None:
+        """Write the binary inputs of a checked HTTP request to a span of `base_url`'s region; return the
+        `Placement`, or None to send the body as it is (see `lease`).
+
+        `request`: its parsed JSON header (left as it is, so the body can be placed again); `sizes`: the
+        `binary_data_size` of each binary input, in order (bytes); `header_length`: bytes of the JSON header;
+        `pieces`: the whole body, as read.
+        """
+        placement = await self.lease(base_url, api_key, sizes)
+        if placement is None:
+            return None
+        region = placement.region
+        assert region.buffer is not None  # checked by lease, on this loop
+        placement.body = shared_memory_header(request, region.name, placement.offset)
+        offset, start = placement.offset, header_length
         for size in sizes:
             copy_span(region.buffer, offset, pieces, start, size)
             offset += aligned(size)
             start += size
-        return Placement(body, region, base)
+        return placement
+
+    async def place_tensors(self, base_url: str, api_key: str, tensors: Sequence[memoryview]) -> Placement | None:
+        """Copy `tensors` (each one input's raw bytes, in order) to a span of `base_url`'s region, at the offsets
+        `lease` gives; return the `Placement` (its `body` empty, for the caller's request naming the span), or
+        None to send the tensors as they are (see `lease`)."""
+        placement = await self.lease(base_url, api_key, [len(tensor) for tensor in tensors])
+        if placement is None:
+            return None
+        buffer = placement.region.buffer
+        assert buffer is not None  # checked by lease, on this loop
+        offset = placement.offset
+        for tensor in tensors:
+            buffer[offset : offset + len(tensor)] = tensor
+            offset += aligned(len(tensor))
+        return placement
 
     def names_region(self, placement: Placement, answer_body: bytes) -> bool:
-        """Whether Triton's error answer names the placement's region, so that the request is to be sent again
-        with its bytes (the client must not see an internal region's name, nor an error only shared memory
-        causes). When the server says it has no such region (it restarted on the same address and lost its
-        registrations), the region is forgotten here too and the next request registers a new one."""
+        """Whether Triton's error answer (an HTTP body, or a gRPC status's details as bytes) names the placement's
+        region, so that the request is to be sent again with its bytes (the client must not see an internal
+        region's name, nor an error only shared memory causes). When the server says it has no such region (it
+        restarted on the same address and lost its registrations), the region is forgotten here too and the next
+        request registers a new one."""
         name = placement.region.name.encode()
         if name not in answer_body:
             return False

@@ -110,7 +110,7 @@ class GatewayApp:
         )
         await self.serving.start()
         if self.grpc_bind:
-            self.grpc = GrpcGateway(self.serving, reuse_port=self.grpc_reuse_port)
+            self.grpc = GrpcGateway(self.serving, reuse_port=self.grpc_reuse_port, shared_memory=self._shared_memory)
             await self.grpc.start(self.grpc_bind)
 
     async def _stop(self) -> None:

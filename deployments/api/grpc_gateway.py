@@ -48,11 +48,14 @@ from tritonserving.grpc_relay import (
     model_named,
     ready_answer,
     renamed_server_metadata,
+    shared_memory_infer_request,
+    split_raw_input_contents,
     stream_answer_failed,
     stream_error_answer,
     stream_failure,
     summarize_infer_request,
 )
+from tritonserving.shared_memory import Placement, SharedMemoryInputs
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +108,16 @@ _Unary = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 class GrpcGateway:
     """The gRPC server of the gateway. `serving`: the process's shared routes, rate limiter, usage meter and server
     pick. `start(bind)` binds and serves on the running event loop; `stop()` ends it. `reuse_port`: bind with
-    SO_REUSEPORT (several gateway processes on one port)."""
+    SO_REUSEPORT (several gateway processes on one port).
+    `shared_memory`: the HTTP edge's regions (one per same-host Triton, shared by both edges), through which
+    `ModelInfer`'s raw input tensors reach a Triton on this host; None: every request goes over gRPC as sent."""
 
-    def __init__(self, serving: Serving, *, reuse_port: bool = False) -> None:
+    def __init__(
+        self, serving: Serving, *, reuse_port: bool = False, shared_memory: SharedMemoryInputs | None = None
+    ) -> None:
         self.serving = serving
         self.reuse_port = reuse_port
+        self.shared_memory = shared_memory
         self.port = 0
         self._relay: GrpcRelay | None = None
         self._server: grpc.aio.Server | None = None
@@ -199,7 +207,7 @@ class GrpcGateway:
                 raise InvalidInput(f"The request is not a ModelInferRequest: {exc}.", field="request") from None
             _require_model(route, summary.model_name)
             counts.inferences = _inferences(route, summary.batch)
-            return await self._relayed(route, method, request, context)
+            return await self._relayed(route, method, request, context, raw_inputs=self.shared_memory is not None)
         if method == "ServerMetadata":
             answer = await self._relayed(route, method, request, context)
             return renamed_server_metadata(answer, route.deployment_name, SERVED_EXTENSIONS)
@@ -218,18 +226,40 @@ class GrpcGateway:
         context: grpc.aio.ServicerContext,
         *,
         restricted: bool = False,
+        raw_inputs: bool = False,
     ) -> bytes:
         """Triton's answer to `method`, from the server whose turn it is; a server that cannot be reached is left
-        out and the next one tried, up to MAX_SERVERS_TRIED."""
+        out and the next one tried, up to MAX_SERVERS_TRIED. `raw_inputs` (ModelInfer, with shared memory on):
+        the request's `raw_input_contents` are handed to a Triton on this host in its shared-memory region, and
+        only the rest of the message goes over gRPC."""
         assert self._relay is not None  # started
+        split: tuple[bytes, list[memoryview]] | None = None
+        if raw_inputs:
+            split = split_raw_input_contents(request)  # checked well-formed by summarize_infer_request
         tried = 0
         while True:
-            target, key = self.serving.picker.next_grpc(route)
+            target, key, url = self.serving.picker.next_grpc(route)
+            placement = await self._place(url, key, split) if split is not None else None
             try:
                 return await self._relay.unary(
-                    target, method, request, key=key if restricted else "", timeout_s=context.time_remaining()
+                    target,
+                    method,
+                    placement.body if placement is not None else request,
+                    key=key if restricted else "",
+                    timeout_s=context.time_remaining(),
                 )
+            except TritonGrpcError as exc:
+                if placement is None or self.shared_memory is None:
+                    raise
+                if self.shared_memory.names_region(placement, exc.detail.encode()):
+                    # Lost with a restart, or an error only shared memory causes: send the tensors as they came.
+                    placement.release()
+                    split = None
+                    continue
+                raise
             except TritonUnreachable as exc:
+                if placement is not None and self.shared_memory is not None:
+                    self.shared_memory.forget(url)
                 tried += 1
                 self.serving.routes.forget(route)
                 if tried >= min(MAX_SERVERS_TRIED, len(route.grpc_servers)):
@@ -240,6 +270,28 @@ class GrpcGateway:
                         f"Deployment '{route.deployment_name}' cannot be reached right now (its Triton may be "
                         "restarting); retry in a few seconds."
                     ) from None
+            finally:
+                if placement is not None:
+                    placement.release()
+
+    async def _place(self, url: str, key: str, split: tuple[bytes, list[memoryview]]) -> Placement | None:
+        """The raw input tensors of a split ModelInferRequest written to the shared-memory region of the Triton at
+        `url`, with the request that names them as the placement's body; None to send the request as it came
+        (another host, no region or span, no raw tensors, or contents that do not pair with the inputs)."""
+        rest, tensors = split
+        if self.shared_memory is None or not tensors:
+            return None
+        placement = await self.shared_memory.place_tensors(url, key, tensors)
+        if placement is None:
+            return None
+        body = shared_memory_infer_request(
+            rest, [len(tensor) for tensor in tensors], placement.region.name, placement.offset
+        )
+        if body is None:
+            placement.release()
+            return None
+        placement.body = body
+        return placement
 
     # --- streaming ----------------------------------------------------------------------------------------------
 
@@ -253,7 +305,7 @@ class GrpcGateway:
             _require_servers(route)
         except ConchError as exc:
             await _abort(context, exc)
-        target, _ = self.serving.picker.next_grpc(route)
+        target, _, _ = self.serving.picker.next_grpc(route)
         call = self._relay.stream(target)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         failure: list[BaseException] = []

@@ -78,8 +78,9 @@ class Route:
     """What the gateway knows of one (token, team, deployment) while it caches it.
 
     `servers`: (KServe v2 base URL, restricted-endpoint key) of each ready Triton, in the order requests take
-    them; empty when none is ready. `grpc_servers`: (gRPC `host:port`, key) of the same servers, in the same
-    order (a server without a gRPC port is left out). `batching`: whether the model batches (its max_batch_size
+    them; empty when none is ready. `grpc_servers`: (gRPC `host:port`, key, KServe v2 base URL) of the same
+    servers, in the same order (a server without a gRPC port is left out; the base URL names the server's
+    shared-memory region for both edges). `batching`: whether the model batches (its max_batch_size
     > 0), so the first dimension of a request's first input counts its inferences. `requests_per_minute`: the
     token's rate limit. `unavailable`: the sentence to answer (503) for a model path when no server is ready.
     """
@@ -95,7 +96,7 @@ class Route:
     servers: tuple[tuple[str, str], ...]
     requests_per_minute: int
     unavailable: str = ""
-    grpc_servers: tuple[tuple[str, str], ...] = ()
+    grpc_servers: tuple[tuple[str, str, str], ...] = ()
     unavailable_status: int = 503
 
 
@@ -192,7 +193,7 @@ def deployment_route(*, deployment: Deployment, token: TokenGrant | None) -> Rou
     a route is not rate limited or metered here (usage is kept per token). Reads the database and the runtime."""
     ready = deployment.status in _SERVING
     servers: tuple[tuple[str, str], ...] = ()
-    grpc_servers: tuple[tuple[str, str], ...] = ()
+    grpc_servers: tuple[tuple[str, str, str], ...] = ()
     unavailable, unavailable_status = "", 503
     if ready:
         try:
@@ -201,7 +202,9 @@ def deployment_route(*, deployment: Deployment, token: TokenGrant | None) -> Rou
             unavailable = exc.detail
         else:
             servers = tuple((server.http_url, server.api_key) for server in found)
-            grpc_servers = tuple((server.grpc_target, server.api_key) for server in found if server.grpc_target)
+            grpc_servers = tuple(
+                (server.grpc_target, server.api_key, server.http_url) for server in found if server.grpc_target
+            )
     if not servers and not unavailable:
         if deployment.runtime == "kubernetes" and not deployment.autoscaling and deployment.replicas == 0:
             unavailable, unavailable_status = (

@@ -158,9 +158,9 @@ class ServerPicker:
         must not be empty (`plan_request` refuses that case first)."""
         return route.servers[self._turn(route) % len(route.servers)]
 
-    def next_grpc(self, route: Route) -> tuple[str, str]:
-        """(gRPC `host:port`, restricted-endpoint key) of the server whose turn it is. `route.grpc_servers` must not
-        be empty."""
+    def next_grpc(self, route: Route) -> tuple[str, str, str]:
+        """(gRPC `host:port`, restricted-endpoint key, KServe v2 base URL) of the server whose turn it is.
+        `route.grpc_servers` must not be empty."""
         return route.grpc_servers[self._turn(route) % len(route.grpc_servers)]
 
 

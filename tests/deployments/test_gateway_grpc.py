@@ -289,3 +289,63 @@ def test_the_console_page_shows_the_grpc_gateway_and_its_metadata(served, client
         "Inference gateway, gRPC (token) grpc.example:8002 with metadata conch-deployment: grpc-team/adder , "
         "authorization: Bearer $CONCH_TOKEN"
     ) in text
+
+
+def _shared_memory_regions(served) -> tuple[str, str, list[dict]]:
+    """(base URL, key, the system shared-memory regions registered) of the deployment's one Triton."""
+    import requests
+
+    (server,) = {
+        value[1].servers[0]
+        for value in served.gateway.app.serving.routes.entries.values()
+        if not isinstance(value[1], Exception) and value[1].servers
+    }
+    url, key = server
+    status = requests.get(f"{url}/v2/systemsharedmemory/status", headers={"X-Conch-Key": key}, timeout=10)
+    assert status.status_code == 200, status.text
+    return url, key, status.json()
+
+
+def test_raw_tensors_reach_a_triton_on_this_host_through_shared_memory_each_call_its_own(served):
+    """ModelInfer's raw input tensors are handed to a same-host Triton in the gateway's shared-memory region (the
+    one the HTTP edge uses); 24 concurrent calls with different tensors each get their own answer, every span is
+    given back, and a Triton that lost the region is sent the bytes and given a new one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    client = served.client()
+
+    def infer(value: float) -> list:
+        x = triton_grpc.InferInput("x", list(X.shape), "FP32")
+        x.set_data_from_numpy(np.full(X.shape, value, dtype=np.float32))
+        return client.infer("adder", [x], headers=served.headers()).as_numpy("y").tolist()
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(infer, [float(i) for i in range(24)]))
+    assert answers == [np.full(X.shape, i + 1.0, dtype=np.float32).tolist() for i in range(24)]
+    url, key, regions = _shared_memory_regions(served)
+    (region,) = regions
+    assert re.fullmatch(r"conch-gw-\d+-[0-9a-f]{16}", region["name"])
+    shared_memory = served.gateway.app.grpc.shared_memory
+    assert shared_memory is served.gateway.app._shared_memory  # one region per server for both edges
+    assert shared_memory._regions[url].spans.used_bytes == 0
+    unregistered = requests.post(f"{url}/v2/systemsharedmemory/unregister", headers={"X-Conch-Key": key}, timeout=10)
+    assert unregistered.status_code == 200
+    assert infer(2.0) == np.full(X.shape, 3.0).tolist()  # the region is gone: sent as it came, region dropped
+    assert infer(3.0) == np.full(X.shape, 4.0).tolist()
+    (second,) = _shared_memory_regions(served)[2]
+    assert second["name"] != region["name"]
+    client.close()
+
+
+def test_a_bad_tensor_gets_tritons_own_error_never_naming_the_gateways_region(served):
+    client = served.client()
+    for _ in range(2):  # the first may register the region, the second surely uses it
+        x = triton_grpc.InferInput("x", [2, 4], "FP32")
+        x._raw_content = bytes(16)  # 16 bytes for a [2,4] FP32 tensor of 32
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("adder", [x], headers=served.headers())
+        assert "'x'" in str(refused.value) and "conch-gw" not in str(refused.value)
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    client.close()

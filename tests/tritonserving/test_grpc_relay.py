@@ -76,3 +76,36 @@ def test_an_error_answer_of_a_stream_is_told_from_a_result_without_decoding():
     assert service_pb2.ModelStreamInferResponse.FromString(failed).infer_response.id == "7"
     result = service_pb2.ModelStreamInferResponse(infer_response=service_pb2.ModelInferResponse(id="7"))
     assert stream_answer_failed(failed) and not stream_answer_failed(result.SerializeToString())
+
+
+def test_raw_input_contents_are_split_off_and_the_request_names_shared_memory_spans_instead():
+    """Every raw tensor of a ModelInferRequest leaves the message (as views, in order); the request sent instead
+    names a span of the region for each input that took raw bytes, aligned, and keeps inputs with `contents`."""
+    from tritonserving.grpc_relay import shared_memory_infer_request, split_raw_input_contents
+
+    request = service_pb2.ModelInferRequest(model_name="m", id="7")
+    for name in ("a", "b"):
+        tensor = request.inputs.add(name=name, datatype="FP32", shape=[1, 3])
+        tensor.parameters["custom"].string_param = "kept"
+    typed = request.inputs.add(name="c", datatype="INT32", shape=[1])
+    typed.contents.int_contents.append(5)
+    request.raw_input_contents.extend([bytes(range(12)), bytes(range(100, 110))])
+    raw = request.SerializeToString()
+
+    rest, tensors = split_raw_input_contents(raw)
+    assert [bytes(t) for t in tensors] == [bytes(range(12)), bytes(range(100, 110))]
+    sent = service_pb2.ModelInferRequest.FromString(shared_memory_infer_request(rest, [12, 10], "region-1", 128))
+    assert not sent.raw_input_contents and sent.model_name == "m" and sent.id == "7"
+    a, b, c = sent.inputs
+    assert (a.parameters["shared_memory_region"].string_param, a.parameters["shared_memory_offset"].int64_param) == (
+        "region-1",
+        128,
+    )
+    assert a.parameters["shared_memory_byte_size"].int64_param == 12 and a.parameters["custom"].string_param == "kept"
+    assert b.parameters["shared_memory_offset"].int64_param == 128 + 64  # 12 bytes, aligned to 64
+    assert b.parameters["shared_memory_byte_size"].int64_param == 10
+    assert "shared_memory_region" not in c.parameters and list(c.contents.int_contents) == [5]
+    # contents that do not pair one to one with the inputs: sent as they came, for Triton to answer
+    assert shared_memory_infer_request(rest, [12], "region-1", 0) is None
+    with pytest.raises(ValueError):
+        split_raw_input_contents(raw[:-3])
