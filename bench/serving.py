@@ -28,7 +28,8 @@ Systems measured (only one is under load at any time; the others sit idle):
       same image, output as raw bytes): "direct" straight to (a)'s gRPC port, and "gateway" through the gateway's
       gRPC service (CONCH_GATEWAY_GRPC_BIND, same process as (e)) with the token and `conch-deployment:
       bench/orientation` in the call's metadata. The gateway relays the serialized messages as bytes over a
-      pooled channel; its "srv cpu" is the gateway's alone, its note starts with the Triton's CPU per inference.
+      pooled channel, the raw input tensors in shared memory (as for e); its "srv cpu" is the gateway's alone,
+      its note starts with the Triton's CPU per inference.
 
 Clients are closed-loop (each sends its next request when the previous answer arrives), one thread and one
 keep-alive connection each, in a separate process from every server. All traffic stays on 127.0.0.1. All servers
