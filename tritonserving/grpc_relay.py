@@ -16,7 +16,7 @@ Talks to: Triton's gRPC endpoint (`--grpc-port`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -37,10 +37,10 @@ __all__ = [
     "model_named",
     "ready_answer",
     "renamed_server_metadata",
-    "stream_answer_failed",
-    "stream_error_answer",
     "shared_memory_infer_request",
     "split_raw_input_contents",
+    "stream_answer_failed",
+    "stream_error_answer",
     "stream_failure",
     "summarize_infer_request",
 ]
@@ -81,27 +81,14 @@ def summarize_infer_request(raw: bytes) -> InferSummary:
     `ValueError` when `raw` is not a well-formed message."""
     model_name, request_id, batch = b"", b"", None
     seen_input = False
-    position, end = 0, len(raw)
-    while position < end:
-        key, position = _varint(raw, position)
-        field, wire = key >> 3, key & 7
-        if wire == 2:
-            length, position = _varint(raw, position)
-            stop = position + length
-            if stop > end:
-                raise ValueError("a field runs past the end of the message")
-            if field == 1:
-                model_name = raw[position:stop]
-            elif field == 3:
-                request_id = raw[position:stop]
-            elif field == 5 and not seen_input:
-                seen_input = True
-                batch = _first_dim(raw, position, stop)
-            position = stop
-        else:
-            position = _skip(raw, position, wire)
-    if position != end:
-        raise ValueError("the last field runs past the end of the message")
+    for field, _, position, stop in _fields(raw):
+        if field == 1:
+            model_name = raw[position:stop]
+        elif field == 3:
+            request_id = raw[position:stop]
+        elif field == 5 and not seen_input:
+            seen_input = True
+            batch = _first_dim(raw, position, stop)
     try:
         return InferSummary(model_name=model_name.decode(), id=request_id.decode(), batch=batch)
     except UnicodeDecodeError as exc:
@@ -116,26 +103,13 @@ def split_raw_input_contents(raw: bytes) -> tuple[bytes, list[memoryview]]:
     view = memoryview(raw)
     rest: list[memoryview] = []
     contents: list[memoryview] = []
-    kept_from, position, end = 0, 0, len(raw)
-    while position < end:
-        field_start = position
-        key, position = _varint(raw, position)
-        field, wire = key >> 3, key & 7
-        if wire == 2:
-            length, position = _varint(raw, position)
-            stop = position + length
-            if stop > end:
-                raise ValueError("a field runs past the end of the message")
-            if field == 7:
-                rest.append(view[kept_from:field_start])
-                contents.append(view[position:stop])
-                kept_from = stop
-            position = stop
-        else:
-            position = _skip(raw, position, wire)
-    if position != end:
-        raise ValueError("the last field runs past the end of the message")
-    rest.append(view[kept_from:end])
+    kept_from = 0
+    for field, field_start, position, stop in _fields(raw):
+        if field == 7:
+            rest.append(view[kept_from:field_start])
+            contents.append(view[position:stop])
+            kept_from = stop
+    rest.append(view[kept_from:])
     return b"".join(rest), contents
 
 
@@ -165,6 +139,28 @@ def shared_memory_infer_request(rest: bytes, sizes: Sequence[int], region: str, 
         tensor.parameters["shared_memory_byte_size"].int64_param = size
         offset += aligned(size)
     return request.SerializeToString()
+
+
+def _fields(raw: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """Each top-level field of the serialized message `raw`, in order, as (field number, start of its key, start
+    of its value, end): for a length-delimited field (wire type 2) the value is its bytes, for the others its
+    encoding. Raises `ValueError` when a field runs past the end of `raw`."""
+    position, end = 0, len(raw)
+    while position < end:
+        field_start = position
+        key, position = _varint(raw, position)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            length, position = _varint(raw, position)
+            stop = position + length
+            if stop > end:
+                raise ValueError("a field runs past the end of the message")
+        else:
+            stop = _skip(raw, position, wire)
+        yield field, field_start, position, stop
+        position = stop
+    if position != end:
+        raise ValueError("the last field runs past the end of the message")
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:

@@ -253,7 +253,6 @@ class GrpcGateway:
                     raise
                 if self.shared_memory.names_region(placement, exc.detail.encode()):
                     # Lost with a restart, or an error only shared memory causes: send the tensors as they came.
-                    placement.release()
                     split = None
                     continue
                 raise
