@@ -266,7 +266,7 @@ def inspect_onnx(path: Path) -> ModelSignature:
 
     with path.open("rb") as handle:
         try:
-            check_model_head(handle.read(HEAD_BYTES), size_bytes=size)
+            check_model_head(handle.read(HEAD_BYTES), size_bytes=size, filename="model.onnx")
         except InvalidInput as error:
             raise InspectionError(error.detail) from None
         _check_top_level_framing(handle, size)

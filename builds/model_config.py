@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,12 +44,14 @@ __all__ = [
     "MAX_QUEUE_DELAY_MICROSECONDS",
     "MODEL_FILENAME",
     "OUTPUT_DIMS_FIELD",
+    "TOLERANCE_FIELD",
     "BuildOptions",
     "BatchAxisReading",
     "apply_deployment_overrides",
     "build_model_config",
     "parse_build_options",
     "parse_output_dims",
+    "parse_tolerance",
     "read_batch_axis",
     "supports_batching",
     "validate_build_options",
@@ -74,6 +77,10 @@ MAX_INSTANCE_COUNT = 16
 #: Build option (form field, JSON key, `build_options` key) giving outputs' shapes in place of those the model file
 #: declares, for a file that declares them wrongly.
 OUTPUT_DIMS_FIELD = "output_dims"
+#: The build option that accepts a looser tolerance when a converted model is compared with its source.
+TOLERANCE_FIELD = "tolerance"
+#: The loosest tolerance a user may accept (as atol and rtol of floating outputs): beyond it nothing is proven.
+MAX_TOLERANCE = 0.5
 #: Most axes an output shape given in `output_dims` may have.
 _MAX_OUTPUT_RANK = 32
 #: Largest size of one axis in `output_dims`: Triton's dims are int64 (model_config.proto).
@@ -128,6 +135,9 @@ class BuildOptions:
         output_dims: output name -> the full shape the model really produces (axis 0 included; -1 = any size), in
             place of the shape the model file declares (`parse_output_dims`). Each name must be an output of the
             model (checked by `build_model_config`); the verify step checks the shapes against real inferences.
+        tolerance: for a converted model, the absolute and relative tolerance (one number, used as both) its
+            floating outputs may differ from the source framework's by, in place of the datatype's default
+            (`builds.comparison.DEFAULT_TOLERANCES`). None: the defaults. Greater than 0, at most MAX_TOLERANCE.
     """
 
     max_batch_size: int | None = None
@@ -135,6 +145,7 @@ class BuildOptions:
     preferred_batch_size: tuple[int, ...] | None = None
     instance_count: int | None = None
     output_dims: Mapping[str, tuple[int, ...]] | None = None
+    tolerance: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size), and
@@ -147,6 +158,8 @@ class BuildOptions:
         }
         if self.output_dims is not None:
             result[OUTPUT_DIMS_FIELD] = {name: list(dims) for name, dims in self.output_dims.items()}
+        if self.tolerance is not None:
+            result[TOLERANCE_FIELD] = self.tolerance
         return result
 
 
@@ -172,6 +185,7 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
         preferred_batch_size=_parse_sizes(preferred_raw),
         instance_count=_parse_integer("instance_count", fields.get("instance_count")),
         output_dims=parse_output_dims(fields.get(OUTPUT_DIMS_FIELD)),
+        tolerance=parse_tolerance(fields.get(TOLERANCE_FIELD)),
     )
     validate_build_options(options)
     if options.preferred_batch_size is not None:
@@ -181,8 +195,33 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
             preferred_batch_size=tuple(sorted(options.preferred_batch_size)),
             instance_count=options.instance_count,
             output_dims=options.output_dims,
+            tolerance=options.tolerance,
         )
     return options
+
+
+def parse_tolerance(raw: Any) -> float | None:
+    """Parse the `tolerance` option: a number greater than 0 and at most MAX_TOLERANCE ("0.001", 1e-3); blank or
+    None gives None (the datatype's default tolerance).
+
+    Raises:
+        InvalidInput: field "tolerance", saying what values are allowed.
+    """
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    allowed = (
+        f"give one number greater than 0 and at most {MAX_TOLERANCE:g}, used as both the absolute and the relative "
+        "tolerance of a converted model's floating outputs (for example 0.001)"
+    )
+    if isinstance(raw, bool):
+        raise InvalidInput(f"tolerance {raw!r} is not a number; {allowed}.", field=TOLERANCE_FIELD)
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"tolerance {raw!r} is not a number; {allowed}.", field=TOLERANCE_FIELD) from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TOLERANCE:
+        raise InvalidInput(f"tolerance {raw!r} is out of range; {allowed}.", field=TOLERANCE_FIELD)
+    return value
 
 
 def parse_output_dims(raw: Any) -> dict[str, tuple[int, ...]] | None:

@@ -24,7 +24,10 @@ class Build(models.Model):
     status `lost`); a user's build or rebuild starts again from 0. An attempt the sweeper failed because its worker
     stopped once too often counts itself too (CONCH_BUILD_MAX_ATTEMPTS). `worker` names the Celery worker that claimed
     it (host and process id). `config_pbtxt` is the Triton model configuration its configure step generated (and
-    verify may have corrected); `error`/`error_field` say why it failed.
+    verify may have corrected); `error`/`error_field` say why it failed. `source_format` is the uploaded file's
+    format as the inspect step told it (`builds.formats.FORMATS` keys: "onnx", "lightgbm"…); `conversion`, for a
+    converted format, the conversion report: `builds.formats.Conversion.to_dict()` plus, once verify compared the
+    served model with the source framework, "comparison" (`builds.comparison.OutputComparison.to_dict()` per output).
     """
 
     version = models.ForeignKey("models_registry.ModelVersion", on_delete=models.CASCADE, related_name="builds")
@@ -41,6 +44,8 @@ class Build(models.Model):
     config_pbtxt = models.TextField(blank=True)
     error = models.TextField(blank=True)
     error_field = models.CharField(max_length=100, blank=True)
+    source_format = models.CharField(max_length=32, blank=True)
+    conversion = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["version_id", "attempt"]

@@ -117,7 +117,7 @@ def redeclare_outputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]
 def package_model_file(
     *,
     store: ObjectStore,
-    source_key: str,
+    source_key: str | None,
     source_file: Path,
     model_key: str,
     config: ModelConfig,
@@ -126,15 +126,19 @@ def package_model_file(
 ) -> PackagedModel:
     """Store the model file for `config` under `model_key`; return its size and the outputs it redeclared.
 
-    `source_file` is a local copy of the uploaded object `source_key`. When every output of `config` agrees with
-    the file (`outputs_to_redeclare` is empty) the object is copied as uploaded; otherwise the copy is parsed and
+    `source_file` is a local copy of the uploaded object `source_key`, or, with `source_key` None, a model converted
+    from the upload. When every output of `config` agrees with the file (`outputs_to_redeclare` is empty) the object
+    is copied as uploaded (a converted file is uploaded as it is); otherwise the copy is parsed and
     rewritten in the sandbox (`limits`, default `SandboxLimits.from_settings()`) with those outputs redeclared, and
     uploaded. The uploaded object is never changed. Raises what `run_in_sandbox` raises (InvalidInput, field
     `file`, past a limit) and the store's errors.
     """
     wanted = outputs_to_redeclare(config, signature)
     if not wanted:
-        store.copy(source_key, model_key)
+        if source_key is None:
+            _upload(store, Path(source_file), model_key)
+        else:
+            store.copy(source_key, model_key)
         return PackagedModel(size_bytes=store.size(model_key), redeclared={})
     declared = {spec.name: tuple(spec.dims) for spec in signature.outputs}
     with tempfile.TemporaryDirectory(prefix="conch-package-") as work:

@@ -40,7 +40,7 @@ from django.conf import settings
 from builds.inspection import InspectionError, ModelSignature, inspect_onnx
 from conch.errors import InvalidInput
 
-__all__ = ["SandboxError", "SandboxLimits", "inspect_onnx_in_sandbox", "run_in_sandbox"]
+__all__ = ["SandboxError", "SandboxLimits", "cut_network", "inspect_onnx_in_sandbox", "run_in_sandbox"]
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def run_in_sandbox(target: str, path: Path, *, limits: SandboxLimits) -> Any:
         command = [
             sys.executable,
             "-c",
-            f"import {__name__} as sandbox; sandbox.child_main()",
+            f"{_CUT_NETWORK}; import {__name__} as sandbox; sandbox.child_main()",
             target,
             str(Path(path).resolve()),
             str(result_path),
@@ -329,6 +329,40 @@ def _has_headroom(path: Path) -> bool:
     except (MemoryError, OSError, OverflowError, ValueError):
         return False
     return True
+
+
+# unshare(2) flags (linux/sched.h): a new user namespace (unprivileged processes may make one where the kernel
+# allows it) with a new network namespace, else the network namespace alone (needs CAP_SYS_ADMIN).
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+#: How the child tells itself whether its network was cut: set by its first statement (`_CUT_NETWORK`).
+_NETWORK_STATE = "CONCH_SANDBOX_NETWORK"
+# The child's first statement, before any import that could start a thread (unshare of a user namespace needs a
+# single-threaded process): move into a network namespace of its own, which has no interface but a loopback that
+# is down, so that nothing run in the child reaches any host, this one included.
+_CUT_NETWORK = (
+    "import ctypes, os; libc = ctypes.CDLL(None); "
+    f"os.environ[{_NETWORK_STATE!r}] = 'cut' if libc.unshare({_CLONE_NEWUSER | _CLONE_NEWNET}) == 0 "
+    f"or libc.unshare({_CLONE_NEWNET}) == 0 else 'open'"
+)
+
+
+def cut_network() -> None:
+    """Sandbox child only: make sure the child has no network before code from a file runs (an unpickled model).
+
+    Every sandbox child tries to cut its network first thing (`_CUT_NETWORK`; where it cannot, the parsers it runs
+    need none anyway). Raises `InvalidInput` (field "file") when this child's could not be cut: a file that needs
+    code run to load is then not loaded at all.
+    """
+    if os.environ.get(_NETWORK_STATE) == "cut":
+        return
+    raise InvalidInput(
+        "This model can only be loaded by running code from its file, which Conch does only with the network cut "
+        "off, and this worker cannot cut it off (unshare of a network namespace was refused). An operator can "
+        "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or give the worker "
+        "CAP_SYS_ADMIN; otherwise export the model to ONNX yourself and upload the .onnx file.",
+        field="file",
+    )
 
 
 def _apply_limits(cpu_seconds: int, memory_bytes: int) -> None:

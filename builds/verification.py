@@ -478,6 +478,7 @@ def make_sample_inputs(
     item: int = 0,
     dynamic_size: int = DEFAULT_DYNAMIC_SIZE,
     seed: int = 0,
+    rows: int = 1,
 ) -> dict[str, np.ndarray]:
     """Build one valid request's inputs from a model configuration, keyed by input name, in config order.
 
@@ -494,13 +495,17 @@ def make_sample_inputs(
     Generated values: floats uniform in [0, 1) from a generator seeded with (`seed`, `item`), so two calls give
     equal arrays; integers 1 (item 0) or 0 (item 1), valid token ids, masks, indexes and byte values for the
     models here; BOOL True/False; BYTES `SAMPLE_BYTES` / b"triton". `item` 1 makes a second, different sample
-    for the batching proof.
+    for the batching proof. `rows` > 1 (a batching configuration only) makes a batch of that many samples instead
+    of one: generated inputs get `rows` on axis 0, user arrays give their first `rows` samples (all they have when
+    fewer).
 
     Raises:
         InvalidInput: field "sample_inputs" or "sample_values" when a user sample names no input of the model, or
             has the wrong rank, size or datatype.
-        ValueError: dynamic_size < 1, item not 0 or 1, or an input with a datatype the config schema lacks.
+        ValueError: dynamic_size < 1, item not 0 or 1, rows < 1, or an input with a datatype the config schema lacks.
     """
+    if rows < 1:
+        raise ValueError(f"rows must be at least 1, got {rows}")
     if dynamic_size < 1:
         raise ValueError(f"dynamic_size must be at least 1, got {dynamic_size}")
     if item not in (0, 1):
@@ -534,8 +539,8 @@ def make_sample_inputs(
             continue  # a single value that fills the generated shape; set below
         _check_shape(array, shapes[tensor.name], tensor.name, source, batching)
         if batching:
-            index = item if array.shape[0] > item else 0
-            array = array[index : index + 1]
+            index = item if array.shape[0] > item and rows == 1 else 0
+            array = array[index : index + rows]
         given[tensor.name] = array
         spec = specs.get(tensor.name)
         for axis, dim_name in enumerate(spec.dim_names if spec is not None else ()):
@@ -554,7 +559,7 @@ def make_sample_inputs(
                 if dim != -1:
                     shape.append(dim)
                 elif batching and axis == 0:
-                    shape.append(1)
+                    shape.append(rows)
                 elif dim_name:
                     shape.append(sizes.setdefault(dim_name, dynamic_size))
                 else:

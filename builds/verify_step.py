@@ -10,12 +10,16 @@ differs. Samples come from the user (`UserSamples`, stored beside the source) or
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from django.conf import settings
 
+from builds.comparison import compare_outputs
 from builds.inspection import ModelSignature, short_dim_name
 from builds.model_config import (
     OUTPUT_DIMS_FIELD,
@@ -45,16 +49,42 @@ from builds.verification import (
 from conch.errors import InvalidInput
 from models_registry.storage import ObjectStore
 from tritonserving.client import TritonRequestError
-from tritonserving.config import ModelConfig, config_to_pbtxt
+from tritonserving.config import ModelConfig, config_to_pbtxt, datatype_name
 from tritonserving.smoke import ScratchServer, VerifyServer, run_smoke_inference
 
 if TYPE_CHECKING:
     from builds.models import Build
 
-__all__ = ["axis_names_text", "describe_batching_plan", "load_samples", "sample_limits", "verify_build"]
+__all__ = [
+    "SourceReference",
+    "axis_names_text",
+    "compare_with_source",
+    "describe_batching_plan",
+    "load_samples",
+    "sample_limits",
+    "verify_build",
+]
 
 _Say = Callable[[str], None]
 _SmokeRun = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+#: Requests the comparison with the source framework sends when the model batches, each a full batch
+#: (max_batch_size samples) of its own generated values; a model without batching gets one request.
+COMPARISON_REQUESTS = 4
+
+
+@dataclass(frozen=True)
+class SourceReference:
+    """The source framework of a converted model, as verify uses it.
+
+    `title`: the source format's name ("LightGBM model (text)"); `run(inputs)`: the source framework's outputs for
+    `inputs` (input name -> full array), keyed by the converted model's output names (`run_source_in_sandbox`);
+    `record(comparisons, seconds)`: stores the comparison (`OutputComparison.to_dict()` per output) and the seconds
+    the source framework's run took on the build.
+    """
+
+    title: str
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+    record: Callable[[list[dict[str, Any]], float], None]
 
 
 def sample_limits() -> SampleLimits:
@@ -119,8 +149,15 @@ def verify_build(
     say: _Say,
     scratch: Callable[[], ScratchServer | VerifyServer],
     source_file: Path,
+    source_key: str | None = None,
+    reference: SourceReference | None = None,
 ) -> ModelConfig:
     """Run the verify step of `build` on the repository it wrote under `prefix`; return the configuration it keeps.
+
+    `source_file` is the local ONNX model the repository's model file was packaged from, `source_key` the stored
+    upload it is a copy of (None for a converted model, uploaded from `source_file`). For a converted model,
+    `reference` runs the source framework: once the configuration is settled, the same inputs go through the
+    served model and the source framework and every output is compared (`compare_with_source`).
 
     `record_config` is called with the configuration text each time verify rewrites config.pbtxt (the pipeline
     records it on the build).
@@ -144,9 +181,47 @@ def verify_build(
     Raises InvalidInput / VerificationError for a model that fails verification (naming the tensor, what was sent
     and, when inputs were generated, how to supply samples), Unavailable when no scratch server starts.
     """
-    version = build.version
     samples = load_samples(store, build.options or {})
-    run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{version.pk}-a{build.attempt}")
+    run = _smoke_runner(store, prefix, config.name, say, scratch, label=f"v{build.version.pk}-a{build.attempt}")
+    kept = _verify_configuration(
+        build=build,
+        record_config=record_config,
+        store=store,
+        prefix=prefix,
+        config=config,
+        signature=signature,
+        options=options,
+        say=say,
+        run=run,
+        samples=samples,
+        source_file=source_file,
+        source_key=source_key,
+    )
+    if reference is not None:
+        compare_with_source(
+            run=run, reference=reference, config=kept, signature=signature, samples=samples, options=options, say=say
+        )
+    return kept
+
+
+def _verify_configuration(
+    *,
+    build: Build,
+    record_config: Callable[[str], None],
+    store: ObjectStore,
+    prefix: str,
+    config: ModelConfig,
+    signature: ModelSignature,
+    options: BuildOptions,
+    say: _Say,
+    run: _SmokeRun,
+    samples: UserSamples,
+    source_file: Path,
+    source_key: str | None,
+) -> ModelConfig:
+    """`verify_build` up to the configuration it keeps: batching proven or turned off, output shapes settled."""
+
+    version = build.version
 
     model_key = f"{prefix}/{config.name}/{version.number}/model.onnx"
     # The outputs the repository's model file redeclares now (the write step packaged it for `config`).
@@ -157,7 +232,7 @@ def verify_build(
         if wanted != packaged_for["outputs"]:
             packaged = package_model_file(
                 store=store,
-                source_key=version.source_key,
+                source_key=source_key,
                 source_file=source_file,
                 model_key=model_key,
                 config=new_config,
@@ -221,6 +296,69 @@ def verify_build(
                 field="max_batch_size",
             )
     return _run_alone(run, say, config, signature, samples, version.pk, settle)
+
+
+def compare_with_source(
+    *,
+    run: _SmokeRun,
+    reference: SourceReference,
+    config: ModelConfig,
+    signature: ModelSignature,
+    samples: UserSamples,
+    options: BuildOptions,
+    say: _Say,
+) -> None:
+    """Prove a converted model computes what its source computes: the same inputs through the served model (`run`,
+    on the scratch Triton) and through the source framework (`reference.run`), every output compared
+    (`builds.comparison.compare_outputs`, tolerances by datatype or the user's `options.tolerance`).
+
+    Inputs: the user's samples, else generated ones that respect the signature; a batching model gets
+    COMPARISON_REQUESTS requests of max_batch_size samples each (a generated request's values seeded by its index).
+    Logs one line per output, over all the requests, and records the figures
+    (`reference.record`). Raises VerificationError (field "tolerance") naming each output that differs, with the
+    figures and how to accept a looser tolerance.
+    """
+    if config.max_batch_size > 0:
+        requests = [
+            make_sample_inputs(config, signature=signature, samples=samples, rows=config.max_batch_size, seed=seed)
+            for seed in range(COMPARISON_REQUESTS)
+        ]
+        if samples.arrays or samples.values:  # the user's samples are the same in every request: send them once
+            requests = requests[:1]
+    else:
+        requests = [make_sample_inputs(config, signature=signature, samples=samples)]
+    for line in describe_sample_inputs(requests[0], samples):
+        say(f"comparison input {line}" + (f" (and {len(requests) - 1} more like it)" if len(requests) > 1 else ""))
+    served_runs = run(requests)
+    # All the requests as one: their samples joined on axis 0 (each request's arrays are full tensors).
+    inputs = _joined(requests)
+    served = _joined(served_runs)
+    started = time.monotonic()
+    source = reference.run(inputs)
+    source_seconds = time.monotonic() - started
+    datatypes = {tensor.name: datatype_name(tensor.data_type) for tensor in config.output}
+    comparisons = compare_outputs(source, served, datatypes, accepted=options.tolerance)
+    say(f"comparing the served model with the {reference.title} it was converted from, on the same inputs")
+    for comparison in comparisons:
+        say(comparison.describe())
+    reference.record([comparison.to_dict() for comparison in comparisons], source_seconds)
+    failed = [comparison for comparison in comparisons if comparison.problem]
+    if failed:
+        details = "; ".join(f"output {c.name}: {c.problem} (tolerance {c.tolerance.describe()})" for c in failed)
+        raise VerificationError(
+            f"The converted model does not compute what the {reference.title} computes: {details}. If the "
+            "conversion lost precision you can accept, rebuild with a looser tolerance for floating outputs "
+            "(POST /api/v1/versions/{id}/rebuild with tolerance=0.001, used as both atol and rtol); otherwise "
+            "convert the model to ONNX yourself and upload the .onnx file.",
+            field="tolerance",
+        )
+
+
+def _joined(arrays: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per name, the arrays of several requests or responses concatenated on axis 0 (one alone as it is)."""
+    if len(arrays) == 1:
+        return {name: np.asarray(array) for name, array in arrays[0].items()}
+    return {name: np.concatenate([np.asarray(each[name]) for each in arrays], axis=0) for name in arrays[0]}
 
 
 def _run_alone(

@@ -183,10 +183,10 @@ class ObjectStoreUploadHandler(FileUploadHandler):
     (2 MiB), so a client slower than 2 MiB per stale bound looks dead.
 
     `check_name` and `check_head`, when given, refuse another format before a byte is stored: `check_name(filename)`
-    runs when the file's part begins, `check_head(head, size_bytes)` once the first `head_bytes` bytes (or the whole
-    file, when shorter; `size_bytes` is then its size, else None) have arrived; those bytes are held back until it
-    passes. Whatever they raise (InvalidInput naming the field) aborts the writer and propagates. An empty file is
-    not checked (the view refuses it with its own message).
+    runs when the file's part begins, `check_head(head, size_bytes, file_name)` once the first `head_bytes` bytes
+    (or the whole file, when shorter; `size_bytes` is then its size, else None) have arrived; those bytes are held
+    back until it passes. Whatever they raise (InvalidInput naming the field) aborts the writer and propagates. An
+    empty file is not checked (the view refuses it with its own message).
 
     `room`, when given, is the team's storage quota room: a file whose declared part length, or whose bytes
     received so far, exceed what is free is refused with QuotaExceeded (field `storage_bytes`) as soon as that
@@ -213,7 +213,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         heartbeat_interval_s: float = 5.0,
         room: QuotaRoom | None = None,
         check_name: Callable[[str], None] | None = None,
-        check_head: Callable[[bytes, int | None], None] | None = None,
+        check_head: Callable[[bytes, int | None, str], object] | None = None,
         head_bytes: int = 512,
     ) -> None:
         super().__init__(request)
@@ -344,7 +344,7 @@ class ObjectStoreUploadHandler(FileUploadHandler):
         if self.check_head is None:
             return
         try:
-            self.check_head(head, size_bytes)
+            self.check_head(head, size_bytes, self.file_name or "")
         except BaseException:
             self.abort()
             raise

@@ -21,8 +21,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from builds import services as builds
-from builds.formats import HEAD_BYTES
-from builds.model_config import OUTPUT_DIMS_FIELD
+from builds.formats import FORMATS, HEAD_BYTES
+from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -191,6 +191,10 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             "versions": versions,
             "step": 2,
             "uploads_url": f"/api/v1/models/{model.pk}/uploads/",
+            "check_url": "/api/v1/uploads/check/",
+            # what the file chooser offers and the drop zone names: every format Conch builds
+            "format_suffixes": ",".join(suffix for entry in FORMATS for suffix in entry.suffixes),
+            "format_titles": ", ".join(entry.title for entry in FORMATS),
             # the server's limit, so the page can refuse a file that is too big before hashing it
             "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
             "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),
@@ -308,7 +312,7 @@ def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
     version = _version(request, version_id)
     if refused := _refuse_method(request, POST):
         return refused
-    fields = {key: request.POST.get(key) for key in (*OPTION_NAMES, OUTPUT_DIMS_FIELD)}
+    fields = {key: request.POST.get(key) for key in (*OPTION_NAMES, OUTPUT_DIMS_FIELD, TOLERANCE_FIELD)}
     fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
     check = check_build_options(version=version, fields=fields)
     change = ""

@@ -28,6 +28,8 @@ from unfold.widgets import UnfoldAdminIntegerFieldWidget
 
 from conch.admin_base import ReadOnlyModelAdmin
 from conch.errors import ConchError, InvalidInput
+from tenancy.audit import record_audit
+from tenancy.choices import AuditAction
 from tenancy.members import teams_left_without_admin
 from tenancy.models import ApiToken, AuditEntry, Membership, Team, TeamQuota
 from tenancy.quotas import FIELDS, NEAR_LIMIT_SHARE, Usage, check_limit, team_ids_by_share, teams_usage
@@ -231,7 +233,7 @@ class TeamAdmin(ModelAdmin):
     list_filter = [QuotaPressureFilter]
     search_fields = ["slug", "name"]
     readonly_fields = ["usage", "created_at"]
-    fields = ["slug", "name", "usage", "created_at"]
+    fields = ["slug", "name", "allow_pickled_models", "usage", "created_at"]
     inlines = [TeamQuotaInline, MembershipInline]
     list_per_page = 100
 
@@ -275,6 +277,19 @@ class TeamAdmin(ModelAdmin):
             '<div class="grid gap-3 md:grid-cols-5">{}</div>',
             format_html_join("", '<div class="flex flex-col gap-1"><span>{}</span>{}</div>', cells),
         )
+
+    def save_model(self, request: HttpRequest, obj: Team, form: forms.ModelForm, change: bool) -> None:
+        """Save the team; a change of `allow_pickled_models` (builds may then run code from uploaded pickles) goes
+        into the audit log."""
+        super().save_model(request, obj, form, change)
+        if change and "allow_pickled_models" in form.changed_data:
+            record_audit(
+                action=AuditAction.TEAM_PICKLES_CHANGED,
+                team=obj,
+                target=obj,
+                before={"allow_pickled_models": not obj.allow_pickled_models},
+                after={"allow_pickled_models": obj.allow_pickled_models},
+            )
 
     def save_formset(self, request: HttpRequest, form, formset, change: bool) -> None:
         """Limits and members are saved through the tenancy services (the API's rules), not written directly."""

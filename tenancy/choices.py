@@ -31,6 +31,7 @@ class AuditAction(models.TextChoices):
     """
 
     TEAM_CREATED = "team.created", "Team created"
+    TEAM_PICKLES_CHANGED = "team.pickled_models_changed", "Pickled models allowed or refused"
     MEMBERSHIP_CHANGED = "membership.changed", "Member added or role changed"
     MEMBERSHIP_REMOVED = "membership.removed", "Member removed"
     USER_CREATED = "user.created", "User created"

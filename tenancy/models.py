@@ -9,9 +9,21 @@ from tenancy.choices import Role
 
 
 class Team(models.Model):
+    """A team: its members share models, deployments and quotas.
+
+    `allow_pickled_models`: whether its builds may load Python pickles (scikit-learn `.joblib`/`.pkl` models).
+    Unpickling runs code from the file, so only a platform admin turns it on, and even then the file is loaded only
+    in the build's sandbox with no network (`builds.sandbox.cut_network`).
+    """
+
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+    allow_pickled_models = models.BooleanField(
+        default=False,
+        help_text="Let this team's builds load Python pickles (scikit-learn .joblib/.pkl). Loading a pickle runs "
+        "code from the file; Conch does it only in the build's sandbox, with no network.",
+    )
 
     class Meta:
         ordering = ["slug"]

@@ -22,6 +22,7 @@ __all__ = [
     "ModelConfig",
     "config_from_pbtxt",
     "config_to_json",
+    "datatype_name",
     "config_to_pbtxt",
     "same_apart_from_versions",
     "serving_versions",
@@ -30,6 +31,14 @@ __all__ = [
 #: The protobuf message class of a Triton model configuration (`inference.ModelConfig`). tritonclient ships no type
 #: information for its generated protobuf modules (no .pyi), so to the type checker this alias is Any.
 ModelConfig: TypeAlias = model_config_pb2.ModelConfig
+
+
+def datatype_name(data_type: int) -> str:
+    """The Triton datatype name ("FP32", "INT64", "BYTES") of a model configuration's `data_type` enum value
+    (`TYPE_FP32` -> "FP32", `TYPE_STRING` -> "BYTES", as the inference protocol names it; Triton "Model
+    Configuration" -> "Datatypes"). Raises ValueError for an unknown value."""
+    name = str(model_config_pb2.DataType.Name(data_type)).removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
 
 
 def config_to_pbtxt(config: ModelConfig) -> str:

@@ -34,6 +34,11 @@ OUTPUT_DIMS_HELP = (
     'JSON object {"387": [-1, 1, 8210]}. Each name must be an output of the model; the verify step checks them. '
     "Left out, an output that comes back in another shape than declared gets the shape observed on the samples."
 )
+TOLERANCE_HELP = (
+    "Optional, for a converted model (LightGBM, XGBoost…): one number, greater than 0 and at most 0.5, that its "
+    "floating outputs may differ from the source framework's by, used as both the absolute and the relative "
+    "tolerance in place of the datatype's default (FP32: 1e-4). Give it on rebuild after a comparison failed."
+)
 
 ALLOW_DUPLICATE_HELP = (
     "Make a new version even when the file (its SHA-256) already is a live version of the model. Left out or false, "
@@ -78,8 +83,32 @@ class BuildSerializer(serializers.ModelSerializer):
             "config_pbtxt",
             "error",
             "error_field",
+            "source_format",
+            "conversion",
             "steps",
         ]
+        extra_kwargs = {
+            "source_format": {"help_text": 'The uploaded file\'s format as the build told it ("onnx", "lightgbm"…).'},
+            "conversion": {
+                "help_text": "For a converted format: the tool and its version, the source framework, the opsets, the "
+                "seconds taken, what was assumed, and `comparison` (per output: the datatype, atol/rtol, the largest "
+                "absolute and relative difference from the source framework, the top-class agreement, ok)."
+            },
+        }
+
+
+class ModelFormatSerializer(serializers.Serializer):
+    """One format Conch builds (`builds.formats.ModelFormat.describe`)."""
+
+    key = serializers.CharField(help_text='Identifier: "onnx", "lightgbm", "xgboost".')
+    title = serializers.CharField()
+    suffixes = serializers.ListField(child=serializers.CharField(), help_text="File name endings that may hold it.")
+    served_as = serializers.CharField(help_text="The Triton backend that serves the built model.")
+    conversion = serializers.CharField(allow_null=True, help_text="The conversion tool; null when served as uploaded.")
+    runs_code = serializers.BooleanField(
+        help_text="Loading the file runs code from it (a pickle): built only for teams a platform admin allowed."
+    )
+    upload = serializers.CharField(help_text="What to upload.")
 
 
 class BuildSummarySerializer(serializers.ModelSerializer):
@@ -129,6 +158,7 @@ class UploadVersionSerializer(serializers.Serializer):
     )
 
     output_dims = serializers.CharField(required=False, allow_blank=True, help_text=OUTPUT_DIMS_HELP)
+    tolerance = serializers.CharField(required=False, allow_blank=True, help_text=TOLERANCE_HELP)
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=ALLOW_DUPLICATE_HELP)
@@ -146,6 +176,7 @@ class BuildOptionsSerializer(serializers.Serializer):
         required=False, help_text="false (or 'off') is max_batch_size 0: no dynamic batcher."
     )
     output_dims = serializers.JSONField(required=False, help_text=OUTPUT_DIMS_HELP)
+    tolerance = serializers.JSONField(required=False, help_text=TOLERANCE_HELP)
 
 
 class OptionsCheckSerializer(serializers.Serializer):

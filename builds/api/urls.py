@@ -16,5 +16,6 @@ urlpatterns = [
     ),
     re_path(r"^versions/(?P<version_id>[0-9]+)/builds/?$", views.VersionBuildListView.as_view(), name="version-builds"),
     re_path(r"^versions/(?P<version_id>[0-9]+)/review/?$", views.VersionReviewView.as_view(), name="version-review"),
+    re_path(r"^formats/?$", views.FormatListView.as_view(), name="formats"),
     *router.urls,
 ]

@@ -24,14 +24,21 @@ from builds import services as builds
 from builds.api.serializers import (
     BuildOptionsSerializer,
     BuildSerializer,
+    ModelFormatSerializer,
     ModelVersionSerializer,
     OptionsCheckSerializer,
     RebuildSerializer,
     UploadVersionSerializer,
     VersionReviewSerializer,
 )
-from builds.formats import HEAD_BYTES, check_model_filename, check_model_head
-from builds.model_config import OUTPUT_DIMS_FIELD
+from builds.formats import (
+    HEAD_BYTES,
+    check_format_allowed,
+    check_model_filename,
+    check_model_head,
+    describe_formats,
+)
+from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD
 from builds.services import state as build_state
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
@@ -62,6 +69,7 @@ BUILD_OPTION_FIELDS = (
     "preferred_batch_size",
     "instance_count",
     OUTPUT_DIMS_FIELD,
+    TOLERANCE_FIELD,
 )
 #: The fields a version upload's form takes besides the build options (Django's form CSRF token included).
 UPLOAD_FORM_FIELDS = ("file", SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD, "allow_duplicate", "csrfmiddlewaretoken")
@@ -70,6 +78,7 @@ REBUILD_FIELDS = (
     *OPTION_NAMES,
     DYNAMIC_BATCHING_FIELD,
     OUTPUT_DIMS_FIELD,
+    TOLERANCE_FIELD,
     SAMPLE_INPUTS_FIELD,
     SAMPLE_VALUES_FIELD,
     "csrfmiddlewaretoken",
@@ -179,7 +188,9 @@ class ModelVersionListUploadView(APIView):
             room=room,
             # Another format is refused by its name, or by its first bytes, before they are stored.
             check_name=functools.partial(check_model_filename, field="file"),
-            check_head=lambda head, size: check_model_head(head, size_bytes=size, field="file"),
+            check_head=lambda head, size, name: check_format_allowed(
+                check_model_head(head, size_bytes=size, field="file", filename=name), team=model.team
+            ),
             head_bytes=HEAD_BYTES,
         )
         samples_handler = ObjectStoreUploadHandler(
@@ -306,7 +317,11 @@ class RebuildView(APIView):
                 )
             refuse_unknown_fields([*data.keys(), *files.keys()], REBUILD_FIELDS, "A rebuild")
             samples = files.get(SAMPLE_INPUTS_FIELD)
-            option_keys = [key for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD, OUTPUT_DIMS_FIELD) if key in data]
+            option_keys = [
+                key
+                for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD, OUTPUT_DIMS_FIELD, TOLERANCE_FIELD)
+                if key in data
+            ]
             version = builds.request_rebuild(
                 user=request.user,
                 token=request.auth,
@@ -364,6 +379,23 @@ class VersionReviewView(APIView):
                 "config_diff": diff.diff,
             }
         )
+
+
+class FormatListView(APIView):
+    """GET the model formats Conch builds, with the conversion each gets."""
+
+    pagination_class = BoundedLimitOffsetPagination
+
+    @extend_schema(
+        responses={200: ModelFormatSerializer(many=True), 400: ErrorSerializer},
+        description="Every format an upload may be in: its key, title, file name endings, the Triton backend that "
+        "serves it and the tool that converts it (null when Triton serves the file as uploaded). A file is told by "
+        "its name and its first bytes together (POST /api/v1/uploads/check/ tells one file's).",
+    )
+    def get(self, request: Request) -> Response:
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(describe_formats(), request, view=self)
+        return paginator.get_paginated_response(ModelFormatSerializer(page, many=True).data)
 
 
 class VersionBuildListView(APIView):

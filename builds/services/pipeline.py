@@ -10,12 +10,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from builds.choices import STEP_ORDER, StepName, StepStatus
+from builds.conversion import convert_in_sandbox, run_source_in_sandbox
+from builds.formats import HEAD_BYTES, Conversion, ModelFormat, check_format_allowed, detect_format
 from builds.model_config import build_model_config, parse_build_options
 from builds.models import Build, BuildStep
 from builds.packaging import describe_packaging, package_model_file
@@ -28,7 +31,7 @@ from builds.services.storage import (
 )
 from builds.services.submission import building_stale_before
 from builds.services.verify_servers import scratch_server
-from builds.verify_step import axis_names_text, describe_batching_plan, verify_build
+from builds.verify_step import SourceReference, axis_names_text, describe_batching_plan, verify_build
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
 from models_registry import services as registry
 from models_registry.storage import get_object_store
@@ -173,7 +176,8 @@ def _run_claimed_build(build: Build) -> str:
     model_name = version.model.name
     try:
         with tempfile.TemporaryDirectory(prefix="conch-build-") as tmp:
-            local = Path(tmp) / "model.onnx"
+            work = Path(tmp)
+            sandbox_seconds = 0.0
             with _step(build, StepName.INSPECT) as say:
                 if build.lost_attempts:
                     say(
@@ -181,17 +185,43 @@ def _run_claimed_build(build: Build) -> str:
                         f"{build.lost_attempts} attempt(s) lost so far), so the build starts again"
                     )
                 say(f"downloading {version.source_key} ({version.source_size_bytes} bytes)")
-                store.download_to(version.source_key, local)
+                uploaded = work / "upload"
+                store.download_to(version.source_key, uploaded)
                 if not version.source_checked:
                     # A resumable upload's SHA-256 is checked here, on the copy the build reads anyway.
                     say(f"checking sha256 of the uploaded file against {version.source_sha256} (promised at upload)")
-                    registry.check_version_source(version=version, path=local)
+                    registry.check_version_source(version=version, path=uploaded)
                     say("checking sha256 … ok")
+                model_format, source = _detect(uploaded, version.source_filename, version.source_size_bytes)
+                check_format_allowed(model_format, team=version.model.team)
+                say(
+                    f"format: {model_format.title} (told from the name {version.source_filename!r} and the first bytes)"
+                )
+                conversion: Conversion | None = None
+                if model_format.converted:
+                    local = work / "model.onnx"
+                    say(f"converting to ONNX with {model_format.converter} in the sandbox")
+                    started = time.monotonic()
+                    conversion = convert_in_sandbox(model_format, source, local)
+                    sandbox_seconds = time.monotonic() - started
+                    for line in conversion.describe():
+                        say(line)
+                    say(f"conversion took {sandbox_seconds:.2f} s in all, the sandbox's start included")
+                else:
+                    local = source
                 signature = inspect_onnx_in_sandbox(local)
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:
                         say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}{axis_names_text(t.dim_names)}")
-                state.record_build_artifacts(version_id=version.pk, attempt=attempt, signature=signature.to_dict())
+                state.record_build_artifacts(
+                    version_id=version.pk,
+                    attempt=attempt,
+                    signature=signature.to_dict(),
+                    source_format=model_format.key,
+                    conversion={**conversion.to_dict(), "wall_seconds": round(sandbox_seconds, 3)}
+                    if conversion
+                    else None,
+                )
 
             with _step(build, StepName.CONFIGURE) as say:
                 options = parse_build_options(build.options)
@@ -204,11 +234,12 @@ def _run_claimed_build(build: Build) -> str:
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(build, StepName.WRITE_REPOSITORY) as say:
                 model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
-                size = version.source_size_bytes + len(pbtxt.encode())
+                size = local.stat().st_size + len(pbtxt.encode())
                 reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
                 packaged = package_model_file(
                     store=store,
-                    source_key=version.source_key,
+                    # A converted model is uploaded from the local file; an ONNX upload is copied in the store.
+                    source_key=None if conversion else version.source_key,
                     source_file=local,
                     model_key=model_key,
                     config=config,
@@ -233,6 +264,8 @@ def _run_claimed_build(build: Build) -> str:
                     say=say,
                     scratch=scratch_server,
                     source_file=local,
+                    source_key=None if conversion else version.source_key,
+                    reference=_reference(model_format, source, build, conversion, sandbox_seconds),
                 )
                 stored = store.size(model_key) + len(config_to_pbtxt(verified).encode())
                 if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
@@ -271,6 +304,40 @@ def _run_claimed_build(build: Build) -> str:
     state.record_build_result(version_id=version.pk, attempt=attempt, succeeded=True, repository_prefix=prefix)
     log.info("build.succeeded", extra={"version_id": version.pk, "attempt": attempt, "prefix": prefix})
     return "built"
+
+
+def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat, Path]:
+    """The stored upload's format (`builds.formats.detect_format`: its name and first bytes), and the local copy
+    renamed as its format reads it (`ModelFormat.local_name`). Raises InvalidInput (field "file")."""
+    with uploaded.open("rb") as handle:
+        head = handle.read(HEAD_BYTES)
+    model_format = detect_format(head, filename=filename, size_bytes=size_bytes)
+    source = uploaded.with_name(model_format.local_name(head))
+    uploaded.rename(source)
+    return model_format, source
+
+
+def _reference(
+    model_format: ModelFormat, source: Path, build: Build, conversion: Conversion | None, wall_seconds: float
+) -> SourceReference | None:
+    """How verify runs the source framework and records the comparison, for a converted model (None otherwise).
+
+    The build's `conversion` then holds the conversion report, `wall_seconds` (the conversion with the sandbox's
+    start), `comparison` (per output) and `comparison_seconds` (the source framework's run, sandbox included)."""
+    if conversion is None:
+        return None
+    report = {**conversion.to_dict(), "wall_seconds": round(wall_seconds, 3)}
+
+    def record(comparisons: list[dict[str, Any]], seconds: float) -> None:
+        report["comparison"] = comparisons
+        report["comparison_seconds"] = round(seconds, 3)
+        state.record_build_artifacts(version_id=build.version_id, attempt=build.attempt, conversion=report)
+
+    return SourceReference(
+        title=model_format.title,
+        run=lambda inputs: run_source_in_sandbox(model_format, source, inputs),
+        record=record,
+    )
 
 
 def _discard_failed_attempt(version_id: int, attempt: int) -> None:

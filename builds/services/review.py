@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from builds.choices import StepName
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
-from builds.model_config import OUTPUT_DIMS_FIELD, BuildOptions, build_model_config, parse_build_options
+from builds.model_config import (
+    OUTPUT_DIMS_FIELD,
+    TOLERANCE_FIELD,
+    BuildOptions,
+    build_model_config,
+    parse_build_options,
+)
 from builds.models import BuildStep
 from builds.services import state
 from conch.errors import InvalidInput
@@ -71,13 +77,15 @@ class OptionsCheck:
 def option_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The option fields of a form or JSON body, with the dynamic batching switch turned into max_batch_size 0.
 
-    `output_dims` (outputs' shapes in place of the declared ones) is kept as given. `dynamic_batching` off ("off",
+    `output_dims` (outputs' shapes in place of the declared ones) and `tolerance` (a converted model's comparison
+    tolerance) are kept as given. `dynamic_batching` off ("off",
     "false", "0", False) means max_batch_size 0, as Triton has it (Triton "Model
     Configuration" -> "Maximum Batch Size": 0 turns batching, and so the dynamic batcher, off). Other keys are left
     out.
     """
     chosen = {name: fields.get(name) for name in OPTION_NAMES}
     chosen[OUTPUT_DIMS_FIELD] = fields.get(OUTPUT_DIMS_FIELD)
+    chosen[TOLERANCE_FIELD] = fields.get(TOLERANCE_FIELD)
     switch = fields.get(DYNAMIC_BATCHING_FIELD)
     if switch is not None and str(switch).strip().lower() in ("off", "false", "0", "no"):
         chosen["max_batch_size"] = 0
@@ -146,7 +154,7 @@ def built_option_values(version: ModelVersion) -> dict[str, str]:
 
 def current_option_values(version: ModelVersion) -> dict[str, Any]:
     """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8",
-    output_dims as "387=-1,1,8210; other=1,4"."""
+    output_dims as "387=-1,1,8210; other=1,4", tolerance as its number."""
     stored = state.current_options(version)
     values = {name: stored.get(name) for name in OPTION_NAMES}
     if values["preferred_batch_size"]:
@@ -155,6 +163,7 @@ def current_option_values(version: ModelVersion) -> dict[str, Any]:
     values[OUTPUT_DIMS_FIELD] = (
         "; ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in given.items()) if given else None
     )
+    values[TOLERANCE_FIELD] = stored.get(TOLERANCE_FIELD)
     return values
 
 

@@ -303,18 +303,32 @@ def release_build(*, version_id: int, attempt: int) -> None:
 
 
 def record_build_artifacts(
-    *, version_id: int, attempt: int, signature: dict[str, Any] | None = None, config_pbtxt: str | None = None
+    *,
+    version_id: int,
+    attempt: int,
+    signature: dict[str, Any] | None = None,
+    config_pbtxt: str | None = None,
+    source_format: str | None = None,
+    conversion: dict[str, Any] | None = None,
 ) -> None:
     """Store what a build step produced; an argument left as None is not written.
 
     `signature` is the inspected model's signature as `ModelSignature.to_dict()` returns it (inputs/outputs with
     name, datatype, dims): it describes the file, so it goes on the version. `config_pbtxt` is the Triton model
-    configuration text build `attempt` generated, on that attempt. Ids that match no row write nothing.
+    configuration text build `attempt` generated, `source_format` the uploaded file's format key and `conversion`
+    its conversion report (`Build.conversion`), on that attempt. Ids that match no row write nothing.
     """
     if signature is not None:
         registry.record_signature(version_id=version_id, signature=signature)
+    fields: dict[str, Any] = {}
     if config_pbtxt is not None:
-        Build.objects.filter(version_id=version_id, attempt=attempt).update(config_pbtxt=config_pbtxt)
+        fields["config_pbtxt"] = config_pbtxt
+    if source_format is not None:
+        fields["source_format"] = source_format
+    if conversion is not None:
+        fields["conversion"] = conversion
+    if fields:
+        Build.objects.filter(version_id=version_id, attempt=attempt).update(**fields)
 
 
 def record_build_result(

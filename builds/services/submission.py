@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
+from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD, parse_build_options
 from builds.services import state
 from builds.services.review import check_build_options
 from builds.verification import check_sample_archive, parse_sample_values
@@ -113,10 +113,10 @@ def request_rebuild(
     normally, QuotaExceeded (field `storage_bytes`) when new sample inputs do not fit in the team's storage in
     place of the old ones; the version's samples are unchanged then.
 
-    `options` (the four build option fields, `output_dims`, and `dynamic_batching`; see `review.option_fields`),
-    when given, replace the version's build options: a field left out or empty goes back to the model's default.
-    They are checked first by the build's own rules against the version's signature (`review.check_build_options`):
-    InvalidInput naming the first option at fault, and nothing changes.
+    `options` (the four build option fields, `output_dims`, `tolerance` and `dynamic_batching`; see
+    `review.option_fields`), when given, replace the version's build options: a field left out or empty goes back
+    to the model's default. They are checked first by the build's own rules against the version's signature
+    (`review.check_build_options`): InvalidInput naming the first option at fault, and nothing changes.
     """
     require_role(
         user=user,
@@ -135,6 +135,7 @@ def request_rebuild(
             first = check.errors[0]
             raise InvalidInput(first["detail"], field=first["field"])
         build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
+        build_options.pop(TOLERANCE_FIELD, None)  # left out, the datatypes' default tolerances apply again
         if check.options is not None:  # set whenever check.ok
             build_options.update(check.options.to_dict())
     previous = build_options.get("samples") or {}

@@ -43,3 +43,19 @@ def fail(path: Path) -> None:
 def environment_names(path: Path) -> list[str]:
     """Return the names of the child's environment variables."""
     return sorted(os.environ)
+
+
+def connect(path: Path) -> str:
+    """Try to reach a TCP port of this host (the file holds it), as code from a hostile pickle would; say how it
+    went, and whether `cut_network` lets code run."""
+    import socket
+
+    from builds.sandbox import cut_network
+
+    cut_network()
+    port = int(path.read_text())
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError as error:
+        return f"refused: {type(error).__name__}"
+    return "connected"

@@ -1,25 +1,29 @@
-"""Which files Conch builds, from their name and first bytes (`builds.formats`): pure checks."""
+"""Which files Conch builds, told from their name and first bytes together (`builds.formats`): pure checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from builds.formats import check_model_filename, check_model_head
+from builds.formats import FORMATS, check_model_filename, check_model_head, describe_formats, detect_format
 from conch.errors import InvalidInput
+from devtools.tree_models import lightgbm_model, xgboost_model
 from tests import real_models
 
 
-@pytest.mark.parametrize("name", ["model.onnx", "MODEL.ONNX", "rapid.v2.onnx", "model", "dir/model.onnx"])
-def test_onnx_names_and_names_without_an_ending_pass(name):
+@pytest.mark.parametrize(
+    "name",
+    ["model.onnx", "MODEL.ONNX", "rapid.v2.onnx", "model", "dir/model.onnx", "model.txt", "m.json", "m.UBJ", "x.lgb"],
+)
+def test_names_of_formats_conch_builds_and_names_without_an_ending_pass(name):
     check_model_filename(name, field="filename")
 
 
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("model.pt", "a PyTorch checkpoint"),
+        ("model.pt", "a PyTorch model or checkpoint"),
         ("pytorch_model.bin", "a weights file"),
-        ("notes.txt", "rename it to end in .onnx"),
+        ("notes.docx", "rename it to the format's ending"),
         ("model.onnx.gz", "an archive"),
         ("model.h5", "tf2onnx"),
     ],
@@ -28,22 +32,54 @@ def test_other_endings_are_refused_naming_the_field_and_what_conch_builds(name, 
     with pytest.raises(InvalidInput) as raised:
         check_model_filename(name, field="filename")
     assert raised.value.field == "filename"
-    assert raised.value.detail.startswith(f"{name!r} is not an ONNX model file: Conch builds ONNX models")
+    assert raised.value.detail.startswith(f"{name!r} is not a model file Conch builds: Conch builds ONNX model (.onnx)")
+    assert "LightGBM model (text) (.txt, .model, .lgb); XGBoost model (JSON or UBJSON) (.json, .ubj)" in (
+        raised.value.detail
+    )
     assert says in raised.value.detail
 
 
 def test_the_first_bytes_of_real_onnx_models_pass():
     for path in (real_models.classifier(), real_models.magika()):
-        check_model_head(path.read_bytes()[:512])
+        assert check_model_head(path.read_bytes()[:512]).key == "onnx"
+
+
+def test_tree_models_are_told_by_name_and_content(tmp_path):
+    lightgbm = lightgbm_model(tmp_path / "m.txt").read_bytes()[:512]
+    as_json = xgboost_model(tmp_path / "m.json").read_bytes()[:512]
+    as_ubj = xgboost_model(tmp_path / "m.ubj").read_bytes()[:512]
+    assert detect_format(lightgbm, filename="model.txt").key == "lightgbm"
+    assert detect_format(lightgbm, filename="model").key == "lightgbm"
+    assert detect_format(as_json, filename="booster.json").key == "xgboost"
+    assert detect_format(as_ubj, filename="booster.ubj").key == "xgboost"
+    assert detect_format(b' \n{"version": [3, 2, 0], "learner": {}}', filename="b.json").key == "xgboost"
+
+
+@pytest.mark.parametrize(
+    ("filename", "head", "says"),
+    [
+        # a text file under a LightGBM name is not taken for one
+        ("notes.txt", b"hello, this is text\n", "This is not a LightGBM model (text): it looks like a text file"),
+        # any JSON is not an XGBoost model
+        ("config.json", b'{"name": "resnet"}', "This is not an XGBoost model (JSON or UBJSON): it looks like a text"),
+        # content of one format under another's name: rename
+        ("model.onnx", b"tree\nversion=v4\nnum_class=1\n", "its content is a LightGBM model (text). Rename it to end"),
+        ("model.txt", b"\x08\x07\x12\x07pytorch", "its content is an ONNX model. Rename it to end in .onnx"),
+        ("model.onnx", b"\x80\x04\x95" + b"\0" * 20, "its content is a scikit-learn model (pickle). Rename it"),
+    ],
+)
+def test_the_name_narrows_the_formats_and_the_content_must_be_one_of_them(filename, head, says):
+    with pytest.raises(InvalidInput) as raised:
+        detect_format(head, filename=filename, field="head")
+    assert raised.value.field == "head" and says in raised.value.detail
 
 
 @pytest.mark.parametrize(
     ("head", "says"),
     [
         (b"PK\x03\x04" + b"\0" * 100, "a ZIP archive (a zipped folder, a PyTorch .pt/.pth checkpoint"),
-        (b"\x80\x04\x95" + b"\0" * 100, "a Python pickle"),
         (b"hello, this is text\n", "a text file"),
-        (b"\x00\x01\x02\x03" * 8, "begins with the bytes 00 01 02 03"),
+        (b"\x00\x01\x02\x03" * 8, "its first bytes (00 01 02 03 00 01 02 03) are none of the formats Conch builds"),
         (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 99\n", "Git LFS pointer"),
     ],
 )
@@ -51,3 +87,11 @@ def test_other_first_bytes_are_refused_naming_the_format(head, says):
     with pytest.raises(InvalidInput) as raised:
         check_model_head(head, field="file")
     assert raised.value.field == "file" and says in raised.value.detail
+
+
+def test_the_formats_list_names_each_format_its_backend_and_conversion():
+    listed = {entry["key"]: entry for entry in describe_formats()}
+    assert list(listed) == [f.key for f in FORMATS] == ["onnx", "lightgbm", "xgboost", "sklearn"]
+    assert listed["sklearn"]["runs_code"] is True and listed["onnx"]["runs_code"] is False
+    assert listed["onnx"]["conversion"] is None and listed["onnx"]["served_as"] == "onnxruntime"
+    assert listed["lightgbm"]["conversion"] == "onnxmltools" and listed["xgboost"]["suffixes"] == [".json", ".ubj"]

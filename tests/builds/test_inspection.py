@@ -337,7 +337,7 @@ def test_inspect_onnx_explains_a_git_lfs_pointer(tmp_path):
     assert error.detail == (
         f"This is a Git LFS pointer file, a {size}-byte text stub that stands in for the model (the real file "
         "is 6,783,084 bytes), not the model itself. The repository you cloned stores the model with Git LFS: "
-        "run `git lfs pull` in it (install Git LFS first with `git lfs install`), then upload the real .onnx file."
+        "run `git lfs pull` in it (install Git LFS first with `git lfs install`), then upload the real model file."
     )
 
 

@@ -160,3 +160,20 @@ def test_a_build_whose_inspection_runs_out_of_memory_fails_with_the_message(
         "write_repository": "skipped",
         "verify": "skipped",
     }
+
+
+def test_the_child_has_no_network_not_even_this_hosts_loopback(tmp_path):
+    import socket
+
+    # given a port listening on this host's loopback
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port_file = tmp_path / "port"
+    port_file.write_text(str(listener.getsockname()[1]))
+    # when code in the sandbox child tries to connect to it
+    outcome = run_in_sandbox(f"{TARGETS}:connect", port_file, limits=GENEROUS)
+    # then it cannot (its network namespace has only a loopback that is down), and nothing reached the port
+    assert outcome.startswith("refused: ")
+    with pytest.raises(TimeoutError):
+        listener.accept()
+    listener.close()

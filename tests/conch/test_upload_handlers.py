@@ -416,7 +416,7 @@ def _format_checked_handler(store: ObjectStore) -> ObjectStoreUploadHandler:
         KEY,
         max_bytes=64 * MIB,
         check_name=lambda name: check_model_filename(name, field="file"),
-        check_head=lambda head, size: check_model_head(head, size_bytes=size, field="file"),
+        check_head=lambda head, size, name: check_model_head(head, size_bytes=size, field="file", filename=name),
         head_bytes=HEAD_BYTES,
     )
 
@@ -454,7 +454,10 @@ def test_a_name_of_another_format_is_refused_before_the_store_is_touched(store, 
     with pytest.raises(InvalidInput) as raised:
         parse(multipart_body(("file", "model.pt", b"\x08\x07" + payload(1000))), _format_checked_handler(store))
     assert raised.value.field == "file"
-    assert "'model.pt' is not an ONNX model file" in raised.value.detail and "torch.onnx.export" in raised.value.detail
+    assert (
+        "'model.pt' is not a model file Conch builds" in raised.value.detail
+        and "torch.onnx.export" in raised.value.detail
+    )
     assert opened == []
     assert leftovers(store, request) == {"keys": [], "pending": []}
 

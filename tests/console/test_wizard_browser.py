@@ -879,7 +879,12 @@ def test_pause_lets_the_parts_in_flight_finish_and_the_progress_never_goes_back(
 @pytest.mark.parametrize(
     ("name", "content", "label", "detail"),
     [
-        ("notes.txt", b"my notes about the model\n" * 100, "File name", "'notes.txt' is not an ONNX model file"),
+        (
+            "notes.docx",
+            b"my notes about the model\n" * 100,
+            "File name",
+            "'notes.docx' is not a model file Conch builds",
+        ),
         ("notmodel.onnx", b"my notes about the model\n" * 100, "File contents", "This is not an ONNX model: it looks"),
     ],
 )
@@ -902,12 +907,36 @@ def test_a_file_conch_cannot_build_is_refused_by_the_server_before_it_is_hashed_
     # then the server's refusal is shown after the field's human label (not the API's `head`), and the file was
     # neither hashed nor sent
     error = page.locator("#upload-error")
-    error.filter(has_text="not an ONNX model").wait_for()
+    error.filter(has_text=detail).wait_for()
     text = error.inner_text()
     assert text.startswith(f"{label}: {detail}"), text
     assert not any("checksum" in seen for seen in shown.json_value())
     assert puts == []
     assert not Upload.objects.filter(model_id=model["id"]).exists()
+
+
+def test_the_upload_step_says_which_format_the_server_told_and_what_the_build_does_with_it(
+    console_browser, alice, tmp_path
+):
+    from devtools.tree_models import lightgbm_model
+
+    # given a LightGBM model in its text format, and the upload page
+    path = lightgbm_model(tmp_path / "churn.txt", "binary")
+    model = alice.client.post("/api/v1/models/", {"name": "churn", "team": "acme"}, format="json").json()
+    page = console_browser.page_for(alice.user)
+    page.goto(f"/wizard/models/{model['id']}/upload/")
+    # then the file chooser offers every format's endings
+    accept = page.get_by_test_id("upload-file-input").get_attribute("accept")
+    assert accept.split(",") == [".onnx", ".txt", ".model", ".lgb", ".json", ".ubj"]
+    # when the file is chosen
+    page.get_by_test_id("upload-file-input").set_input_files(str(path))
+    # then the page names the format the server told and says it will be converted and compared
+    told = page.locator("#upload-file-name").filter(has_text="LightGBM")
+    told.wait_for()
+    assert told.inner_text() == (
+        f"churn.txt, {path.stat().st_size / 1024:.1f} KiB: LightGBM model (text), converted to ONNX with onnxmltools "
+        "and compared with its framework's outputs"
+    )
 
 
 def _version_through_the_api(caller, model_id: int, name: str, data: bytes) -> ModelVersion:

@@ -94,8 +94,8 @@ def test_upload_streams_file_to_storage_with_sha256_and_size(alice):
 @pytest.mark.parametrize(
     ("name", "data", "says"),
     [
-        ("model.pt", b"PK\x03\x04" + b"\0" * 5000, "'model.pt' is not an ONNX model file"),
-        ("weights.bin", b"\x08\x07" + b"\0" * 5000, "'weights.bin' is not an ONNX model file"),
+        ("model.pt", b"PK\x03\x04" + b"\0" * 5000, "'model.pt' is not a model file Conch builds"),
+        ("weights.bin", b"\x08\x07" + b"\0" * 5000, "'weights.bin' is not a model file Conch builds"),
         ("model.onnx", b"\x89PNG\r\n\x1a\n" + b"\0" * 5000, "This is not an ONNX model: it looks like a PNG image"),
         ("model.onnx", b"just some text\n" * 300, "This is not an ONNX model: it looks like a text file"),
     ],

@@ -499,7 +499,7 @@ def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
     assert Upload.objects.get().status == "uploading"
 
 
-@pytest.mark.parametrize("filename", ["model.pt", "pytorch_model.bin", "notes.txt"])
+@pytest.mark.parametrize("filename", ["model.pt", "pytorch_model.bin", "notes.docx"])
 def test_a_start_for_a_file_conch_cannot_build_is_refused_naming_filename_before_anything_starts(alice, s3, filename):
     model_id = _model(alice)
     response = alice.client.post(
@@ -510,7 +510,7 @@ def test_a_start_for_a_file_conch_cannot_build_is_refused_naming_filename_before
     assert response.status_code == 400, response.content
     body = response.json()
     assert body["field"] == "filename"
-    assert body["detail"].startswith(f"{filename!r} is not an ONNX model file: Conch builds ONNX models")
+    assert body["detail"].startswith(f"{filename!r} is not a model file Conch builds: Conch builds ONNX model")
     assert not Upload.objects.exists()
     assert _storage_used(alice.team) == 0
     assert s3() == {"keys": [], "pending": []}
@@ -1222,7 +1222,10 @@ def test_the_file_check_answers_with_the_upload_starts_rules_and_stores_nothing(
     named = check("weights.safetensors", onnx_head)
     empty = check("model.onnx", b"")
     # then the ONNX file is built as onnx; the others are refused with the start's own messages, naming the field
-    assert (good.status_code, good.json()) == (200, {"format": "onnx"})
+    assert (good.status_code, good.json()) == (
+        200,
+        {"format": "onnx", "title": "ONNX model", "served_as": "onnxruntime", "conversion": None},
+    )
     assert zipped.status_code == 400 and zipped.json()["field"] == "head"
     assert zipped.json()["detail"].startswith("This is not an ONNX model: it looks like a ZIP archive")
     assert named.status_code == 400 and named.json()["field"] == "filename"

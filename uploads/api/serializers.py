@@ -8,7 +8,7 @@ import binascii
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from builds.api.serializers import ALLOW_DUPLICATE_HELP, OUTPUT_DIMS_HELP
+from builds.api.serializers import ALLOW_DUPLICATE_HELP, OUTPUT_DIMS_HELP, TOLERANCE_HELP
 from builds.formats import HEAD_BYTES
 from builds.model_config import MAX_INSTANCE_COUNT, MAX_MAX_BATCH_SIZE, MAX_QUEUE_DELAY_MICROSECONDS
 from uploads.choices import PartChecksumAlgorithm
@@ -34,6 +34,7 @@ class UploadBuildOptionsSerializer(serializers.Serializer):
     )
     instance_count = serializers.JSONField(required=False, help_text=f"1..{MAX_INSTANCE_COUNT} model instances.")
     output_dims = serializers.JSONField(required=False, allow_null=True, help_text=OUTPUT_DIMS_HELP)
+    tolerance = serializers.JSONField(required=False, allow_null=True, help_text=TOLERANCE_HELP)
 
     def to_internal_value(self, data: object) -> dict:
         if not isinstance(data, dict):
@@ -124,7 +125,10 @@ class CheckUploadFileSerializer(serializers.Serializer):
 class CheckedUploadFileSerializer(serializers.Serializer):
     """Answer of POST /uploads/check/ for a file Conch can build."""
 
-    format = serializers.CharField(help_text='What the file will be built as: "onnx".')
+    format = serializers.CharField(help_text='The format the file will be built as: "onnx", "lightgbm", "xgboost".')
+    title = serializers.CharField(help_text="The format's name.")
+    served_as = serializers.CharField(help_text="The Triton backend that serves the built model.")
+    conversion = serializers.CharField(allow_null=True, help_text="The tool that converts it; null when served as is.")
 
 
 class UploadListFilterSerializer(serializers.Serializer):

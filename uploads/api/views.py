@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from builds.formats import format_by_key
 from conch.api import BoundedLimitOffsetPagination, DuplicateVersionErrorSerializer, ErrorSerializer
 from conch.authentication import HeaderCsrfSessionAuthentication
 from conch.limits import BodyLimit, accepts_body
@@ -71,7 +72,15 @@ class CheckUploadFileView(APIView):
         found = services.check_upload_file(
             filename=data["filename"], head=data["head"], size_bytes=data.get("size_bytes")
         )
-        return Response({"format": found})
+        described = format_by_key(found).describe()
+        return Response(
+            {
+                "format": found,
+                "title": described["title"],
+                "served_as": described["served_as"],
+                "conversion": described["conversion"],
+            }
+        )
 
 
 class ModelUploadsView(APIView):

@@ -66,13 +66,13 @@ def check_upload_file(*, filename: str, head: bytes, size_bytes: int | None = No
     """Tell whether Conch can build a file from its name and first bytes, before the file is hashed or sent.
 
     `head` is the file's first bytes (up to `builds.formats.HEAD_BYTES`), `size_bytes` its size when known. Returns
-    the format the file will be built as ("onnx"). Raises InvalidInput naming `filename` or `head` with what the file
-    looks like and what to do: the same rules, and the same messages, as the upload's start
-    (`start_resumable_upload`), so a client (`conch upload`) asks once and keeps no copy of them.
+    the key of the format the file will be built as ("onnx", "lightgbm"…: `builds.formats.FORMATS`). Raises
+    InvalidInput naming `filename` or `head` with what the file looks like and what to do: the same rules, and the
+    same messages, as the upload's start (`start_resumable_upload`), so a client (`conch upload`) asks once and keeps
+    no copy of them.
     """
     check_model_filename(filename or "", field="filename")
-    check_model_head(head, size_bytes=size_bytes, field="head")
-    return "onnx"
+    return check_model_head(head, size_bytes=size_bytes, field="head", filename=filename or "").key
 
 
 #: A GET that waits for the worker's check (`wait_for_check`) is held at most MAX_WAIT_S seconds: a web thread is held

@@ -37,8 +37,8 @@ from django.db import transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from builds.formats import check_model_filename, check_model_head
-from builds.model_config import OUTPUT_DIMS_FIELD, parse_build_options
+from builds.formats import check_format_allowed, check_model_filename, check_model_head
+from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD, parse_build_options
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from conch.limits import describe_bytes
 from models_registry.services import lock_model, refuse_duplicate_version
@@ -65,6 +65,7 @@ BUILD_OPTION_NAMES = (
     "preferred_batch_size",
     "instance_count",
     OUTPUT_DIMS_FIELD,
+    TOLERANCE_FIELD,
 )
 
 
@@ -160,7 +161,11 @@ def start_resumable_upload(
     """
     check_model_filename(filename or "", field="filename")
     if head is not None:
-        check_model_head(head, size_bytes=size_bytes, field="head")
+        check_format_allowed(
+            check_model_head(head, size_bytes=size_bytes, field="head", filename=filename or ""),
+            team=model.team,
+            field="head",
+        )
     options = dict(build_options or {})
     unknown = sorted(set(options) - set(BUILD_OPTION_NAMES))
     if unknown:

@@ -41,13 +41,15 @@ EXIT_CODES_HELP = (
 
 #: Build options `conch upload --build-option` takes (the upload API's `build_options`).
 #: `output_dims` gives outputs' full shapes in place of those the model file declares: -o output_dims=NAME=-1,1,8210
-#: (several outputs separated by ';').
+#: (several outputs separated by ';'). `tolerance` is the comparison tolerance of a converted model's floating outputs
+#: (-o tolerance=0.001).
 BUILD_OPTIONS = (
     "max_batch_size",
     "max_queue_delay_microseconds",
     "preferred_batch_size",
     "instance_count",
     "output_dims",
+    "tolerance",
 )
 RUNTIMES = ("local", "kubernetes")
 #: Parts `conch upload` sends at once by default. Four 16 MiB parts keep a link busy; more add contention where the
@@ -304,7 +306,14 @@ def upload(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="The model's name or id.")],
     file: Annotated[
         Path,
-        typer.Argument(metavar="FILE", help="The ONNX model file (.onnx).", exists=True, dir_okay=False, readable=True),
+        typer.Argument(
+            metavar="FILE",
+            help="The model file: ONNX (.onnx), LightGBM text (.txt) or XGBoost (.json, .ubj); "
+            "GET /api/v1/formats/ lists every format.",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+        ),
     ],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the version's build; exit 5 if it fails.")] = False,
     build_option: BuildOptionArg = None,

@@ -45,6 +45,7 @@
   const duplicateCancelButton = document.getElementById("upload-duplicate-cancel");
 
   const uploadsUrl = root.dataset.uploadsUrl;
+  const checkUrl = root.dataset.checkUrl; // POST /api/v1/uploads/check/: the format the server tells from the file
   const buildUrl = root.dataset.buildUrl;
   const deployUrl = root.dataset.deployUrl;
   const csrf = root.dataset.csrf;
@@ -280,6 +281,8 @@
     let fresh = null;
     try {
       // the server says first whether it can build this file (its name, its first bytes), then it is hashed
+      const told = await checkFile(file);
+      fileName.textContent = `${file.name}, ${describeBytes(file.size)}: ${describeFormat(told)}`;
       const earlier = (await findEarlier(file)) || (await findOnServer(file));
       fresh = earlier ? null : await startUpload(file);
       state.upload = fresh;
@@ -377,6 +380,26 @@
   }
   async function headSha256(file) {
     return hashwasm.sha256(await headOf(file));
+  }
+
+  // Which format the server tells the file is, from its name and first bytes (400 naming `filename` or `head`
+  // when Conch cannot build it, with the start's own messages).
+  async function checkFile(file) {
+    const head = await headOf(file);
+    let binary = "";
+    for (const byte of head) binary += String.fromCharCode(byte);
+    try {
+      return await api("POST", checkUrl, { filename: file.name, head: btoa(binary), size_bytes: file.size });
+    } catch (error) {
+      error.at = "start";
+      throw error;
+    }
+  }
+
+  // The check's answer in words: the format, and what the build does with it.
+  function describeFormat(told) {
+    if (!told.conversion) return `${told.title}, served as it is by Triton's ${told.served_as} backend`;
+    return `${told.title}, converted to ONNX with ${told.conversion} and compared with its framework's outputs`;
   }
 
   // POST the start with the file's first bytes and, once known, its sha256; the server refuses (400) a file it

@@ -1,0 +1,200 @@
+"""Benchmark: per model format, the time from upload to the first good inference, and the conversion's share of it.
+
+Conch comes up as bench/time_to_serve.py brings it up (web and a Celery worker with two pool processes, embedded
+defaults, a scratch CONCH_VAR_DIR, warm verify Tritons waited for). Then, for each format, --runs times, with a new
+model name each, the clock runs over:
+  upload  POST /api/v1/models/{id}/versions/ with the format's file -> 201
+  build   until `built` (inspect with the conversion, configure, write, verify with the comparison)
+  deploy  POST /api/v1/deployments/ (local runtime, one instance) -> until `ready`
+  infer   POST /api/v1/deployments/{id}/infer with 8 rows; good = HTTP 200 and every output equal to the source
+          framework's (or onnxruntime's, for ONNX) on the same rows, within the FP32 tolerance (atol = rtol = 1e-4)
+The deployment is stopped after each run (not timed).
+
+The formats (each model made here with a fixed seed: devtools/tree_models.py):
+  onnx        the LightGBM binary classifier converted once beforehand with onnxmltools: the baseline, served as
+              uploaded, with the same trees as `lightgbm`
+  lightgbm    a LightGBM binary classifier in LightGBM's text format
+  xgboost     an XGBoost binary:logistic model, JSON
+  xgboost-ubj the same as UBJSON
+
+The conversion's share: (the conversion in the sandbox, its start included + the source framework's run for the
+comparison, sandbox included; both from the build's record) / total. Each format's total is printed beside the
+ONNX baseline's as a ratio.
+
+Ends with one machine-readable line:
+  convert: formats=<keys> slowest_seconds=<median total of the slowest format> slowest=<its key> \
+      <key>_seconds=<median total> <key>_conversion_share=<median share> ... <key>/onnx=<ratio of medians>
+Run: .venv/bin/python bench/convert.py [--runs 3] [--poll 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
+
+from time_to_serve import TEAM, Conch  # noqa: E402  (bench/ on sys.path)
+
+from devtools.tree_models import lightgbm_model, training_rows, xgboost_model  # noqa: E402
+
+ROWS = 8
+
+
+@dataclass
+class Run:
+    key: str
+    build: float = 0.0
+    ready: float = 0.0
+    infer: float = 0.0
+    total: float = 0.0
+    conversion: float = 0.0
+    comparison: float = 0.0
+
+    @property
+    def share(self) -> float:
+        return (self.conversion + self.comparison) / self.total if self.total else 0.0
+
+
+def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
+    """Each format's file and the outputs its source framework gives for the bench's rows."""
+    import lightgbm
+    import onnxmltools
+    import xgboost
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    rows = training_rows(rows=ROWS, seed=11)[0]
+    lgb_path = lightgbm_model(folder / "churn.txt", "binary")
+    positive = lightgbm.Booster(model_file=str(lgb_path)).predict(rows)
+    lgb_expected = {"probabilities": np.stack([1 - positive, positive], axis=1), "label": (positive > 0.5) * 1}
+    onnx_model = onnxmltools.convert_lightgbm(
+        lightgbm.Booster(model_file=str(lgb_path)),
+        initial_types=[("input", FloatTensorType([None, rows.shape[1]]))],
+        zipmap=False,
+    )
+    for value in (*onnx_model.graph.input, *onnx_model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    onnx_path = folder / "churn.onnx"
+    onnx_path.write_bytes(onnx_model.SerializeToString())
+    models = {"onnx": (onnx_path, lgb_expected), "lightgbm": (lgb_path, lgb_expected)}
+    for key, ending in (("xgboost", ".json"), ("xgboost-ubj", ".ubj")):
+        path = xgboost_model(folder / f"booster{ending}", "binary:logistic")
+        booster = xgboost.Booster()
+        booster.load_model(str(path))
+        p = booster.predict(xgboost.DMatrix(rows))
+        models[key] = (path, {"probabilities": np.stack([1 - p, p], axis=1), "label": (p > 0.5) * 1})
+    return models
+
+
+def measure(conch: Conch, key: str, path: Path, expected: dict[str, np.ndarray], body: bytes, poll: float) -> Run:
+    run = Run(key=key)
+    name = f"conv-{key}-{secrets.token_hex(3)}"
+    model = conch.call("POST", "/api/v1/models/", 201, json={"name": name, "team": TEAM})
+    started = time.time()
+    with path.open("rb") as handle:
+        version = conch.call(
+            "POST", f"/api/v1/models/{model['id']}/versions/", 201, files={"file": (path.name, handle)}
+        )
+    version = conch.wait_status(f"/api/v1/versions/{version['id']}/", "built", poll, 300)
+    built = time.time()
+    deployment = conch.call(
+        "POST",
+        "/api/v1/deployments/",
+        201,
+        json={"name": name, "team": TEAM, "model_version": version["id"], "runtime": "local", "instance_count": 1},
+    )
+    conch.wait_status(f"/api/v1/deployments/{deployment['id']}/", "ready", poll, 300)
+    ready = time.time()
+    response = conch.api.post(
+        f"{conch.url}/api/v1/deployments/{deployment['id']}/infer",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        timeout=120,
+    )
+    done = time.time()
+    if response.status_code != 200:
+        raise SystemExit(f"{key}: infer -> {response.status_code}: {response.text[:2000]}")
+    for output in response.json()["outputs"]:
+        got = np.asarray(output["data"]).reshape(output["shape"])
+        want = np.asarray(expected[output["name"]]).reshape(got.shape)
+        if not np.allclose(got, want, atol=1e-4, rtol=1e-4):
+            raise SystemExit(f"{key}: output {output['name']} is {got.tolist()}, the framework says {want.tolist()}")
+    run.build, run.ready, run.infer, run.total = built - started, ready - built, done - ready, done - started
+    builds = conch.call("GET", f"/api/v1/versions/{version['id']}/builds/", 200)["results"]
+    conversion = builds[0].get("conversion") or {}
+    run.conversion = float(conversion.get("wall_seconds") or 0.0)
+    run.comparison = float(conversion.get("comparison_seconds") or 0.0)
+    conch.call("DELETE", f"/api/v1/deployments/{deployment['id']}/", 202)
+    conch.wait_status(f"/api/v1/deployments/{deployment['id']}/", "stopped", poll, 300)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--poll", type=float, default=0.05, help="Seconds between the client's status checks.")
+    args = parser.parse_args()
+
+    rows = training_rows(rows=ROWS, seed=11)[0]
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}]}
+    ).encode()
+    runs: dict[str, list[Run]] = {}
+    with tempfile.TemporaryDirectory(prefix="conch-bench-convert-") as tmp:
+        models = make_models(Path(tmp))
+        conch = Conch(Path(tmp) / "var", warm_verify=True, broker_poll=None, concurrency=2)
+        try:
+            conch.start()
+            conch.wait_for_warm_verify_servers()
+            for number in range(1, args.runs + 1):
+                for key, (path, expected) in models.items():  # formats alternate within each round
+                    run = measure(conch, key, path, expected, body, args.poll)
+                    runs.setdefault(key, []).append(run)
+                    print(f"round {number} {key}: {run.total:.2f} s (conversion share {run.share:.0%})")
+        finally:
+            stopped = conch.stop()
+            print(f"stopped web, worker and {stopped} Triton process(es)")
+
+    medians = {key: statistics.median(r.total for r in group) for key, group in runs.items()}
+    baseline = medians["onnx"]
+    print()
+    print(
+        f"{'format':<12} {'build':>6} {'ready':>6} {'infer':>6} {'total':>6} {'convert':>7} {'compare':>7} "
+        f"{'share':>6} {'/onnx':>6}"
+    )
+    for key, group in runs.items():
+        print(
+            f"{key:<12} {statistics.median(r.build for r in group):6.2f} "
+            f"{statistics.median(r.ready for r in group):6.2f} {statistics.median(r.infer for r in group):6.2f} "
+            f"{medians[key]:6.2f} {statistics.median(r.conversion for r in group):7.2f} "
+            f"{statistics.median(r.comparison for r in group):7.2f} "
+            f"{statistics.median(r.share for r in group):6.1%} {medians[key] / baseline:6.2f}"
+        )
+    print(
+        "columns (seconds, medians): build = upload started -> built; ready = deploy -> ready; infer = first "
+        "inference; total = upload started -> first good inference; convert = the conversion in the sandbox; "
+        "compare = the source framework's run for verify's comparison; share = (convert + compare) / total; "
+        "/onnx = total / the ONNX baseline's total."
+    )
+    slowest = max(medians, key=medians.__getitem__)
+    figures = " ".join(
+        f"{key}_seconds={medians[key]:.2f} {key}_conversion_share="
+        f"{statistics.median(r.share for r in runs[key]):.3f} {key}/onnx={medians[key] / baseline:.2f}"
+        for key in runs
+    )
+    print(f"convert: formats={','.join(runs)} slowest_seconds={medians[slowest]:.2f} slowest={slowest} {figures}")
+
+
+if __name__ == "__main__":
+    main()

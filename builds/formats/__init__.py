@@ -1,0 +1,243 @@
+"""The model formats Conch builds, and how a file's format is told from its name and first bytes.
+
+Each format is one module holding one `ModelFormat` (`builds.formats.base`); `FORMATS` lists them. Telling the
+format is pure and cheap (no framework import), so the edges refuse a file Conch cannot build before its bytes are
+stored: the resumable upload's start checks the promised filename and first bytes, the single-request upload its
+filename and then its first bytes as they stream in, and the build's inspect step tells the stored copy's format
+again (`detect_format`). The `conch` CLI and the browser ask the server (POST /api/v1/uploads/check/) before they
+send a file: the rules exist here only. `GET /api/v1/formats/` lists `FORMATS` (`describe_formats`).
+
+A file's format is decided by its name and its content together, never by the name alone: the name's ending
+narrows the formats (a name without an ending allows all), and the first bytes must then be one of those formats'.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Any
+
+from builds.formats.base import Conversion, ModelFormat
+from builds.formats.lightgbm_text import LightGBMFormat
+from builds.formats.onnx import OnnxFormat, starts_like_onnx
+from builds.formats.sklearn_pickle import SklearnPickleFormat
+from builds.formats.xgboost_model import XGBoostFormat
+from conch.errors import InvalidInput
+
+__all__ = [
+    "FORMATS",
+    "HEAD_BYTES",
+    "Conversion",
+    "ModelFormat",
+    "check_model_filename",
+    "check_model_head",
+    "check_format_allowed",
+    "describe_formats",
+    "detect_format",
+    "format_by_key",
+    "starts_like_onnx",
+]
+
+#: The formats Conch builds, in the order the formats list shows them.
+FORMATS: tuple[ModelFormat, ...] = (OnnxFormat(), LightGBMFormat(), XGBoostFormat(), SklearnPickleFormat())
+#: How many first bytes `check_model_head` wants to tell a format (and to name a foreign one).
+HEAD_BYTES = 512
+
+_LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
+#: File name endings of formats people upload that Conch does not build (yet), and what to do about each.
+_FOREIGN_SUFFIXES = {
+    (".pt", ".pth", ".ckpt", ".pt2", ".jit"): "a PyTorch model or checkpoint; export it with torch.onnx.export and "
+    "upload the .onnx file",
+    (".bin", ".safetensors"): "a weights file (no graph); export the whole model to ONNX, for example with "
+    "`optimum-cli export onnx`, and upload the .onnx file",
+    (".h5", ".hdf5", ".keras", ".pb", ".tflite"): "a Keras or TensorFlow model; convert it with tf2onnx",
+    (".zip", ".gz", ".tgz", ".tar", ".xz", ".bz2", ".7z"): "an archive; extract the model file and upload that",
+    (".plan", ".engine"): "a TensorRT plan; upload the ONNX model it was built from",
+}
+
+
+def format_by_key(key: str) -> ModelFormat:
+    """The format whose `key` is `key`; KeyError when none is."""
+    for candidate in FORMATS:
+        if candidate.key == key:
+            return candidate
+    raise KeyError(key)
+
+
+def describe_formats() -> list[dict[str, Any]]:
+    """What `GET /api/v1/formats/` lists: each format's key, title, name endings, backend and conversion."""
+    return [candidate.describe() for candidate in FORMATS]
+
+
+def _a(title: str) -> str:
+    """`title` with its indefinite article ("an ONNX model", "a LightGBM model", "an XGBoost model")."""
+    return f"{'an' if title[:1] in 'AEIOX' else 'a'} {title}"
+
+
+def _known_formats_text() -> str:
+    return "; ".join(f"{f.title} ({', '.join(f.suffixes)})" for f in FORMATS)
+
+
+def _suffix(filename: str) -> str:
+    return PurePosixPath(filename.replace("\\", "/")).suffix.lower()
+
+
+def _formats_named(filename: str) -> tuple[ModelFormat, ...]:
+    suffix = _suffix(filename)
+    if not suffix:
+        return FORMATS
+    return tuple(f for f in FORMATS if suffix in f.suffixes)
+
+
+def check_model_filename(filename: str, *, field: str) -> None:
+    """Raise InvalidInput naming `field` when the file's name ends in no ending of a format Conch builds.
+
+    A name without an ending passes (its first bytes decide). The refusal says what a common foreign ending
+    usually holds (`.pt`, `.bin`, `.h5`, `.zip`…) and what to do, and lists the formats Conch builds.
+    """
+    if _formats_named(filename):
+        return
+    suffix = _suffix(filename)
+    what = next((advice for endings, advice in _FOREIGN_SUFFIXES.items() if suffix in endings), "")
+    detail = f"{filename!r} is not a model file Conch builds: Conch builds {_known_formats_text()}"
+    detail += f"; a {suffix} file is usually {what}." if what else "."
+    detail += " If the file is one of these formats, rename it to the format's ending."
+    raise InvalidInput(detail, field=field)
+
+
+def detect_format(
+    head: bytes, *, filename: str = "", size_bytes: int | None = None, field: str = "file"
+) -> ModelFormat:
+    """The format of a file from its name (`filename`, may be "") and first bytes (`head`: up to HEAD_BYTES).
+
+    `size_bytes`, the whole file's size when known, is named in a Git LFS pointer's message. Raises InvalidInput
+    naming `field` when the bytes are none of the formats the name allows: the message names a well-known other
+    format when the bytes show one (a PNG, a ZIP, a pickle, HTML, a Git LFS pointer…), and what to do.
+    """
+    if head.startswith(_LFS_POINTER_PREFIX):
+        real_size = re.search(rb"^size (\d+)", head, re.MULTILINE)
+        about = f" (the real file is {int(real_size.group(1)):,} bytes)" if real_size else ""
+        size = size_bytes if size_bytes is not None else len(head)
+        raise InvalidInput(
+            f"This is a Git LFS pointer file, a {size}-byte text stub that stands in for the model{about}, "
+            "not the model itself. The repository you cloned stores the model with Git LFS: run `git lfs pull` "
+            "in it (install Git LFS first with `git lfs install`), then upload the real model file.",
+            field=field,
+        )
+    named = _formats_named(filename) if filename else FORMATS
+    for candidate in named:
+        if candidate.matches_head(head):
+            return candidate
+    by_content = next((f for f in FORMATS if f.matches_head(head)), None)
+    if by_content is not None:
+        wanted = " or ".join(by_content.suffixes)
+        raise InvalidInput(
+            f"{filename!r} is named like {' or '.join(_a(f.title) for f in named)} file, but its content is "
+            f"{_a(by_content.title)}. Rename it to end in {wanted} and upload it again.",
+            field=field,
+        )
+    kind, advice = _foreign_format(head)
+    expected = " or ".join(_a(f.title) for f in named)
+    if kind:
+        raise InvalidInput(f"This is not {expected}: it looks like {kind}. {advice}", field=field)
+    shown = " ".join(f"{byte:02x}" for byte in head[:8])
+    if [f.key for f in named] == ["onnx"]:
+        raise InvalidInput(
+            "This is not an ONNX model: an ONNX file is a binary protobuf `ModelProto` that begins with its IR "
+            f"version field, but this file begins with the bytes {shown}. Export the model to ONNX (for "
+            "example with torch.onnx.export, tf2onnx or skl2onnx) and upload the resulting .onnx file.",
+            field=field,
+        )
+    raise InvalidInput(
+        f"This is not {expected}: its first bytes ({shown}) are none of the formats Conch builds "
+        f"({_known_formats_text()}). Save the model in one of them (for example export it to ONNX with "
+        "torch.onnx.export, tf2onnx or skl2onnx) and upload that file.",
+        field=field,
+    )
+
+
+def check_model_head(
+    head: bytes, *, size_bytes: int | None = None, field: str = "file", filename: str = ""
+) -> ModelFormat:
+    """`detect_format` under the name the upload edges use: the format, or InvalidInput naming `field`."""
+    return detect_format(head, filename=filename, size_bytes=size_bytes, field=field)
+
+
+def check_format_allowed(model_format: ModelFormat, *, team: Any, field: str = "file") -> ModelFormat:
+    """Return `model_format` when `team` (a `tenancy.models.Team`) may build it; raise InvalidInput naming `field`
+    for a format whose loading runs code from the file (a pickle) when no platform admin allowed that for the team
+    (`Team.allow_pickled_models`)."""
+    if model_format.runs_code and not getattr(team, "allow_pickled_models", False):
+        raise InvalidInput(
+            f"This file is {_a(model_format.title)}. Loading a pickle runs code from the file, so Conch loads "
+            f"pickles only for teams a platform admin allowed, and team {getattr(team, 'slug', team)!r} is not "
+            "allowed. Ask a platform admin to tick 'Allow pickled models' on the team's admin page, or convert the "
+            "model to ONNX yourself (skl2onnx.to_onnx) and upload the .onnx file.",
+            field=field,
+        )
+    return model_format
+
+
+def _foreign_format(head: bytes) -> tuple[str, str]:
+    """Name a well-known format Conch does not build from its magic bytes; ("", "") when none matches."""
+    export = "Export the model to ONNX and upload the .onnx file."
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "a PNG image", "Upload the model file, not a picture. " + export
+    if head.startswith(b"\xff\xd8\xff"):
+        return "a JPEG image", "Upload the model file, not a picture. " + export
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "a GIF image", "Upload the model file, not a picture. " + export
+    if head.startswith(b"%PDF-"):
+        return "a PDF document", export
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return (
+            "a ZIP archive (a zipped folder, a PyTorch .pt/.pth checkpoint or a Keras .keras file)",
+            (
+                "If it contains a model file, unzip it and upload that file; a PyTorch checkpoint must first "
+                "be exported with torch.onnx.export."
+            ),
+        )
+    if head.startswith(b"\x1f\x8b"):
+        return "a gzip-compressed file (such as .tar.gz)", "Extract the model file from it and upload that."
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "an HDF5 file (such as a Keras .h5 model)", "Convert it with tf2onnx and upload the .onnx file."
+    if head[4:8] == b"TFL3":
+        return "a TensorFlow Lite model", "Convert it with `python -m tf2onnx.convert --tflite` first."
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return (
+            "a Python pickle (such as a PyTorch or scikit-learn checkpoint)",
+            "Export the model to ONNX (torch.onnx.export, skl2onnx) and upload the .onnx file.",
+        )
+    if len(head) > 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 0 and b'"' in head[8:40]:
+        return (
+            "a safetensors weights file (weights only, no graph)",
+            "Export the whole model to ONNX (for example `optimum-cli export onnx`) and upload the .onnx file.",
+        )
+    text = _as_text(head)
+    if text is not None:
+        stripped = text.lstrip().lower()
+        if stripped.startswith(("<!doctype html", "<html")):
+            return (
+                "an HTML web page (often an error or login page saved instead of the download)",
+                (
+                    "Download the raw model file (on Hugging Face use the 'download' link, which contains "
+                    "/resolve/) and upload it."
+                ),
+            )
+        first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
+        return f"a text file (it starts with {first_line!r})", export
+    return "", ""
+
+
+def _as_text(head: bytes) -> str | None:
+    """Return `head` decoded when it is printable UTF-8 text, else None."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        # A multi-byte character may be cut at the end of the head; retry without the last few bytes.
+        try:
+            text = head[:-3].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    printable = sum(ch.isprintable() or ch in "\r\n\t" for ch in text)
+    return text if text and printable / len(text) > 0.95 else None

@@ -1,0 +1,132 @@
+"""The interface every model format implements, and what a conversion reports.
+
+A format is one module of `builds.formats` holding one `ModelFormat` subclass. What it must say and do:
+- which files it is, from their name (`suffixes`) and first bytes (`matches_head`): both, never the name alone;
+- how Triton serves it (`served_as`, a Triton backend) and, when Triton cannot serve the file as uploaded, how it
+  is converted (`converter`: the tool) into an ONNX model that the `onnxruntime` backend serves;
+- `convert` and `run_source`, which run in the build's sandbox child (`builds.conversion`), never in the worker:
+  they import the source framework themselves, so importing a format module costs nothing.
+
+Pure: no Django, no framework imported at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["Conversion", "ModelFormat"]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What a conversion did, for the build log and the version's page.
+
+    Attributes:
+        tool: the converter and its version ("onnxmltools 1.16.0").
+        source: the source framework and its version ("lightgbm 4.7.0").
+        opset: the ONNX opsets of the converted model, domain -> version ({"": 15, "ai.onnx.ml": 1}).
+        notes: what was assumed or renamed, one sentence each ("input: one FP32 tensor 'input' [-1, 5]").
+        seconds: wall-clock seconds the conversion took (the sandbox's start excluded).
+    """
+
+    tool: str
+    source: str
+    opset: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON data: the attributes, `opset` as a dict, `notes` as a list."""
+        return {
+            "tool": self.tool,
+            "source": self.source,
+            "opset": dict(self.opset),
+            "notes": list(self.notes),
+            "seconds": round(self.seconds, 3),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Conversion:
+        """Inverse of `to_dict`."""
+        return cls(
+            tool=str(data["tool"]),
+            source=str(data["source"]),
+            opset={str(k): int(v) for k, v in dict(data.get("opset") or {}).items()},
+            notes=tuple(str(n) for n in data.get("notes") or ()),
+            seconds=float(data.get("seconds") or 0.0),
+        )
+
+    def describe(self) -> list[str]:
+        """Build-log lines: the tool and framework, the opsets, the time, then each note."""
+        opsets = ", ".join(f"{domain or 'ai.onnx'} {version}" for domain, version in sorted(self.opset.items()))
+        lines = [f"converted with {self.tool} from {self.source} in {self.seconds:.2f} s (opsets: {opsets or '-'})"]
+        lines += [f"assumed: {note}" for note in self.notes]
+        return lines
+
+
+class ModelFormat:
+    """One model format Conch accepts. Subclasses set the class attributes and override what their format needs.
+
+    Class attributes:
+        key: stable identifier ("onnx", "lightgbm"), what the API and the build record name.
+        title: what a person calls the format ("LightGBM model (text)").
+        suffixes: file name endings (lower case, with the dot) that may hold it.
+        served_as: the Triton backend that serves the packaged model ("onnxruntime").
+        converter: the conversion tool, "" when the file is served as uploaded.
+        runs_code: whether loading the file runs code from it (a pickle): only for teams a platform admin allowed,
+            and only in the sandbox with its network cut.
+        upload_hint: what to upload, for the formats list ("the file Booster.save_model writes").
+    """
+
+    key: ClassVar[str]
+    title: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]]
+    served_as: ClassVar[str] = "onnxruntime"
+    converter: ClassVar[str] = ""
+    runs_code: ClassVar[bool] = False
+    upload_hint: ClassVar[str] = ""
+
+    @property
+    def converted(self) -> bool:
+        """Whether the build converts the file (to ONNX) before packaging it."""
+        return bool(self.converter)
+
+    def matches_head(self, head: bytes) -> bool:
+        """Whether a file's first bytes (up to `builds.formats.HEAD_BYTES`) are this format's. Pure and cheap."""
+        raise NotImplementedError
+
+    def local_name(self, head: bytes) -> str:
+        """The file name the build gives its local copy of an upload that begins with `head`: some frameworks read
+        a file by its ending. Default: "source" and the format's first ending."""
+        return "source" + self.suffixes[0]
+
+    def convert(self, source: Path, target: Path) -> Conversion:
+        """Sandbox child only: convert the file `source` into an ONNX model written to `target`.
+
+        Raises `conch.errors.InvalidInput` (field "file") with the tool's reason and what to do when the model
+        cannot be converted. Formats served as uploaded never have this called.
+        """
+        raise NotImplementedError(f"{self.key} models are served as uploaded")
+
+    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sandbox child only: run `inputs` (the converted model's input names -> full arrays, batch axis included)
+        through the source framework; return arrays keyed by the converted model's output names, in the shapes the
+        converted model gives them."""
+        raise NotImplementedError(f"{self.key} models are served as uploaded")
+
+    def describe(self) -> dict[str, Any]:
+        """The format as `GET /api/v1/formats/` lists it."""
+        return {
+            "key": self.key,
+            "title": self.title,
+            "suffixes": list(self.suffixes),
+            "served_as": self.served_as,
+            "conversion": self.converter or None,
+            "runs_code": self.runs_code,
+            "upload": self.upload_hint,
+        }

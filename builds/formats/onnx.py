@@ -1,0 +1,36 @@
+"""ONNX models: a binary protobuf `ModelProto`, served as uploaded by Triton's `onnxruntime` backend."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from builds.formats.base import ModelFormat
+
+__all__ = ["OnnxFormat", "starts_like_onnx"]
+
+# Highest IR version accepted in the first field when sniffing; onnx 1.23 writes 11, leave headroom.
+_MAX_SNIFF_IR_VERSION = 30
+
+
+def starts_like_onnx(head: bytes) -> bool:
+    """True when the file opens with ModelProto field 1 (ir_version, varint) holding a plausible version.
+
+    Protobuf serializers write fields in field-number order, and every exporter sets ir_version, so a real
+    ONNX file starts with tag byte 0x08 followed by a small varint. Two bytes are enough.
+    """
+    return len(head) >= 2 and head[0] == 0x08 and 1 <= head[1] <= _MAX_SNIFF_IR_VERSION
+
+
+class OnnxFormat(ModelFormat):
+    """An ONNX model file (`.onnx`), served as uploaded (the build may redeclare its outputs' shapes)."""
+
+    key: ClassVar[str] = "onnx"
+    title: ClassVar[str] = "ONNX model"
+    suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
+    upload_hint: ClassVar[str] = "the .onnx file (torch.onnx.export, tf2onnx, skl2onnx and others write one)"
+
+    def matches_head(self, head: bytes) -> bool:
+        return starts_like_onnx(head)
+
+    def local_name(self, head: bytes) -> str:
+        return "model.onnx"
