@@ -69,6 +69,7 @@ bench: venv
 	$(BIN)/python bench/browser_upload.py
 	$(BIN)/python bench/time_to_serve.py
 	$(BIN)/python bench/reconcile.py
+	$(BIN)/python bench/convert.py
 
 lint: venv
 	$(BIN)/ruff check .

@@ -16,6 +16,8 @@ The formats (each model made here with a fixed seed: devtools/tree_models.py):
   lightgbm    a LightGBM binary classifier in LightGBM's text format
   xgboost     an XGBoost binary:logistic model, JSON
   xgboost-ubj the same as UBJSON
+  sklearn     a scikit-learn pipeline (StandardScaler + LogisticRegression, 3 classes) pickled with joblib (the
+              bench's team is allowed pickled models)
 
 The conversion's share: (the conversion in the sandbox, its start included + the source framework's run for the
 comparison, sandbox included; both from the build's record) / total. Each format's total is printed beside the
@@ -47,7 +49,7 @@ sys.path.insert(0, str(BENCH.parent))
 
 from time_to_serve import TEAM, Conch  # noqa: E402  (bench/ on sys.path)
 
-from devtools.tree_models import lightgbm_model, training_rows, xgboost_model  # noqa: E402
+from devtools.tree_models import lightgbm_model, sklearn_model, training_rows, xgboost_model  # noqa: E402
 
 ROWS = 8
 
@@ -94,6 +96,11 @@ def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
         booster.load_model(str(path))
         p = booster.predict(xgboost.DMatrix(rows))
         models[key] = (path, {"probabilities": np.stack([1 - p, p], axis=1), "label": (p > 0.5) * 1})
+    import joblib
+
+    path = sklearn_model(folder / "pipeline.joblib", "pipeline")
+    fitted = joblib.load(path)
+    models["sklearn"] = (path, {"probabilities": fitted.predict_proba(rows), "label": fitted.predict(rows)})
     return models
 
 
@@ -156,6 +163,12 @@ def main() -> None:
         conch = Conch(Path(tmp) / "var", warm_verify=True, broker_poll=None, concurrency=2)
         try:
             conch.start()
+            conch.manage(
+                "shell",
+                "-c",
+                "from tenancy.models import Team; "
+                f"Team.objects.filter(slug={TEAM!r}).update(allow_pickled_models=True)",
+            )
             conch.wait_for_warm_verify_servers()
             for number in range(1, args.runs + 1):
                 for key, (path, expected) in models.items():  # formats alternate within each round
