@@ -183,6 +183,7 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
     if refused := _refuse_method(request, GET) or _refuse_viewer(request, model.team):
         return refused
     versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
+    team_formats = [entry for entry in FORMATS if not entry.runs_code or model.team.allow_pickled_models]
     return _page(
         request,
         "console/wizard/upload.html",
@@ -192,9 +193,10 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
             "step": 2,
             "uploads_url": f"/api/v1/models/{model.pk}/uploads/",
             "check_url": "/api/v1/uploads/check/",
-            # what the file chooser offers and the drop zone names: every format Conch builds
-            "format_suffixes": ",".join(suffix for entry in FORMATS for suffix in entry.suffixes),
-            "format_titles": ", ".join(entry.title for entry in FORMATS),
+            # what the file chooser offers and the drop zone names: every format Conch builds for this team (a
+            # pickle only where a platform admin allowed pickles for it)
+            "format_suffixes": ",".join(suffix for entry in team_formats for suffix in entry.suffixes),
+            "format_titles": ", ".join(entry.title for entry in team_formats),
             # the server's limit, so the page can refuse a file that is too big before hashing it
             "max_upload_bytes": settings.CONCH_MAX_UPLOAD_BYTES,
             "max_upload_text": describe_bytes(settings.CONCH_MAX_UPLOAD_BYTES),

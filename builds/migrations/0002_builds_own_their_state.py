@@ -89,6 +89,8 @@ class Migration(migrations.Migration):
                 ("config_pbtxt", models.TextField(blank=True)),
                 ("error", models.TextField(blank=True)),
                 ("error_field", models.CharField(blank=True, max_length=100)),
+                ("source_format", models.CharField(blank=True, max_length=32)),
+                ("conversion", models.JSONField(blank=True, null=True)),
                 (
                     "version",
                     models.ForeignKey(

@@ -50,6 +50,7 @@ class Migration(migrations.Migration):
                 ('slug', models.SlugField(max_length=63, unique=True)),
                 ('name', models.CharField(max_length=200)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('allow_pickled_models', models.BooleanField(default=False, help_text="Let this team's builds load Python pickles (scikit-learn .joblib/.pkl). Loading a pickle runs code from the file; Conch does it only in the build's sandbox, with no network.")),
             ],
             options={
                 'ordering': ['slug'],

@@ -55,6 +55,21 @@ def test_the_upload_page_carries_the_hooks_and_the_uploads_url(alice):
     assert "vendor/hash-wasm/sha256.umd.min.js" in page
 
 
+def test_the_upload_page_offers_pickle_endings_only_to_a_team_allowed_pickles(alice):
+    # given a model of a team no platform admin allowed pickles for
+    model = RegisteredModel.objects.create(team=alice.team, name="churn")
+    url = f"/wizard/models/{model.pk}/upload/"
+    # then its file chooser leaves out the pickle endings
+    assert 'accept=".onnx,.txt,.model,.lgb,.json,.ubj"' in _client(alice).get(url).content.decode()
+    # when an admin allows pickles for the team
+    alice.team.allow_pickled_models = True
+    alice.team.save(update_fields=["allow_pickled_models"])
+    # then the chooser offers them too, and the drop zone names the format
+    page = _client(alice).get(url).content.decode()
+    assert 'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.joblib,.pkl,.pickle"' in page
+    assert "scikit-learn" in page
+
+
 def test_the_upload_page_shows_an_open_upload_and_how_to_go_on_with_it(alice):
     # given an upload of an 11 MiB file in parts of 5 MiB (folder storage), its first and last parts sent
     data = bytes(range(256)) * (11 * 4096)
