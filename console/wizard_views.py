@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from builds import services as builds
-from builds.formats import FORMATS, HEAD_BYTES
+from builds.formats import HEAD_BYTES, formats_allowed
 from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
@@ -183,7 +183,7 @@ def upload(request: HttpRequest, model_id: int) -> HttpResponse:
     if refused := _refuse_method(request, GET) or _refuse_viewer(request, model.team):
         return refused
     versions = registry.visible_versions(user=request.user).filter(model=model).order_by("-number")[:5]
-    team_formats = [entry for entry in FORMATS if not entry.runs_code or model.team.allow_pickled_models]
+    team_formats = formats_allowed(model.team)
     return _page(
         request,
         "console/wizard/upload.html",

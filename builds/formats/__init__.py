@@ -34,7 +34,9 @@ __all__ = [
     "check_format_allowed",
     "describe_formats",
     "detect_format",
+    "format_allowed",
     "format_by_key",
+    "formats_allowed",
     "starts_like_onnx",
 ]
 
@@ -163,11 +165,22 @@ def check_model_head(
     return detect_format(head, filename=filename, size_bytes=size_bytes, field=field)
 
 
+def format_allowed(model_format: ModelFormat, *, team: Any) -> bool:
+    """Whether `team` (a `tenancy.models.Team`) may build `model_format`: a format whose loading runs code from the
+    file (a pickle) only when a platform admin allowed that for the team (`Team.allow_pickled_models`)."""
+    return not model_format.runs_code or bool(getattr(team, "allow_pickled_models", False))
+
+
+def formats_allowed(team: Any) -> tuple[ModelFormat, ...]:
+    """The formats of `FORMATS` that `team` may build (`format_allowed`), in `FORMATS`' order."""
+    return tuple(candidate for candidate in FORMATS if format_allowed(candidate, team=team))
+
+
 def check_format_allowed(model_format: ModelFormat, *, team: Any, field: str = "file") -> ModelFormat:
     """Return `model_format` when `team` (a `tenancy.models.Team`) may build it; raise InvalidInput naming `field`
     for a format whose loading runs code from the file (a pickle) when no platform admin allowed that for the team
     (`Team.allow_pickled_models`)."""
-    if model_format.runs_code and not getattr(team, "allow_pickled_models", False):
+    if not format_allowed(model_format, team=team):
         raise InvalidInput(
             f"This file is {_a(model_format.title)}. Loading a pickle runs code from the file, so Conch loads "
             f"pickles only for teams a platform admin allowed, and team {getattr(team, 'slug', team)!r} is not "
