@@ -525,7 +525,8 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> tuple[str, ...]:
     if missing:
         raise InspectionError(
             "The model keeps its weights in separate external data files that were not uploaded: "
-            f"{', '.join(missing)}. Upload one self-contained file instead: for models under 2 GB run "
+            f"{', '.join(missing)}. Upload a zip of the model and those files (zip -r model.zip <folder>, or "
+            "a .tar.gz), or one self-contained file: for models under 2 GB run "
             "onnx.save(onnx.load('model.onnx'), 'single.onnx', save_as_external_data=False) next to those "
             "files and upload single.onnx."
         )

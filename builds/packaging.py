@@ -31,6 +31,7 @@ __all__ = [
     "configured_output_shapes",
     "describe_packaging",
     "outputs_to_redeclare",
+    "package_external_data",
     "package_model_file",
     "redeclare_outputs",
 ]
@@ -158,6 +159,30 @@ def package_model_file(
         _upload(store, target, model_key)
         size = target.stat().st_size
     return PackagedModel(size_bytes=size, redeclared={name: (declared[name], wanted[name]) for name in wanted})
+
+
+def package_external_data(
+    *, store: ObjectStore, source_file: Path, model_key: str, files: Sequence[str]
+) -> dict[str, int]:
+    """Store an ONNX model's external data files beside its model file; return each stored key's size in bytes.
+
+    `files` are the locations the model names (`ModelSignature.external_data_files`, relative to `source_file`'s
+    folder, checked by the inspection to stay inside it); each is uploaded to the same path relative to `model_key`
+    (`<prefix>/<model>/<version>/model.onnx`), where onnxruntime looks for it (ONNX external data: a tensor's
+    `location` is relative to the model file). Raises the store's errors and ValueError for a location that leaves
+    the folder (the inspection refuses those first).
+    """
+    folder = Path(source_file).resolve().parent
+    version_folder = model_key.rsplit("/", 1)[0]
+    stored: dict[str, int] = {}
+    for location in files:
+        path = (folder / location).resolve()
+        if folder not in path.parents:
+            raise ValueError(f"external data location {location!r} leaves the model's folder")
+        key = f"{version_folder}/{path.relative_to(folder).as_posix()}"
+        _upload(store, path, key)
+        stored[key] = path.stat().st_size
+    return stored
 
 
 def describe_packaging(packaged: PackagedModel, model_key: str) -> list[str]:

@@ -398,6 +398,18 @@ CONCH_MAX_SAMPLE_ARRAYS = env("CONCH_MAX_SAMPLE_ARRAYS", 256, cast=int)
 if CONCH_MAX_SAMPLE_UNPACKED_BYTES < 1 or CONCH_MAX_SAMPLE_ARRAYS < 1:
     raise ImproperlyConfigured("CONCH_MAX_SAMPLE_UNPACKED_BYTES and CONCH_MAX_SAMPLE_ARRAYS must be at least 1.")
 
+# Archives (zip, tar, tar.gz/.bz2/.xz) of a model, unpacked in the build's sandbox (builds.archives): bytes of all
+# members unpacked, how many members one may list, and unpacked bytes per byte of the archive (zip bombs unpack to
+# thousands of times their size; a model's weights compress little). A member past any fails the build naming it.
+CONCH_ARCHIVE_MAX_UNPACKED_BYTES = env("CONCH_ARCHIVE_MAX_UNPACKED_BYTES", 8 * 1024**3, cast=int)
+CONCH_ARCHIVE_MAX_MEMBERS = env("CONCH_ARCHIVE_MAX_MEMBERS", 10_000, cast=int)
+CONCH_ARCHIVE_MAX_RATIO = env("CONCH_ARCHIVE_MAX_RATIO", 100.0, cast=float)
+if CONCH_ARCHIVE_MAX_UNPACKED_BYTES < 1 or CONCH_ARCHIVE_MAX_MEMBERS < 1 or CONCH_ARCHIVE_MAX_RATIO < 1:
+    raise ImproperlyConfigured(
+        "CONCH_ARCHIVE_MAX_UNPACKED_BYTES and CONCH_ARCHIVE_MAX_MEMBERS must be at least 1, CONCH_ARCHIVE_MAX_RATIO at "
+        "least 1.0."
+    )
+
 # --- Default team quotas (a team without a limit set in the admin, the API or `manage.py set_quota`) ----------
 # GPUs: nvidia.com/gpu over a team's Kubernetes deployments (replicas x GPUs per pod, autoscaling at its maximum),
 # and as many slices of each MIG profile. Instances: model instances of local deployments, summed.

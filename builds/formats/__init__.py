@@ -14,9 +14,11 @@ narrows the formats (a name without an ending allows all), and the first bytes m
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from builds.formats.archive import ArchiveFormat, archive_kind
 from builds.formats.base import Conversion, ModelFormat
 from builds.formats.lightgbm_text import LightGBMFormat
 from builds.formats.onnx import OnnxFormat, starts_like_onnx
@@ -31,9 +33,11 @@ __all__ = [
     "ModelFormat",
     "check_model_filename",
     "check_model_head",
+    "archive_kind",
     "check_format_allowed",
     "describe_formats",
     "detect_format",
+    "find_model_in_folder",
     "format_allowed",
     "format_by_key",
     "formats_allowed",
@@ -41,7 +45,13 @@ __all__ = [
 ]
 
 #: The formats Conch builds, in the order the formats list shows them.
-FORMATS: tuple[ModelFormat, ...] = (OnnxFormat(), LightGBMFormat(), XGBoostFormat(), SklearnPickleFormat())
+FORMATS: tuple[ModelFormat, ...] = (
+    OnnxFormat(),
+    LightGBMFormat(),
+    XGBoostFormat(),
+    SklearnPickleFormat(),
+    ArchiveFormat(),
+)
 #: How many first bytes `check_model_head` wants to tell a format (and to name a foreign one).
 HEAD_BYTES = 512
 
@@ -53,7 +63,9 @@ _FOREIGN_SUFFIXES = {
     (".bin", ".safetensors"): "a weights file (no graph); export the whole model to ONNX, for example with "
     "`optimum-cli export onnx`, and upload the .onnx file",
     (".h5", ".hdf5", ".keras", ".pb", ".tflite"): "a Keras or TensorFlow model; convert it with tf2onnx",
-    (".zip", ".gz", ".tgz", ".tar", ".xz", ".bz2", ".7z"): "an archive; extract the model file and upload that",
+    (".gz", ".xz", ".bz2"): "a compressed file; Conch unpacks .zip, .tar, .tar.gz, .tgz, .tar.bz2 and .tar.xz "
+    "archives: pack the model's files with `tar czf model.tar.gz <files>`, or upload the model file uncompressed",
+    (".7z", ".rar"): "an archive in a format Conch does not unpack; pack the model's files as a .zip or .tar.gz",
     (".plan", ".engine"): "a TensorRT plan; upload the ONNX model it was built from",
 }
 
@@ -76,8 +88,8 @@ def _a(title: str) -> str:
     return f"{'an' if title[:1] in 'AEIOX' else 'a'} {title}"
 
 
-def _known_formats_text() -> str:
-    return "; ".join(f"{f.title} ({', '.join(f.suffixes)})" for f in FORMATS)
+def _known_formats_text(*, containers: bool = True) -> str:
+    return "; ".join(f"{f.title} ({', '.join(f.suffixes)})" for f in FORMATS if containers or not f.container)
 
 
 def _suffix(filename: str) -> str:
@@ -85,10 +97,11 @@ def _suffix(filename: str) -> str:
 
 
 def _formats_named(filename: str) -> tuple[ModelFormat, ...]:
-    suffix = _suffix(filename)
-    if not suffix:
+    """The formats one of whose endings ends `filename` (".tar.gz" counts as one ending); all for a name with none."""
+    if not _suffix(filename):
         return FORMATS
-    return tuple(f for f in FORMATS if suffix in f.suffixes)
+    name = PurePosixPath(filename.replace("\\", "/")).name.lower()
+    return tuple(f for f in FORMATS if any(name.endswith(suffix) for suffix in f.suffixes))
 
 
 def check_model_filename(filename: str, *, field: str) -> None:
@@ -131,7 +144,7 @@ def detect_format(
         if candidate.matches_head(head):
             return candidate
     by_content = next((f for f in FORMATS if f.matches_head(head)), None)
-    if by_content is not None:
+    if by_content is not None and not by_content.container:
         wanted = " or ".join(by_content.suffixes)
         raise InvalidInput(
             f"{filename!r} is named like {' or '.join(_a(f.title) for f in named)} file, but its content is "
@@ -156,6 +169,64 @@ def detect_format(
         "torch.onnx.export, tf2onnx or skl2onnx) and upload that file.",
         field=field,
     )
+
+
+def find_model_in_folder(folder: Path, files: Sequence[str]) -> tuple[ModelFormat, Path]:
+    """The model an unpacked archive holds: its format and its entry (a file or a folder under `folder`).
+
+    `files` are the regular files' names in `folder` (relative, "/"-separated; `builds.archives.UnpackedArchive`).
+    A format that arrives as several files claims the folder first (`ModelFormat.find_in_folder`: an ONNX model
+    with its external data); otherwise an archive of one file holds that file, told by its name and first bytes.
+    Raises InvalidInput (field "file") for an archive inside the archive, for several models, and for a folder
+    that holds no model Conch builds, naming what it found (a TensorFlow SavedModel, a Triton model repository, a
+    TorchScript zip…) and what to upload instead.
+    """
+    for candidate in FORMATS:
+        if candidate.container:
+            continue
+        entry = candidate.find_in_folder(folder, files)
+        if entry is not None:
+            return candidate, entry
+    if len(files) == 1:
+        path = folder / files[0]
+        with path.open("rb") as handle:
+            head = handle.read(HEAD_BYTES)
+        found = detect_format(head, filename=files[0], size_bytes=path.stat().st_size)
+        if found.container:
+            raise InvalidInput(
+                f"The archive holds only another archive ({files[0]!r}). Upload that archive itself, or pack the "
+                "model's files directly.",
+                field="file",
+            )
+        return found, path
+    shown = ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else "")
+    raise InvalidInput(
+        f"The archive holds no model Conch builds{_what_the_folder_is(files)}. It holds {len(files)} files: "
+        f"{shown}. Conch builds from an archive an ONNX model with its external data files, or one model file "
+        f"of these formats: {_known_formats_text(containers=False)}.",
+        field="file",
+    )
+
+
+def _what_the_folder_is(files: Sequence[str]) -> str:
+    """ ", which looks like X; do Y" for a folder layout of a well-known format Conch does not build, else ""."""
+    names = {PurePosixPath(name).name for name in files}
+    if "saved_model.pb" in names or "saved_model.pbtxt" in names:
+        return (
+            ": it looks like a TensorFlow SavedModel. Convert it with tf2onnx "
+            "(`python -m tf2onnx.convert --saved-model <folder> --output model.onnx`) and upload the .onnx file"
+        )
+    if "config.pbtxt" in names:
+        return (
+            ": it looks like a Triton model repository. Upload each model's ONNX file (<model>/<version>/model.onnx) "
+            "as a version of its own"
+        )
+    if "data.pkl" in names or "constants.pkl" in names:
+        return (
+            ": it looks like a PyTorch model saved with torch.save or torch.jit.save. Export it with "
+            "torch.onnx.export and upload the .onnx file"
+        )
+    return ""
 
 
 def check_model_head(
@@ -206,12 +277,16 @@ def _foreign_format(head: bytes) -> tuple[str, str]:
         return (
             "a ZIP archive (a zipped folder, a PyTorch .pt/.pth checkpoint or a Keras .keras file)",
             (
-                "If it contains a model file, unzip it and upload that file; a PyTorch checkpoint must first "
-                "be exported with torch.onnx.export."
+                "If it is an archive of the model's files, name it .zip: Conch unpacks archives. A PyTorch "
+                "checkpoint must first be exported with torch.onnx.export."
             ),
         )
-    if head.startswith(b"\x1f\x8b"):
-        return "a gzip-compressed file (such as .tar.gz)", "Extract the model file from it and upload that."
+    if archive_kind(head):
+        return (
+            f"a {archive_kind(head)} archive",
+            "If it is an archive of the model's files, name it so (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz): Conch "
+            "unpacks archives. Otherwise extract the model file from it and upload that.",
+        )
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
         return "an HDF5 file (such as a Keras .h5 model)", "Convert it with tf2onnx and upload the .onnx file."
     if head[4:8] == b"TFL3":

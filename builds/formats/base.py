@@ -4,6 +4,8 @@ A format is one module of `builds.formats` holding one `ModelFormat` subclass. W
 - which files it is, from their name (`suffixes`) and first bytes (`matches_head`): both, never the name alone;
 - how Triton serves it (`served_as`, a Triton backend) and, when Triton cannot serve the file as uploaded, how it
   is converted (`converter`: the tool) into an ONNX model that the `onnxruntime` backend serves;
+- whether it arrives as a folder (`find_in_folder`: its entry in an unpacked archive), and whether the file is a
+  container of other formats (`container`: an archive);
 - `convert` and `run_source`, which run in the build's sandbox child (`builds.conversion`), never in the worker:
   they import the source framework themselves, so importing a format module costs nothing.
 
@@ -12,7 +14,7 @@ Pure: no Django, no framework imported at module level.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -78,6 +80,7 @@ class ModelFormat:
         suffixes: file name endings (lower case, with the dot) that may hold it.
         served_as: the Triton backend that serves the packaged model ("onnxruntime").
         converter: the conversion tool, "" when the file is served as uploaded.
+        container: whether the file holds other files (an archive) that the build unpacks and tells the format of.
         runs_code: whether loading the file runs code from it (a pickle): only for teams a platform admin allowed,
             and only in the sandbox with its network cut.
         upload_hint: what to upload, for the formats list ("the file Booster.save_model writes").
@@ -88,6 +91,7 @@ class ModelFormat:
     suffixes: ClassVar[tuple[str, ...]]
     served_as: ClassVar[str] = "onnxruntime"
     converter: ClassVar[str] = ""
+    container: ClassVar[bool] = False
     runs_code: ClassVar[bool] = False
     upload_hint: ClassVar[str] = ""
 
@@ -104,6 +108,17 @@ class ModelFormat:
         """The file name the build gives its local copy of an upload that begins with `head`: some frameworks read
         a file by its ending. Default: "source" and the format's first ending."""
         return "source" + self.suffixes[0]
+
+    def find_in_folder(self, folder: Path, files: Sequence[str]) -> Path | None:
+        """The entry of this format in an unpacked archive, or None when the folder does not hold this format.
+
+        `folder` is where the archive was unpacked, `files` the regular files' names in it (relative, "/"-separated).
+        A format that arrives as several files (an ONNX model with external data) names its main file; one that is
+        a folder names the folder. Raises `conch.errors.InvalidInput` (field "file") for a folder that holds the
+        format ambiguously (two ONNX models), saying what to upload instead. Default: None (single-file formats;
+        a lone file in an archive is told by `builds.formats.find_model_in_folder`).
+        """
+        return None
 
     def convert(self, source: Path, target: Path) -> Conversion:
         """Sandbox child only: convert the file `source` into an ONNX model written to `target`.
@@ -127,6 +142,7 @@ class ModelFormat:
             "suffixes": list(self.suffixes),
             "served_as": self.served_as,
             "conversion": self.converter or None,
+            "container": self.container,
             "runs_code": self.runs_code,
             "upload": self.upload_hint,
         }

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from builds.formats.base import ModelFormat
+from conch.errors import InvalidInput
 
 __all__ = ["OnnxFormat", "starts_like_onnx"]
 
@@ -22,7 +25,12 @@ def starts_like_onnx(head: bytes) -> bool:
 
 
 class OnnxFormat(ModelFormat):
-    """An ONNX model file (`.onnx`), served as uploaded (the build may redeclare its outputs' shapes)."""
+    """An ONNX model file (`.onnx`), served as uploaded (the build may redeclare its outputs' shapes).
+
+    It may come in an archive with its external data files (ONNX "external data": tensors stored in files beside
+    the model, named relative to it, which models over 2 GB must use): the repository then holds `model.onnx` and
+    those files, at the same paths relative to it.
+    """
 
     key: ClassVar[str] = "onnx"
     title: ClassVar[str] = "ONNX model"
@@ -34,3 +42,14 @@ class OnnxFormat(ModelFormat):
 
     def local_name(self, head: bytes) -> str:
         return "model.onnx"
+
+    def find_in_folder(self, folder: Path, files: Sequence[str]) -> Path | None:
+        models = [name for name in files if name.lower().endswith(".onnx")]
+        if len(models) > 1:
+            shown = ", ".join(models[:5]) + (f" and {len(models) - 5} more" if len(models) > 5 else "")
+            raise InvalidInput(
+                f"The archive holds {len(models)} ONNX models ({shown}); Conch builds one model per upload. Upload "
+                "each model separately: its .onnx file alone, or a zip of it with its external data files.",
+                field="file",
+            )
+        return folder / models[0] if models else None

@@ -16,12 +16,21 @@ from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
+from builds.archives import unpack_archive_in_sandbox
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.conversion import convert_in_sandbox, run_source_in_sandbox
-from builds.formats import HEAD_BYTES, Conversion, ModelFormat, check_format_allowed, detect_format
+from builds.formats import (
+    HEAD_BYTES,
+    Conversion,
+    ModelFormat,
+    check_format_allowed,
+    detect_format,
+    find_model_in_folder,
+)
+from builds.inspection import ModelSignature
 from builds.model_config import build_model_config, parse_build_options
 from builds.models import Build, BuildStep
-from builds.packaging import describe_packaging, package_model_file
+from builds.packaging import describe_packaging, package_external_data, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.services import state
 from builds.services.storage import (
@@ -197,6 +206,10 @@ def _run_claimed_build(build: Build) -> str:
                 say(
                     f"format: {model_format.title} (told from the name {version.source_filename!r} and the first bytes)"
                 )
+                unpacked = model_format.container
+                if unpacked:
+                    model_format, source = _unpack(source, work / "unpacked", say)
+                    check_format_allowed(model_format, team=version.model.team)
                 conversion: Conversion | None = None
                 if model_format.converted:
                     local = work / "model.onnx"
@@ -231,22 +244,30 @@ def _run_claimed_build(build: Build) -> str:
                 for line in describe_batching_plan(signature, options, config):
                     say(line)
 
+            # The repository's model file is a copy of the stored upload when that is the model as uploaded;
+            # a converted model, or one unpacked from an archive, is uploaded from the local file.
+            copy_key = None if conversion or unpacked else version.source_key
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(build, StepName.WRITE_REPOSITORY) as say:
                 model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
-                size = local.stat().st_size + len(pbtxt.encode())
+                size = local.stat().st_size + len(pbtxt.encode()) + _external_data_bytes(local, signature)
                 reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
                 packaged = package_model_file(
                     store=store,
                     # A converted model is uploaded from the local file; an ONNX upload is copied in the store.
-                    source_key=None if conversion else version.source_key,
+                    source_key=copy_key,
                     source_file=local,
                     model_key=model_key,
                     config=config,
                     signature=signature,
                 )
+                data_files = package_external_data(
+                    store=store, source_file=local, model_key=model_key, files=signature.external_data_files
+                )
                 store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
                 say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key} ({size} bytes)")
+                for key, data_bytes in data_files.items():
+                    say(f"wrote {key} ({data_bytes} bytes): external data of the model, beside it")
                 for line in describe_packaging(packaged, model_key):
                     say(line)
 
@@ -264,10 +285,10 @@ def _run_claimed_build(build: Build) -> str:
                     say=say,
                     scratch=scratch_server,
                     source_file=local,
-                    source_key=None if conversion else version.source_key,
+                    source_key=copy_key,
                     reference=_reference(model_format, source, build, conversion, sandbox_seconds),
                 )
-                stored = store.size(model_key) + len(config_to_pbtxt(verified).encode())
+                stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
                 if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
                     record_repository_size(version_id=version.pk, attempt=attempt, size_bytes=stored)
     except BuildSuperseded:
@@ -315,6 +336,26 @@ def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat
     source = uploaded.with_name(model_format.local_name(head))
     uploaded.rename(source)
     return model_format, source
+
+
+def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Path]:
+    """Unpack the uploaded archive into `folder` in the sandbox (`builds.archives`, with its caps); return the format
+    of the model it holds and its entry (`builds.formats.find_model_in_folder`). Raises InvalidInput (field "file")
+    naming the member or saying what the archive holds instead."""
+    say("unpacking the archive in the sandbox")
+    unpacked = unpack_archive_in_sandbox(archive, folder)
+    say(
+        f"unpacked the {unpacked.kind} archive: {len(unpacked.files)} file(s), {unpacked.unpacked_bytes} bytes"
+        + (f"; skipped {len(unpacked.skipped)} macOS resource file(s)" if unpacked.skipped else "")
+    )
+    model_format, entry = find_model_in_folder(folder, unpacked.files)
+    say(f"the archive holds {model_format.title}: {entry.relative_to(folder).as_posix()}")
+    return model_format, entry
+
+
+def _external_data_bytes(model_file: Path, signature: ModelSignature) -> int:
+    """Bytes of the external data files `signature` names, beside `model_file` (0 for a self-contained model)."""
+    return sum((model_file.parent / location).stat().st_size for location in signature.external_data_files)
 
 
 def _reference(

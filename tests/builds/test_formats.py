@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from builds.formats import FORMATS, check_model_filename, check_model_head, describe_formats, detect_format
+from builds.formats import (
+    FORMATS,
+    archive_kind,
+    check_model_filename,
+    check_model_head,
+    describe_formats,
+    detect_format,
+)
 from conch.errors import InvalidInput
 from devtools.tree_models import lightgbm_model, xgboost_model
 from tests import real_models
@@ -12,7 +19,22 @@ from tests import real_models
 
 @pytest.mark.parametrize(
     "name",
-    ["model.onnx", "MODEL.ONNX", "rapid.v2.onnx", "model", "dir/model.onnx", "model.txt", "m.json", "m.UBJ", "x.lgb"],
+    [
+        "model.onnx",
+        "MODEL.ONNX",
+        "rapid.v2.onnx",
+        "model",
+        "dir/model.onnx",
+        "model.txt",
+        "m.json",
+        "m.UBJ",
+        "x.lgb",
+        "model.zip",
+        "m.tar.gz",
+        "m.TGZ",
+        "m.tar.xz",
+        "m.tar",
+    ],
 )
 def test_names_of_formats_conch_builds_and_names_without_an_ending_pass(name):
     check_model_filename(name, field="filename")
@@ -24,7 +46,8 @@ def test_names_of_formats_conch_builds_and_names_without_an_ending_pass(name):
         ("model.pt", "a PyTorch model or checkpoint"),
         ("pytorch_model.bin", "a weights file"),
         ("notes.docx", "rename it to the format's ending"),
-        ("model.onnx.gz", "an archive"),
+        ("model.onnx.gz", "a compressed file; Conch unpacks .zip, .tar, .tar.gz"),
+        ("model.7z", "pack the model's files as a .zip or .tar.gz"),
         ("model.h5", "tf2onnx"),
     ],
 )
@@ -66,6 +89,9 @@ def test_tree_models_are_told_by_name_and_content(tmp_path):
         ("model.onnx", b"tree\nversion=v4\nnum_class=1\n", "its content is a LightGBM model (text). Rename it to end"),
         ("model.txt", b"\x08\x07\x12\x07pytorch", "its content is an ONNX model. Rename it to end in .onnx"),
         ("model.onnx", b"\x80\x04\x95" + b"\0" * 20, "its content is a scikit-learn model (pickle). Rename it"),
+        # an archive under a model file's name, and a model file under an archive's name
+        ("model.onnx", b"PK\x03\x04" + b"\0" * 100, "it looks like a ZIP archive (a zipped folder"),
+        ("model.zip", b"\x08\x07\x12\x07pytorch", "its content is an ONNX model. Rename it to end in .onnx"),
     ],
 )
 def test_the_name_narrows_the_formats_and_the_content_must_be_one_of_them(filename, head, says):
@@ -77,7 +103,6 @@ def test_the_name_narrows_the_formats_and_the_content_must_be_one_of_them(filena
 @pytest.mark.parametrize(
     ("head", "says"),
     [
-        (b"PK\x03\x04" + b"\0" * 100, "a ZIP archive (a zipped folder, a PyTorch .pt/.pth checkpoint"),
         (b"hello, this is text\n", "a text file"),
         (b"\x00\x01\x02\x03" * 8, "its first bytes (00 01 02 03 00 01 02 03) are none of the formats Conch builds"),
         (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 99\n", "Git LFS pointer"),
@@ -89,9 +114,26 @@ def test_other_first_bytes_are_refused_naming_the_format(head, says):
     assert raised.value.field == "file" and says in raised.value.detail
 
 
+@pytest.mark.parametrize(
+    ("head", "kind"),
+    [
+        (b"PK\x03\x04" + b"\0" * 40, "zip"),
+        (b"\x1f\x8b\x08" + b"\0" * 40, "tar.gz"),
+        (b"BZh91AY&SY", "tar.bz2"),
+        (b"\xfd7zXZ\x00\x00", "tar.xz"),
+        (b"model.onnx".ljust(257, b"\0") + b"ustar\x0000", "tar"),
+    ],
+)
+def test_archives_are_told_by_their_first_bytes(head, kind):
+    assert archive_kind(head) == kind
+    assert detect_format(head, filename="").key == "archive"
+    assert detect_format(head, filename="bundle.zip" if kind == "zip" else f"bundle.{kind}").key == "archive"
+
+
 def test_the_formats_list_names_each_format_its_backend_and_conversion():
     listed = {entry["key"]: entry for entry in describe_formats()}
-    assert list(listed) == [f.key for f in FORMATS] == ["onnx", "lightgbm", "xgboost", "sklearn"]
+    assert list(listed) == [f.key for f in FORMATS] == ["onnx", "lightgbm", "xgboost", "sklearn", "archive"]
+    assert listed["archive"]["container"] is True and listed["onnx"]["container"] is False
     assert listed["sklearn"]["runs_code"] is True and listed["onnx"]["runs_code"] is False
     assert listed["onnx"]["conversion"] is None and listed["onnx"]["served_as"] == "onnxruntime"
     assert listed["lightgbm"]["conversion"] == "onnxmltools" and listed["xgboost"]["suffixes"] == [".json", ".ubj"]

@@ -259,7 +259,7 @@ def test_inspect_onnx_rejects_a_png_image(tmp_path):
     )
 
 
-def test_inspect_onnx_rejects_a_zip_archive_and_says_to_unzip(tmp_path):
+def test_inspect_onnx_rejects_a_zip_archive_and_says_to_name_it_zip(tmp_path):
     # given a zipped folder holding the model
     path = tmp_path / "model.onnx"
     with zipfile.ZipFile(path, "w") as archive:
@@ -269,7 +269,7 @@ def test_inspect_onnx_rejects_a_zip_archive_and_says_to_unzip(tmp_path):
     error = inspect_error(path)
     assert error.field == "file"
     assert error.detail.startswith("This is not an ONNX model: it looks like a ZIP archive")
-    assert "unzip it and upload that file" in error.detail
+    assert "name it .zip: Conch unpacks archives" in error.detail
 
 
 def test_inspect_onnx_rejects_a_text_file(tmp_path):
@@ -564,8 +564,9 @@ def test_inspect_onnx_rejects_missing_external_data(tmp_path):
     assert error.field == "file"
     assert error.detail == (
         "The model keeps its weights in separate external data files that were not uploaded: weights.bin. Upload "
-        "one self-contained file instead: for models under 2 GB run onnx.save(onnx.load('model.onnx'), "
-        "'single.onnx', save_as_external_data=False) next to those files and upload single.onnx."
+        "a zip of the model and those files (zip -r model.zip <folder>, or a .tar.gz), or one self-contained file: "
+        "for models under 2 GB run onnx.save(onnx.load('model.onnx'), 'single.onnx', save_as_external_data=False) "
+        "next to those files and upload single.onnx."
     )
 
 

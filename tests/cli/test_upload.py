@@ -775,3 +775,44 @@ def test_an_empty_file_is_refused_before_anything_is_asked(cli, model, tmp_path)
     assert result.code == 1, result.err
     assert result.json()["error"]["detail"] == f"{path} is empty (0 bytes): there is no model in it to upload."
     assert not Upload.objects.exists()
+
+
+@pytest.mark.e2e
+def test_a_folder_is_zipped_reproducibly_uploaded_and_built_and_a_rerun_finds_its_version(
+    cli, model, tmp_path, eager_tasks
+):
+    from tests.builds.test_inspection import save_model_with_external_weights
+
+    # given a folder holding an ONNX model and its external data file
+    folder = tmp_path / "adder"
+    folder.mkdir()
+    save_model_with_external_weights(folder)
+    # when the folder is uploaded and its build waited for
+    first = cli("upload", "big", folder, "--wait", "--json")
+    # then it was packed into adder.zip, sent, unpacked by the build and built
+    assert first.code == 0, first.err
+    version = first.json()["version"]
+    assert version["status"] == "built", version
+    assert version["source"]["filename"] == "adder.zip"
+    # when the same command runs again after the files were touched (their times change, their bytes do not)
+    for path in folder.iterdir():
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    again = cli("upload", "big", folder, "--json")
+    # then the zip is the same bytes: it is found to be that version, nothing is sent
+    assert again.code == 0, again.err
+    assert (again.json()["duplicate"], again.json()["version"]["id"]) == (True, version["id"])
+    assert again.json()["sent_bytes"] == 0
+
+
+def test_a_folder_with_no_file_or_with_a_link_outside_it_is_refused_before_anything_is_sent(cli, model, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = cli("upload", "big", empty)
+    assert result.code == 1 and f"{empty} holds no files" in result.err
+    (tmp_path / "secret").write_text("x")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "weights.bin").symlink_to(tmp_path / "secret")
+    result = cli("upload", "big", linked)
+    assert result.code == 1 and "links to" in result.err and "outside" in result.err
+    assert Upload.objects.count() == 0

@@ -927,7 +927,20 @@ def test_the_upload_step_says_which_format_the_server_told_and_what_the_build_do
     page.goto(f"/wizard/models/{model['id']}/upload/")
     # then the file chooser offers every format's endings
     accept = page.get_by_test_id("upload-file-input").get_attribute("accept")
-    assert accept.split(",") == [".onnx", ".txt", ".model", ".lgb", ".json", ".ubj"]
+    assert accept.split(",") == [
+        ".onnx",
+        ".txt",
+        ".model",
+        ".lgb",
+        ".json",
+        ".ubj",
+        ".zip",
+        ".tar",
+        ".tar.gz",
+        ".tgz",
+        ".tar.bz2",
+        ".tar.xz",
+    ]
     # when the file is chosen
     page.get_by_test_id("upload-file-input").set_input_files(str(path))
     # then the page names the format the server told and says it will be converted and compared

@@ -60,13 +60,19 @@ def test_the_upload_page_offers_pickle_endings_only_to_a_team_allowed_pickles(al
     model = RegisteredModel.objects.create(team=alice.team, name="churn")
     url = f"/wizard/models/{model.pk}/upload/"
     # then its file chooser leaves out the pickle endings
-    assert 'accept=".onnx,.txt,.model,.lgb,.json,.ubj"' in _client(alice).get(url).content.decode()
+    assert (
+        'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.zip,.tar,.tar.gz,.tgz,.tar.bz2,.tar.xz"'
+        in _client(alice).get(url).content.decode()
+    )
     # when an admin allows pickles for the team
     alice.team.allow_pickled_models = True
     alice.team.save(update_fields=["allow_pickled_models"])
     # then the chooser offers them too, and the drop zone names the format
     page = _client(alice).get(url).content.decode()
-    assert 'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.joblib,.pkl,.pickle"' in page
+    assert (
+        'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.joblib,.pkl,.pickle,.zip,.tar,.tar.gz,.tgz,.tar.bz2,.tar.xz"'
+        in page
+    )
     assert "scikit-learn" in page
 
 

@@ -6,11 +6,13 @@ Exit codes (conch_cli.errors): 0 done, 1 usage or input refused, 2 authenticatio
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import getpass
 import os
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +24,7 @@ from conch_cli import __version__, output, tensors
 from conch_cli.api import ConchApi
 from conch_cli.config import Settings, load_settings, normalize_url, save_settings
 from conch_cli.errors import FAILED, INTERRUPTED, NOT_FOUND, OK, UNAVAILABLE, USAGE, CliError
+from conch_cli.packing import pack_folder
 from conch_cli.transfer import (
     STALL_TIMEOUT_S,
     BackgroundHash,
@@ -308,10 +311,11 @@ def upload(
         Path,
         typer.Argument(
             metavar="FILE",
-            help="The model file: ONNX (.onnx), LightGBM text (.txt) or XGBoost (.json, .ubj); "
-            "GET /api/v1/formats/ lists every format.",
+            help="The model file (ONNX .onnx, LightGBM .txt, XGBoost .json/.ubj, an archive .zip/.tar.gz…), or a "
+            "folder (an ONNX model beside its external data files), which is zipped first; GET /api/v1/formats/ "
+            "lists every format.",
             exists=True,
-            dir_okay=False,
+            dir_okay=True,
             readable=True,
         ),
     ],
@@ -379,7 +383,11 @@ def upload(
     options = _build_options(build_option or [])
     part_bytes = _size(part_size) if part_size else None
     rate = RateLimit(_size(limit_rate)) if limit_rate else None
-    with _api() as api:
+    with contextlib.ExitStack() as cleanup, _api() as api:
+        if file.is_dir():
+            file = pack_folder(file, Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="conch-pack-"))))
+            if not quiet and not as_json:
+                output.note(f"packed the folder into {file.name} ({output.mib(file.stat().st_size)})")
         check_model_file(api, file)  # the server refuses a file it cannot build before a byte is hashed or sent
         model_created = False
         try:
