@@ -10,7 +10,7 @@ model name each, the clock runs over:
           framework's (or onnxruntime's, for ONNX) on the same rows, within the FP32 tolerance (atol = rtol = 1e-4)
 The deployment is stopped after each run (not timed).
 
-The formats (each model made here with a fixed seed: devtools/tree_models.py):
+The formats (each model made here with a fixed seed: devtools/tree_models.py, devtools/tf_models.py):
   onnx        the LightGBM binary classifier converted once beforehand with onnxmltools: the baseline, served as
               uploaded, with the same trees as `lightgbm`
   lightgbm    a LightGBM binary classifier in LightGBM's text format
@@ -18,6 +18,12 @@ The formats (each model made here with a fixed seed: devtools/tree_models.py):
   xgboost-ubj the same as UBJSON
   sklearn     a scikit-learn pipeline (StandardScaler + LogisticRegression, 3 classes) pickled with joblib (the
               bench's team is allowed pickled models)
+  keras       a Keras classifier (devtools/tf_models.py: 5 features -> 3 softmax probabilities), `.keras`
+  keras-h5    the same as a legacy `.h5`
+  savedmodel  the same exported as a SavedModel folder, zipped
+  graphdef    a frozen GraphDef of it, with a PlaceholderWithDefault
+  tflite      the same converted with TFLiteConverter
+  onnx-zip    the Keras classifier as ONNX with its weights as external data (weights.bin), zipped with them
 
 The conversion's share: (the conversion in the sandbox, its start included + the source framework's run for the
 comparison, sandbox included; both from the build's record) / total. Each format's total is printed beside the
@@ -38,10 +44,12 @@ import statistics
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -49,6 +57,7 @@ sys.path.insert(0, str(BENCH.parent))
 
 from time_to_serve import TEAM, Conch  # noqa: E402  (bench/ on sys.path)
 
+from devtools import tf_models  # noqa: E402
 from devtools.tree_models import lightgbm_model, sklearn_model, training_rows, xgboost_model  # noqa: E402
 
 ROWS = 8
@@ -69,8 +78,8 @@ class Run:
         return (self.conversion + self.comparison) / self.total if self.total else 0.0
 
 
-def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
-    """Each format's file and the outputs its source framework gives for the bench's rows."""
+def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray], str]]:
+    """Each format's file, the outputs its source framework gives for the bench's rows, and its input's name."""
     import lightgbm
     import onnxmltools
     import xgboost
@@ -89,22 +98,58 @@ def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
         value.type.tensor_type.shape.dim[0].dim_param = "N"
     onnx_path = folder / "churn.onnx"
     onnx_path.write_bytes(onnx_model.SerializeToString())
-    models = {"onnx": (onnx_path, lgb_expected), "lightgbm": (lgb_path, lgb_expected)}
+    models = {"onnx": (onnx_path, lgb_expected, "input"), "lightgbm": (lgb_path, lgb_expected, "input")}
     for key, ending in (("xgboost", ".json"), ("xgboost-ubj", ".ubj")):
         path = xgboost_model(folder / f"booster{ending}", "binary:logistic")
         booster = xgboost.Booster()
         booster.load_model(str(path))
         p = booster.predict(xgboost.DMatrix(rows))
-        models[key] = (path, {"probabilities": np.stack([1 - p, p], axis=1), "label": (p > 0.5) * 1})
+        models[key] = (path, {"probabilities": np.stack([1 - p, p], axis=1), "label": (p > 0.5) * 1}, "input")
     import joblib
 
     path = sklearn_model(folder / "pipeline.joblib", "pipeline")
     fitted = joblib.load(path)
-    models["sklearn"] = (path, {"probabilities": fitted.predict_proba(rows), "label": fitted.predict(rows)})
+    models["sklearn"] = (path, {"probabilities": fitted.predict_proba(rows), "label": fitted.predict(rows)}, "input")
+    models.update(_tensorflow_models(folder, rows))
+    # the Keras classifier as ONNX (converted as Conch converts it), its weights moved into weights.bin
+    from builds.formats.keras import KerasFormat
+
+    converted = folder / "classifier.onnx"
+    KerasFormat().convert(models["keras"][0], converted)
+    (folder / "external").mkdir()
+    onnx.save(
+        onnx.load(str(converted)),
+        str(folder / "external" / "model.onnx"),
+        save_as_external_data=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    models["onnx-zip"] = (_zip(folder / "external", folder / "external.zip"), models["keras"][1], "features")
     return models
 
 
+def _tensorflow_models(folder: Path, rows: np.ndarray) -> dict[str, tuple[Path, dict[str, np.ndarray], str]]:
+    """The Keras classifier of devtools/tf_models.py in each TensorFlow format, and its outputs for `rows`."""
+    probs = {"probs": tf_models.keras_classifier()(rows).numpy()}
+    output_0 = {"output_0": probs["probs"]}
+    return {
+        "keras": (tf_models.keras_model(folder / "classifier.keras"), probs, "features"),
+        "keras-h5": (tf_models.keras_model(folder / "classifier.h5"), probs, "features"),
+        "savedmodel": (_zip(tf_models.saved_model(folder / "export"), folder / "export.zip"), output_0, "features"),
+        "graphdef": (tf_models.frozen_graph(folder / "frozen.pb"), {"Identity": probs["probs"]}, "x"),
+        "tflite": (tf_models.tflite_model(folder / "classifier.tflite"), output_0, "features"),
+    }
+
+
+def _zip(source: Path, target: Path) -> Path:
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+        for path in sorted(source.rglob("*")):
+            bundle.write(path, f"{source.name}/{path.relative_to(source).as_posix()}")
+    return target
+
+
 def measure(conch: Conch, key: str, path: Path, expected: dict[str, np.ndarray], body: bytes, poll: float) -> Run:
+    """One run of one format: upload -> built -> deployed -> a good first inference (the module docstring)."""
     run = Run(key=key)
     name = f"conv-{key}-{secrets.token_hex(3)}"
     model = conch.call("POST", "/api/v1/models/", 201, json={"name": name, "team": TEAM})
@@ -154,9 +199,11 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = training_rows(rows=ROWS, seed=11)[0]
-    body = json.dumps(
-        {"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}]}
-    ).encode()
+
+    def body(name: str) -> bytes:
+        tensor = {"name": name, "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}
+        return json.dumps({"inputs": [tensor]}).encode()
+
     runs: dict[str, list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="conch-bench-convert-") as tmp:
         models = make_models(Path(tmp))
@@ -171,8 +218,8 @@ def main() -> None:
             )
             conch.wait_for_warm_verify_servers()
             for number in range(1, args.runs + 1):
-                for key, (path, expected) in models.items():  # formats alternate within each round
-                    run = measure(conch, key, path, expected, body, args.poll)
+                for key, (path, expected, input_name) in models.items():  # formats alternate within each round
+                    run = measure(conch, key, path, expected, body(input_name), args.poll)
                     runs.setdefault(key, []).append(run)
                     print(f"round {number} {key}: {run.total:.2f} s (conversion share {run.share:.0%})")
         finally:

@@ -51,3 +51,10 @@ def silero_vad() -> Path:
     (the wheel is installed with --no-deps, see requirements-nodeps.txt).
     """
     return Path(str(distribution("silero-vad").locate_file("silero_vad/data/silero_vad.onnx")))
+
+
+def wake_word_tflite() -> Path:
+    """pymicro-wakeword 2.5.0's okay_nabu.tflite: a streaming wake-word model, INT8 [1, 3, 40] in, whose state lives
+    in TFLite resource variables (VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE), which tf2onnx cannot convert.
+    Located without importing the package (installed with --no-deps, see requirements-nodeps.txt)."""
+    return Path(str(distribution("pymicro-wakeword").locate_file("pymicro_wakeword/models/okay_nabu.tflite")))

@@ -20,9 +20,13 @@ from typing import Any
 
 from builds.formats.archive import ArchiveFormat, archive_kind
 from builds.formats.base import Conversion, ModelFormat
+from builds.formats.keras import KerasFormat
 from builds.formats.lightgbm_text import LightGBMFormat
 from builds.formats.onnx import OnnxFormat, starts_like_onnx
 from builds.formats.sklearn_pickle import SklearnPickleFormat
+from builds.formats.tf_graphdef import GraphDefFormat
+from builds.formats.tf_savedmodel import SavedModelFormat
+from builds.formats.tflite import TFLiteFormat
 from builds.formats.xgboost_model import XGBoostFormat
 from conch.errors import InvalidInput
 
@@ -50,6 +54,10 @@ FORMATS: tuple[ModelFormat, ...] = (
     LightGBMFormat(),
     XGBoostFormat(),
     SklearnPickleFormat(),
+    KerasFormat(),
+    SavedModelFormat(),
+    GraphDefFormat(),
+    TFLiteFormat(),
     ArchiveFormat(),
 )
 #: How many first bytes `check_model_head` wants to tell a format (and to name a foreign one).
@@ -62,7 +70,6 @@ _FOREIGN_SUFFIXES = {
     "upload the .onnx file",
     (".bin", ".safetensors"): "a weights file (no graph); export the whole model to ONNX, for example with "
     "`optimum-cli export onnx`, and upload the .onnx file",
-    (".h5", ".hdf5", ".keras", ".pb", ".tflite"): "a Keras or TensorFlow model; convert it with tf2onnx",
     (".gz", ".xz", ".bz2"): "a compressed file; Conch unpacks .zip, .tar, .tar.gz, .tgz, .tar.bz2 and .tar.xz "
     "archives: pack the model's files with `tar czf model.tar.gz <files>`, or upload the model file uncompressed",
     (".7z", ".rar"): "an archive in a format Conch does not unpack; pack the model's files as a .zip or .tar.gz",
@@ -89,7 +96,9 @@ def _a(title: str) -> str:
 
 
 def _known_formats_text(*, containers: bool = True) -> str:
-    return "; ".join(f"{f.title} ({', '.join(f.suffixes)})" for f in FORMATS if containers or not f.container)
+    return "; ".join(
+        f"{f.title} ({', '.join(f.suffixes) or 'a folder, zipped'})" for f in FORMATS if containers or not f.container
+    )
 
 
 def _suffix(filename: str) -> str:
@@ -143,6 +152,9 @@ def detect_format(
     for candidate in named:
         if candidate.matches_head(head):
             return candidate
+    explained = next((text for text in (f.explain_head(head) for f in named) if text), "")
+    if explained:
+        raise InvalidInput(explained, field=field)
     by_content = next((f for f in FORMATS if f.matches_head(head)), None)
     if by_content is not None and not by_content.container:
         wanted = " or ".join(by_content.suffixes)
@@ -211,10 +223,10 @@ def find_model_in_folder(folder: Path, files: Sequence[str]) -> tuple[ModelForma
 def _what_the_folder_is(files: Sequence[str]) -> str:
     """ ", which looks like X; do Y" for a folder layout of a well-known format Conch does not build, else ""."""
     names = {PurePosixPath(name).name for name in files}
-    if "saved_model.pb" in names or "saved_model.pbtxt" in names:
+    if "saved_model.pbtxt" in names:
         return (
-            ": it looks like a TensorFlow SavedModel. Convert it with tf2onnx "
-            "(`python -m tf2onnx.convert --saved-model <folder> --output model.onnx`) and upload the .onnx file"
+            ": it looks like a TensorFlow SavedModel saved as text (saved_model.pbtxt). Save it again with "
+            "tf.saved_model.save, which writes the binary saved_model.pb, and upload that folder"
         )
     if "config.pbtxt" in names:
         return (
@@ -287,10 +299,6 @@ def _foreign_format(head: bytes) -> tuple[str, str]:
             "If it is an archive of the model's files, name it so (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz): Conch "
             "unpacks archives. Otherwise extract the model file from it and upload that.",
         )
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return "an HDF5 file (such as a Keras .h5 model)", "Convert it with tf2onnx and upload the .onnx file."
-    if head[4:8] == b"TFL3":
-        return "a TensorFlow Lite model", "Convert it with `python -m tf2onnx.convert --tflite` first."
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return (
             "a Python pickle (such as a PyTorch or scikit-learn checkpoint)",

@@ -104,6 +104,11 @@ class ModelFormat:
         """Whether a file's first bytes (up to `builds.formats.HEAD_BYTES`) are this format's. Pure and cheap."""
         raise NotImplementedError
 
+    def explain_head(self, head: bytes) -> str:
+        """What to do about a file named like this format whose first bytes are a well-known relative of it that
+        Conch cannot build alone (a SavedModel's saved_model.pb under a GraphDef's `.pb`), or "" for none."""
+        return ""
+
     def local_name(self, head: bytes) -> str:
         """The file name the build gives its local copy of an upload that begins with `head`: some frameworks read
         a file by its ending. Default: "source" and the format's first ending."""

@@ -215,6 +215,12 @@ def test_an_onnx_model_with_its_external_data_is_found_in_its_folder(tmp_path):
     assert (model_format.key, entry) == ("onnx", model)
 
 
+def test_a_savedmodel_folder_is_found_by_its_saved_model_pb(tmp_path):
+    files = ["export/saved_model.pb", "export/variables/variables.index", "export/fingerprint.pb"]
+    model_format, entry = find_model_in_folder(tmp_path, files)
+    assert (model_format.key, entry) == ("tf_savedmodel", tmp_path / "export")
+
+
 def test_a_lone_model_file_of_another_format_is_told_by_its_name_and_bytes(tmp_path):
     lightgbm_model(tmp_path / "churn.txt")
     model_format, entry = find_model_in_folder(tmp_path, ["churn.txt"])
@@ -225,7 +231,8 @@ def test_a_lone_model_file_of_another_format_is_told_by_its_name_and_bytes(tmp_p
     ("files", "says"),
     [
         (["a/model.onnx", "b/model.onnx"], "The archive holds 2 ONNX models (a/model.onnx, b/model.onnx)"),
-        (["m/saved_model.pb", "m/variables/variables.index"], "it looks like a TensorFlow SavedModel"),
+        (["m/saved_model.pbtxt", "m/variables/variables.index"], "a TensorFlow SavedModel saved as text"),
+        (["a/saved_model.pb", "b/saved_model.pb"], "The archive holds 2 SavedModels (a, b)"),
         (["repo/m/config.pbtxt", "repo/m/1/x.plan"], "it looks like a Triton model repository"),
         (["archive/data.pkl", "archive/version"], "it looks like a PyTorch model saved with torch.save"),
         (["notes.md", "train.py"], "The archive holds no model Conch builds. It holds 2 files: notes.md, train.py"),

@@ -34,6 +34,10 @@ from tests import real_models
         "m.TGZ",
         "m.tar.xz",
         "m.tar",
+        "m.keras",
+        "m.h5",
+        "frozen.pb",
+        "m.tflite",
     ],
 )
 def test_names_of_formats_conch_builds_and_names_without_an_ending_pass(name):
@@ -48,7 +52,6 @@ def test_names_of_formats_conch_builds_and_names_without_an_ending_pass(name):
         ("notes.docx", "rename it to the format's ending"),
         ("model.onnx.gz", "a compressed file; Conch unpacks .zip, .tar, .tar.gz"),
         ("model.7z", "pack the model's files as a .zip or .tar.gz"),
-        ("model.h5", "tf2onnx"),
     ],
 )
 def test_other_endings_are_refused_naming_the_field_and_what_conch_builds(name, says):
@@ -132,8 +135,40 @@ def test_archives_are_told_by_their_first_bytes(head, kind):
 
 def test_the_formats_list_names_each_format_its_backend_and_conversion():
     listed = {entry["key"]: entry for entry in describe_formats()}
-    assert list(listed) == [f.key for f in FORMATS] == ["onnx", "lightgbm", "xgboost", "sklearn", "archive"]
+    assert (
+        list(listed)
+        == [f.key for f in FORMATS]
+        == [
+            "onnx",
+            "lightgbm",
+            "xgboost",
+            "sklearn",
+            "keras",
+            "tf_savedmodel",
+            "tf_graphdef",
+            "tflite",
+            "archive",
+        ]
+    )
     assert listed["archive"]["container"] is True and listed["onnx"]["container"] is False
     assert listed["sklearn"]["runs_code"] is True and listed["onnx"]["runs_code"] is False
     assert listed["onnx"]["conversion"] is None and listed["onnx"]["served_as"] == "onnxruntime"
     assert listed["lightgbm"]["conversion"] == "onnxmltools" and listed["xgboost"]["suffixes"] == [".json", ".ubj"]
+
+
+def test_tensorflow_formats_are_told_by_name_and_content():
+    keras_zip = b"PK\x03\x04" + b"\0" * 26 + b"metadata.json{}"
+    hdf5 = b"\x89HDF\r\n\x1a\n" + b"\0" * 40
+    graph_def = b"\n;\n\x01x\x12\x0bPlaceholder*\x0b"
+    tflite = b"\x1c\x00\x00\x00TFL3" + b"\0" * 40
+    assert detect_format(keras_zip, filename="m.keras").key == "keras"
+    assert detect_format(keras_zip, filename="").key == "keras"  # a .keras file is told from another zip
+    assert detect_format(b"PK\x03\x04" + b"\0" * 26 + b"model.onnx", filename="").key == "archive"
+    assert detect_format(hdf5, filename="weights.h5").key == "keras"
+    assert detect_format(graph_def, filename="frozen.pb").key == "tf_graphdef"
+    assert detect_format(tflite, filename="m.tflite").key == "tflite"
+    # a SavedModel's saved_model.pb alone holds no weights: upload the folder
+    with pytest.raises(InvalidInput) as raised:
+        detect_format(b"\x08\x01\x12\xf1\xf6\x01\n", filename="saved_model.pb")
+    assert raised.value.detail.startswith("This is the saved_model.pb of a TensorFlow SavedModel")
+    assert "Upload the whole SavedModel folder in one zip or tar" in raised.value.detail

@@ -132,7 +132,17 @@ def test_an_xgboost_regressor_past_a_tolerance_fails_naming_the_output_and_a_reb
 def test_the_formats_list_and_the_upload_check_name_the_conversion(alice, tmp_path):
     listed = alice.client.get("/api/v1/formats/")
     assert listed.status_code == 200
-    assert [entry["key"] for entry in listed.json()["results"]] == ["onnx", "lightgbm", "xgboost", "sklearn", "archive"]
+    assert [entry["key"] for entry in listed.json()["results"]] == [
+        "onnx",
+        "lightgbm",
+        "xgboost",
+        "sklearn",
+        "keras",
+        "tf_savedmodel",
+        "tf_graphdef",
+        "tflite",
+        "archive",
+    ]
     assert listed.json()["results"][3]["runs_code"] is True
     import base64
 

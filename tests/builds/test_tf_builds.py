@@ -1,0 +1,131 @@
+"""TensorFlow models built end to end (issue 20): Keras (.keras and .h5), a SavedModel folder in a zip, a frozen
+GraphDef with a PlaceholderWithDefault, and TFLite, each made in the test with a fixed seed, uploaded through the
+API, converted with tf2onnx in the sandbox, served by the onnxruntime backend on the session's warm Triton, and
+compared output by output with TensorFlow on the same inputs. A real streaming TFLite model from a PyPI wheel and a
+Keras model with a Lambda layer fail their builds saying why and what to do. Builds run inline (eager Celery)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from devtools import tf_models
+from tests import real_models
+from tritonserving.config import config_from_pbtxt
+
+pytestmark = [pytest.mark.django_db, pytest.mark.e2e]
+
+
+def _upload(caller, capture, name: str, filename: str, data: bytes) -> dict:
+    response = caller.client.post("/api/v1/models/", {"name": name, "team": caller.team.slug}, format="json")
+    assert response.status_code == 201, response.content
+    with capture(execute=True):
+        response = caller.client.post(
+            f"/api/v1/models/{response.json()['id']}/versions/", {"file": SimpleUploadedFile(filename, data)}
+        )
+    assert response.status_code in (201, 202), response.content
+    return caller.client.get(f"/api/v1/versions/{response.json()['id']}/").json()
+
+
+def _build(caller, version_id: int) -> dict:
+    return caller.client.get(f"/api/v1/versions/{version_id}/builds/").json()["results"][0]
+
+
+def _log(build: dict, step: str) -> list[str]:
+    return [line.split(" ", 1)[1] for line in next(s["log"] for s in build["steps"] if s["name"] == step)]
+
+
+def _assert_built_and_equal(caller, version: dict, *, source_format: str, inputs: str, outputs: str) -> dict:
+    assert version["status"] == "built", version["error"]
+    build = _build(caller, version["id"])
+    assert build["source_format"] == source_format
+    inspect = _log(build, "inspect")
+    assert any(line.startswith("converted with tf2onnx 1.17.0 from tensorflow 2.21.0 in ") for line in inspect)
+    assert f"input {inputs}: FP32 [-1, 5] axes [N, -]" in inspect
+    assert f"output {outputs}: FP32 [-1, 3] axes [N, -]" in inspect
+    config = config_from_pbtxt(build["config_pbtxt"])
+    assert config.backend == "onnxruntime" and config.max_batch_size > 0
+    [row] = build["conversion"]["comparison"]
+    assert row["output"] == outputs and row["ok"] and row["atol"] == 1e-4 and row["max_abs_diff"] < 1e-5
+    assert any(
+        line.startswith(f"output {outputs} (FP32): max abs diff ") and line.endswith("ok")
+        for line in (_log(build, "verify"))
+    )
+    return build
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_a_keras_model_is_converted_served_and_proven_equal_to_keras(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, suffix
+):
+    data = tf_models.keras_model(tmp_path / f"classifier{suffix}").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "classifier", f"classifier{suffix}", data)
+    build = _assert_built_and_equal(alice, version, source_format="keras", inputs="features", outputs="probs")
+    assert "assumed: output 'Identity:0' named 'probs'" in _log(build, "inspect")
+
+
+def test_a_savedmodel_folder_in_a_zip_is_served_under_its_signature_names(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    folder = tf_models.saved_model(tmp_path / "export")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+        for path in sorted(folder.rglob("*")):
+            bundle.write(path, f"export/{path.relative_to(folder).as_posix()}")
+    version = _upload(alice, django_capture_on_commit_callbacks, "exported", "export.zip", buffer.getvalue())
+    build = _assert_built_and_equal(
+        alice, version, source_format="tf_savedmodel", inputs="features", outputs="output_0"
+    )
+    inspect = _log(build, "inspect")
+    assert "the archive holds TensorFlow SavedModel: export" in inspect
+    assert "assumed: signature 'serving_default' (tag 'serve'): inputs features; outputs output_0" in inspect
+
+
+def test_a_frozen_graph_s_inputs_and_outputs_are_discovered_and_its_default_kept(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    data = tf_models.frozen_graph(tmp_path / "frozen.pb").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "frozen", "frozen.pb", data)
+    build = _assert_built_and_equal(alice, version, source_format="tf_graphdef", inputs="x", outputs="Identity")
+    inspect = _log(build, "inspect")
+    assert "assumed: inputs: the Placeholder nodes x" in inspect
+    assert "assumed: outputs: the graph's sinks (nodes nothing else reads) Identity" in inspect
+    assert "assumed: PlaceholderWithDefault 'temperature': its default value is used (it is not an input)" in inspect
+
+
+def test_a_tflite_model_is_served_under_its_signature_names(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    data = tf_models.tflite_model(tmp_path / "m.tflite").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "lite", "classifier.tflite", data)
+    build = _assert_built_and_equal(alice, version, source_format="tflite", inputs="features", outputs="output_0")
+    assert "assumed: input 'serving_default_features:0' named 'features'" in _log(build, "inspect")
+
+
+def test_a_real_streaming_tflite_model_fails_its_build_saying_why_and_what_to_do(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    data = real_models.wake_word_tflite().read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "nabu", "okay_nabu.tflite", data)
+    assert version["status"] == "failed" and version["error_field"] == "file"
+    assert version["error"].startswith(
+        "This TensorFlow Lite model keeps state between calls (it uses the resource-variable ops ASSIGN_VARIABLE, "
+        "CALL_ONCE, READ_VARIABLE, VAR_HANDLE, as streaming models do)"
+    )
+    assert "Export the model without streaming state" in version["error"]
+
+
+def test_a_keras_model_with_a_lambda_layer_is_refused_without_running_its_code(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    tf = tf_models._tf()
+    features = tf.keras.Input((5,), name="features")
+    doubled = tf.keras.layers.Lambda(lambda x: x * 2.0, name="double")(features)
+    tf.keras.Model(features, doubled).save(tmp_path / "lambda.keras")
+    data = (tmp_path / "lambda.keras").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "lam", "lambda.keras", data)
+    assert version["status"] == "failed" and version["error_field"] == "file"
+    assert version["error"].startswith("This Keras model holds a Lambda layer, whose Python code Conch does not run")
