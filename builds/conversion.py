@@ -15,16 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from builds.formats import Conversion, ModelFormat, format_by_key
+from builds.formats import NO_HINTS, Conversion, ConversionHints, ModelFormat, format_by_key
 from builds.sandbox import SandboxLimits, cut_network, run_in_sandbox
 
 __all__ = ["convert_in_sandbox", "run_source_in_sandbox"]
 
 
 def convert_in_sandbox(
-    model_format: ModelFormat, source: Path, target: Path, *, limits: SandboxLimits | None = None
+    model_format: ModelFormat,
+    source: Path,
+    target: Path,
+    *,
+    hints: ConversionHints = NO_HINTS,
+    limits: SandboxLimits | None = None,
 ) -> Conversion:
-    """Convert the file `source` (of `model_format`) into an ONNX model at `target`; return what was done.
+    """Convert the file `source` (of `model_format`) into an ONNX model at `target`, with the user's interface
+    `hints` (`ModelFormat.convert`); return what was done.
 
     Raises InvalidInput (field "file") with the tool's reason and the fix when the model cannot be converted, or
     when the child crashed or ran past a limit (`limits`, default `SandboxLimits.from_settings()`); SandboxError
@@ -38,6 +44,7 @@ def convert_in_sandbox(
                     "format": model_format.key,
                     "source": str(Path(source).resolve()),
                     "target": str(Path(target).resolve()),
+                    "hints": hints.to_dict(),
                 }
             ),
             encoding="utf-8",
@@ -51,6 +58,7 @@ def run_source_in_sandbox(
     source: Path,
     inputs: Mapping[str, np.ndarray],
     *,
+    hints: ConversionHints = NO_HINTS,
     limits: SandboxLimits | None = None,
 ) -> dict[str, np.ndarray]:
     """Run `inputs` (input name -> full array, batch axis included) through the source framework on the file
@@ -68,6 +76,7 @@ def run_source_in_sandbox(
                     "format": model_format.key,
                     "source": str(Path(source).resolve()),
                     "inputs": str(folder / "inputs.npz"),
+                    "hints": hints.to_dict(),
                     "outputs": str(folder / "outputs.npz"),
                 }
             ),
@@ -92,7 +101,8 @@ def _format_of(job: dict[str, Any]) -> ModelFormat:
 
 def _convert_job(job_path: Path) -> dict[str, Any]:
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
-    conversion = _format_of(job).convert(Path(job["source"]), Path(job["target"]))
+    hints = ConversionHints.from_dict(job.get("hints"))
+    conversion = _format_of(job).convert(Path(job["source"]), Path(job["target"]), hints)
     return conversion.to_dict()
 
 
@@ -100,6 +110,6 @@ def _reference_job(job_path: Path) -> dict[str, Any]:
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     with np.load(job["inputs"], allow_pickle=False) as stored:
         inputs = {name: stored[name] for name in stored.files}
-    outputs = _format_of(job).run_source(Path(job["source"]), inputs)
+    outputs = _format_of(job).run_source(Path(job["source"]), inputs, ConversionHints.from_dict(job.get("hints")))
     np.savez(job["outputs"], **outputs)
     return {"outputs": sorted(outputs)}

@@ -44,6 +44,9 @@ __all__ = [
     "MAX_QUEUE_DELAY_MICROSECONDS",
     "MODEL_FILENAME",
     "OUTPUT_DIMS_FIELD",
+    "BUILD_OPTION_FIELDS",
+    "GRAPH_INPUTS_FIELD",
+    "GRAPH_OUTPUTS_FIELD",
     "TOLERANCE_FIELD",
     "BuildOptions",
     "BatchAxisReading",
@@ -51,6 +54,7 @@ __all__ = [
     "build_model_config",
     "parse_build_options",
     "parse_output_dims",
+    "parse_graph_nodes",
     "parse_tolerance",
     "read_batch_axis",
     "supports_batching",
@@ -77,6 +81,26 @@ MAX_INSTANCE_COUNT = 16
 #: Build option (form field, JSON key, `build_options` key) giving outputs' shapes in place of those the model file
 #: declares, for a file that declares them wrongly.
 OUTPUT_DIMS_FIELD = "output_dims"
+#: Build options naming a TensorFlow frozen graph's input and output nodes, in place of those discovered (its
+#: Placeholders and its sinks): a frozen graph records no signature.
+GRAPH_INPUTS_FIELD = "graph_inputs"
+GRAPH_OUTPUTS_FIELD = "graph_outputs"
+#: Every build option an upload or a rebuild takes by name (the version upload's form fields, a resumable upload's
+#: `build_options` keys); a rebuild also takes `dynamic_batching`.
+BUILD_OPTION_FIELDS = (
+    "max_batch_size",
+    "max_queue_delay_microseconds",
+    "preferred_batch_size",
+    "instance_count",
+    "output_dims",
+    "tolerance",
+    "graph_inputs",
+    "graph_outputs",
+)
+#: The most nodes one of them may name.
+MAX_GRAPH_NODES = 64
+#: What a TensorFlow node name may be (TensorFlow's NodeDef name rule: `[A-Za-z0-9.][A-Za-z0-9_>./-]*`).
+_NODE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_>./-]*")
 #: The build option that accepts a looser tolerance when a converted model is compared with its source.
 TOLERANCE_FIELD = "tolerance"
 #: The loosest tolerance a user may accept (as atol and rtol of floating outputs): beyond it nothing is proven.
@@ -138,6 +162,10 @@ class BuildOptions:
         tolerance: for a converted model, the absolute and relative tolerance (one number, used as both) its
             floating outputs may differ from the source framework's by, in place of the datatype's default
             (`builds.comparison.DEFAULT_TOLERANCES`). None: the defaults. Greater than 0, at most MAX_TOLERANCE.
+        graph_inputs, graph_outputs: for a TensorFlow frozen graph, the nodes that are its inputs (Placeholders; a
+            PlaceholderWithDefault named here becomes an input instead of keeping its default) and its outputs, in
+            place of those discovered (`parse_graph_nodes`). None: discovered. The conversion checks them against
+            the graph.
     """
 
     max_batch_size: int | None = None
@@ -146,6 +174,8 @@ class BuildOptions:
     instance_count: int | None = None
     output_dims: Mapping[str, tuple[int, ...]] | None = None
     tolerance: float | None = None
+    graph_inputs: tuple[str, ...] | None = None
+    graph_outputs: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size), and
@@ -160,6 +190,10 @@ class BuildOptions:
             result[OUTPUT_DIMS_FIELD] = {name: list(dims) for name, dims in self.output_dims.items()}
         if self.tolerance is not None:
             result[TOLERANCE_FIELD] = self.tolerance
+        if self.graph_inputs is not None:
+            result[GRAPH_INPUTS_FIELD] = list(self.graph_inputs)
+        if self.graph_outputs is not None:
+            result[GRAPH_OUTPUTS_FIELD] = list(self.graph_outputs)
         return result
 
 
@@ -186,18 +220,50 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
         instance_count=_parse_integer("instance_count", fields.get("instance_count")),
         output_dims=parse_output_dims(fields.get(OUTPUT_DIMS_FIELD)),
         tolerance=parse_tolerance(fields.get(TOLERANCE_FIELD)),
+        graph_inputs=parse_graph_nodes(GRAPH_INPUTS_FIELD, fields.get(GRAPH_INPUTS_FIELD)),
+        graph_outputs=parse_graph_nodes(GRAPH_OUTPUTS_FIELD, fields.get(GRAPH_OUTPUTS_FIELD)),
     )
     validate_build_options(options)
     if options.preferred_batch_size is not None:
-        options = BuildOptions(
-            max_batch_size=options.max_batch_size,
-            max_queue_delay_microseconds=options.max_queue_delay_microseconds,
-            preferred_batch_size=tuple(sorted(options.preferred_batch_size)),
-            instance_count=options.instance_count,
-            output_dims=options.output_dims,
-            tolerance=options.tolerance,
-        )
+        options = dataclasses.replace(options, preferred_batch_size=tuple(sorted(options.preferred_batch_size)))
     return options
+
+
+def parse_graph_nodes(field: str, raw: Any) -> tuple[str, ...] | None:
+    """Parse `graph_inputs` or `graph_outputs` (`field`): node names of a TensorFlow frozen graph, as a list or as
+    text separated by commas or spaces ("x, keep_prob"); a trailing output index ":0" is dropped. Blank or None
+    gives None (discovered from the graph).
+
+    Raises:
+        InvalidInput: field `field`, naming the name at fault or saying how many are allowed.
+    """
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        items = [item for item in re.split(r"[\s,]+", raw.strip()) if item]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        raise InvalidInput(
+            f"{field} must be node names separated by commas (for example x, keep_prob), not {raw!r}.", field=field
+        )
+    if not items:
+        return None
+    names: list[str] = []
+    for item in items:
+        name = item[:-2] if isinstance(item, str) and item.endswith(":0") else item
+        if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
+            raise InvalidInput(
+                f"{field}: {item!r} is not a TensorFlow node name (letters, digits and _ . / - >, not starting "
+                "with _ / - >). Give the graph's node names, separated by commas.",
+                field=field,
+            )
+        if name in names:
+            raise InvalidInput(f"{field} names {name!r} twice; name each node once.", field=field)
+        names.append(name)
+    if len(names) > MAX_GRAPH_NODES:
+        raise InvalidInput(f"{field} names {len(names)} nodes; at most {MAX_GRAPH_NODES} are accepted.", field=field)
+    return tuple(names)
 
 
 def parse_tolerance(raw: Any) -> float | None:

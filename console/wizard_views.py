@@ -22,7 +22,7 @@ from django.views.decorators.http import require_http_methods
 
 from builds import services as builds
 from builds.formats import HEAD_BYTES, formats_allowed
-from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD
+from builds.model_config import GRAPH_INPUTS_FIELD, GRAPH_OUTPUTS_FIELD, OUTPUT_DIMS_FIELD, TOLERANCE_FIELD
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
     OPTION_NAMES,
@@ -314,7 +314,10 @@ def check_options(request: HttpRequest, version_id: int) -> HttpResponse:
     version = _version(request, version_id)
     if refused := _refuse_method(request, POST):
         return refused
-    fields = {key: request.POST.get(key) for key in (*OPTION_NAMES, OUTPUT_DIMS_FIELD, TOLERANCE_FIELD)}
+    fields = {
+        key: request.POST.get(key)
+        for key in (*OPTION_NAMES, OUTPUT_DIMS_FIELD, TOLERANCE_FIELD, GRAPH_INPUTS_FIELD, GRAPH_OUTPUTS_FIELD)
+    }
     fields[DYNAMIC_BATCHING_FIELD] = request.POST.get(DYNAMIC_BATCHING_FIELD, "off")
     check = check_build_options(version=version, fields=fields)
     change = ""

@@ -49,7 +49,7 @@ def saved_model(folder: Path, seed: int = 0) -> Path:
 
 def frozen_graph(path: Path, seed: int = 0) -> Path:
     """A frozen GraphDef: Placeholder `x` FP32 [N, 5] and PlaceholderWithDefault `temperature` (scalar, default
-    1.0) -> sink `probs` = softmax(dense(x) / temperature)."""
+    1.0) -> sink `Identity` = softmax(logits / temperature), with the node `logits` FP32 [N, 3] inside."""
     tf = _tf()
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
@@ -59,7 +59,8 @@ def frozen_graph(path: Path, seed: int = 0) -> Path:
     @tf.function(input_signature=[tf.TensorSpec((None, FEATURES), tf.float32, name="x")])
     def compute(x: Any) -> Any:
         temperature = tf.raw_ops.PlaceholderWithDefault(input=tf.constant(1.0), shape=[], name="temperature")
-        return tf.identity(tf.nn.softmax(tf.math.log(dense(x)) / temperature), name="probs")
+        logits = tf.identity(tf.math.log(dense(x)), name="logits")
+        return tf.nn.softmax(logits / temperature)
 
     frozen = convert_variables_to_constants_v2(compute.get_concrete_function())
     path.write_bytes(frozen.graph.as_graph_def().SerializeToString())

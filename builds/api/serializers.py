@@ -40,6 +40,16 @@ TOLERANCE_HELP = (
     "tolerance in place of the datatype's default (FP32: 1e-4). Give it on rebuild after a comparison failed."
 )
 
+GRAPH_INPUTS_HELP = (
+    "Optional, for a TensorFlow frozen graph (.pb): its input nodes, separated by commas (for example x, keep_prob), "
+    "in place of its Placeholders; a PlaceholderWithDefault named here becomes an input instead of keeping its "
+    "default."
+)
+GRAPH_OUTPUTS_HELP = (
+    "Optional, for a TensorFlow frozen graph (.pb): its output nodes, separated by commas (for example logits), in "
+    "place of its sinks (the nodes nothing else reads)."
+)
+
 ALLOW_DUPLICATE_HELP = (
     "Make a new version even when the file (its SHA-256) already is a live version of the model. Left out or false, "
     "such a file is refused with 409 naming `sha256`, the body's `existing_version` ({id, number, status}) saying "
@@ -159,6 +169,8 @@ class UploadVersionSerializer(serializers.Serializer):
 
     output_dims = serializers.CharField(required=False, allow_blank=True, help_text=OUTPUT_DIMS_HELP)
     tolerance = serializers.CharField(required=False, allow_blank=True, help_text=TOLERANCE_HELP)
+    graph_inputs = serializers.CharField(required=False, allow_blank=True, help_text=GRAPH_INPUTS_HELP)
+    graph_outputs = serializers.CharField(required=False, allow_blank=True, help_text=GRAPH_OUTPUTS_HELP)
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=ALLOW_DUPLICATE_HELP)
@@ -177,6 +189,8 @@ class BuildOptionsSerializer(serializers.Serializer):
     )
     output_dims = serializers.JSONField(required=False, help_text=OUTPUT_DIMS_HELP)
     tolerance = serializers.JSONField(required=False, help_text=TOLERANCE_HELP)
+    graph_inputs = serializers.JSONField(required=False, help_text=GRAPH_INPUTS_HELP)
+    graph_outputs = serializers.JSONField(required=False, help_text=GRAPH_OUTPUTS_HELP)
 
 
 class OptionsCheckSerializer(serializers.Serializer):

@@ -38,7 +38,13 @@ from builds.formats import (
     check_model_head,
     describe_formats,
 )
-from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD
+from builds.model_config import (
+    BUILD_OPTION_FIELDS,
+    GRAPH_INPUTS_FIELD,
+    GRAPH_OUTPUTS_FIELD,
+    OUTPUT_DIMS_FIELD,
+    TOLERANCE_FIELD,
+)
 from builds.services import state as build_state
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
@@ -63,14 +69,6 @@ from models_registry import deletion, services
 from models_registry.storage import get_object_store
 from tenancy.authentication import BearerTokenAuthentication
 
-BUILD_OPTION_FIELDS = (
-    "max_batch_size",
-    "max_queue_delay_microseconds",
-    "preferred_batch_size",
-    "instance_count",
-    OUTPUT_DIMS_FIELD,
-    TOLERANCE_FIELD,
-)
 #: The fields a version upload's form takes besides the build options (Django's form CSRF token included).
 UPLOAD_FORM_FIELDS = ("file", SAMPLE_INPUTS_FIELD, SAMPLE_VALUES_FIELD, "allow_duplicate", "csrfmiddlewaretoken")
 #: The fields a rebuild takes.
@@ -79,6 +77,8 @@ REBUILD_FIELDS = (
     DYNAMIC_BATCHING_FIELD,
     OUTPUT_DIMS_FIELD,
     TOLERANCE_FIELD,
+    GRAPH_INPUTS_FIELD,
+    GRAPH_OUTPUTS_FIELD,
     SAMPLE_INPUTS_FIELD,
     SAMPLE_VALUES_FIELD,
     "csrfmiddlewaretoken",
@@ -319,7 +319,14 @@ class RebuildView(APIView):
             samples = files.get(SAMPLE_INPUTS_FIELD)
             option_keys = [
                 key
-                for key in (*OPTION_NAMES, DYNAMIC_BATCHING_FIELD, OUTPUT_DIMS_FIELD, TOLERANCE_FIELD)
+                for key in (
+                    *OPTION_NAMES,
+                    DYNAMIC_BATCHING_FIELD,
+                    OUTPUT_DIMS_FIELD,
+                    TOLERANCE_FIELD,
+                    GRAPH_INPUTS_FIELD,
+                    GRAPH_OUTPUTS_FIELD,
+                )
                 if key in data
             ]
             version = builds.request_rebuild(

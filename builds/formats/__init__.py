@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from builds.formats.archive import ArchiveFormat, archive_kind
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from builds.formats.keras import KerasFormat
 from builds.formats.lightgbm_text import LightGBMFormat
 from builds.formats.onnx import OnnxFormat, starts_like_onnx
@@ -33,7 +33,9 @@ from conch.errors import InvalidInput
 __all__ = [
     "FORMATS",
     "HEAD_BYTES",
+    "NO_HINTS",
     "Conversion",
+    "ConversionHints",
     "ModelFormat",
     "check_model_filename",
     "check_model_head",

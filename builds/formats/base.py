@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["Conversion", "ModelFormat"]
+__all__ = ["NO_HINTS", "Conversion", "ConversionHints", "ModelFormat"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,37 @@ class Conversion:
         return lines
 
 
+@dataclass(frozen=True)
+class ConversionHints:
+    """What the user said about a model's interface that its file cannot tell (build options), for the formats
+    that take it (`ModelFormat.hint_options`).
+
+    Attributes:
+        inputs: node names to take as the inputs, in place of those discovered (`graph_inputs`); () = discovered.
+        outputs: node names to take as the outputs (`graph_outputs`); () = discovered.
+    """
+
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, list[str]]:
+        """JSON data: {"inputs": [...], "outputs": [...]}."""
+        return {"inputs": list(self.inputs), "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ConversionHints:
+        """Inverse of `to_dict`; None gives no hints."""
+        data = data or {}
+        return cls(inputs=tuple(data.get("inputs") or ()), outputs=tuple(data.get("outputs") or ()))
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs or self.outputs)
+
+
+#: No hints: every format's interface as its file tells it.
+NO_HINTS = ConversionHints()
+
+
 class ModelFormat:
     """One model format Conch accepts. Subclasses set the class attributes and override what their format needs.
 
@@ -80,6 +111,8 @@ class ModelFormat:
         suffixes: file name endings (lower case, with the dot) that may hold it.
         served_as: the Triton backend that serves the packaged model ("onnxruntime").
         converter: the conversion tool, "" when the file is served as uploaded.
+        hint_options: the build options naming the model's interface that this format takes (`ConversionHints`:
+            "graph_inputs", "graph_outputs"); a build of another format given one fails naming it.
         container: whether the file holds other files (an archive) that the build unpacks and tells the format of.
         runs_code: whether loading the file runs code from it (a pickle): only for teams a platform admin allowed,
             and only in the sandbox with its network cut.
@@ -92,6 +125,7 @@ class ModelFormat:
     served_as: ClassVar[str] = "onnxruntime"
     converter: ClassVar[str] = ""
     container: ClassVar[bool] = False
+    hint_options: ClassVar[tuple[str, ...]] = ()
     runs_code: ClassVar[bool] = False
     upload_hint: ClassVar[str] = ""
 
@@ -125,18 +159,21 @@ class ModelFormat:
         """
         return None
 
-    def convert(self, source: Path, target: Path) -> Conversion:
-        """Sandbox child only: convert the file `source` into an ONNX model written to `target`.
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
+        """Sandbox child only: convert the file `source` into an ONNX model written to `target`, with the
+        interface `hints` the user gave (only for a format whose `hint_options` names them).
 
         Raises `conch.errors.InvalidInput` (field "file") with the tool's reason and what to do when the model
         cannot be converted. Formats served as uploaded never have this called.
         """
         raise NotImplementedError(f"{self.key} models are served as uploaded")
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Sandbox child only: run `inputs` (the converted model's input names -> full arrays, batch axis included)
-        through the source framework; return arrays keyed by the converted model's output names, in the shapes the
-        converted model gives them."""
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
+        """Sandbox child only (`hints` as for `convert`): run `inputs` (the converted model's input names -> full
+        arrays, batch axis included) through the source framework; return arrays keyed by the converted model's
+        output names, in the shapes the converted model gives them."""
         raise NotImplementedError(f"{self.key} models are served as uploaded")
 
     def describe(self) -> dict[str, Any]:

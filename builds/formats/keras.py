@@ -24,7 +24,7 @@ from builds.formats._tf import (
     run_tf2onnx,
 )
 from builds.formats._trees import tool_reason
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["KerasFormat"]
@@ -53,7 +53,7 @@ class KerasFormat(ModelFormat):
         # Keras picks its loader by the file's ending
         return "model.h5" if head.startswith(_HDF5_MAGIC) else "model.keras"
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         import tf2onnx
 
         tf = import_tensorflow()
@@ -77,7 +77,9 @@ class KerasFormat(ModelFormat):
         target.write_bytes(converted.SerializeToString())
         return conversion_report(converted, started=started, notes=notes)
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         tf = import_tensorflow()
         model = _load(source)
         names = [_input_name(tensor, index) for index, tensor in enumerate(model.inputs)]

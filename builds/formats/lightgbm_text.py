@@ -23,7 +23,7 @@ from builds.formats._trees import (
     package_version,
     tool_reason,
 )
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["LightGBMFormat"]
@@ -47,7 +47,7 @@ class LightGBMFormat(ModelFormat):
     def matches_head(self, head: bytes) -> bool:
         return head.startswith((_HEAD, _HEAD_CRLF))
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         import onnxmltools
         from onnxmltools.convert.common.data_types import FloatTensorType
 
@@ -87,7 +87,9 @@ class LightGBMFormat(ModelFormat):
             seconds=seconds,
         )
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         booster = _load(source)
         objective, classes = _objective(source)
         rows = np.asarray(inputs[INPUT_NAME], dtype=np.float32)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from builds.formats._trees import INPUT_NAME, declare_batch_axis, onnx_opsets, package_version, tool_reason
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["SklearnPickleFormat"]
@@ -44,7 +44,7 @@ class SklearnPickleFormat(ModelFormat):
     def matches_head(self, head: bytes) -> bool:
         return len(head) >= 2 and head[0] == 0x80 and head[1] in _PROTOCOLS
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         from skl2onnx import to_onnx
         from skl2onnx.common.data_types import FloatTensorType
         from sklearn.base import is_classifier
@@ -83,7 +83,9 @@ class SklearnPickleFormat(ModelFormat):
             seconds=seconds,
         )
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         from sklearn.base import is_classifier
 
         model = _load(source)

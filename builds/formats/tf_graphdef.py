@@ -27,7 +27,7 @@ from builds.formats._tf import (
     strip_port,
 )
 from builds.formats._trees import tool_reason
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["GraphDefFormat", "graph_interface"]
@@ -70,6 +70,7 @@ class GraphDefFormat(ModelFormat):
     title: ClassVar[str] = "TensorFlow frozen graph (GraphDef)"
     suffixes: ClassVar[tuple[str, ...]] = (".pb",)
     converter: ClassVar[str] = "tf2onnx"
+    hint_options: ClassVar[tuple[str, ...]] = ("graph_inputs", "graph_outputs")
     upload_hint: ClassVar[str] = (
         "a frozen GraphDef (.pb: variables folded into constants, as convert_variables_to_constants_v2 writes)"
     )
@@ -91,12 +92,12 @@ class GraphDefFormat(ModelFormat):
     def local_name(self, head: bytes) -> str:
         return "model.pb"
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         import tf2onnx
 
         graph_def = _read(source)
-        inputs, outputs, defaults = graph_interface(graph_def)
-        _fold_defaults(graph_def, defaults)
+        inputs, outputs, defaults = graph_interface(graph_def, hints)
+        _fold_defaults(graph_def, defaults, inputs)
         started = time.monotonic()
         model, _ = run_tf2onnx(
             self.title,
@@ -110,9 +111,13 @@ class GraphDefFormat(ModelFormat):
         renamed = rename_tensors(
             model, {value.name: strip_port(value.name) for value in (*model.graph.input, *model.graph.output)}
         )
+        told_inputs = "the nodes graph_inputs names" if hints.inputs else "the Placeholder nodes"
+        told_outputs = (
+            "the nodes graph_outputs names" if hints.outputs else "the graph's sinks (nodes nothing else reads)"
+        )
         notes = [
-            f"inputs: the Placeholder nodes {', '.join(inputs)}",
-            f"outputs: the graph's sinks (nodes nothing else reads) {', '.join(outputs)}",
+            f"inputs: {told_inputs} {', '.join(inputs)}",
+            f"outputs: {told_outputs} {', '.join(outputs)}",
             *(f"PlaceholderWithDefault {name!r}: its default value is used (it is not an input)" for name in defaults),
             *renamed,
         ]
@@ -121,11 +126,13 @@ class GraphDefFormat(ModelFormat):
         target.write_bytes(model.SerializeToString())
         return conversion_report(model, started=started, notes=notes)
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         tf = import_tensorflow()
         graph_def = _read(source)
-        _, outputs, defaults = graph_interface(graph_def)
-        _fold_defaults(graph_def, defaults)
+        inputs_used, outputs, defaults = graph_interface(graph_def, hints)
+        _fold_defaults(graph_def, defaults, inputs_used)
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
@@ -136,13 +143,56 @@ class GraphDefFormat(ModelFormat):
         return {name: np.asarray(value) for name, value in zip(outputs, values, strict=True)}
 
 
-def graph_interface(graph_def: Any) -> tuple[list[str], list[str], list[str]]:
-    """A GraphDef's inputs (Placeholder node names), outputs (sink node names) and PlaceholderWithDefault names,
-    each in graph order. Raises InvalidInput (field "file") for a graph without a Placeholder or without a sink."""
+def graph_interface(graph_def: Any, hints: ConversionHints = NO_HINTS) -> tuple[list[str], list[str], list[str]]:
+    """A GraphDef's inputs, outputs and the PlaceholderWithDefault nodes that keep their default, each in graph order.
+
+    Discovered: the inputs are the Placeholder nodes, the outputs the sinks (nodes whose outputs no node reads). The
+    user's `hints` replace either: `hints.inputs` must name every Placeholder (a graph cannot run without a value
+    for one) and may name PlaceholderWithDefault nodes, which then become inputs; `hints.outputs` may name any node.
+    Raises InvalidInput (field "file") for a graph without a Placeholder or a sink, or that still holds variables;
+    (field "graph_inputs"/"graph_outputs") for a hint naming no such node, naming what the graph has instead.
+    """
+    nodes = {node.name: node for node in graph_def.node}
     read = {strip_port(name.lstrip("^")).split(":", 1)[0] for node in graph_def.node for name in node.input}
-    inputs = [node.name for node in graph_def.node if node.op == "Placeholder"]
-    defaults = [node.name for node in graph_def.node if node.op == "PlaceholderWithDefault"]
-    outputs = [node.name for node in graph_def.node if node.name not in read and node.op not in _NOT_OUTPUTS]
+    placeholders = [node.name for node in graph_def.node if node.op == "Placeholder"]
+    with_default = [node.name for node in graph_def.node if node.op == "PlaceholderWithDefault"]
+    sinks = [node.name for node in graph_def.node if node.name not in read and node.op not in _NOT_OUTPUTS]
+    if any(node.op in ("VarHandleOp", "VariableV2") for node in graph_def.node):
+        raise InvalidInput(
+            "This graph still holds variables: it is not frozen, so its weights are not in the file. Freeze it "
+            "(tf.python.framework.convert_to_constants.convert_variables_to_constants_v2) or upload the "
+            "SavedModel folder as a zip instead.",
+            field="file",
+        )
+    inputs = placeholders
+    if hints.inputs:
+        for name in hints.inputs:
+            if name not in nodes or nodes[name].op not in ("Placeholder", "PlaceholderWithDefault"):
+                what = f"a {nodes[name].op} node" if name in nodes else "no node of the graph"
+                raise InvalidInput(
+                    f"graph_inputs names {name!r}, which is {what}; an input must be a Placeholder or a "
+                    f"PlaceholderWithDefault. The graph has {_listed('Placeholder', placeholders)} and "
+                    f"{_listed('PlaceholderWithDefault', with_default)}.",
+                    field="graph_inputs",
+                )
+        left_out = [name for name in placeholders if name not in hints.inputs]
+        if left_out:
+            raise InvalidInput(
+                f"graph_inputs leaves out the Placeholder {left_out[0]!r}, which the graph cannot run without a "
+                "value for: name it too.",
+                field="graph_inputs",
+            )
+        inputs = [name for name in nodes if name in hints.inputs]
+    outputs = sinks
+    if hints.outputs:
+        unknown = [name for name in hints.outputs if name not in nodes]
+        if unknown:
+            raise InvalidInput(
+                f"graph_outputs names {unknown[0]!r}, which is no node of the graph. Its sinks (nodes nothing else "
+                f"reads) are {', '.join(sinks) or 'none'}.",
+                field="graph_outputs",
+            )
+        outputs = list(hints.outputs)
     if not inputs:
         raise InvalidInput(
             "This frozen graph has no Placeholder node, so it takes no input. Freeze the graph with its inputs as "
@@ -152,18 +202,15 @@ def graph_interface(graph_def: Any) -> tuple[list[str], list[str], list[str]]:
         )
     if not outputs:
         raise InvalidInput(
-            "This frozen graph has no output: every node's result is read by another node. Freeze the graph of "
-            "the function that computes the model's outputs and upload it again.",
+            "This frozen graph has no output: every node's result is read by another node. Name its outputs with "
+            "the graph_outputs build option, or freeze the graph of the function that computes them.",
             field="file",
         )
-    if any(node.op in ("VarHandleOp", "VariableV2") for node in graph_def.node):
-        raise InvalidInput(
-            "This graph still holds variables: it is not frozen, so its weights are not in the file. Freeze it "
-            "(tf.python.framework.convert_to_constants.convert_variables_to_constants_v2) or upload the "
-            "SavedModel folder as a zip instead.",
-            field="file",
-        )
-    return inputs, outputs, defaults
+    return inputs, outputs, [name for name in with_default if name not in inputs]
+
+
+def _listed(op: str, names: list[str]) -> str:
+    return f"the {op} nodes {', '.join(names)}" if names else f"no {op} node"
 
 
 def _read(source: Path) -> Any:
@@ -180,11 +227,15 @@ def _read(source: Path) -> Any:
     return graph_def
 
 
-def _fold_defaults(graph_def: Any, names: list[str]) -> None:
-    """Turn each PlaceholderWithDefault in `names` into an Identity of its default (tf2onnx's `use_default`)."""
-    wanted = set(names)
+def _fold_defaults(graph_def: Any, defaults: list[str], inputs: list[str]) -> None:
+    """Turn each PlaceholderWithDefault in `defaults` into an Identity of its default (tf2onnx's `use_default`), and
+    each one in `inputs` into a Placeholder (tf2onnx's `ignore_default`)."""
+    wanted, fed = set(defaults), set(inputs)
     for node in graph_def.node:
-        if node.name in wanted:
+        if node.name in fed and node.op == "PlaceholderWithDefault":
+            node.op = "Placeholder"
+            del node.input[:]
+        elif node.name in wanted:
             node.op = "Identity"
             node.attr["T"].CopyFrom(node.attr["dtype"])
             for attribute in ("dtype", "shape"):

@@ -23,7 +23,7 @@ from builds.formats._tf import (
     run_tf2onnx,
 )
 from builds.formats._trees import tool_reason
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["SavedModelFormat"]
@@ -60,7 +60,7 @@ class SavedModelFormat(ModelFormat):
             )
         return (folder / roots[0]) if roots else None
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         import tf2onnx
 
         signature, inputs, outputs = _signature(source)
@@ -88,7 +88,9 @@ class SavedModelFormat(ModelFormat):
         target.write_bytes(model.SerializeToString())
         return conversion_report(model, started=started, notes=notes)
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         tf = import_tensorflow()
         signature, _, _ = _signature(source)
         function = tf.saved_model.load(str(source)).signatures[signature]

@@ -24,7 +24,7 @@ from builds.formats._tf import (
     strip_port,
 )
 from builds.formats._trees import tool_reason
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["TFLiteFormat"]
@@ -45,7 +45,7 @@ class TFLiteFormat(ModelFormat):
     def local_name(self, head: bytes) -> str:
         return "model.tflite"
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         import tf2onnx
 
         names = _signature_names(source)
@@ -64,7 +64,9 @@ class TFLiteFormat(ModelFormat):
         target.write_bytes(model.SerializeToString())
         return conversion_report(model, started=started, notes=notes)
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         interpreter = _interpreter(source)
         names = _signature_names(source)
         by_name = {names.get(d["name"], strip_port(d["name"])): d for d in interpreter.get_input_details()}

@@ -25,7 +25,7 @@ from builds.formats._trees import (
     package_version,
     tool_reason,
 )
-from builds.formats.base import Conversion, ModelFormat
+from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["XGBoostFormat"]
@@ -52,7 +52,7 @@ class XGBoostFormat(ModelFormat):
         # XGBoost tells JSON from UBJSON by the file's ending.
         return "source.json" if _JSON_HEAD.match(head) else "source.ubj"
 
-    def convert(self, source: Path, target: Path) -> Conversion:
+    def convert(self, source: Path, target: Path, hints: ConversionHints = NO_HINTS) -> Conversion:
         import onnxmltools
         from onnxmltools.convert.common.data_types import FloatTensorType
 
@@ -93,7 +93,9 @@ class XGBoostFormat(ModelFormat):
             seconds=seconds,
         )
 
-    def run_source(self, source: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
         import xgboost
 
         booster = _load(source)

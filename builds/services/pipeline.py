@@ -22,13 +22,20 @@ from builds.conversion import convert_in_sandbox, run_source_in_sandbox
 from builds.formats import (
     HEAD_BYTES,
     Conversion,
+    ConversionHints,
     ModelFormat,
     check_format_allowed,
     detect_format,
     find_model_in_folder,
 )
 from builds.inspection import ModelSignature
-from builds.model_config import build_model_config, parse_build_options
+from builds.model_config import (
+    GRAPH_INPUTS_FIELD,
+    GRAPH_OUTPUTS_FIELD,
+    BuildOptions,
+    build_model_config,
+    parse_build_options,
+)
 from builds.models import Build, BuildStep
 from builds.packaging import describe_packaging, package_external_data, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
@@ -210,12 +217,13 @@ def _run_claimed_build(build: Build) -> str:
                 if unpacked:
                     model_format, source = _unpack(source, work / "unpacked", say)
                     check_format_allowed(model_format, team=version.model.team)
+                hints = _conversion_hints(model_format, parse_build_options(build.options))
                 conversion: Conversion | None = None
                 if model_format.converted:
                     local = work / "model.onnx"
                     say(f"converting to ONNX with {model_format.converter} in the sandbox")
                     started = time.monotonic()
-                    conversion = convert_in_sandbox(model_format, source, local)
+                    conversion = convert_in_sandbox(model_format, source, local, hints=hints)
                     sandbox_seconds = time.monotonic() - started
                     for line in conversion.describe():
                         say(line)
@@ -286,7 +294,7 @@ def _run_claimed_build(build: Build) -> str:
                     scratch=scratch_server,
                     source_file=local,
                     source_key=copy_key,
-                    reference=_reference(model_format, source, build, conversion, sandbox_seconds),
+                    reference=_reference(model_format, source, build, conversion, sandbox_seconds, hints),
                 )
                 stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
                 if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
@@ -338,6 +346,21 @@ def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat
     return model_format, source
 
 
+def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> ConversionHints:
+    """The interface hints the build options give (`graph_inputs`, `graph_outputs`). Raises InvalidInput naming the
+    option when it is given for a format that takes none (`ModelFormat.hint_options`)."""
+    given = {GRAPH_INPUTS_FIELD: options.graph_inputs, GRAPH_OUTPUTS_FIELD: options.graph_outputs}
+    for field, value in given.items():
+        if value and field not in model_format.hint_options:
+            raise InvalidInput(
+                f"{field} names the nodes of a TensorFlow frozen graph (.pb), but this model is "
+                f"{'an' if model_format.title[:1] in 'AEIOX' else 'a'} {model_format.title}, whose file says its "
+                "inputs and outputs itself. Leave it empty and rebuild.",
+                field=field,
+            )
+    return ConversionHints(inputs=options.graph_inputs or (), outputs=options.graph_outputs or ())
+
+
 def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Path]:
     """Unpack the uploaded archive into `folder` in the sandbox (`builds.archives`, with its caps); return the format
     of the model it holds and its entry (`builds.formats.find_model_in_folder`). Raises InvalidInput (field "file")
@@ -359,7 +382,12 @@ def _external_data_bytes(model_file: Path, signature: ModelSignature) -> int:
 
 
 def _reference(
-    model_format: ModelFormat, source: Path, build: Build, conversion: Conversion | None, wall_seconds: float
+    model_format: ModelFormat,
+    source: Path,
+    build: Build,
+    conversion: Conversion | None,
+    wall_seconds: float,
+    hints: ConversionHints,
 ) -> SourceReference | None:
     """How verify runs the source framework and records the comparison, for a converted model (None otherwise).
 
@@ -376,7 +404,7 @@ def _reference(
 
     return SourceReference(
         title=model_format.title,
-        run=lambda inputs: run_source_in_sandbox(model_format, source, inputs),
+        run=lambda inputs: run_source_in_sandbox(model_format, source, inputs, hints=hints),
         record=record,
     )
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from builds.choices import StepName
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
 from builds.model_config import (
+    GRAPH_INPUTS_FIELD,
+    GRAPH_OUTPUTS_FIELD,
     OUTPUT_DIMS_FIELD,
     TOLERANCE_FIELD,
     BuildOptions,
@@ -77,15 +79,17 @@ class OptionsCheck:
 def option_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The option fields of a form or JSON body, with the dynamic batching switch turned into max_batch_size 0.
 
-    `output_dims` (outputs' shapes in place of the declared ones) and `tolerance` (a converted model's comparison
-    tolerance) are kept as given. `dynamic_batching` off ("off",
-    "false", "0", False) means max_batch_size 0, as Triton has it (Triton "Model
+    `output_dims` (outputs' shapes in place of the declared ones), `tolerance` (a converted model's comparison
+    tolerance), `graph_inputs` and `graph_outputs` (a frozen graph's nodes) are kept as given.
+    `dynamic_batching` off ("off", "false", "0", False) means max_batch_size 0, as Triton has it (Triton "Model
     Configuration" -> "Maximum Batch Size": 0 turns batching, and so the dynamic batcher, off). Other keys are left
     out.
     """
     chosen = {name: fields.get(name) for name in OPTION_NAMES}
     chosen[OUTPUT_DIMS_FIELD] = fields.get(OUTPUT_DIMS_FIELD)
     chosen[TOLERANCE_FIELD] = fields.get(TOLERANCE_FIELD)
+    chosen[GRAPH_INPUTS_FIELD] = fields.get(GRAPH_INPUTS_FIELD)
+    chosen[GRAPH_OUTPUTS_FIELD] = fields.get(GRAPH_OUTPUTS_FIELD)
     switch = fields.get(DYNAMIC_BATCHING_FIELD)
     if switch is not None and str(switch).strip().lower() in ("off", "false", "0", "no"):
         chosen["max_batch_size"] = 0
@@ -154,7 +158,8 @@ def built_option_values(version: ModelVersion) -> dict[str, str]:
 
 def current_option_values(version: ModelVersion) -> dict[str, Any]:
     """The version's build options as a form shows them (None: the model's default), preferred sizes as "4, 8",
-    output_dims as "387=-1,1,8210; other=1,4", tolerance as its number."""
+    output_dims as "387=-1,1,8210; other=1,4", tolerance as its number, graph_inputs/graph_outputs as "x, y" (for a
+    frozen graph without them, the nodes its last build discovered)."""
     stored = state.current_options(version)
     values = {name: stored.get(name) for name in OPTION_NAMES}
     if values["preferred_batch_size"]:
@@ -164,6 +169,14 @@ def current_option_values(version: ModelVersion) -> dict[str, Any]:
         "; ".join(f"{name}={','.join(str(d) for d in dims)}" for name, dims in given.items()) if given else None
     )
     values[TOLERANCE_FIELD] = stored.get(TOLERANCE_FIELD)
+    # A frozen graph's nodes: as given, else the guess the last build made (its signature's names), pre-filled
+    build = state.current_build(version)
+    signature = version.signature or {}
+    for option, role in ((GRAPH_INPUTS_FIELD, "inputs"), (GRAPH_OUTPUTS_FIELD, "outputs")):
+        given_nodes = stored.get(option)
+        if not given_nodes and build is not None and build.source_format == "tf_graphdef":
+            given_nodes = [tensor["name"] for tensor in signature.get(role) or ()]
+        values[option] = ", ".join(given_nodes) if given_nodes else None
     return values
 
 

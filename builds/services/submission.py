@@ -12,7 +12,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD, parse_build_options
+from builds.model_config import (
+    GRAPH_INPUTS_FIELD,
+    GRAPH_OUTPUTS_FIELD,
+    OUTPUT_DIMS_FIELD,
+    TOLERANCE_FIELD,
+    parse_build_options,
+)
 from builds.services import state
 from builds.services.review import check_build_options
 from builds.verification import check_sample_archive, parse_sample_values
@@ -136,6 +142,8 @@ def request_rebuild(
             raise InvalidInput(first["detail"], field=first["field"])
         build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
         build_options.pop(TOLERANCE_FIELD, None)  # left out, the datatypes' default tolerances apply again
+        build_options.pop(GRAPH_INPUTS_FIELD, None)  # left out, a frozen graph's interface is discovered again
+        build_options.pop(GRAPH_OUTPUTS_FIELD, None)
         if check.options is not None:  # set whenever check.ok
             build_options.update(check.options.to_dict())
     previous = build_options.get("samples") or {}

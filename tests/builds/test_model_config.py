@@ -802,3 +802,39 @@ def test_config_from_pbtxt_rejects_invalid_text():
     assert caught.value.field == "config"
     assert caught.value.detail.startswith("This is not a valid Triton model configuration: 2:1 :")
     assert "max_batch_sise" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [
+        ("x, keep_prob", ("x", "keep_prob")),
+        ("logits:0 model/dense/BiasAdd", ("logits", "model/dense/BiasAdd")),
+        (["a", "b"], ("a", "b")),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_graph_node_options_take_names_separated_by_commas_or_spaces(raw, parsed):
+    from builds.model_config import parse_build_options
+
+    assert parse_build_options({"graph_outputs": raw}).graph_outputs == parsed
+    options = parse_build_options({"graph_inputs": raw})
+    assert options.graph_inputs == parsed
+    assert ("graph_inputs" in options.to_dict()) is (parsed is not None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("x, _hidden", "graph_inputs: '_hidden' is not a TensorFlow node name"),
+        ("x x", "graph_inputs names 'x' twice"),
+        (",".join(f"n{i}" for i in range(65)), "graph_inputs names 65 nodes; at most 64"),
+        (7, "graph_inputs must be node names separated by commas"),
+    ],
+)
+def test_graph_node_options_refuse_what_is_no_node_name(raw, says):
+    from builds.model_config import parse_build_options
+
+    with pytest.raises(InvalidInput) as raised:
+        parse_build_options({"graph_inputs": raw})
+    assert raised.value.field == "graph_inputs" and raised.value.detail.startswith(says)

@@ -11,6 +11,8 @@ import zipfile
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+from django.urls import reverse
 
 from devtools import tf_models
 from tests import real_models
@@ -19,12 +21,13 @@ from tritonserving.config import config_from_pbtxt
 pytestmark = [pytest.mark.django_db, pytest.mark.e2e]
 
 
-def _upload(caller, capture, name: str, filename: str, data: bytes) -> dict:
+def _upload(caller, capture, name: str, filename: str, data: bytes, **fields) -> dict:
     response = caller.client.post("/api/v1/models/", {"name": name, "team": caller.team.slug}, format="json")
     assert response.status_code == 201, response.content
     with capture(execute=True):
         response = caller.client.post(
-            f"/api/v1/models/{response.json()['id']}/versions/", {"file": SimpleUploadedFile(filename, data)}
+            f"/api/v1/models/{response.json()['id']}/versions/",
+            {"file": SimpleUploadedFile(filename, data), **fields},
         )
     assert response.status_code in (201, 202), response.content
     return caller.client.get(f"/api/v1/versions/{response.json()['id']}/").json()
@@ -94,6 +97,56 @@ def test_a_frozen_graph_s_inputs_and_outputs_are_discovered_and_its_default_kept
     assert "assumed: inputs: the Placeholder nodes x" in inspect
     assert "assumed: outputs: the graph's sinks (nodes nothing else reads) Identity" in inspect
     assert "assumed: PlaceholderWithDefault 'temperature': its default value is used (it is not an input)" in inspect
+    # and the wizard's build page asks for the graph's nodes, the guess pre-filled
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(reverse("console:wizard:build", kwargs={"version_id": version["id"]})).content.decode()
+    assert 'name="graph_inputs" value="x"' in page and 'name="graph_outputs" value="Identity"' in page
+
+
+def test_a_frozen_graph_s_outputs_can_be_named_on_upload(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given the frozen graph, uploaded with its inner node `logits` named as an output beside its sink
+    data = tf_models.frozen_graph(tmp_path / "frozen.pb").read_bytes()
+    version = _upload(
+        alice, django_capture_on_commit_callbacks, "frozen", "frozen.pb", data, graph_outputs="logits, Identity"
+    )
+    # then both are served and each is compared with TensorFlow's
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    assert "assumed: outputs: the nodes graph_outputs names logits, Identity" in _log(build, "inspect")
+    rows = {row["output"]: row for row in build["conversion"]["comparison"]}
+    assert set(rows) == {"logits", "Identity"} and all(row["ok"] for row in rows.values())
+    assert build["options"]["graph_outputs"] == ["logits", "Identity"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"graph_inputs": "temperature"}, "graph_inputs", "graph_inputs leaves out the Placeholder 'x'"),
+        ({"graph_inputs": "x, logits"}, "graph_inputs", "graph_inputs names 'logits', which is a Identity node"),
+        ({"graph_outputs": "nope"}, "graph_outputs", "graph_outputs names 'nope', which is no node of the graph. Its"),
+    ],
+)
+def test_graph_nodes_that_do_not_fit_the_graph_fail_the_build_naming_the_option(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, fields, field, says
+):
+    data = tf_models.frozen_graph(tmp_path / "frozen.pb").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "frozen", "frozen.pb", data, **fields)
+    assert version["status"] == "failed" and version["error_field"] == field
+    assert version["error"].startswith(says), version["error"]
+
+
+def test_graph_nodes_given_for_another_format_fail_its_build_naming_the_option(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    data = tf_models.keras_model(tmp_path / "classifier.keras").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "k", "classifier.keras", data, graph_inputs="x")
+    assert version["status"] == "failed" and version["error_field"] == "graph_inputs"
+    assert version["error"].startswith(
+        "graph_inputs names the nodes of a TensorFlow frozen graph (.pb), but this model is a Keras model"
+    )
 
 
 def test_a_tflite_model_is_served_under_its_signature_names(

@@ -38,7 +38,7 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from builds.formats import check_format_allowed, check_model_filename, check_model_head
-from builds.model_config import OUTPUT_DIMS_FIELD, TOLERANCE_FIELD, parse_build_options
+from builds.model_config import BUILD_OPTION_FIELDS, parse_build_options
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from conch.limits import describe_bytes
 from models_registry.services import lock_model, refuse_duplicate_version
@@ -59,14 +59,7 @@ log = logging.getLogger(__name__)
 OPEN_STATUSES = (UploadStatus.UPLOADING, UploadStatus.COMPLETING)
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 #: Build option names a resumable upload takes in `build_options` (as the version upload's form fields).
-BUILD_OPTION_NAMES = (
-    "max_batch_size",
-    "max_queue_delay_microseconds",
-    "preferred_batch_size",
-    "instance_count",
-    OUTPUT_DIMS_FIELD,
-    TOLERANCE_FIELD,
-)
+BUILD_OPTION_NAMES = BUILD_OPTION_FIELDS
 
 
 def upload_key(*, model_id: int, upload_id: uuid.UUID | str) -> str:

@@ -45,7 +45,8 @@ EXIT_CODES_HELP = (
 #: Build options `conch upload --build-option` takes (the upload API's `build_options`).
 #: `output_dims` gives outputs' full shapes in place of those the model file declares: -o output_dims=NAME=-1,1,8210
 #: (several outputs separated by ';'). `tolerance` is the comparison tolerance of a converted model's floating outputs
-#: (-o tolerance=0.001).
+#: (-o tolerance=0.001). `graph_inputs`/`graph_outputs` name a TensorFlow frozen graph's nodes
+#: (-o graph_outputs=logits,embedding).
 BUILD_OPTIONS = (
     "max_batch_size",
     "max_queue_delay_microseconds",
@@ -53,6 +54,8 @@ BUILD_OPTIONS = (
     "instance_count",
     "output_dims",
     "tolerance",
+    "graph_inputs",
+    "graph_outputs",
 )
 RUNTIMES = ("local", "kubernetes")
 #: Parts `conch upload` sends at once by default. Four 16 MiB parts keep a link busy; more add contention where the
