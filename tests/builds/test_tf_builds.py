@@ -171,14 +171,15 @@ def test_a_real_streaming_tflite_model_fails_its_build_saying_why_and_what_to_do
     assert "Export the model without streaming state" in version["error"]
 
 
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
 def test_a_keras_model_with_a_lambda_layer_is_refused_without_running_its_code(
-    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, suffix
 ):
     tf = tf_models._tf()
     features = tf.keras.Input((5,), name="features")
     doubled = tf.keras.layers.Lambda(lambda x: x * 2.0, name="double")(features)
-    tf.keras.Model(features, doubled).save(tmp_path / "lambda.keras")
-    data = (tmp_path / "lambda.keras").read_bytes()
-    version = _upload(alice, django_capture_on_commit_callbacks, "lam", "lambda.keras", data)
+    tf.keras.Model(features, doubled).save(tmp_path / f"lambda{suffix}")
+    data = (tmp_path / f"lambda{suffix}").read_bytes()
+    version = _upload(alice, django_capture_on_commit_callbacks, "lam", f"lambda{suffix}", data)
     assert version["status"] == "failed" and version["error_field"] == "file"
     assert version["error"].startswith("This Keras model holds a Lambda layer, whose Python code Conch does not run")
