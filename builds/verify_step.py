@@ -292,7 +292,8 @@ def _verify_configuration(
             raise InvalidInput(
                 f"max_batch_size {options.max_batch_size} was asked for, but batching is not safe for this model: "
                 f"{problem}. Joining requests would change their results. Upload the model again with "
-                "max_batch_size empty or 0 to serve it one request per run.",
+                "max_batch_size empty or 0 (in config.pbtxt, for a Triton model repository) to serve it one "
+                "request per run.",
                 field="max_batch_size",
             )
     return _run_alone(run, say, config, signature, samples, version.pk, settle)

@@ -7,7 +7,7 @@ import unicodedata
 
 from conch.errors import InvalidInput
 
-__all__ = ["MODEL_NAME_MAX_LENGTH", "validate_model_name"]
+__all__ = ["MODEL_NAME_MAX_LENGTH", "suggest_model_name", "validate_model_name"]
 
 _NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 #: A DNS label's limit (RFC 1123), which Kubernetes object names and label values share.
@@ -35,7 +35,17 @@ def validate_model_name(name: str, *, what: str = "model") -> None:
     if len(name) <= _NAME_MAX_LENGTH and _NAME_RE.fullmatch(name):
         return
     problem = f"it is {len(name)} characters long" if len(name) > _NAME_MAX_LENGTH else "it does not fit"
+    suggestion = suggest_model_name(name)
+    hint = f" For example: {suggestion!r}." if suggestion else ""
+    raise InvalidInput(f"{name!r} is not a valid {what} name ({problem}): {rule}.{hint}", field="name")
+
+
+def suggest_model_name(name: str) -> str:
+    """The valid model name closest to `name` (`validate_model_name`'s rule): accents dropped, lower case, every run
+    of other characters one hyphen, cut to 63 characters ("Text_Detection v2" -> "text-detection-v2"); `name`
+    itself when valid; "" when nothing of it is left."""
+    if len(name) <= _NAME_MAX_LENGTH and _NAME_RE.fullmatch(name):
+        return name
     ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
     suggestion = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:_NAME_MAX_LENGTH].strip("-")
-    hint = f" For example: {suggestion!r}." if suggestion and _NAME_RE.fullmatch(suggestion) else ""
-    raise InvalidInput(f"{name!r} is not a valid {what} name ({problem}): {rule}.{hint}", field="name")
+    return suggestion if suggestion and _NAME_RE.fullmatch(suggestion) else ""

@@ -145,6 +145,12 @@ def open_version_source(*, version: ModelVersion) -> BinaryIO:
     return store.open_reader(version.source_key)
 
 
+def model_named(*, team_slug: str, name: str) -> RegisteredModel | None:
+    """The model named `name` in team `team_slug`, or None. For services acting for a user whose role they check
+    next (no visibility check here)."""
+    return RegisteredModel.objects.filter(team__slug=team_slug, name=name).select_related("team").first()
+
+
 def create_model(*, user: User, team_slug: str, name: str, token: TokenGrant | None = None) -> RegisteredModel:
     """Register a model name in a team (the developer role and, with a token, the `models:write` scope).
 

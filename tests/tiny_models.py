@@ -94,3 +94,17 @@ def batched_wrong_declared_output(path: Path) -> Path:
         [one, zero],
     )
     return _save(graph, path)
+
+
+def doubler(path: Path, shape: tuple[int | str, ...] = ("batch", 4), input_name: str = "x") -> Path:
+    """Write y = 2 * x: input `input_name` FP32 of `shape` (a str is a dynamic axis), output y FP32 of the same shape;
+    returns `path`. Batchable along a dynamic axis 0 (each row's outputs are its own)."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", [input_name, "two"], ["y"])],
+        "doubler",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        [two],
+    )
+    return _save(graph, path)

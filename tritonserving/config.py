@@ -23,6 +23,7 @@ __all__ = [
     "config_from_pbtxt",
     "config_to_json",
     "datatype_name",
+    "datatype_value",
     "config_to_pbtxt",
     "same_apart_from_versions",
     "serving_versions",
@@ -39,6 +40,12 @@ def datatype_name(data_type: int) -> str:
     Configuration" -> "Datatypes"). Raises ValueError for an unknown value."""
     name = str(model_config_pb2.DataType.Name(data_type)).removeprefix("TYPE_")
     return "BYTES" if name == "STRING" else name
+
+
+def datatype_value(name: str) -> int:
+    """Inverse of `datatype_name`: the `data_type` enum value of a Triton datatype name ("FP32" -> TYPE_FP32,
+    "BYTES" -> TYPE_STRING). Raises ValueError for an unknown name."""
+    return int(model_config_pb2.DataType.Value("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"))
 
 
 def config_to_pbtxt(config: ModelConfig) -> str:

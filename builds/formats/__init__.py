@@ -27,6 +27,7 @@ from builds.formats.sklearn_pickle import SklearnPickleFormat
 from builds.formats.tf_graphdef import GraphDefFormat
 from builds.formats.tf_savedmodel import SavedModelFormat
 from builds.formats.tflite import TFLiteFormat
+from builds.formats.triton_repository import TritonRepositoryFormat
 from builds.formats.xgboost_model import XGBoostFormat
 from conch.errors import InvalidInput
 
@@ -60,7 +61,13 @@ FORMATS: tuple[ModelFormat, ...] = (
     SavedModelFormat(),
     GraphDefFormat(),
     TFLiteFormat(),
+    TritonRepositoryFormat(),
     ArchiveFormat(),
+)
+#: The formats that may claim an unpacked archive's folder, in the order they are asked: a Triton model repository
+#: first, since its config.pbtxt says how the model files beside it are served.
+_FOLDER_FORMATS: tuple[ModelFormat, ...] = tuple(
+    sorted((f for f in FORMATS if not f.container), key=lambda f: not isinstance(f, TritonRepositoryFormat))
 )
 #: How many first bytes `check_model_head` wants to tell a format (and to name a foreign one).
 HEAD_BYTES = 512
@@ -189,15 +196,14 @@ def find_model_in_folder(folder: Path, files: Sequence[str]) -> tuple[ModelForma
     """The model an unpacked archive holds: its format and its entry (a file or a folder under `folder`).
 
     `files` are the regular files' names in `folder` (relative, "/"-separated; `builds.archives.UnpackedArchive`).
-    A format that arrives as several files claims the folder first (`ModelFormat.find_in_folder`: an ONNX model
-    with its external data); otherwise an archive of one file holds that file, told by its name and first bytes.
+    A format that arrives as several files claims the folder first (`ModelFormat.find_in_folder`: a Triton model
+    repository before all, then an ONNX model with its external data, a SavedModel); otherwise an archive of one
+    file holds that file, told by its name and first bytes.
     Raises InvalidInput (field "file") for an archive inside the archive, for several models, and for a folder
-    that holds no model Conch builds, naming what it found (a TensorFlow SavedModel, a Triton model repository, a
-    TorchScript zip…) and what to upload instead.
+    that holds no model Conch builds, naming what it found (a SavedModel saved as text, a TorchScript zip…) and
+    what to upload instead.
     """
-    for candidate in FORMATS:
-        if candidate.container:
-            continue
+    for candidate in _FOLDER_FORMATS:
         entry = candidate.find_in_folder(folder, files)
         if entry is not None:
             return candidate, entry
@@ -229,11 +235,6 @@ def _what_the_folder_is(files: Sequence[str]) -> str:
         return (
             ": it looks like a TensorFlow SavedModel saved as text (saved_model.pbtxt). Save it again with "
             "tf.saved_model.save, which writes the binary saved_model.pb, and upload that folder"
-        )
-    if "config.pbtxt" in names:
-        return (
-            ": it looks like a Triton model repository. Upload each model's ONNX file (<model>/<version>/model.onnx) "
-            "as a version of its own"
         )
     if "data.pkl" in names or "constants.pkl" in names:
         return (

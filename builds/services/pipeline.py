@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
@@ -28,10 +28,21 @@ from builds.formats import (
     detect_format,
     find_model_in_folder,
 )
+from builds.formats.triton_repository import (
+    CONFIGURATION_OPTIONS,
+    RepositoryModel,
+    TritonRepositoryFormat,
+    check_served,
+    configure_imported,
+    pick_model,
+    read_repository,
+    refuse_configuration_options,
+)
 from builds.inspection import ModelSignature
 from builds.model_config import (
     GRAPH_INPUTS_FIELD,
     GRAPH_OUTPUTS_FIELD,
+    MODEL_FILENAME,
     BuildOptions,
     build_model_config,
     parse_build_options,
@@ -40,6 +51,7 @@ from builds.models import Build, BuildStep
 from builds.packaging import describe_packaging, package_external_data, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.services import state
+from builds.services.repositories import register_repository_models
 from builds.services.storage import (
     discard_attempt_repositories,
     record_repository_size,
@@ -51,7 +63,10 @@ from builds.verify_step import SourceReference, axis_names_text, describe_batchi
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
 from models_registry import services as registry
 from models_registry.storage import get_object_store
-from tritonserving.config import config_to_pbtxt
+from tritonserving.config import ModelConfig, config_to_pbtxt
+
+if TYPE_CHECKING:
+    from models_registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +229,12 @@ def _run_claimed_build(build: Build) -> str:
                     f"format: {model_format.title} (told from the name {version.source_filename!r} and the first bytes)"
                 )
                 unpacked = model_format.container
+                imported: RepositoryModel | None = None
                 if unpacked:
                     model_format, source = _unpack(source, work / "unpacked", say)
                     check_format_allowed(model_format, team=version.model.team)
+                    if isinstance(model_format, TritonRepositoryFormat):
+                        imported, source = _import_repository(version, source, say)
                 hints = _conversion_hints(model_format, parse_build_options(build.options))
                 conversion: Conversion | None = None
                 if model_format.converted:
@@ -246,11 +264,15 @@ def _run_claimed_build(build: Build) -> str:
 
             with _step(build, StepName.CONFIGURE) as say:
                 options = parse_build_options(build.options)
-                config = build_model_config(name=model_name, signature=signature, options=options)
+                if imported is not None:
+                    config, options = _configure_imported(imported, model_name, signature, options, say)
+                else:
+                    config = build_model_config(name=model_name, signature=signature, options=options)
                 pbtxt = config_to_pbtxt(config)
                 state.record_build_artifacts(version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt)
-                for line in describe_batching_plan(signature, options, config):
-                    say(line)
+                if imported is None:
+                    for line in describe_batching_plan(signature, options, config):
+                        say(line)
 
             # The repository's model file is a copy of the stored upload when that is the model as uploaded;
             # a converted model, or one unpacked from an archive, is uploaded from the local file.
@@ -374,6 +396,55 @@ def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Pat
     model_format, entry = find_model_in_folder(folder, unpacked.files)
     say(f"the archive holds {model_format.title}: {entry.relative_to(folder).as_posix()}")
     return model_format, entry
+
+
+def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple[RepositoryModel, Path]:
+    """Read and check every model of the uploaded Triton model repository at `root`
+    (`builds.formats.triton_repository.read_repository`); return the model this build serves (the one named as
+    the Conch model, or the only one) and its model file: the highest version its version policy serves. The
+    repository's other models become models of the team, each with a version built from its folder
+    (`builds.services.repositories.register_repository_models`).
+    Raises InvalidInput (field "file") naming the model and the field; Unavailable as registering does."""
+    model_name = version.model.name
+    models = read_repository(root, lone_name=model_name)
+    say(
+        f"Triton model repository of {len(models)} model(s): every config.pbtxt parsed with Triton's "
+        "model_config.proto and checked against its folder"
+    )
+    for model in models:
+        say(model.describe())
+        for skipped in model.skipped:
+            say(f"model {model.name!r}: skipped {skipped}, as Triton does")
+    chosen = pick_model(models, model_name)
+    check_served(chosen)
+    number = chosen.versions[-1]
+    if len(chosen.versions) > 1:
+        say(
+            f"model {chosen.name!r} serves versions {', '.join(str(v) for v in chosen.versions)}; this Conch version "
+            f"is its version {number}. Upload the others as versions of their own to keep them."
+        )
+    say(f"building {chosen.name}/{number}/{chosen.model_filename} as its config.pbtxt configures it")
+    register_repository_models(version=version, models=models, served=chosen, say=say)
+    return chosen, chosen.model_file(number)
+
+
+def _configure_imported(
+    model: RepositoryModel, model_name: str, signature: ModelSignature, options: BuildOptions, say: StepLog
+) -> tuple[ModelConfig, BuildOptions]:
+    """The configuration of a repository model (`configure_imported`: its config.pbtxt, checked against the model
+    file) and the options verify proves it with: the batching it configures must be safe, or the build fails.
+    Raises InvalidInput naming a build option that config.pbtxt sets instead, or the model, tensor and field."""
+    refuse_configuration_options({option: getattr(options, option) for option in CONFIGURATION_OPTIONS})
+    config, notes = configure_imported(model, name=model_name, signature=signature, model_filename=MODEL_FILENAME)
+    for note in notes:
+        say(f"config.pbtxt: {note}")
+    batcher = "on" if config.HasField("dynamic_batching") else "off"
+    say(f"as configured: max_batch_size={config.max_batch_size} dynamic_batching={batcher}")
+    if config.max_batch_size > 0:
+        say(
+            "batching: verify will prove that joining requests on axis 0 gives each its own outputs, or the build fails"
+        )
+    return config, BuildOptions(max_batch_size=config.max_batch_size or None, tolerance=options.tolerance)
 
 
 def _external_data_bytes(model_file: Path, signature: ModelSignature) -> int:

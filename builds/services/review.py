@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from builds.choices import StepName
+from builds.formats.triton_repository import (
+    CONFIGURATION_OPTIONS,
+    TritonRepositoryFormat,
+    refuse_configuration_options,
+)
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
 from builds.model_config import (
     GRAPH_INPUTS_FIELD,
@@ -110,6 +115,15 @@ def check_build_options(*, version: ModelVersion, fields: Mapping[str, Any]) -> 
     remaining = option_fields(fields)
     signature = _signature(version)
     errors: list[dict[str, str]] = []
+    build = state.current_build(version)
+    if build is not None and build.source_format == TritonRepositoryFormat.key:
+        # A Triton model repository's config.pbtxt configures the model: each option that would is at fault.
+        for option in CONFIGURATION_OPTIONS:
+            try:
+                refuse_configuration_options({option: remaining.get(option)})
+            except InvalidInput as exc:
+                errors.append({"field": option, "detail": exc.detail})
+                remaining[option] = None
     for _ in range(len(OPTION_NAMES) + 2):
         try:
             options = parse_build_options(remaining)

@@ -147,6 +147,7 @@ def test_the_formats_list_names_each_format_its_backend_and_conversion():
             "tf_savedmodel",
             "tf_graphdef",
             "tflite",
+            "triton_repository",
             "archive",
         ]
     )

@@ -141,6 +141,7 @@ def test_the_formats_list_and_the_upload_check_name_the_conversion(alice, tmp_pa
         "tf_savedmodel",
         "tf_graphdef",
         "tflite",
+        "triton_repository",
         "archive",
     ]
     assert listed.json()["results"][3]["runs_code"] is True

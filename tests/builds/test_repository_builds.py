@@ -1,0 +1,142 @@
+"""Triton model repositories built end to end (issue 20): uploaded through the API as a zip, every model's
+config.pbtxt checked, the model named as the Conch model served as configured and verified on the session's warm
+Triton; a configuration that disagrees with its model file fails its build naming model, tensor and field (builds
+run inline, eager Celery)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.builds.test_archive_builds import _build, _log, _upload
+from tests.builds.test_triton_repository import BATCHED, _model
+
+
+def _zip(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+        for path in sorted(folder.rglob("*")):
+            bundle.write(path, path.relative_to(folder).as_posix())
+    return buffer.getvalue()
+
+
+@pytest.mark.e2e
+def test_a_repository_of_two_models_serves_the_one_named_as_configured(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given a Triton model repository of two ONNX models, one with a config.pbtxt that batches, one without
+    _model(tmp_path / "model_repository", "doubler", BATCHED)
+    _model(tmp_path / "model_repository", "tripler", None, versions=(1, 2))
+    # when it is uploaded as a version of the model named "doubler"
+    version = _upload(alice, django_capture_on_commit_callbacks, "doubler", "repo.zip", _zip(tmp_path))
+    # then that model is built as its config.pbtxt configures it, and verified on a real Triton
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    assert build["source_format"] == "triton_repository" and build["conversion"] is None
+    inspect = _log(build, "inspect")
+    assert "the archive holds Triton model repository: model_repository" in inspect
+    assert (
+        "Triton model repository of 2 model(s): every config.pbtxt parsed with Triton's model_config.proto and "
+        "checked against its folder"
+    ) in inspect
+    assert (
+        "model 'tripler': backend onnxruntime, version(s) 2, no config.pbtxt (auto-completed from the model file)"
+        in (inspect)
+    )
+    assert "building doubler/1/model.onnx as its config.pbtxt configures it" in inspect
+    configure = _log(build, "configure")
+    assert "as configured: max_batch_size=16 dynamic_batching=on" in configure
+    assert (
+        "config.pbtxt: instance_group #: KIND_GPU made KIND_AUTO (a deployment's instance kind chooses CPU or GPU)"
+        in (configure)
+    )
+    pbtxt = version["config_pbtxt"]
+    assert "max_batch_size: 16" in pbtxt and "preferred_batch_size: 4" in pbtxt and "preferred_batch_size: 8" in pbtxt
+    assert "max_queue_delay_microseconds: 500" in pbtxt and "count: 2" in pbtxt and "platform" not in pbtxt
+    assert any(line.startswith("batching proven") for line in _log(build, "verify"))
+    # and the repository's other model became a model of the team, with a version built from its folder
+    assert "model 'tripler': registered as Conch model 'tripler' (new), version 1 (id " in "\n".join(inspect)
+    models = {m["name"]: m for m in alice.client.get("/api/v1/models/").json()["results"]}
+    [other] = alice.client.get(f"/api/v1/models/{models['tripler']['id']}/versions/").json()["results"]
+    assert other["status"] == "built", other["error"]
+    other_build = _build(alice, other["id"])
+    assert other_build["source_format"] == "triton_repository"
+    assert (
+        "config.pbtxt: config.pbtxt configures no inputs: took 1 from the model file, as Triton's auto-complete does"
+        in (_log(other_build, "configure"))
+    )
+    assert "model 'tripler': skipped version 1 (not served by the version policy), as Triton does" in _log(
+        other_build, "inspect"
+    )
+
+
+@pytest.mark.e2e
+def test_a_repositorys_other_models_are_registered_once_and_those_conch_cannot_serve_are_left_out_saying_why(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    repository = tmp_path / "repo"
+    _model(repository, "doubler", BATCHED)
+    _model(repository, "Text_Scorer", None)
+    (repository / "legacy" / "1" / "model.savedmodel").mkdir(parents=True)
+    (repository / "legacy" / "1" / "model.savedmodel" / "saved_model.pb").write_bytes(b"graph")
+    (repository / "legacy" / "config.pbtxt").write_text('platform: "tensorflow_savedmodel"\n')
+    data = _zip(repository)
+    version = _upload(alice, django_capture_on_commit_callbacks, "doubler", "repo.zip", data)
+    assert version["status"] == "built", version["error"]
+    inspect = "\n".join(_log(_build(alice, version["id"]), "inspect"))
+    assert "model 'Text_Scorer': registered as Conch model 'text-scorer' (new), version 1" in inspect
+    assert (
+        "model 'legacy': not registered: it is a TensorFlow model; Triton's TensorFlow backend is deprecated" in inspect
+    )
+    # a rebuild of the same upload registers nothing twice: the folder packs to the same bytes
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post(f"/api/v1/versions/{version['id']}/rebuild")
+    assert response.status_code in (200, 202), response.content
+    inspect = "\n".join(_log(_build(alice, version["id"]), "inspect"))
+    assert "model 'Text_Scorer': already Conch model 'text-scorer' version 1 (the same folder); nothing registered" in (
+        inspect
+    )
+    names = sorted(m["name"] for m in alice.client.get("/api/v1/models/").json()["results"])
+    assert names == ["doubler", "text-scorer"]
+    # and a rebuild that would set what config.pbtxt sets is refused before anything is queued
+    response = alice.client.post(f"/api/v1/versions/{version['id']}/rebuild", {"instance_count": 3}, format="json")
+    assert response.status_code == 400, response.content
+    assert "instance_count configures the model, but this upload is a Triton model repository" in str(
+        response.content, "utf-8"
+    )
+
+
+def test_a_configuration_that_disagrees_with_its_model_file_fails_the_build_naming_it(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    _model(
+        tmp_path, "doubler", BATCHED.replace("TYPE_FP32 dims: [ 4 ] } ]\noutput", "TYPE_FP16 dims: [ 4 ] } ]\noutput")
+    )
+    version = _upload(alice, django_capture_on_commit_callbacks, "doubler", "repo.zip", _zip(tmp_path))
+    assert version["status"] == "failed" and version["error_field"] == "file"
+    assert version["error"] == (
+        "Triton model repository, model 'doubler': input 'x': data_type is TYPE_FP16 but the model file has FP32. "
+        "Set data_type: TYPE_FP32."
+    )
+
+
+def test_a_build_option_that_config_pbtxt_sets_is_refused_naming_it(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    _model(tmp_path, "doubler", BATCHED)
+    response = alice.client.post("/api/v1/models/", {"name": "doubler", "team": alice.team.slug}, format="json")
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post(
+            f"/api/v1/models/{response.json()['id']}/versions/",
+            {"file": SimpleUploadedFile("repo.zip", _zip(tmp_path)), "max_batch_size": "4"},
+        )
+    version = alice.client.get(f"/api/v1/versions/{response.json()['id']}/").json()
+    assert version["status"] == "failed" and version["error_field"] == "max_batch_size"
+    assert version["error"].startswith(
+        "max_batch_size configures the model, but this upload is a Triton model repository whose config.pbtxt"
+    )
