@@ -95,6 +95,13 @@ def test_tree_models_are_told_by_name_and_content(tmp_path):
         # an archive under a model file's name, and a model file under an archive's name
         ("model.onnx", b"PK\x03\x04" + b"\0" * 100, "it looks like a ZIP archive (a zipped folder"),
         ("model.zip", b"\x08\x07\x12\x07pytorch", "its content is an ONNX model. Rename it to end in .onnx"),
+        # a TensorRT plan, raw or behind an Ultralytics metadata header, named as an ONNX model or not at all
+        ("model.onnx", b"ftrt" + bytes(60), "it looks like a TensorRT plan (engine). A plan runs only on the GPU"),
+        (
+            "yolo",
+            (14).to_bytes(4, "little") + b'{"task": "d"} ' + b"ftrt" + bytes(40),
+            "it looks like a TensorRT plan (engine) with an Ultralytics metadata header. A plan runs only",
+        ),
     ],
 )
 def test_the_name_narrows_the_formats_and_the_content_must_be_one_of_them(filename, head, says):
