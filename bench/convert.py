@@ -24,6 +24,8 @@ The formats (each model made here with a fixed seed: devtools/tree_models.py, de
   graphdef    a frozen GraphDef of it, with a PlaceholderWithDefault
   tflite      the same converted with TFLiteConverter
   onnx-zip    the Keras classifier as ONNX with its weights as external data (weights.bin), zipped with them
+  triton-repo the `onnx` model as one model's folder of a Triton model repository, zipped: its config.pbtxt
+              batches (max_batch_size 8, dynamic batcher) and leaves the tensors to auto-complete
 
 The conversion's share: (the conversion in the sandbox, its start included + the source framework's run for the
 comparison, sandbox included; both from the build's record) / total. Each format's total is printed beside the
@@ -125,6 +127,13 @@ def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray], st
         size_threshold=0,
     )
     models["onnx-zip"] = (_zip(folder / "external", folder / "external.zip"), models["keras"][1], "features")
+    repository = folder / "churn-model"
+    (repository / "1").mkdir(parents=True)
+    (repository / "1" / "model.onnx").write_bytes(onnx_path.read_bytes())
+    (repository / "config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 100 }\n'
+    )
+    models["triton-repo"] = (_zip_contents(repository, folder / "churn-model.zip"), lgb_expected, "input")
     return models
 
 
@@ -145,6 +154,14 @@ def _zip(source: Path, target: Path) -> Path:
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
         for path in sorted(source.rglob("*")):
             bundle.write(path, f"{source.name}/{path.relative_to(source).as_posix()}")
+    return target
+
+
+def _zip_contents(source: Path, target: Path) -> Path:
+    """A zip of the files under `source`, named relative to it (an archive of one model's folder)."""
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+        for path in sorted(source.rglob("*")):
+            bundle.write(path, path.relative_to(source).as_posix())
     return target
 
 
