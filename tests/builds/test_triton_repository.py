@@ -292,3 +292,26 @@ def test_an_input_left_out_of_the_configuration_is_refused(tmp_path):
     )
     detail = _refused(lambda: configure_imported(model, name="doubler", signature=extra, model_filename="model.onnx"))
     assert "input(s) 'mask' of model.onnx are not in config.pbtxt; the onnxruntime backend needs every input" in detail
+
+
+def test_a_model_folder_packs_to_the_same_bytes_with_a_config_naming_its_backend(tmp_path):
+    import zipfile
+
+    from builds.services.repositories import pack_model_folder
+
+    _model(tmp_path / "repo", "scorer", None, versions=(1, 2))
+    [model] = read_repository(tmp_path / "repo", lone_name="x")
+    first = pack_model_folder(model, tmp_path / "a.zip").read_bytes()
+    (model.folder / "1" / "model.onnx").touch()  # a new modification time changes nothing
+    assert pack_model_folder(model, tmp_path / "b.zip").read_bytes() == first
+    with zipfile.ZipFile(tmp_path / "a.zip") as bundle:
+        assert bundle.namelist() == ["scorer/config.pbtxt", "scorer/1/model.onnx", "scorer/2/model.onnx"]
+        assert 'backend: "onnxruntime"' in bundle.read("scorer/config.pbtxt").decode()
+    # and the zip is told as a repository of that one model again
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(tmp_path / "a.zip") as bundle:
+        bundle.extractall(unpacked)
+    model_format, root = find_model_in_folder(unpacked, _files(unpacked))
+    assert model_format.key == "triton_repository"
+    [again] = read_repository(root, lone_name="x")
+    assert (again.name, again.versions, again.has_config) == ("scorer", (2,), True)
