@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import numpy as np
 from builds.formats import NO_HINTS, Conversion, ConversionHints, ModelFormat, format_by_key
 from builds.sandbox import SandboxLimits, cut_network, run_in_sandbox
 
-__all__ = ["convert_in_sandbox", "run_source_in_sandbox"]
+__all__ = ["convert_in_sandbox", "inspect_source_in_sandbox", "run_source_in_sandbox"]
 
 
 def convert_in_sandbox(
@@ -51,6 +51,37 @@ def convert_in_sandbox(
         )
         value = run_in_sandbox(f"{__name__}:_convert_job", job, limits=limits or SandboxLimits.from_settings())
     return Conversion.from_dict(value)
+
+
+def inspect_source_in_sandbox(
+    model_format: ModelFormat,
+    source: Path,
+    *,
+    specs: Mapping[str, tuple[str, Sequence[int]]],
+    from_samples: bool,
+    limits: SandboxLimits | None = None,
+) -> tuple[dict[str, Any], Conversion]:
+    """The signature (`ModelSignature.to_dict()`) and report of a model served as uploaded by a backend other than
+    onnxruntime (a TorchScript model), read by its own framework (`ModelFormat.inspect_source`), the inputs'
+    datatypes and shapes from `specs` (name -> (Triton datatype, full shape)) where the file does not record them.
+
+    Raises what `convert_in_sandbox` raises.
+    """
+    with tempfile.TemporaryDirectory(prefix="conch-inspect-") as work:
+        job = Path(work) / "job.json"
+        job.write_text(
+            json.dumps(
+                {
+                    "format": model_format.key,
+                    "source": str(Path(source).resolve()),
+                    "specs": {name: [datatype, list(dims)] for name, (datatype, dims) in specs.items()},
+                    "from_samples": from_samples,
+                }
+            ),
+            encoding="utf-8",
+        )
+        value = run_in_sandbox(f"{__name__}:_inspect_job", job, limits=limits or SandboxLimits.from_settings())
+    return value["signature"], Conversion.from_dict(value["report"])
 
 
 def run_source_in_sandbox(
@@ -104,6 +135,15 @@ def _convert_job(job_path: Path) -> dict[str, Any]:
     hints = ConversionHints.from_dict(job.get("hints"))
     conversion = _format_of(job).convert(Path(job["source"]), Path(job["target"]), hints)
     return conversion.to_dict()
+
+
+def _inspect_job(job_path: Path) -> dict[str, Any]:
+    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
+    specs = {name: (str(datatype), tuple(int(d) for d in dims)) for name, (datatype, dims) in job["specs"].items()}
+    signature, report = _format_of(job).inspect_source(
+        Path(job["source"]), specs, from_samples=bool(job["from_samples"])
+    )
+    return {"signature": signature, "report": report.to_dict()}
 
 
 def _reference_job(job_path: Path) -> dict[str, Any]:

@@ -46,6 +46,7 @@ __all__ = [
     "OUTPUT_DIMS_FIELD",
     "BUILD_OPTION_FIELDS",
     "GRAPH_INPUTS_FIELD",
+    "INPUT_SPEC_FIELD",
     "GRAPH_OUTPUTS_FIELD",
     "TOLERANCE_FIELD",
     "BuildOptions",
@@ -85,6 +86,8 @@ OUTPUT_DIMS_FIELD = "output_dims"
 #: Placeholders and its sinks): a frozen graph records no signature.
 GRAPH_INPUTS_FIELD = "graph_inputs"
 GRAPH_OUTPUTS_FIELD = "graph_outputs"
+#: Build option giving a TorchScript model's inputs (name -> datatype and full shape): TorchScript records neither.
+INPUT_SPEC_FIELD = "input_spec"
 #: Every build option an upload or a rebuild takes by name (the version upload's form fields, a resumable upload's
 #: `build_options` keys); a rebuild also takes `dynamic_batching`.
 BUILD_OPTION_FIELDS = (
@@ -96,6 +99,7 @@ BUILD_OPTION_FIELDS = (
     "tolerance",
     "graph_inputs",
     "graph_outputs",
+    "input_spec",
 )
 #: The most nodes one of them may name.
 MAX_GRAPH_NODES = 64
@@ -166,6 +170,9 @@ class BuildOptions:
             PlaceholderWithDefault named here becomes an input instead of keeping its default) and its outputs, in
             place of those discovered (`parse_graph_nodes`). None: discovered. The conversion checks them against
             the graph.
+        input_spec: for a TorchScript model, input name (a `forward` argument) -> (Triton datatype, full shape with
+            axis 0, -1 = any size), which TorchScript does not record (`parse_input_spec`). None: read from the
+            sample inputs. The inspect step checks the names against `forward`.
     """
 
     max_batch_size: int | None = None
@@ -176,6 +183,7 @@ class BuildOptions:
     tolerance: float | None = None
     graph_inputs: tuple[str, ...] | None = None
     graph_outputs: tuple[str, ...] | None = None
+    input_spec: Mapping[str, tuple[str, tuple[int, ...]]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size), and
@@ -194,6 +202,10 @@ class BuildOptions:
             result[GRAPH_INPUTS_FIELD] = list(self.graph_inputs)
         if self.graph_outputs is not None:
             result[GRAPH_OUTPUTS_FIELD] = list(self.graph_outputs)
+        if self.input_spec is not None:
+            result[INPUT_SPEC_FIELD] = {
+                name: {"datatype": datatype, "dims": list(dims)} for name, (datatype, dims) in self.input_spec.items()
+            }
         return result
 
 
@@ -222,6 +234,7 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
         tolerance=parse_tolerance(fields.get(TOLERANCE_FIELD)),
         graph_inputs=parse_graph_nodes(GRAPH_INPUTS_FIELD, fields.get(GRAPH_INPUTS_FIELD)),
         graph_outputs=parse_graph_nodes(GRAPH_OUTPUTS_FIELD, fields.get(GRAPH_OUTPUTS_FIELD)),
+        input_spec=parse_input_spec(fields.get(INPUT_SPEC_FIELD)),
     )
     validate_build_options(options)
     if options.preferred_batch_size is not None:
@@ -351,6 +364,77 @@ def parse_output_dims(raw: Any) -> dict[str, tuple[int, ...]] | None:
     return result
 
 
+#: The Triton datatypes a TorchScript input may have (a torch tensor's dtypes; no strings).
+TORCH_INPUT_DATATYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")
+_SPEC_FORM = (
+    "give each input as name=DATATYPE:dims separated by ';', for example features=FP32:-1,5; mask=BOOL:-1,-1 "
+    f"(datatypes {', '.join(TORCH_INPUT_DATATYPES)}; -1 for an axis of any size, axis 0 included)."
+)
+
+
+def parse_input_spec(raw: Any) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """Parse the `input_spec` option: a TorchScript model's inputs, which its file does not describe.
+
+    Forms: text entries `name=DATATYPE:dims` separated by ';' or newlines ("features=FP32:-1,5; mask=BOOL:-1,-1"),
+    or a JSON object {"features": {"datatype": "FP32", "dims": [-1, 5]}} (also as text). DATATYPE is a Triton
+    datatype of TORCH_INPUT_DATATYPES ("FP32"; "TYPE_FP32" and lower case are read too); dims the full shape, axis
+    0 included, each a whole number or -1 for an axis of any size. Empty or None gives None.
+
+    Raises:
+        InvalidInput: field "input_spec", naming the input (or the entry) at fault and the expected form.
+    """
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError as error:
+            raise _spec_error(f"input_spec is not a JSON object ({error}); {_SPEC_FORM}") from None
+    entries: dict[str, tuple[Any, Any]] = {}
+    if isinstance(raw, str):
+        for entry in (part.strip() for part in re.split(r"[;\n]", raw)):
+            if not entry:
+                continue
+            name, sep, rest = entry.partition("=")
+            datatype, colon, dims = rest.partition(":")
+            if not sep or not colon or not name.strip():
+                raise _spec_error(f"input_spec entry {entry!r} is not of the form name=DATATYPE:dims; {_SPEC_FORM}")
+            if name.strip() in entries:
+                raise _spec_error(f"input_spec gives input {name.strip()!r} more than once; give each once.")
+            entries[name.strip()] = (datatype, [d for d in re.split(r"[\s,]+", dims.strip().strip("[]")) if d])
+    elif isinstance(raw, Mapping):
+        for name, item in raw.items():
+            if not isinstance(item, Mapping):
+                raise _spec_error(f"input_spec gives input {name!r} {item!r}, not an object; {_SPEC_FORM}")
+            entries[str(name)] = (item.get("datatype"), item.get("dims"))
+    else:
+        raise _spec_error(f"input_spec must be text or an object of input name -> datatype and dims; {_SPEC_FORM}")
+    if not entries:
+        return None
+    result: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, (datatype, dims) in entries.items():
+        wanted = str(datatype or "").strip().upper().removeprefix("TYPE_")
+        if wanted not in TORCH_INPUT_DATATYPES:
+            raise _spec_error(f"input_spec gives input {name!r} the datatype {datatype!r}; {_SPEC_FORM}")
+        if not isinstance(dims, list | tuple) or len(dims) > _MAX_OUTPUT_RANK:
+            raise _spec_error(f"input_spec gives input {name!r} the dims {dims!r}; {_SPEC_FORM}")
+        parsed = []
+        for dim in dims:
+            value = _parse_dim(dim)
+            if value is None or not -1 <= value <= _MAX_DIM or value == 0:
+                raise _spec_error(
+                    f"input_spec gives input {name!r} the dim {dim!r}; each dim is a whole number from 1 to "
+                    f"{_MAX_DIM}, or -1 for an axis of any size. {_SPEC_FORM}"
+                )
+            parsed.append(value)
+        result[name] = (wanted, tuple(parsed))
+    return result
+
+
+def _spec_error(detail: str) -> InvalidInput:
+    return InvalidInput(detail, field=INPUT_SPEC_FIELD)
+
+
 def validate_build_options(options: BuildOptions) -> None:
     """Check each option on its own and against the others; the model-dependent rules are in build_model_config.
 
@@ -471,8 +555,16 @@ def supports_batching(signature: ModelSignature) -> bool:
     return read_batch_axis(signature).batchable
 
 
-def build_model_config(*, name: str, signature: ModelSignature, options: BuildOptions) -> ModelConfig:
-    """Build the Triton model configuration for an ONNX model served by the onnxruntime backend.
+def build_model_config(
+    *,
+    name: str,
+    signature: ModelSignature,
+    options: BuildOptions,
+    backend: str = "onnxruntime",
+    model_filename: str = MODEL_FILENAME,
+) -> ModelConfig:
+    """Build the Triton model configuration for a model served by `backend` from `<version>/<model_filename>`: an
+    ONNX model by the onnxruntime backend (the default), a TorchScript one by the pytorch backend (`model.pt`).
 
     Batching (Triton "Model Configuration" -> "Maximum Batch Size", "Dynamic Batcher"):
     - with no max_batch_size given, the model batches when `read_batch_axis` shows axis 0 is the batch axis of
@@ -495,7 +587,7 @@ def build_model_config(*, name: str, signature: ModelSignature, options: BuildOp
         options: validated or not; validated again here.
 
     Returns:
-        A new `ModelConfig` with backend "onnxruntime" and default_model_filename "model.onnx".
+        A new `ModelConfig` with `backend` and default_model_filename `model_filename`.
 
     Raises:
         InvalidInput: field "name" for a bad name; field "max_batch_size" when max_batch_size > 0 is asked of a
@@ -525,9 +617,9 @@ def build_model_config(*, name: str, signature: ModelSignature, options: BuildOp
     batching = max_batch_size > 0
     config = ModelConfig(
         name=name,
-        backend="onnxruntime",
+        backend=backend,
         max_batch_size=max_batch_size,
-        default_model_filename=MODEL_FILENAME,
+        default_model_filename=model_filename,
     )
     for spec in signature.inputs:
         _set_shape(config.input.add(name=spec.name, data_type=_config_type(spec)), spec.dims, batching)

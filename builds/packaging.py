@@ -73,6 +73,8 @@ def outputs_to_redeclare(config: ModelConfig, signature: ModelSignature) -> dict
     1; any other output needs the configured full shape exactly (same rank, -1 where the file's axis is dynamic,
     equal sizes elsewhere). Outputs not in the signature are left to the load to refuse.
     """
+    if config.backend != "onnxruntime":
+        return {}  # only an ONNX file declares its outputs' shapes; other backends take the configured ones
     declared = {spec.name: tuple(spec.dims) for spec in signature.outputs}
     configured = configured_output_shapes(config)
     wanted = {}

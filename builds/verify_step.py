@@ -22,6 +22,7 @@ from django.conf import settings
 from builds.comparison import compare_outputs
 from builds.inspection import ModelSignature, short_dim_name
 from builds.model_config import (
+    MODEL_FILENAME,
     OUTPUT_DIMS_FIELD,
     BuildOptions,
     read_batch_axis,
@@ -223,7 +224,7 @@ def _verify_configuration(
 
     version = build.version
 
-    model_key = f"{prefix}/{config.name}/{version.number}/model.onnx"
+    model_key = f"{prefix}/{config.name}/{version.number}/{config.default_model_filename or MODEL_FILENAME}"
     # The outputs the repository's model file redeclares now (the write step packaged it for `config`).
     packaged_for = {"outputs": outputs_to_redeclare(config, signature)}
 

@@ -53,6 +53,12 @@ def silero_vad() -> Path:
     return Path(str(distribution("silero-vad").locate_file("silero_vad/data/silero_vad.onnx")))
 
 
+def silero_vad_torchscript() -> Path:
+    """silero-vad 6.2.3's TorchScript voice activity detector (`silero_vad.jit`): forward(x: Tensor, sr: int), an
+    `int` argument a served model cannot take."""
+    return Path(str(distribution("silero-vad").locate_file("silero_vad/data/silero_vad.jit")))
+
+
 def wake_word_tflite() -> Path:
     """pymicro-wakeword 2.5.0's okay_nabu.tflite: a streaming wake-word model, INT8 [1, 3, 40] in, whose state lives
     in TFLite resource variables (VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE), which tf2onnx cannot convert.

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
+import numpy as np
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
@@ -23,6 +24,7 @@ __all__ = [
     "config_from_pbtxt",
     "config_to_json",
     "datatype_name",
+    "datatype_of_numpy",
     "datatype_value",
     "config_to_pbtxt",
     "same_apart_from_versions",
@@ -46,6 +48,17 @@ def datatype_value(name: str) -> int:
     """Inverse of `datatype_name`: the `data_type` enum value of a Triton datatype name ("FP32" -> TYPE_FP32,
     "BYTES" -> TYPE_STRING). Raises ValueError for an unknown name."""
     return int(model_config_pb2.DataType.Value("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"))
+
+
+def datatype_of_numpy(dtype: Any) -> str:
+    """The Triton datatype name of a numpy dtype (float32 -> "FP32", object or bytes -> "BYTES"), by tritonclient's
+    own mapping (`tritonclient.utils.np_to_triton_dtype`). Raises ValueError for a dtype Triton has no name for."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    name = np_to_triton_dtype(np.dtype(dtype))
+    if name is None:
+        raise ValueError(f"numpy dtype {dtype} has no Triton datatype")
+    return str(name)
 
 
 def config_to_pbtxt(config: ModelConfig) -> str:

@@ -50,6 +50,12 @@ GRAPH_OUTPUTS_HELP = (
     "place of its sinks (the nodes nothing else reads)."
 )
 
+INPUT_SPEC_HELP = (
+    "Optional, for a TorchScript model (.pt), which does not record its inputs: each forward argument's datatype "
+    "and full shape (-1 for an axis of any size), as name=DATATYPE:dims separated by ';' (for example "
+    "features=FP32:-1,5; mask=BOOL:-1,-1). Left out, they are read from the sample inputs."
+)
+
 ALLOW_DUPLICATE_HELP = (
     "Make a new version even when the file (its SHA-256) already is a live version of the model. Left out or false, "
     "such a file is refused with 409 naming `sha256`, the body's `existing_version` ({id, number, status}) saying "
@@ -171,6 +177,7 @@ class UploadVersionSerializer(serializers.Serializer):
     tolerance = serializers.CharField(required=False, allow_blank=True, help_text=TOLERANCE_HELP)
     graph_inputs = serializers.CharField(required=False, allow_blank=True, help_text=GRAPH_INPUTS_HELP)
     graph_outputs = serializers.CharField(required=False, allow_blank=True, help_text=GRAPH_OUTPUTS_HELP)
+    input_spec = serializers.CharField(required=False, allow_blank=True, help_text=INPUT_SPEC_HELP)
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=ALLOW_DUPLICATE_HELP)
@@ -191,6 +198,7 @@ class BuildOptionsSerializer(serializers.Serializer):
     tolerance = serializers.JSONField(required=False, help_text=TOLERANCE_HELP)
     graph_inputs = serializers.JSONField(required=False, help_text=GRAPH_INPUTS_HELP)
     graph_outputs = serializers.JSONField(required=False, help_text=GRAPH_OUTPUTS_HELP)
+    input_spec = serializers.JSONField(required=False, help_text=INPUT_SPEC_HELP)
 
 
 class OptionsCheckSerializer(serializers.Serializer):

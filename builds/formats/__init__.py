@@ -27,6 +27,8 @@ from builds.formats.sklearn_pickle import SklearnPickleFormat
 from builds.formats.tf_graphdef import GraphDefFormat
 from builds.formats.tf_savedmodel import SavedModelFormat
 from builds.formats.tflite import TFLiteFormat
+from builds.formats.torch_export import TorchExportFormat
+from builds.formats.torchscript import TorchScriptFormat
 from builds.formats.triton_repository import TritonRepositoryFormat
 from builds.formats.xgboost_model import XGBoostFormat
 from conch.errors import InvalidInput
@@ -61,6 +63,8 @@ FORMATS: tuple[ModelFormat, ...] = (
     SavedModelFormat(),
     GraphDefFormat(),
     TFLiteFormat(),
+    TorchScriptFormat(),
+    TorchExportFormat(),
     TritonRepositoryFormat(),
     ArchiveFormat(),
 )
@@ -75,8 +79,9 @@ HEAD_BYTES = 512
 _LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
 #: File name endings of formats people upload that Conch does not build (yet), and what to do about each.
 _FOREIGN_SUFFIXES = {
-    (".pt", ".pth", ".ckpt", ".pt2", ".jit"): "a PyTorch model or checkpoint; export it with torch.onnx.export and "
-    "upload the .onnx file",
+    (".ckpt",): "a training checkpoint (PyTorch Lightning, TensorFlow): weights without a servable graph; save the "
+    "model as TorchScript (torch.jit.script(model).save('model.pt')), as an exported program (torch.export.save, "
+    ".pt2) or as ONNX, and upload that file",
     (".bin", ".safetensors"): "a weights file (no graph); export the whole model to ONNX, for example with "
     "`optimum-cli export onnx`, and upload the .onnx file",
     (".gz", ".xz", ".bz2"): "a compressed file; Conch unpacks .zip, .tar, .tar.gz, .tgz, .tar.bz2 and .tar.xz "
@@ -236,10 +241,11 @@ def _what_the_folder_is(files: Sequence[str]) -> str:
             ": it looks like a TensorFlow SavedModel saved as text (saved_model.pbtxt). Save it again with "
             "tf.saved_model.save, which writes the binary saved_model.pb, and upload that folder"
         )
-    if "data.pkl" in names or "constants.pkl" in names:
+    if "data.pkl" in names or "constants.pkl" in names or "archive_format" in names:
         return (
-            ": it looks like a PyTorch model saved with torch.save or torch.jit.save. Export it with "
-            "torch.onnx.export and upload the .onnx file"
+            ": it looks like an unpacked PyTorch file (torch.save, torch.jit.save or torch.export.save write a zip of "
+            "such a folder). Upload the file torch wrote itself: a TorchScript model as .pt, an exported program as "
+            ".pt2"
         )
     return ""
 
@@ -290,10 +296,10 @@ def _foreign_format(head: bytes) -> tuple[str, str]:
         return "a PDF document", export
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return (
-            "a ZIP archive (a zipped folder, a PyTorch .pt/.pth checkpoint or a Keras .keras file)",
+            "a ZIP archive (a zipped folder, a PyTorch file or a Keras .keras file)",
             (
-                "If it is an archive of the model's files, name it .zip: Conch unpacks archives. A PyTorch "
-                "checkpoint must first be exported with torch.onnx.export."
+                "If it is an archive of the model's files, name it .zip: Conch unpacks archives. A TorchScript "
+                "model is named .pt, an exported program .pt2, a Keras model .keras."
             ),
         )
     if archive_kind(head):

@@ -109,7 +109,9 @@ class ModelFormat:
         key: stable identifier ("onnx", "lightgbm"), what the API and the build record name.
         title: what a person calls the format ("LightGBM model (text)").
         suffixes: file name endings (lower case, with the dot) that may hold it.
-        served_as: the Triton backend that serves the packaged model ("onnxruntime").
+        served_as: the Triton backend that serves the packaged model ("onnxruntime"; "pytorch" for TorchScript).
+        model_filename: the model file's name in `<model>/<version>/` (the backend's default: "model.onnx",
+            "model.pt").
         converter: the conversion tool, "" when the file is served as uploaded.
         hint_options: the build options naming the model's interface that this format takes (`ConversionHints`:
             "graph_inputs", "graph_outputs"); a build of another format given one fails naming it.
@@ -123,6 +125,7 @@ class ModelFormat:
     title: ClassVar[str]
     suffixes: ClassVar[tuple[str, ...]]
     served_as: ClassVar[str] = "onnxruntime"
+    model_filename: ClassVar[str] = "model.onnx"
     converter: ClassVar[str] = ""
     container: ClassVar[bool] = False
     hint_options: ClassVar[tuple[str, ...]] = ()
@@ -167,6 +170,19 @@ class ModelFormat:
         cannot be converted. Formats served as uploaded never have this called.
         """
         raise NotImplementedError(f"{self.key} models are served as uploaded")
+
+    @property
+    def serves_onnx(self) -> bool:
+        """Whether the packaged model is an ONNX file (uploaded or converted), inspected as one."""
+        return self.served_as == "onnxruntime"
+
+    def inspect_source(
+        self, source: Path, specs: Mapping[str, tuple[str, Sequence[int]]], *, from_samples: bool
+    ) -> tuple[dict[str, Any], Conversion]:
+        """Sandbox child only, for a format served as uploaded by a backend other than onnxruntime: the model's
+        signature (`ModelSignature.to_dict()`) and a report, the inputs' datatypes and shapes taken from `specs`
+        (name -> (Triton datatype, full shape)) where the file does not record them. Raises InvalidInput."""
+        raise NotImplementedError(f"{self.key} models are inspected as ONNX")
 
     def run_source(
         self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from builds.archives import unpack_archive_in_sandbox
 from builds.choices import STEP_ORDER, StepName, StepStatus
-from builds.conversion import convert_in_sandbox, run_source_in_sandbox
+from builds.conversion import convert_in_sandbox, inspect_source_in_sandbox, run_source_in_sandbox
 from builds.formats import (
     HEAD_BYTES,
     Conversion,
@@ -42,6 +42,7 @@ from builds.inspection import ModelSignature
 from builds.model_config import (
     GRAPH_INPUTS_FIELD,
     GRAPH_OUTPUTS_FIELD,
+    INPUT_SPEC_FIELD,
     MODEL_FILENAME,
     BuildOptions,
     build_model_config,
@@ -59,11 +60,17 @@ from builds.services.storage import (
 )
 from builds.services.submission import building_stale_before
 from builds.services.verify_servers import scratch_server
-from builds.verify_step import SourceReference, axis_names_text, describe_batching_plan, verify_build
+from builds.verify_step import (
+    SourceReference,
+    axis_names_text,
+    describe_batching_plan,
+    load_samples,
+    verify_build,
+)
 from conch.errors import ConchError, InvalidInput, PayloadTooLarge, QuotaExceeded, Unavailable
 from models_registry import services as registry
 from models_registry.storage import get_object_store
-from tritonserving.config import ModelConfig, config_to_pbtxt
+from tritonserving.config import ModelConfig, config_to_pbtxt, datatype_of_numpy
 
 if TYPE_CHECKING:
     from models_registry.models import ModelVersion
@@ -237,7 +244,12 @@ def _run_claimed_build(build: Build) -> str:
                         imported, source = _import_repository(version, source, say)
                 hints = _conversion_hints(model_format, parse_build_options(build.options))
                 conversion: Conversion | None = None
-                if model_format.converted:
+                if not model_format.serves_onnx:
+                    local = source
+                    started = time.monotonic()
+                    signature, conversion = _inspect_source(model_format, source, build, store, say)
+                    sandbox_seconds = time.monotonic() - started
+                elif model_format.converted:
                     local = work / "model.onnx"
                     say(f"converting to ONNX with {model_format.converter} in the sandbox")
                     started = time.monotonic()
@@ -248,7 +260,8 @@ def _run_claimed_build(build: Build) -> str:
                     say(f"conversion took {sandbox_seconds:.2f} s in all, the sandbox's start included")
                 else:
                     local = source
-                signature = inspect_onnx_in_sandbox(local)
+                if model_format.serves_onnx:
+                    signature = inspect_onnx_in_sandbox(local)
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:
                         say(f"{kind} {t.name}: {t.datatype} {list(t.dims)}{axis_names_text(t.dim_names)}")
@@ -267,7 +280,13 @@ def _run_claimed_build(build: Build) -> str:
                 if imported is not None:
                     config, options = _configure_imported(imported, model_name, signature, options, say)
                 else:
-                    config = build_model_config(name=model_name, signature=signature, options=options)
+                    config = build_model_config(
+                        name=model_name,
+                        signature=signature,
+                        options=options,
+                        backend=model_format.served_as,
+                        model_filename=model_format.model_filename,
+                    )
                 pbtxt = config_to_pbtxt(config)
                 state.record_build_artifacts(version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt)
                 if imported is None:
@@ -276,10 +295,10 @@ def _run_claimed_build(build: Build) -> str:
 
             # The repository's model file is a copy of the stored upload when that is the model as uploaded;
             # a converted model, or one unpacked from an archive, is uploaded from the local file.
-            copy_key = None if conversion or unpacked else version.source_key
+            copy_key = None if model_format.converted or unpacked else version.source_key
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(build, StepName.WRITE_REPOSITORY) as say:
-                model_key = f"{prefix}/{model_name}/{version.number}/model.onnx"
+                model_key = f"{prefix}/{model_name}/{version.number}/{model_format.model_filename}"
                 size = local.stat().st_size + len(pbtxt.encode()) + _external_data_bytes(local, signature)
                 reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
                 packaged = package_model_file(
@@ -370,17 +389,55 @@ def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat
 
 def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> ConversionHints:
     """The interface hints the build options give (`graph_inputs`, `graph_outputs`). Raises InvalidInput naming the
-    option when it is given for a format that takes none (`ModelFormat.hint_options`)."""
-    given = {GRAPH_INPUTS_FIELD: options.graph_inputs, GRAPH_OUTPUTS_FIELD: options.graph_outputs}
+    option when it is given for a format that takes none (`ModelFormat.hint_options`): also `input_spec`, which
+    only a TorchScript model takes."""
+    given = {
+        GRAPH_INPUTS_FIELD: options.graph_inputs,
+        GRAPH_OUTPUTS_FIELD: options.graph_outputs,
+        INPUT_SPEC_FIELD: options.input_spec,
+    }
     for field, value in given.items():
         if value and field not in model_format.hint_options:
+            what = (
+                "gives a TorchScript model's inputs (.pt)"
+                if field == INPUT_SPEC_FIELD
+                else "names the nodes of a TensorFlow frozen graph (.pb)"
+            )
             raise InvalidInput(
-                f"{field} names the nodes of a TensorFlow frozen graph (.pb), but this model is "
+                f"{field} {what}, but this model is "
                 f"{'an' if model_format.title[:1] in 'AEIOX' else 'a'} {model_format.title}, whose file says its "
                 "inputs and outputs itself. Leave it empty and rebuild.",
                 field=field,
             )
     return ConversionHints(inputs=options.graph_inputs or (), outputs=options.graph_outputs or ())
+
+
+def _inspect_source(
+    model_format: ModelFormat, source: Path, build: Build, store: Any, say: StepLog
+) -> tuple[ModelSignature, Conversion]:
+    """Read a model served as uploaded by a backend other than onnxruntime (TorchScript) with its own framework in
+    the sandbox (`inspect_source_in_sandbox`); return its signature and report. Its inputs' datatypes and shapes
+    come from the `input_spec` option, else from the sample inputs (their dtype and shape, axis 0 any size).
+    Raises InvalidInput naming input_spec or the file."""
+    options = parse_build_options(build.options)
+    from_samples = options.input_spec is None
+    if options.input_spec is not None:
+        specs = {name: (datatype, tuple(dims)) for name, (datatype, dims) in options.input_spec.items()}
+    else:
+        arrays = load_samples(store, build.options or {}).arrays
+        specs = {
+            name: (datatype_of_numpy(array.dtype), (-1, *array.shape[1:]) if array.ndim else ())
+            for name, array in arrays.items()
+        }
+    say(f"reading the {model_format.title} with its own framework in the sandbox")
+    raw, report = inspect_source_in_sandbox(model_format, source, specs=specs, from_samples=from_samples)
+    say(
+        f"read with {report.source} in {report.seconds:.2f} s; served as uploaded by Triton's "
+        f"{model_format.served_as} backend"
+    )
+    for note in report.notes:
+        say(f"assumed: {note}")
+    return ModelSignature.from_dict(raw), report
 
 
 def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Path]:

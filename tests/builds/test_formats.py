@@ -6,6 +6,7 @@ import pytest
 
 from builds.formats import (
     FORMATS,
+    HEAD_BYTES,
     archive_kind,
     check_model_filename,
     check_model_head,
@@ -47,7 +48,7 @@ def test_names_of_formats_conch_builds_and_names_without_an_ending_pass(name):
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("model.pt", "a PyTorch model or checkpoint"),
+        ("model.ckpt", "a training checkpoint (PyTorch Lightning, TensorFlow)"),
         ("pytorch_model.bin", "a weights file"),
         ("notes.docx", "rename it to the format's ending"),
         ("model.onnx.gz", "a compressed file; Conch unpacks .zip, .tar, .tar.gz"),
@@ -154,6 +155,8 @@ def test_the_formats_list_names_each_format_its_backend_and_conversion():
             "tf_savedmodel",
             "tf_graphdef",
             "tflite",
+            "torchscript",
+            "torch_export",
             "triton_repository",
             "archive",
         ]
@@ -162,6 +165,39 @@ def test_the_formats_list_names_each_format_its_backend_and_conversion():
     assert listed["sklearn"]["runs_code"] is True and listed["onnx"]["runs_code"] is False
     assert listed["onnx"]["conversion"] is None and listed["onnx"]["served_as"] == "onnxruntime"
     assert listed["lightgbm"]["conversion"] == "onnxmltools" and listed["xgboost"]["suffixes"] == [".json", ".ubj"]
+    assert listed["torchscript"]["served_as"] == "pytorch" and listed["torchscript"]["conversion"] is None
+    assert listed["torch_export"]["conversion"] == "torch.onnx" and listed["torch_export"]["suffixes"] == [".pt2"]
+
+
+def _zip_head(member: str, data: bytes = b"") -> bytes:
+    """The opening of a zip whose first member is `member`, stored, its data beginning with `data`."""
+    name = member.encode()
+    return b"PK\x03\x04" + b"\0" * 22 + len(name).to_bytes(2, "little") + b"\0\0" + name + data + b"\0" * 40
+
+
+def test_pytorch_files_are_told_apart_by_their_first_member(tmp_path):
+    from devtools import torch_models
+
+    made = {
+        "scripted": torch_models.torchscript(tmp_path / "a.pt"),
+        "traced": torch_models.torchscript(tmp_path / "b.pt", traced=True),
+        "program": torch_models.exported_program(tmp_path / "c.pt2"),
+        "checkpoint": torch_models.checkpoint(tmp_path / "d.pt"),
+    }
+    heads = {key: path.read_bytes()[:HEAD_BYTES] for key, path in made.items()}
+    assert detect_format(heads["scripted"], filename="m.pt").key == "torchscript"
+    assert detect_format(heads["traced"], filename="m.jit").key == "torchscript"
+    assert detect_format(heads["program"], filename="m.pt2").key == "torch_export"
+    assert detect_format(heads["program"], filename="").key == "torch_export"
+    # a module without tensors opens with its data.pkl, which names a __torch__ class
+    assert detect_format(_zip_head("m/data.pkl", b"\x80\x02c__torch__\nM\n"), filename="m.pt").key == "torchscript"
+    for head in (heads["checkpoint"], _zip_head("whole/data.pkl", b"\x80\x02c__main__\nNet\n")):
+        with pytest.raises(InvalidInput) as raised:
+            detect_format(head, filename="weights.pth")
+        assert raised.value.detail.startswith("This is a PyTorch checkpoint written by torch.save")
+    with pytest.raises(InvalidInput) as raised:
+        detect_format(heads["program"], filename="m.pt")
+    assert raised.value.detail.startswith("'m.pt' is named like a TorchScript model file, but its content is a PyTorch")
 
 
 def test_tensorflow_formats_are_told_by_name_and_content():

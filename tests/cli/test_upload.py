@@ -427,11 +427,11 @@ def test_a_limited_upload_without_a_part_size_asks_for_parts_of_about_two_second
     [
         ("weights.bin", os.urandom(64), "a .bin file is usually a weights file (no graph)"),
         ("notes.docx", b"some notes\n", "'notes.docx' is not a model file Conch builds: Conch builds ONNX model"),
-        ("model.pt", b"PK\x03\x04" + os.urandom(60), "a .pt file is usually a PyTorch model or checkpoint"),
+        ("model.ckpt", b"PK\x03\x04" + os.urandom(60), "a .ckpt file is usually a training checkpoint"),
         ("model.onnx", b"PK\x03\x04" + os.urandom(60), "This is not an ONNX model: it looks like a ZIP archive"),
         ("model.onnx", b"just text, no model\n", "but this file begins with the bytes 6a 75 73 74 20 74 65 78"),
     ],
-    ids=["bin", "txt", "pt", "zip-as-onnx", "text-as-onnx"],
+    ids=["bin", "txt", "ckpt", "zip-as-onnx", "text-as-onnx"],
 )
 def test_a_file_conch_cannot_build_is_refused_before_a_byte_is_sent(cli, model, tmp_path, name, head, says):
     # given a 6 MiB file that is not an ONNX model

@@ -452,11 +452,11 @@ def test_a_name_of_another_format_is_refused_before_the_store_is_touched(store, 
     open_writer = store.open_writer
     store.open_writer = lambda key: opened.append(key) or open_writer(key)
     with pytest.raises(InvalidInput) as raised:
-        parse(multipart_body(("file", "model.pt", b"\x08\x07" + payload(1000))), _format_checked_handler(store))
+        parse(multipart_body(("file", "model.ckpt", b"\x08\x07" + payload(1000))), _format_checked_handler(store))
     assert raised.value.field == "file"
     assert (
-        "'model.pt' is not a model file Conch builds" in raised.value.detail
-        and "torch.onnx.export" in raised.value.detail
+        "'model.ckpt' is not a model file Conch builds" in raised.value.detail
+        and "torch.jit.script(model).save" in raised.value.detail
     )
     assert opened == []
     assert leftovers(store, request) == {"keys": [], "pending": []}

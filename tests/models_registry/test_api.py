@@ -94,12 +94,12 @@ def test_upload_streams_file_to_storage_with_sha256_and_size(alice):
 @pytest.mark.parametrize(
     ("name", "data", "says"),
     [
-        ("model.pt", b"PK\x03\x04" + b"\0" * 5000, "'model.pt' is not a model file Conch builds"),
+        ("model.ckpt", b"PK\x03\x04" + b"\0" * 5000, "'model.ckpt' is not a model file Conch builds"),
         ("weights.bin", b"\x08\x07" + b"\0" * 5000, "'weights.bin' is not a model file Conch builds"),
         ("model.onnx", b"\x89PNG\r\n\x1a\n" + b"\0" * 5000, "This is not an ONNX model: it looks like a PNG image"),
         ("model.onnx", b"just some text\n" * 300, "This is not an ONNX model: it looks like a text file"),
     ],
-    ids=["pt-name", "bin-name", "png-bytes", "text-bytes"],
+    ids=["ckpt-name", "bin-name", "png-bytes", "text-bytes"],
 )
 def test_a_file_conch_cannot_build_gets_400_naming_file_and_leaves_nothing(alice, name, data, says):
     model_id = _create_model(alice)

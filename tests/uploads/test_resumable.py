@@ -499,7 +499,7 @@ def test_another_team_and_a_narrow_token_are_kept_out(alice, bob, s3):
     assert Upload.objects.get().status == "uploading"
 
 
-@pytest.mark.parametrize("filename", ["model.pt", "pytorch_model.bin", "notes.docx"])
+@pytest.mark.parametrize("filename", ["model.ckpt", "pytorch_model.bin", "notes.docx"])
 def test_a_start_for_a_file_conch_cannot_build_is_refused_naming_filename_before_anything_starts(alice, s3, filename):
     model_id = _model(alice)
     response = alice.client.post(

@@ -46,7 +46,8 @@ EXIT_CODES_HELP = (
 #: `output_dims` gives outputs' full shapes in place of those the model file declares: -o output_dims=NAME=-1,1,8210
 #: (several outputs separated by ';'). `tolerance` is the comparison tolerance of a converted model's floating outputs
 #: (-o tolerance=0.001). `graph_inputs`/`graph_outputs` name a TensorFlow frozen graph's nodes
-#: (-o graph_outputs=logits,embedding).
+#: (-o graph_outputs=logits,embedding). `input_spec` gives a TorchScript model's inputs
+#: (-o 'input_spec=features=FP32:-1,5').
 BUILD_OPTIONS = (
     "max_batch_size",
     "max_queue_delay_microseconds",
@@ -56,6 +57,7 @@ BUILD_OPTIONS = (
     "tolerance",
     "graph_inputs",
     "graph_outputs",
+    "input_spec",
 )
 RUNTIMES = ("local", "kubernetes")
 #: Parts `conch upload` sends at once by default. Four 16 MiB parts keep a link busy; more add contention where the
