@@ -10,7 +10,8 @@ model name each, the clock runs over:
           framework's (or onnxruntime's, for ONNX) on the same rows, within the FP32 tolerance (atol = rtol = 1e-4)
 The deployment is stopped after each run (not timed).
 
-The formats (each model made here with a fixed seed: devtools/tree_models.py, devtools/tf_models.py):
+The formats (each model made here with a fixed seed: devtools/tree_models.py, devtools/tf_models.py,
+devtools/torch_models.py):
   onnx        the LightGBM binary classifier converted once beforehand with onnxmltools: the baseline, served as
               uploaded, with the same trees as `lightgbm`
   lightgbm    a LightGBM binary classifier in LightGBM's text format
@@ -23,6 +24,9 @@ The formats (each model made here with a fixed seed: devtools/tree_models.py, de
   savedmodel  the same exported as a SavedModel folder, zipped
   graphdef    a frozen GraphDef of it, with a PlaceholderWithDefault
   tflite      the same converted with TFLiteConverter
+  torchscript a PyTorch classifier (devtools/torch_models.py: 5 features -> probabilities and logits), scripted,
+              `.pt`, its input given as input_spec; served by the pytorch backend (Python-based here), not converted
+  pt2         the same exported with torch.export (`.pt2`), converted with torch.onnx
   onnx-zip    the Keras classifier as ONNX with its weights as external data (weights.bin), zipped with them
   triton-repo the `onnx` model as one model's folder of a Triton model repository, zipped: its config.pbtxt
               batches (max_batch_size 8, dynamic batcher) and leaves the tensors to auto-complete
@@ -59,7 +63,7 @@ sys.path.insert(0, str(BENCH.parent))
 
 from time_to_serve import TEAM, Conch  # noqa: E402  (bench/ on sys.path)
 
-from devtools import tf_models  # noqa: E402
+from devtools import tf_models, torch_models  # noqa: E402
 from devtools.tree_models import lightgbm_model, sklearn_model, training_rows, xgboost_model  # noqa: E402
 
 ROWS = 8
@@ -113,6 +117,7 @@ def make_models(folder: Path) -> dict[str, tuple[Path, dict[str, np.ndarray], st
     fitted = joblib.load(path)
     models["sklearn"] = (path, {"probabilities": fitted.predict_proba(rows), "label": fitted.predict(rows)}, "input")
     models.update(_tensorflow_models(folder, rows))
+    models.update(_torch_models(folder, rows))
     # the Keras classifier as ONNX (converted as Conch converts it), its weights moved into weights.bin
     from builds.formats.keras import KerasFormat
 
@@ -150,6 +155,32 @@ def _tensorflow_models(folder: Path, rows: np.ndarray) -> dict[str, tuple[Path, 
     }
 
 
+#: Form fields an upload of a format sends beside its file.
+UPLOAD_FIELDS = {"torchscript": {"input_spec": "features=FP32:-1,5"}}
+
+
+def _torch_models(folder: Path, rows: np.ndarray) -> dict[str, tuple[Path, dict[str, np.ndarray], str]]:
+    """The classifier of devtools/torch_models.py as TorchScript and as an exported program, and its outputs."""
+    import torch
+
+    with torch.inference_mode():
+        probs, logits = (
+            value.numpy() for value in torch_models.classifier()(torch.from_numpy(np.asarray(rows, dtype=np.float32)))
+        )
+    return {
+        "torchscript": (
+            torch_models.torchscript(folder / "classifier.pt"),
+            {"OUTPUT__0": probs, "OUTPUT__1": logits},
+            "features",
+        ),
+        "pt2": (
+            torch_models.exported_program(folder / "classifier.pt2"),
+            {"output_0": probs, "output_1": logits},
+            "features",
+        ),
+    }
+
+
 def _zip(source: Path, target: Path) -> Path:
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
         for path in sorted(source.rglob("*")):
@@ -173,7 +204,11 @@ def measure(conch: Conch, key: str, path: Path, expected: dict[str, np.ndarray],
     started = time.time()
     with path.open("rb") as handle:
         version = conch.call(
-            "POST", f"/api/v1/models/{model['id']}/versions/", 201, files={"file": (path.name, handle)}
+            "POST",
+            f"/api/v1/models/{model['id']}/versions/",
+            201,
+            files={"file": (path.name, handle)},
+            data=UPLOAD_FIELDS.get(key, {}),
         )
     version = conch.wait_status(f"/api/v1/versions/{version['id']}/", "built", poll, 300)
     built = time.time()

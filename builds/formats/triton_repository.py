@@ -85,8 +85,9 @@ _BACKEND_BY_FILE = {
 }
 #: What to upload instead of a repository model of a backend Conch does not serve (yet).
 _NOT_SERVED = {
-    "pytorch": "a TorchScript model, which Conch does not serve yet. Export it with torch.onnx.export and upload the "
-    'repository with <model>/1/model.onnx and platform "onnxruntime_onnx", or the .onnx file alone',
+    "pytorch": "a TorchScript model, which Conch serves when it is uploaded on its own, not yet from a repository. "
+    "Upload its model.pt alone, with its inputs as input_spec (for example input_spec=INPUT__0=FP32:-1,3,224,224) "
+    "or sample inputs",
     "tensorrt": "a TensorRT plan, which runs only on the GPU and TensorRT version it was built for. Upload the ONNX "
     "model it was built from",
     "tensorflow": "a TensorFlow model; Triton's TensorFlow backend is deprecated since 25.03 and gone after it. "

@@ -11,9 +11,12 @@ import io
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+from django.urls import reverse
 
 from devtools import torch_models
 from tests import real_models
+from tests.flows import deploy_ready
 from tritonserving.config import config_from_pbtxt
 
 pytestmark = [pytest.mark.django_db, pytest.mark.e2e]
@@ -127,6 +130,11 @@ def test_a_scripted_module_is_served_by_the_pytorch_backend_with_the_inputs_inpu
     )
     build = _assert_served_as_torchscript(alice, version, from_what="input_spec")
     assert build["options"]["input_spec"] == {"features": {"datatype": "FP32", "dims": [-1, 5]}}
+    # and the wizard's build page asks for the inputs, pre-filled with those the build used
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(reverse("console:wizard:build", kwargs={"version_id": version["id"]})).content.decode()
+    assert 'name="input_spec" value="features=FP32:-1,5"' in page
 
 
 def test_a_traced_module_takes_its_inputs_from_the_sample_inputs(
@@ -144,6 +152,10 @@ def test_a_traced_module_takes_its_inputs_from_the_sample_inputs(
         sample_inputs=SimpleUploadedFile("samples.npz", buffer.getvalue()),
     )
     _assert_served_as_torchscript(alice, version, from_what="the sample inputs")
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(reverse("console:wizard:build", kwargs={"version_id": version["id"]})).content.decode()
+    assert 'name="input_spec" value="features=FP32:-1,5"' in page
 
 
 def test_a_torchscript_model_without_input_spec_or_samples_fails_saying_what_to_give(
@@ -208,3 +220,31 @@ def test_input_spec_given_for_another_format_fails_its_build_naming_the_option(
     )
     assert version["status"] == "failed" and version["error_field"] == "input_spec"
     assert version["error"].startswith("input_spec gives a TorchScript model's inputs (.pt), but this model is a")
+
+
+def test_a_deployed_torchscript_model_answers_as_torch_does(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    import torch
+
+    # given the scripted classifier, built and deployed on the local runtime
+    data = torch_models.torchscript(tmp_path / "classifier.pt").read_bytes()
+    version = _version(
+        alice, django_capture_on_commit_callbacks, "served", "classifier.pt", data, input_spec="features=FP32:-1,5"
+    )
+    assert version["status"] == "built", version["error"]
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version["id"], "torch")
+    # when three rows are sent, asking for the logits only
+    x = np.random.default_rng(7).standard_normal((3, 5)).astype(np.float32)
+    body = {
+        "inputs": [{"name": "features", "shape": [3, 5], "datatype": "FP32", "data": x.ravel().tolist()}],
+        "outputs": [{"name": "OUTPUT__1"}],
+    }
+    response = alice.client.post(f"/api/v1/deployments/{deployment['id']}/infer", body, format="json")
+    # then the answer is torch's own
+    assert response.status_code == 200, response.content
+    [output] = response.json()["outputs"]
+    assert output["name"] == "OUTPUT__1" and output["shape"] == [3, 3] and output["datatype"] == "FP32"
+    with torch.inference_mode():
+        expected = torch_models.classifier()(torch.from_numpy(x))[1].numpy()
+    np.testing.assert_allclose(np.array(output["data"]).reshape(3, 3), expected, rtol=1e-5, atol=1e-6)
