@@ -46,7 +46,10 @@ __all__ = [
     "OUTPUT_DIMS_FIELD",
     "BUILD_OPTION_FIELDS",
     "GRAPH_INPUTS_FIELD",
+    "GPU_PRODUCT_FIELD",
     "INPUT_SPEC_FIELD",
+    "OUTPUT_SPEC_FIELD",
+    "TENSORRT_VERSION_FIELD",
     "GRAPH_OUTPUTS_FIELD",
     "TOLERANCE_FIELD",
     "BuildOptions",
@@ -88,6 +91,11 @@ GRAPH_INPUTS_FIELD = "graph_inputs"
 GRAPH_OUTPUTS_FIELD = "graph_outputs"
 #: Build option giving a TorchScript model's inputs (name -> datatype and full shape): TorchScript records neither.
 INPUT_SPEC_FIELD = "input_spec"
+#: Build options a TensorRT plan is uploaded with: its outputs (as input_spec gives its inputs), and the GPU product
+#: and TensorRT version it was built for (a plan runs only there).
+OUTPUT_SPEC_FIELD = "output_spec"
+GPU_PRODUCT_FIELD = "gpu_product"
+TENSORRT_VERSION_FIELD = "tensorrt_version"
 #: Every build option an upload or a rebuild takes by name (the version upload's form fields, a resumable upload's
 #: `build_options` keys); a rebuild also takes `dynamic_batching`.
 BUILD_OPTION_FIELDS = (
@@ -100,6 +108,9 @@ BUILD_OPTION_FIELDS = (
     "graph_inputs",
     "graph_outputs",
     "input_spec",
+    "output_spec",
+    "gpu_product",
+    "tensorrt_version",
 )
 #: The most nodes one of them may name.
 MAX_GRAPH_NODES = 64
@@ -172,7 +183,11 @@ class BuildOptions:
             the graph.
         input_spec: for a TorchScript model, input name (a `forward` argument) -> (Triton datatype, full shape with
             axis 0, -1 = any size), which TorchScript does not record (`parse_input_spec`). None: read from the
-            sample inputs. The inspect step checks the names against `forward`.
+            sample inputs. The inspect step checks the names against `forward`. A TensorRT plan's inputs too.
+        output_spec: a TensorRT plan's outputs, as input_spec gives its inputs (a plan's bindings cannot be read
+            without TensorRT).
+        gpu_product, tensorrt_version: the GPU product (`nvidia.com/gpu.product` label value) and the TensorRT
+            version a TensorRT plan was built for; deployments of the plan are refused elsewhere.
     """
 
     max_batch_size: int | None = None
@@ -184,6 +199,9 @@ class BuildOptions:
     graph_inputs: tuple[str, ...] | None = None
     graph_outputs: tuple[str, ...] | None = None
     input_spec: Mapping[str, tuple[str, tuple[int, ...]]] | None = None
+    output_spec: Mapping[str, tuple[str, tuple[int, ...]]] | None = None
+    gpu_product: str | None = None
+    tensorrt_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict with the four option names as keys (lists for preferred_batch_size), and
@@ -202,10 +220,15 @@ class BuildOptions:
             result[GRAPH_INPUTS_FIELD] = list(self.graph_inputs)
         if self.graph_outputs is not None:
             result[GRAPH_OUTPUTS_FIELD] = list(self.graph_outputs)
-        if self.input_spec is not None:
-            result[INPUT_SPEC_FIELD] = {
-                name: {"datatype": datatype, "dims": list(dims)} for name, (datatype, dims) in self.input_spec.items()
-            }
+        for field, spec in ((INPUT_SPEC_FIELD, self.input_spec), (OUTPUT_SPEC_FIELD, self.output_spec)):
+            if spec is not None:
+                result[field] = {
+                    name: {"datatype": datatype, "dims": list(dims)} for name, (datatype, dims) in spec.items()
+                }
+        if self.gpu_product is not None:
+            result[GPU_PRODUCT_FIELD] = self.gpu_product
+        if self.tensorrt_version is not None:
+            result[TENSORRT_VERSION_FIELD] = self.tensorrt_version
         return result
 
 
@@ -235,6 +258,9 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
         graph_inputs=parse_graph_nodes(GRAPH_INPUTS_FIELD, fields.get(GRAPH_INPUTS_FIELD)),
         graph_outputs=parse_graph_nodes(GRAPH_OUTPUTS_FIELD, fields.get(GRAPH_OUTPUTS_FIELD)),
         input_spec=parse_input_spec(fields.get(INPUT_SPEC_FIELD)),
+        output_spec=parse_input_spec(fields.get(OUTPUT_SPEC_FIELD), OUTPUT_SPEC_FIELD),
+        gpu_product=parse_gpu_product(fields.get(GPU_PRODUCT_FIELD)),
+        tensorrt_version=parse_tensorrt_version(fields.get(TENSORRT_VERSION_FIELD)),
     )
     validate_build_options(options)
     if options.preferred_batch_size is not None:
@@ -364,16 +390,23 @@ def parse_output_dims(raw: Any) -> dict[str, tuple[int, ...]] | None:
     return result
 
 
-#: The Triton datatypes a TorchScript input may have (a torch tensor's dtypes; no strings).
+#: The Triton datatypes an input_spec or output_spec tensor may have (a torch tensor's or a TensorRT binding's; no
+#: strings).
 TORCH_INPUT_DATATYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")
-_SPEC_FORM = (
-    "give each input as name=DATATYPE:dims separated by ';', for example features=FP32:-1,5; mask=BOOL:-1,-1 "
-    f"(datatypes {', '.join(TORCH_INPUT_DATATYPES)}; -1 for an axis of any size, axis 0 included)."
-)
 
 
-def parse_input_spec(raw: Any) -> dict[str, tuple[str, tuple[int, ...]]] | None:
-    """Parse the `input_spec` option: a TorchScript model's inputs, which its file does not describe.
+def _spec_form(field: str) -> str:
+    role = "output" if field == OUTPUT_SPEC_FIELD else "input"
+    example = "probs=FP32:-1,3" if role == "output" else "features=FP32:-1,5; mask=BOOL:-1,-1"
+    return (
+        f"give each {role} as name=DATATYPE:dims separated by ';', for example {example} "
+        f"(datatypes {', '.join(TORCH_INPUT_DATATYPES)}; -1 for an axis of any size, axis 0 included)."
+    )
+
+
+def parse_input_spec(raw: Any, field: str = INPUT_SPEC_FIELD) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """Parse the `input_spec` option (or `output_spec`, with `field`): tensors whose datatypes and shapes the model
+    file does not describe (a TorchScript model's inputs, a TensorRT plan's inputs and outputs).
 
     Forms: text entries `name=DATATYPE:dims` separated by ';' or newlines ("features=FP32:-1,5; mask=BOOL:-1,-1"),
     or a JSON object {"features": {"datatype": "FP32", "dims": [-1, 5]}} (also as text). DATATYPE is a Triton
@@ -381,15 +414,21 @@ def parse_input_spec(raw: Any) -> dict[str, tuple[str, tuple[int, ...]]] | None:
     0 included, each a whole number or -1 for an axis of any size. Empty or None gives None.
 
     Raises:
-        InvalidInput: field "input_spec", naming the input (or the entry) at fault and the expected form.
+        InvalidInput: field `field`, naming the tensor (or the entry) at fault and the expected form.
     """
+    form = _spec_form(field)
+    role = "output" if field == OUTPUT_SPEC_FIELD else "input"
+
+    def error(detail: str) -> InvalidInput:
+        return InvalidInput(detail, field=field)
+
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None
     if isinstance(raw, str) and raw.strip().startswith("{"):
         try:
             raw = json.loads(raw)
-        except ValueError as error:
-            raise _spec_error(f"input_spec is not a JSON object ({error}); {_SPEC_FORM}") from None
+        except ValueError as exc:
+            raise error(f"{field} is not a JSON object ({exc}); {form}") from None
     entries: dict[str, tuple[Any, Any]] = {}
     if isinstance(raw, str):
         for entry in (part.strip() for part in re.split(r"[;\n]", raw)):
@@ -398,41 +437,76 @@ def parse_input_spec(raw: Any) -> dict[str, tuple[str, tuple[int, ...]]] | None:
             name, sep, rest = entry.partition("=")
             datatype, colon, dims = rest.partition(":")
             if not sep or not colon or not name.strip():
-                raise _spec_error(f"input_spec entry {entry!r} is not of the form name=DATATYPE:dims; {_SPEC_FORM}")
+                raise error(f"{field} entry {entry!r} is not of the form name=DATATYPE:dims; {form}")
             if name.strip() in entries:
-                raise _spec_error(f"input_spec gives input {name.strip()!r} more than once; give each once.")
+                raise error(f"{field} gives {role} {name.strip()!r} more than once; give each once.")
             entries[name.strip()] = (datatype, [d for d in re.split(r"[\s,]+", dims.strip().strip("[]")) if d])
     elif isinstance(raw, Mapping):
         for name, item in raw.items():
             if not isinstance(item, Mapping):
-                raise _spec_error(f"input_spec gives input {name!r} {item!r}, not an object; {_SPEC_FORM}")
+                raise error(f"{field} gives {role} {name!r} {item!r}, not an object; {form}")
             entries[str(name)] = (item.get("datatype"), item.get("dims"))
     else:
-        raise _spec_error(f"input_spec must be text or an object of input name -> datatype and dims; {_SPEC_FORM}")
+        raise error(f"{field} must be text or an object of {role} name -> datatype and dims; {form}")
     if not entries:
         return None
     result: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name, (datatype, dims) in entries.items():
         wanted = str(datatype or "").strip().upper().removeprefix("TYPE_")
         if wanted not in TORCH_INPUT_DATATYPES:
-            raise _spec_error(f"input_spec gives input {name!r} the datatype {datatype!r}; {_SPEC_FORM}")
+            raise error(f"{field} gives {role} {name!r} the datatype {datatype!r}; {form}")
         if not isinstance(dims, list | tuple) or len(dims) > _MAX_OUTPUT_RANK:
-            raise _spec_error(f"input_spec gives input {name!r} the dims {dims!r}; {_SPEC_FORM}")
+            raise error(f"{field} gives {role} {name!r} the dims {dims!r}; {form}")
         parsed = []
         for dim in dims:
             value = _parse_dim(dim)
             if value is None or not -1 <= value <= _MAX_DIM or value == 0:
-                raise _spec_error(
-                    f"input_spec gives input {name!r} the dim {dim!r}; each dim is a whole number from 1 to "
-                    f"{_MAX_DIM}, or -1 for an axis of any size. {_SPEC_FORM}"
+                raise error(
+                    f"{field} gives {role} {name!r} the dim {dim!r}; each dim is a whole number from 1 to "
+                    f"{_MAX_DIM}, or -1 for an axis of any size. {form}"
                 )
             parsed.append(value)
         result[name] = (wanted, tuple(parsed))
     return result
 
 
-def _spec_error(detail: str) -> InvalidInput:
-    return InvalidInput(detail, field=INPUT_SPEC_FIELD)
+#: What a GPU product is named by (the `nvidia.com/gpu.product` node label NVIDIA GPU Feature Discovery sets:
+#: "NVIDIA-A10", "NVIDIA-H100-80GB-HBM3"; Kubernetes label values: 63 characters of [A-Za-z0-9_.-]).
+_GPU_PRODUCT = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+#: A TensorRT version: major.minor.patch, optionally .build ("10.7.0", "10.7.0.23").
+_TENSORRT_VERSION = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}(\.\d{1,6})?")
+
+
+def parse_gpu_product(raw: Any) -> str | None:
+    """Parse the `gpu_product` option: the GPU a TensorRT plan was built on, as its `nvidia.com/gpu.product` label
+    value ("NVIDIA-A10"). Empty or None gives None. Raises InvalidInput (field "gpu_product")."""
+    if raw is None or not str(raw).strip():
+        return None
+    value = str(raw).strip()
+    if not _GPU_PRODUCT.fullmatch(value):
+        raise InvalidInput(
+            f"gpu_product {value!r} is not a GPU product name: give the nvidia.com/gpu.product label of the nodes "
+            "the plan was built on (for example NVIDIA-A10 or NVIDIA-H100-80GB-HBM3; kubectl get nodes -L "
+            "nvidia.com/gpu.product shows it).",
+            field=GPU_PRODUCT_FIELD,
+        )
+    return value
+
+
+def parse_tensorrt_version(raw: Any) -> str | None:
+    """Parse the `tensorrt_version` option: the TensorRT a plan was built with, "10.7.0" or "10.7.0.23" (what
+    `trtexec` prints first, or `tensorrt.__version__`). Empty or None gives None. Raises InvalidInput (field
+    "tensorrt_version")."""
+    if raw is None or not str(raw).strip():
+        return None
+    value = str(raw).strip()
+    if not _TENSORRT_VERSION.fullmatch(value):
+        raise InvalidInput(
+            f"tensorrt_version {value!r} is not a TensorRT version: give major.minor.patch (10.7.0) or with the "
+            "build (10.7.0.23), as trtexec prints it ('TensorRT version: 100700' is 10.7.0).",
+            field=TENSORRT_VERSION_FIELD,
+        )
+    return value
 
 
 def validate_build_options(options: BuildOptions) -> None:

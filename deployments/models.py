@@ -29,6 +29,9 @@ class Cluster(models.Model):
     context = models.CharField(max_length=253, blank=True)
     in_cluster = models.BooleanField(default=False)
     triton_image = models.CharField(max_length=300, default=DEFAULT_TRITON_IMAGE)
+    # The TensorRT version the Triton image carries ("10.5.0.18"), for TensorRT plans; empty: Conch's table of NGC
+    # releases (deployments.services.clusters.TENSORRT_OF_RELEASE).
+    tensorrt_version = models.CharField(max_length=32, blank=True)
     image_pull_secrets = models.JSONField(default=list, blank=True)
     s3_endpoint = models.CharField(max_length=300, blank=True)
     s3_secret_name = models.CharField(max_length=253, blank=True)

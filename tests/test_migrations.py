@@ -1,5 +1,5 @@
-"""The schema is one initial migration per app (squashed before any release), plus the moves made since, and it
-matches the models; a move keeps the rows."""
+"""The schema is one initial migration per app (squashed before any release), plus the changes made since (moves
+of models between apps, new fields), and it matches the models; a move keeps the rows."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Each app's migrations: the squashed initial one, then the moves of models between apps.
+#: Each app's migrations: the squashed initial one, then the changes since (moves between apps, new fields).
 MIGRATIONS = {
     "tenancy": ["0001_initial.py"],
     "models_registry": ["0001_initial.py", "0002_move_upload_to_uploads.py", "0003_builds_leave_versions.py"],
     "builds": ["0001_initial.py", "0002_builds_own_their_state.py"],
     "uploads": ["0001_initial.py"],
-    "deployments": ["0001_initial.py"],
+    "deployments": ["0001_initial.py", "0002_cluster_tensorrt_version.py"],
 }
 
 

@@ -51,9 +51,22 @@ GRAPH_OUTPUTS_HELP = (
 )
 
 INPUT_SPEC_HELP = (
-    "Optional, for a TorchScript model (.pt), which does not record its inputs: each forward argument's datatype "
-    "and full shape (-1 for an axis of any size), as name=DATATYPE:dims separated by ';' (for example "
-    "features=FP32:-1,5; mask=BOOL:-1,-1). Left out, they are read from the sample inputs."
+    "For a TorchScript model (.pt), which does not record its inputs: each forward argument's datatype and full "
+    "shape (-1 for an axis of any size), as name=DATATYPE:dims separated by ';' (for example features=FP32:-1,5; "
+    "mask=BOOL:-1,-1); left out, they are read from the sample inputs. For a TensorRT plan: its input bindings."
+)
+
+OUTPUT_SPEC_HELP = (
+    "For a TensorRT plan (.plan, .engine), whose bindings cannot be read without TensorRT: each output's datatype and "
+    "full shape, as input_spec gives the inputs (for example output0=FP32:-1,84,8400)."
+)
+GPU_PRODUCT_HELP = (
+    "For a TensorRT plan: the GPU product it was built on, as the nodes' nvidia.com/gpu.product label (for example "
+    "NVIDIA-A10). The plan deploys only on nodes with that label."
+)
+TENSORRT_VERSION_HELP = (
+    "For a TensorRT plan: the TensorRT version it was built with (10.7.0 or 10.7.0.23). The plan deploys only on a "
+    "cluster whose Triton carries that TensorRT."
 )
 
 ALLOW_DUPLICATE_HELP = (
@@ -178,6 +191,9 @@ class UploadVersionSerializer(serializers.Serializer):
     graph_inputs = serializers.CharField(required=False, allow_blank=True, help_text=GRAPH_INPUTS_HELP)
     graph_outputs = serializers.CharField(required=False, allow_blank=True, help_text=GRAPH_OUTPUTS_HELP)
     input_spec = serializers.CharField(required=False, allow_blank=True, help_text=INPUT_SPEC_HELP)
+    output_spec = serializers.CharField(required=False, allow_blank=True, help_text=OUTPUT_SPEC_HELP)
+    gpu_product = serializers.CharField(required=False, allow_blank=True, help_text=GPU_PRODUCT_HELP)
+    tensorrt_version = serializers.CharField(required=False, allow_blank=True, help_text=TENSORRT_VERSION_HELP)
     sample_inputs = serializers.FileField(required=False, help_text=_SAMPLE_INPUTS_HELP)
     sample_values = serializers.CharField(required=False, allow_blank=True, help_text=_SAMPLE_VALUES_HELP)
     allow_duplicate = serializers.BooleanField(required=False, default=False, help_text=ALLOW_DUPLICATE_HELP)
@@ -199,6 +215,9 @@ class BuildOptionsSerializer(serializers.Serializer):
     graph_inputs = serializers.JSONField(required=False, help_text=GRAPH_INPUTS_HELP)
     graph_outputs = serializers.JSONField(required=False, help_text=GRAPH_OUTPUTS_HELP)
     input_spec = serializers.JSONField(required=False, help_text=INPUT_SPEC_HELP)
+    output_spec = serializers.JSONField(required=False, help_text=OUTPUT_SPEC_HELP)
+    gpu_product = serializers.JSONField(required=False, help_text=GPU_PRODUCT_HELP)
+    tensorrt_version = serializers.JSONField(required=False, help_text=TENSORRT_VERSION_HELP)
 
 
 class OptionsCheckSerializer(serializers.Serializer):

@@ -24,6 +24,7 @@ from builds.formats.keras import KerasFormat
 from builds.formats.lightgbm_text import LightGBMFormat
 from builds.formats.onnx import OnnxFormat, starts_like_onnx
 from builds.formats.sklearn_pickle import SklearnPickleFormat
+from builds.formats.tensorrt_plan import TensorRTPlanFormat
 from builds.formats.tf_graphdef import GraphDefFormat
 from builds.formats.tf_savedmodel import SavedModelFormat
 from builds.formats.tflite import TFLiteFormat
@@ -65,6 +66,7 @@ FORMATS: tuple[ModelFormat, ...] = (
     TFLiteFormat(),
     TorchScriptFormat(),
     TorchExportFormat(),
+    TensorRTPlanFormat(),
     TritonRepositoryFormat(),
     ArchiveFormat(),
 )
@@ -87,7 +89,6 @@ _FOREIGN_SUFFIXES = {
     (".gz", ".xz", ".bz2"): "a compressed file; Conch unpacks .zip, .tar, .tar.gz, .tgz, .tar.bz2 and .tar.xz "
     "archives: pack the model's files with `tar czf model.tar.gz <files>`, or upload the model file uncompressed",
     (".7z", ".rar"): "an archive in a format Conch does not unpack; pack the model's files as a .zip or .tar.gz",
-    (".plan", ".engine"): "a TensorRT plan; upload the ONNX model it was built from",
 }
 
 
@@ -318,12 +319,6 @@ def _foreign_format(head: bytes) -> tuple[str, str]:
             "a safetensors weights file (weights only, no graph)",
             "Export the whole model to ONNX (for example `optimum-cli export onnx`) and upload the .onnx file.",
         )
-    if head.startswith(_TENSORRT_PLAN_MAGIC) or _ultralytics_engine(head):
-        return (
-            "a TensorRT plan (engine)" + (" with an Ultralytics metadata header" if _ultralytics_engine(head) else ""),
-            "A plan runs only on the GPU model and TensorRT version it was built for, and Conch does not take plans "
-            "yet. Upload the ONNX model it was built from: Conch serves it with onnxruntime on any GPU or CPU.",
-        )
     text = _as_text(head)
     if text is not None:
         stripped = text.lstrip().lower()
@@ -338,19 +333,6 @@ def _foreign_format(head: bytes) -> tuple[str, str]:
         first_line = text.strip().splitlines()[0][:60] if text.strip() else ""
         return f"a text file (it starts with {first_line!r})", export
     return "", ""
-
-
-#: What a serialized TensorRT engine begins with (what NVIDIA's Torch-TensorRT checks an engine's bytes for).
-_TENSORRT_PLAN_MAGIC = b"ftrt"
-
-
-def _ultralytics_engine(head: bytes) -> bool:
-    """Whether `head` is an Ultralytics `.engine`: a 4-byte little-endian length, that much JSON metadata, then the
-    TensorRT plan (told when the plan's start falls within `head`)."""
-    if len(head) < 9 or head[4:5] != b"{":
-        return False
-    start = 4 + int.from_bytes(head[:4], "little")
-    return head[start : start + 4] == _TENSORRT_PLAN_MAGIC
 
 
 def _as_text(head: bytes) -> str | None:

@@ -171,6 +171,25 @@ class ModelFormat:
         """
         raise NotImplementedError(f"{self.key} models are served as uploaded")
 
+    #: Whether the upload declares the model's interface in build options because the file cannot tell it without
+    #: hardware Conch's builds lack (a TensorRT plan: `declared_signature`, `prepare`).
+    declares_interface: ClassVar[bool] = False
+
+    @property
+    def verifiable_here(self) -> bool:
+        """Whether the verify step can load the model on Conch's CPU-only verify Triton (not a TensorRT plan)."""
+        return True
+
+    def declared_signature(self, options: Any) -> tuple[dict[str, Any], list[str]]:
+        """For a format that `declares_interface`: the signature (`ModelSignature.to_dict()`) the build options
+        declare, and notes for the build log. Raises InvalidInput naming a missing or contradictory option."""
+        raise NotImplementedError(f"{self.key} models tell their interface themselves")
+
+    def prepare(self, source: Path) -> str:
+        """For a format that `declares_interface`: make the local copy `source` the file Triton loads, in place;
+        return a note for the build log ("" for none). Raises InvalidInput (field "file")."""
+        return ""
+
     @property
     def serves_onnx(self) -> bool:
         """Whether the packaged model is an ONNX file (uploaded or converted), inspected as one."""

@@ -3,6 +3,7 @@ a heartbeat."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import threading
@@ -40,10 +41,13 @@ from builds.formats.triton_repository import (
 )
 from builds.inspection import ModelSignature
 from builds.model_config import (
+    GPU_PRODUCT_FIELD,
     GRAPH_INPUTS_FIELD,
     GRAPH_OUTPUTS_FIELD,
     INPUT_SPEC_FIELD,
     MODEL_FILENAME,
+    OUTPUT_SPEC_FIELD,
+    TENSORRT_VERSION_FIELD,
     BuildOptions,
     build_model_config,
     parse_build_options,
@@ -244,7 +248,10 @@ def _run_claimed_build(build: Build) -> str:
                         imported, source = _import_repository(version, source, say)
                 hints = _conversion_hints(model_format, parse_build_options(build.options))
                 conversion: Conversion | None = None
-                if not model_format.serves_onnx:
+                if model_format.declares_interface:
+                    local = source
+                    signature = _declared_signature(model_format, source, build, say)
+                elif not model_format.serves_onnx:
                     local = source
                     started = time.monotonic()
                     signature, conversion = _inspect_source(model_format, source, build, store, say)
@@ -277,6 +284,15 @@ def _run_claimed_build(build: Build) -> str:
 
             with _step(build, StepName.CONFIGURE) as say:
                 options = parse_build_options(build.options)
+                if model_format.declares_interface and options.max_batch_size is None:
+                    # A plan's batch range is its optimization profile's, which Conch cannot read: Triton batches
+                    # it only up to a max_batch_size the uploader gives (at most the profile's largest batch).
+                    options = dataclasses.replace(options, max_batch_size=0)
+                    say(
+                        "batching off: a TensorRT plan batches within its optimization profile, which only "
+                        "TensorRT can read; rebuild with max_batch_size (at most the profile's largest batch) to "
+                        "batch"
+                    )
                 if imported is not None:
                     config, options = _configure_imported(imported, model_name, signature, options, say)
                 else:
@@ -295,7 +311,9 @@ def _run_claimed_build(build: Build) -> str:
 
             # The repository's model file is a copy of the stored upload when that is the model as uploaded;
             # a converted model, or one unpacked from an archive, is uploaded from the local file.
-            copy_key = None if model_format.converted or unpacked else version.source_key
+            copy_key = (
+                None if model_format.converted or unpacked or model_format.declares_interface else version.source_key
+            )
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(build, StepName.WRITE_REPOSITORY) as say:
                 model_key = f"{prefix}/{model_name}/{version.number}/{model_format.model_filename}"
@@ -321,22 +339,26 @@ def _run_claimed_build(build: Build) -> str:
                     say(line)
 
             with _step(build, StepName.VERIFY) as say:
-                verified = verify_build(
-                    build=build,
-                    record_config=lambda pbtxt: state.record_build_artifacts(
-                        version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt
-                    ),
-                    store=store,
-                    prefix=prefix,
-                    config=config,
-                    signature=signature,
-                    options=options,
-                    say=say,
-                    scratch=scratch_server,
-                    source_file=local,
-                    source_key=copy_key,
-                    reference=_reference(model_format, source, build, conversion, sandbox_seconds, hints),
-                )
+                if not model_format.verifiable_here:
+                    say(
+                        f"not verified here: {_a(model_format.title)} runs only on the GPU product and TensorRT "
+                        "version it was built for, and the verify Triton has no GPU. A deployment on a matching GPU "
+                        "loads it (a plan that does not fit fails that deployment's start with Triton's reason)."
+                    )
+                    verified = config
+                else:
+                    verified = _verify(
+                        build=build,
+                        store=store,
+                        prefix=prefix,
+                        config=config,
+                        signature=signature,
+                        options=options,
+                        say=say,
+                        local=local,
+                        copy_key=copy_key,
+                        reference=_reference(model_format, source, build, conversion, sandbox_seconds, hints),
+                    )
                 stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
                 if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
                     record_repository_size(version_id=version.pk, attempt=attempt, size_bytes=stored)
@@ -376,6 +398,55 @@ def _run_claimed_build(build: Build) -> str:
     return "built"
 
 
+def _verify(
+    *,
+    build: Build,
+    store: Any,
+    prefix: str,
+    config: ModelConfig,
+    signature: ModelSignature,
+    options: BuildOptions,
+    say: StepLog,
+    local: Path,
+    copy_key: str | None,
+    reference: SourceReference | None,
+) -> ModelConfig:
+    """The verify step on the warm verify Triton (`verify_build`); returns the configuration it keeps."""
+    version, attempt = build.version, build.attempt
+    return verify_build(
+        build=build,
+        record_config=lambda pbtxt: state.record_build_artifacts(
+            version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt
+        ),
+        store=store,
+        prefix=prefix,
+        config=config,
+        signature=signature,
+        options=options,
+        say=say,
+        scratch=scratch_server,
+        source_file=local,
+        source_key=copy_key,
+        reference=reference,
+    )
+
+
+def _a(title: str) -> str:
+    return f"{'an' if title[:1] in 'AEIOX' else 'a'} {title}"
+
+
+def _declared_signature(model_format: ModelFormat, source: Path, build: Build, say: StepLog) -> ModelSignature:
+    """The signature a TensorRT plan's upload declares (`ModelFormat.declared_signature`), its local copy made the
+    file Triton loads (`ModelFormat.prepare`). Raises InvalidInput naming the missing declaration."""
+    signature, notes = model_format.declared_signature(parse_build_options(build.options))
+    note = model_format.prepare(source)
+    if note:
+        say(note)
+    for line in notes:
+        say(f"assumed: {line}")
+    return ModelSignature.from_dict(signature)
+
+
 def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat, Path]:
     """The stored upload's format (`builds.formats.detect_format`: its name and first bytes), and the local copy
     renamed as its format reads it (`ModelFormat.local_name`). Raises InvalidInput (field "file")."""
@@ -395,14 +466,17 @@ def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> Conve
         GRAPH_INPUTS_FIELD: options.graph_inputs,
         GRAPH_OUTPUTS_FIELD: options.graph_outputs,
         INPUT_SPEC_FIELD: options.input_spec,
+        OUTPUT_SPEC_FIELD: options.output_spec,
+        GPU_PRODUCT_FIELD: options.gpu_product,
+        TENSORRT_VERSION_FIELD: options.tensorrt_version,
     }
     for field, value in given.items():
         if value and field not in model_format.hint_options:
-            what = (
-                "gives a TorchScript model's inputs (.pt)"
-                if field == INPUT_SPEC_FIELD
-                else "names the nodes of a TensorFlow frozen graph (.pb)"
-            )
+            what = {
+                GRAPH_INPUTS_FIELD: "names the nodes of a TensorFlow frozen graph (.pb)",
+                GRAPH_OUTPUTS_FIELD: "names the nodes of a TensorFlow frozen graph (.pb)",
+                INPUT_SPEC_FIELD: "gives a TorchScript model's or a TensorRT plan's inputs (.pt, .plan)",
+            }.get(field, "describes a TensorRT plan (.plan)")
             raise InvalidInput(
                 f"{field} {what}, but this model is "
                 f"{'an' if model_format.title[:1] in 'AEIOX' else 'a'} {model_format.title}, whose file says its "

@@ -23,10 +23,13 @@ from builds.formats.triton_repository import (
 )
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
 from builds.model_config import (
+    GPU_PRODUCT_FIELD,
     GRAPH_INPUTS_FIELD,
     GRAPH_OUTPUTS_FIELD,
     INPUT_SPEC_FIELD,
     OUTPUT_DIMS_FIELD,
+    OUTPUT_SPEC_FIELD,
+    TENSORRT_VERSION_FIELD,
     TOLERANCE_FIELD,
     BuildOptions,
     build_model_config,
@@ -96,7 +99,8 @@ def option_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     chosen[TOLERANCE_FIELD] = fields.get(TOLERANCE_FIELD)
     chosen[GRAPH_INPUTS_FIELD] = fields.get(GRAPH_INPUTS_FIELD)
     chosen[GRAPH_OUTPUTS_FIELD] = fields.get(GRAPH_OUTPUTS_FIELD)
-    chosen[INPUT_SPEC_FIELD] = fields.get(INPUT_SPEC_FIELD)
+    for name in (INPUT_SPEC_FIELD, OUTPUT_SPEC_FIELD, GPU_PRODUCT_FIELD, TENSORRT_VERSION_FIELD):
+        chosen[name] = fields.get(name)
     switch = fields.get(DYNAMIC_BATCHING_FIELD)
     if switch is not None and str(switch).strip().lower() in ("off", "false", "0", "no"):
         chosen["max_batch_size"] = 0
@@ -193,15 +197,21 @@ def current_option_values(version: ModelVersion) -> dict[str, Any]:
         if not given_nodes and build is not None and build.source_format == "tf_graphdef":
             given_nodes = [tensor["name"] for tensor in signature.get(role) or ()]
         values[option] = ", ".join(given_nodes) if given_nodes else None
-    # A TorchScript model's inputs: as given, else those its last build read (from the sample inputs), pre-filled
-    spec = stored.get(INPUT_SPEC_FIELD) or {}
-    if not spec and build is not None and build.source_format == "torchscript":
-        spec = {t["name"]: {"datatype": t["datatype"], "dims": t["dims"]} for t in signature.get("inputs") or ()}
-    values[INPUT_SPEC_FIELD] = (
-        "; ".join(f"{name}={item['datatype']}:{','.join(str(d) for d in item['dims'])}" for name, item in spec.items())
-        if spec
-        else None
-    )
+    # A TorchScript model's inputs: as given, else those its last build read (from the sample inputs), pre-filled;
+    # a TensorRT plan's bindings and target as given
+    for option, role in ((INPUT_SPEC_FIELD, "inputs"), (OUTPUT_SPEC_FIELD, "outputs")):
+        spec = stored.get(option) or {}
+        if not spec and option == INPUT_SPEC_FIELD and build is not None and build.source_format == "torchscript":
+            spec = {t["name"]: {"datatype": t["datatype"], "dims": t["dims"]} for t in signature.get(role) or ()}
+        values[option] = (
+            "; ".join(
+                f"{name}={item['datatype']}:{','.join(str(d) for d in item['dims'])}" for name, item in spec.items()
+            )
+            if spec
+            else None
+        )
+    values[GPU_PRODUCT_FIELD] = stored.get(GPU_PRODUCT_FIELD)
+    values[TENSORRT_VERSION_FIELD] = stored.get(TENSORRT_VERSION_FIELD)
     return values
 
 

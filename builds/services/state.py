@@ -78,6 +78,17 @@ def served_build(version: ModelVersion) -> Build | None:
     return next((build for build in _history(version) if build.status == BuildStatus.SUCCEEDED), None)
 
 
+def gpu_requirement(version: ModelVersion) -> tuple[str, str] | None:
+    """(gpu_product, tensorrt_version) the model a version serves (its `served_build`'s) runs only on: for a
+    TensorRT plan, what its upload declared (build options `gpu_product`, `tensorrt_version`); None for a model
+    that runs anywhere."""
+    served = served_build(version)
+    if served is None or served.source_format != "tensorrt_plan":
+        return None
+    options = served.options or {}
+    return str(options.get("gpu_product") or ""), str(options.get("tensorrt_version") or "")
+
+
 def latest_config_pbtxt(version: ModelVersion) -> str:
     """The Triton model configuration the version's latest configured attempt generated ("" before any did): what
     the version's page shows as its configuration. The repository a deployment serves has `served_build`'s."""

@@ -37,6 +37,9 @@ __all__ = [
     "parse_kubeconfig",
     "register_cluster",
     "triton_release_of_image",
+    "cluster_tensorrt_version",
+    "tensorrt_versions_match",
+    "TENSORRT_OF_RELEASE",
 ]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -104,13 +107,15 @@ def register_cluster(
     s3_endpoint: str = "",
     s3_secret_name: str = "",
     pod_service_account: str = "",
+    tensorrt_version: str = "",
 ) -> tuple[Cluster, bool]:
     """Register cluster `name`, or update it when it exists; returns (cluster, created).
 
     Exactly one of `kubeconfig` (YAML text) and `in_cluster` gives the credentials. `namespace` is where
     deployments' objects go (a DNS label). Raises InvalidInput naming the field: `name`, `namespace`,
     `kubeconfig`, `context`, `image_pull_secrets`, `s3_secret_name`, `pod_service_account` (pods read the
-    store with that service account's identity and get no credentials from Conch).
+    store with that service account's identity and get no credentials from Conch), `tensorrt_version` (the
+    TensorRT the image carries, "10.5.0.18"; empty: `TENSORRT_OF_RELEASE` by the image's tag).
     """
     if not _DNS_LABEL.fullmatch(name or "") or len(name) > 63:
         raise InvalidInput("A cluster name is a DNS label: lowercase letters, digits and '-'.", field="name")
@@ -132,6 +137,12 @@ def register_cluster(
         for value in values:
             if value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):
                 raise InvalidInput(f"{value!r} is not a Kubernetes object name.", field=field)
+    if tensorrt_version and not _TENSORRT_VERSION.fullmatch(tensorrt_version):
+        raise InvalidInput(
+            f"{tensorrt_version!r} is not a TensorRT version: give major.minor.patch, optionally with the build "
+            "(10.5.0.18), as the image's TensorRT reports it.",
+            field="tensorrt_version",
+        )
     encrypted = ""
     if kubeconfig:
         parse_kubeconfig(kubeconfig, context=context)
@@ -148,6 +159,7 @@ def register_cluster(
             "s3_endpoint": s3_endpoint,
             "s3_secret_name": s3_secret_name,
             "pod_service_account": pod_service_account,
+            "tensorrt_version": tensorrt_version,
         },
     )
     record_audit(
@@ -160,6 +172,7 @@ def register_cluster(
             "in_cluster": in_cluster,
             "context": context,
             "triton_image": triton_image,
+            "tensorrt_version": tensorrt_version,
         },
     )
     log.info("cluster.registered", extra={"cluster": name, "new_cluster": created})
@@ -193,6 +206,41 @@ def triton_release_of_image(image: str) -> str | None:
     return f"2.{51 + months}"
 
 
+#: The TensorRT version in NGC's `tritonserver:<YY.MM>-py3` images, for the releases a source was found for: NVIDIA's
+#: Triton release notes (20.10: "TensorRT 7.2.1"; 21.10: "TensorRT 8.0.3.4 for x64 Linux") and the image table of
+#: Taiwan Computing Cloud's Triton images (22.02, 22.05, 22.08, 22.11, 24.05, 24.12). A cluster registered with
+#: `tensorrt_version` overrides it; for another release the operator must give it.
+TENSORRT_OF_RELEASE = {
+    "20.10": "7.2.1",
+    "21.10": "8.0.3.4",
+    "22.02": "8.2.3",
+    "22.05": "8.2.5.1",
+    "22.08": "8.4.2.4",
+    "22.11": "8.5.1",
+    "24.05": "10.0.1.6",
+    "24.12": "10.7.0.23",
+}
+_TENSORRT_VERSION = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}(\.\d{1,6})?")
+
+
+def cluster_tensorrt_version(cluster: Cluster) -> str | None:
+    """The TensorRT version the cluster's Triton image carries: as registered (`Cluster.tensorrt_version`), else
+    from `TENSORRT_OF_RELEASE` by the image's NGC tag; None when neither tells."""
+    if cluster.tensorrt_version:
+        return str(cluster.tensorrt_version)
+    match = _NGC_TAG.search(cluster.triton_image)
+    return TENSORRT_OF_RELEASE.get(f"{match.group(1)}.{match.group(2)}") if match else None
+
+
+def tensorrt_versions_match(built: str, carried: str) -> bool:
+    """Whether a plan built with TensorRT `built` runs on TensorRT `carried` ("10.7.0" against "10.7.0.23"): the
+    components both give must be equal, major.minor.patch at least (TensorRT "Engine Portability": in the standard
+    runtime the versions must match)."""
+    left, right = built.split("."), carried.split(".")
+    shared = min(len(left), len(right))
+    return shared >= 3 and left[:shared] == right[:shared]
+
+
 def image_mismatch(image: str) -> str:
     """A sentence when the cluster's Triton image is not the release builds are verified with, else ""."""
     release = triton_release_of_image(image)
@@ -219,6 +267,7 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
         "namespace": cluster.namespace,
         "triton_image": cluster.triton_image,
         "triton_release": triton_release_of_image(cluster.triton_image),
+        "tensorrt_version": cluster_tensorrt_version(cluster),
         "verified_triton_release": VERIFIED_TRITON_RELEASE,
         "image_mismatch": image_mismatch(cluster.triton_image),
         "gpu_offers": None,

@@ -19,6 +19,7 @@ from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
+from deployments.services.clusters import TENSORRT_OF_RELEASE, cluster_tensorrt_version, tensorrt_versions_match
 from deployments.services.placement import Placement, check_instance_kind, check_placement, parse_scaling
 from deployments.services.quotas import gpu_request, instance_request
 from deployments.services.repository import repository_request_bytes
@@ -337,6 +338,8 @@ def _check_request(
             )
         )
         version = None
+    if version is not None:
+        refusals.extend(_gpu_requirement_refusals(version, runtime=runtime, placement=placement, gpu=gpu))
     # One definition of the option bounds: the build's (builds.model_config MAX_* constants).
     options_parsed, overrides = attempt(
         refusals,
@@ -401,6 +404,61 @@ def _check_request(
             requested=requested,
         )
     return _CheckedRequest(plan=plan, team=team, requested=requested, refusals=refusals)
+
+
+def _gpu_requirement_refusals(version: Any, *, runtime: str, placement: Any, gpu: Any) -> list[ConchError]:
+    """Why a version that runs only on one GPU product and TensorRT version (a TensorRT plan:
+    `builds.gpu_requirement`) cannot be deployed as asked: on the local runtime (field `runtime`), without that
+    `gpu.product` (field `gpu.product`), or on a cluster whose Triton carries another TensorRT, or one Conch does
+    not know (field `cluster`). [] when it can, or for a model that runs anywhere."""
+    requirement = builds.gpu_requirement(version)
+    if requirement is None:
+        return []
+    product, built_with = requirement
+    what = f"Model version {version.pk} is a TensorRT plan built for {product} with TensorRT {built_with}"
+    instead = "or upload the ONNX model it was built from, which Conch serves anywhere."
+    if runtime != RuntimeName.KUBERNETES:
+        return [
+            InvalidInput(
+                f"{what}: a plan runs only on the GPU and TensorRT it was built for, and the local runtime has "
+                f"neither. Deploy it on the kubernetes runtime with gpu.product {product}, {instead}",
+                field="runtime",
+            )
+        ]
+    refusals: list[ConchError] = []
+    asked = ((placement.gpu if placement is not None else gpu) or {}).get("product")
+    if asked != product:
+        refusals.append(
+            InvalidInput(
+                f"{what}; the deployment asks for "
+                + (f"gpu.product {asked}" if asked else "no gpu.product")
+                + f". Give gpu.product {product} (with gpu.count), {instead}",
+                field="gpu.product",
+            )
+        )
+    if placement is not None and placement.cluster is not None:
+        cluster = placement.cluster
+        carried = cluster_tensorrt_version(cluster)
+        if carried is None:
+            refusals.append(
+                InvalidInput(
+                    f"{what}, but Conch does not know which TensorRT cluster {cluster.name!r}'s Triton image "
+                    f"{cluster.triton_image} carries. Register the cluster with --tensorrt-version (the version the "
+                    f"image's TensorRT reports), or use an NGC image of a release Conch knows "
+                    f"({', '.join(sorted(TENSORRT_OF_RELEASE))}), {instead}",
+                    field="cluster",
+                )
+            )
+        elif not tensorrt_versions_match(built_with, carried):
+            refusals.append(
+                InvalidInput(
+                    f"{what}, but cluster {cluster.name!r} runs {cluster.triton_image} with TensorRT {carried}, which "
+                    f"cannot load it. Build the plan again with TensorRT {carried} (trtexec in the TensorRT image of "
+                    f"the same release), deploy on a cluster whose Triton carries TensorRT {built_with}, {instead}",
+                    field="cluster",
+                )
+            )
+    return refusals
 
 
 def check_deployment_fits(*, user: User, request: DeploymentRequest, token: TokenGrant | None = None) -> dict[str, Any]:

@@ -96,12 +96,12 @@ def test_tree_models_are_told_by_name_and_content(tmp_path):
         # an archive under a model file's name, and a model file under an archive's name
         ("model.onnx", b"PK\x03\x04" + b"\0" * 100, "it looks like a ZIP archive (a zipped folder"),
         ("model.zip", b"\x08\x07\x12\x07pytorch", "its content is an ONNX model. Rename it to end in .onnx"),
-        # a TensorRT plan, raw or behind an Ultralytics metadata header, named as an ONNX model or not at all
-        ("model.onnx", b"ftrt" + bytes(60), "it looks like a TensorRT plan (engine). A plan runs only on the GPU"),
+        # a TensorRT plan, raw or behind an Ultralytics metadata header, named as an ONNX model
+        ("model.onnx", b"ftrt" + bytes(60), "its content is a TensorRT plan. Rename it to end in .plan or .engine"),
         (
-            "yolo",
+            "yolo.onnx",
             (14).to_bytes(4, "little") + b'{"task": "d"} ' + b"ftrt" + bytes(40),
-            "it looks like a TensorRT plan (engine) with an Ultralytics metadata header. A plan runs only",
+            "its content is a TensorRT plan. Rename it to end in .plan",
         ),
     ],
 )
@@ -157,6 +157,7 @@ def test_the_formats_list_names_each_format_its_backend_and_conversion():
             "tflite",
             "torchscript",
             "torch_export",
+            "tensorrt_plan",
             "triton_repository",
             "archive",
         ]
@@ -167,6 +168,16 @@ def test_the_formats_list_names_each_format_its_backend_and_conversion():
     assert listed["lightgbm"]["conversion"] == "onnxmltools" and listed["xgboost"]["suffixes"] == [".json", ".ubj"]
     assert listed["torchscript"]["served_as"] == "pytorch" and listed["torchscript"]["conversion"] is None
     assert listed["torch_export"]["conversion"] == "torch.onnx" and listed["torch_export"]["suffixes"] == [".pt2"]
+
+
+def test_a_tensorrt_plan_is_told_raw_or_behind_an_ultralytics_header():
+    assert detect_format(b"ftrt" + bytes(60), filename="model.plan").key == "tensorrt_plan"
+    assert detect_format(b"ftrt" + bytes(60), filename="").key == "tensorrt_plan"
+    wrapped = (14).to_bytes(4, "little") + b'{"task": "d"} ' + b"ftrt" + bytes(40)
+    assert detect_format(wrapped, filename="yolo11n.engine").key == "tensorrt_plan"
+    with pytest.raises(InvalidInput) as raised:
+        detect_format(b"\x08\x07\x12\x07pytorch", filename="model.plan")
+    assert "its content is an ONNX model" in raised.value.detail
 
 
 def _zip_head(member: str, data: bytes = b"") -> bytes:

@@ -219,7 +219,9 @@ def test_input_spec_given_for_another_format_fails_its_build_naming_the_option(
         alice, django_capture_on_commit_callbacks, "e", "classifier.pt2", data, input_spec="features=FP32:-1,5"
     )
     assert version["status"] == "failed" and version["error_field"] == "input_spec"
-    assert version["error"].startswith("input_spec gives a TorchScript model's inputs (.pt), but this model is a")
+    assert version["error"].startswith(
+        "input_spec gives a TorchScript model's or a TensorRT plan's inputs (.pt, .plan), but this model is a"
+    )
 
 
 def test_a_deployed_torchscript_model_answers_as_torch_does(

@@ -141,6 +141,9 @@ def test_the_formats_list_and_the_upload_check_name_the_conversion(alice, tmp_pa
         "tf_savedmodel",
         "tf_graphdef",
         "tflite",
+        "torchscript",
+        "torch_export",
+        "tensorrt_plan",
         "triton_repository",
         "archive",
     ]

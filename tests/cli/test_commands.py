@@ -190,7 +190,7 @@ def test_usage_errors_exit_1(cli, tmp_path):
     [
         ("yaml", "--build-option (-o) takes KEY=VALUE with KEY one of "),
         ("max_bach_size=8", "--build-option (-o) has no option 'max_bach_size' (did you mean 'max_batch_size'?)"),
-        ("output=json", "--build-option (-o) has no option 'output' (did you mean 'output_dims'?); it takes "),
+        ("output_dim=json", "--build-option (-o) has no option 'output_dim' (did you mean 'output_dims'?); it takes "),
     ],
 )
 def test_an_unknown_build_option_is_a_usage_error_naming_the_accepted_ones(cli, tmp_path, option, says):

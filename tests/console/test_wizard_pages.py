@@ -61,7 +61,7 @@ def test_the_upload_page_offers_pickle_endings_only_to_a_team_allowed_pickles(al
     url = f"/wizard/models/{model.pk}/upload/"
     # then its file chooser leaves out the pickle endings
     assert (
-        'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.keras,.h5,.hdf5,.pb,.tflite,.zip,.tar,.tar.gz,.tgz,.tar.bz2,.tar.xz"'
+        'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.keras,.h5,.hdf5,.pb,.tflite,.pt,.pth,.jit,.pt2,.plan,.engine,.trt,.zip,.tar,.tar.gz,.tgz,.tar.bz2,.tar.xz"'
         in _client(alice).get(url).content.decode()
     )
     # when an admin allows pickles for the team
@@ -70,7 +70,7 @@ def test_the_upload_page_offers_pickle_endings_only_to_a_team_allowed_pickles(al
     # then the chooser offers them too, and the drop zone names the format
     page = _client(alice).get(url).content.decode()
     assert (
-        'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.joblib,.pkl,.pickle,.keras,.h5,.hdf5,.pb,.tflite,.zip,.tar,.tar.gz,.tgz,.tar.bz2,.tar.xz"'
+        'accept=".onnx,.txt,.model,.lgb,.json,.ubj,.joblib,.pkl,.pickle,.keras,.h5,.hdf5,.pb,.tflite,.pt,.pth,.jit,.pt2,.plan,.engine,.trt,.zip,.tar,.tar.gz,.tgz,.tar.bz2,.tar.xz"'
         in page
     )
     assert "scikit-learn" in page

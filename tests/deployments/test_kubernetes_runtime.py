@@ -716,3 +716,56 @@ def test_a_network_policy_is_applied_with_the_deployment_and_deleted_with_it(
     with capture(execute=True):
         alice.client.delete(f"/api/v1/deployments/{created['id']}/")
     assert networking.list_namespaced_network_policy("conch", label_selector=selector).items == []
+
+
+def test_a_tensorrt_plan_deploys_only_on_its_gpu_product_and_tensorrt_version(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks
+):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from tests.builds.test_tensorrt_builds import DECLARED, PLAN
+
+    # given a TensorRT plan built for NVIDIA-A10 with TensorRT 10.7.0 (a stand-in file: see test_tensorrt_builds)
+    model = alice.client.post("/api/v1/models/", {"name": "detector", "team": "acme"}, format="json").json()
+    with django_capture_on_commit_callbacks(execute=True):
+        uploaded = alice.client.post(
+            f"/api/v1/models/{model['id']}/versions/", {"file": SimpleUploadedFile("d.plan", PLAN), **DECLARED}
+        )
+    version = alice.client.get(f"/api/v1/versions/{uploaded.json()['id']}/").json()
+    assert version["status"] == "built", version["error"]
+    body = {"name": "web", "team": "acme", "model_version": version["id"], "runtime": "kubernetes", "cluster": "local"}
+    a10 = {"product": "NVIDIA-A10", "count": 1}
+
+    def errors(**extra) -> list[tuple[str, str]]:
+        response = alice.client.post("/api/v1/deployments/check", {**body, **extra}, format="json")
+        return [(error["field"], error["detail"]) for error in response.json().get("errors", [])]
+
+    # when the cluster's image is a release Conch knows no TensorRT of (24.10, the default), it is refused saying so
+    [(field, detail)] = errors(replicas=1, gpu=a10)
+    assert field == "cluster" and "Conch does not know which TensorRT cluster 'local'" in detail
+    assert "Register the cluster with --tensorrt-version" in detail
+    # when the cluster says its TensorRT, another GPU product and no GPU at all are refused naming gpu.product
+    register_cluster(
+        name="local",
+        kubeconfig=k8s_env.kubeconfig_path.read_text(),
+        namespace="conch",
+        tensorrt_version="10.7.0.23",
+    )
+    # (the test cluster's A100 offers MIG slices only, so whole A100s are refused by gpu.count as well)
+    found = dict(errors(replicas=1, gpu={"product": "NVIDIA-A100-SXM4-40GB", "count": 1}))
+    assert "the deployment asks for gpu.product NVIDIA-A100-SXM4-40GB" in found["gpu.product"]
+    [(field, detail)] = errors(replicas=1)
+    assert field == "gpu.product" and "the deployment asks for no gpu.product. Give gpu.product NVIDIA-A10" in detail
+    # and on its GPU product with its TensorRT it fits
+    fits = alice.client.post("/api/v1/deployments/check", {**body, "replicas": 1, "gpu": a10}, format="json")
+    assert fits.status_code == 200 and fits.json()["fits"] is True, fits.content
+    # and an image known to carry another TensorRT (24.05: 10.0.1.6) is refused naming both versions
+    register_cluster(
+        name="local",
+        kubeconfig=k8s_env.kubeconfig_path.read_text(),
+        namespace="conch",
+        triton_image="nvcr.io/nvidia/tritonserver:24.05-py3",
+    )
+    [(field, detail)] = errors(replicas=1, gpu=a10)
+    assert field == "cluster" and "runs nvcr.io/nvidia/tritonserver:24.05-py3 with TensorRT 10.0.1.6" in detail
+    assert "Build the plan again with TensorRT 10.0.1.6" in detail

@@ -47,7 +47,8 @@ EXIT_CODES_HELP = (
 #: (several outputs separated by ';'). `tolerance` is the comparison tolerance of a converted model's floating outputs
 #: (-o tolerance=0.001). `graph_inputs`/`graph_outputs` name a TensorFlow frozen graph's nodes
 #: (-o graph_outputs=logits,embedding). `input_spec` gives a TorchScript model's inputs
-#: (-o 'input_spec=features=FP32:-1,5').
+#: (-o 'input_spec=features=FP32:-1,5'); a TensorRT plan takes it with `output_spec`, `gpu_product` and
+#: `tensorrt_version`.
 BUILD_OPTIONS = (
     "max_batch_size",
     "max_queue_delay_microseconds",
@@ -58,6 +59,9 @@ BUILD_OPTIONS = (
     "graph_inputs",
     "graph_outputs",
     "input_spec",
+    "output_spec",
+    "gpu_product",
+    "tensorrt_version",
 )
 RUNTIMES = ("local", "kubernetes")
 #: Parts `conch upload` sends at once by default. Four 16 MiB parts keep a link busy; more add contention where the

@@ -25,6 +25,11 @@ class Command(AuditedCommand):
         parser.add_argument("--context", default="", help="Context of the kubeconfig (default: its current one).")
         parser.add_argument("--namespace", required=True, help="Namespace deployments' objects go to.")
         parser.add_argument("--image", default=DEFAULT_TRITON_IMAGE, help="Triton image of the pods.")
+        parser.add_argument(
+            "--tensorrt-version",
+            default="",
+            help="TensorRT version the image carries (10.5.0.18), for TensorRT plans; default: known NGC releases.",
+        )
         parser.add_argument("--image-pull-secret", action="append", default=[], help="Image pull Secret (repeatable).")
         parser.add_argument("--s3-endpoint", default="", help="Object-store URL as pods reach it.")
         parser.add_argument("--s3-secret", default="", help="Existing Secret with the pods' S3 credentials.")
@@ -49,6 +54,7 @@ class Command(AuditedCommand):
                 context=options["context"],
                 in_cluster=options["in_cluster"],
                 triton_image=options["image"],
+                tensorrt_version=options["tensorrt_version"],
                 image_pull_secrets=options["image_pull_secret"],
                 s3_endpoint=options["s3_endpoint"],
                 s3_secret_name=options["s3_secret"],
