@@ -173,7 +173,7 @@ class TorchScriptFormat(ModelFormat):
                 and first.shape[0] == _TRIAL_SIZES[0][0]
                 and second.shape[0] == _TRIAL_SIZES[1][0]
             )
-            names = tuple(BATCH_AXIS_NAME if (axis == 0 and follows) else None for axis in range(len(dims)))
+            names = [BATCH_AXIS_NAME if (axis == 0 and follows) else None for axis in range(len(dims))]
             outputs.append(
                 {"name": output_name(index), "datatype": _triton(first.dtype), "dims": list(dims), "dim_names": names}
             )
@@ -184,7 +184,7 @@ class TorchScriptFormat(ModelFormat):
             inputs.append({"name": name, "datatype": datatype, "dims": list(dims), "dim_names": names})
         signature = {
             "inputs": inputs,
-            "outputs": [{**o, "dim_names": list(o["dim_names"])} for o in outputs],
+            "outputs": outputs,
             "ir_version": 0,
             "opset": None,
             "opset_imports": [],

@@ -347,16 +347,20 @@ def _run_claimed_build(build: Build) -> str:
                     )
                     verified = config
                 else:
-                    verified = _verify(
+                    verified = verify_build(
                         build=build,
+                        record_config=lambda pbtxt: state.record_build_artifacts(
+                            version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt
+                        ),
                         store=store,
                         prefix=prefix,
                         config=config,
                         signature=signature,
                         options=options,
                         say=say,
-                        local=local,
-                        copy_key=copy_key,
+                        scratch=scratch_server,
+                        source_file=local,
+                        source_key=copy_key,
                         reference=_reference(model_format, source, build, conversion, sandbox_seconds, hints),
                     )
                 stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
@@ -398,40 +402,8 @@ def _run_claimed_build(build: Build) -> str:
     return "built"
 
 
-def _verify(
-    *,
-    build: Build,
-    store: Any,
-    prefix: str,
-    config: ModelConfig,
-    signature: ModelSignature,
-    options: BuildOptions,
-    say: StepLog,
-    local: Path,
-    copy_key: str | None,
-    reference: SourceReference | None,
-) -> ModelConfig:
-    """The verify step on the warm verify Triton (`verify_build`); returns the configuration it keeps."""
-    version, attempt = build.version, build.attempt
-    return verify_build(
-        build=build,
-        record_config=lambda pbtxt: state.record_build_artifacts(
-            version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt
-        ),
-        store=store,
-        prefix=prefix,
-        config=config,
-        signature=signature,
-        options=options,
-        say=say,
-        scratch=scratch_server,
-        source_file=local,
-        source_key=copy_key,
-        reference=reference,
-    )
-
-
 def _a(title: str) -> str:
+    """`title` with its indefinite article ("an ONNX model", "a TensorRT plan")."""
     return f"{'an' if title[:1] in 'AEIOX' else 'a'} {title}"
 
 
@@ -460,8 +432,8 @@ def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat
 
 def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> ConversionHints:
     """The interface hints the build options give (`graph_inputs`, `graph_outputs`). Raises InvalidInput naming the
-    option when it is given for a format that takes none (`ModelFormat.hint_options`): also `input_spec`, which
-    only a TorchScript model takes."""
+    option when it is given for a format that takes none (`ModelFormat.hint_options`): also `input_spec` (a
+    TorchScript model's or a TensorRT plan's) and a plan's `output_spec`, `gpu_product`, `tensorrt_version`."""
     given = {
         GRAPH_INPUTS_FIELD: options.graph_inputs,
         GRAPH_OUTPUTS_FIELD: options.graph_outputs,
@@ -478,8 +450,7 @@ def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> Conve
                 INPUT_SPEC_FIELD: "gives a TorchScript model's or a TensorRT plan's inputs (.pt, .plan)",
             }.get(field, "describes a TensorRT plan (.plan)")
             raise InvalidInput(
-                f"{field} {what}, but this model is "
-                f"{'an' if model_format.title[:1] in 'AEIOX' else 'a'} {model_format.title}, whose file says its "
+                f"{field} {what}, but this model is {_a(model_format.title)}, whose file says its "
                 "inputs and outputs itself. Leave it empty and rebuild.",
                 field=field,
             )
