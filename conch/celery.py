@@ -36,6 +36,7 @@ PERIODIC_TASKS = (
     "builds.sweep_stalled_versions",
     "uploads.sweep_uploads",
     "deployments.collect_repository_garbage",
+    "deployments.advance_tensorrt_plans",
     "conch.heartbeat",  # conch.liveness.HEARTBEAT_TASK
 )
 
@@ -67,6 +68,7 @@ def _install_beat_schedule(sender: Celery, **_: object) -> None:
             "uploads.sweep_uploads",
             "expire resumable uploads, requeue their checks",
         ),
+        (settings.CONCH_PLAN_POLL_INTERVAL_SECONDS, "deployments.advance_tensorrt_plans", "follow TensorRT plan Jobs"),
         (900.0, "deployments.collect_repository_garbage", "delete repositories no build or deployment uses"),
         # Beat's own pulse (conch.liveness): keeps beat publishing, and some worker running a heartbeat, at a
         # known period whatever the other intervals are.

@@ -317,6 +317,11 @@ CONCH_METRICS_RETENTION_SECONDS = env("CONCH_METRICS_RETENTION_SECONDS", 86400, 
 # The sweepers (builds.sweep_stalled_versions, uploads.sweep_uploads) recover stuck builds and uploads every this
 # many seconds.
 CONCH_SWEEP_INTERVAL_SECONDS = env("CONCH_SWEEP_INTERVAL_SECONDS", 30.0, cast=float)
+# TensorRT plan Jobs (deployments.services.plans): how often beat looks at the Jobs, how long a Job's pod may wait for
+# a free GPU before the plan fails, and how long a Job may run at all (activeDeadlineSeconds).
+CONCH_PLAN_POLL_INTERVAL_SECONDS = env("CONCH_PLAN_POLL_INTERVAL_SECONDS", 10.0, cast=float)
+CONCH_PLAN_SCHEDULE_TIMEOUT_SECONDS = env("CONCH_PLAN_SCHEDULE_TIMEOUT_SECONDS", 900, cast=int)
+CONCH_PLAN_JOB_DEADLINE_SECONDS = env("CONCH_PLAN_JOB_DEADLINE_SECONDS", 3600, cast=int)
 
 # --- Heartbeats of builds and uploads (seconds) ------------------------------------
 # A running build writes its heartbeat at each step and this often in between.

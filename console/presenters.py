@@ -66,6 +66,17 @@ def max_batch_size_of(config_pbtxt: str) -> int:
         return 0
 
 
+def served_by_onnxruntime(config_pbtxt: str) -> bool:
+    """Whether a model configuration in text form is served by ONNX Runtime (what a TensorRT plan is made from)."""
+    if not config_pbtxt.strip():
+        return False
+    try:
+        config = config_from_pbtxt(config_pbtxt)
+    except InvalidInput:
+        return False
+    return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
+
+
 def signature_rows(signature: dict[str, Any] | None, *, batching: bool) -> dict[str, list[TensorRow]]:
     """{"inputs": [TensorRow], "outputs": [TensorRow]} of a version's inspected signature
     (`ModelSignature.to_dict()`; None before inspection gives empty lists). With `batching`, axis 0 of every

@@ -16,6 +16,7 @@ urlpatterns = [
         name="version-download",
     ),
     path("models/<int:model_id>/versions/<int:version_id>/delete/", views.version_delete, name="version-delete"),
+    path("models/<int:model_id>/versions/<int:version_id>/optimize/", views.version_optimize, name="version-optimize"),
     path("deployments/", views.deployment_list, name="deployments"),
     path("deployments/<int:deployment_id>/", views.deployment_detail, name="deployment"),
     path("deployments/<int:deployment_id>/live/", views.deployment_live, name="deployment-live"),

@@ -226,6 +226,8 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
                 "history": builds.history(version),
                 "max_batch_size": batch,
                 "tensors": presenters.signature_rows(version.signature, batching=batch > 0),
+                "plans": list(deployments.visible_plans(user=request.user).filter(model_version=version)),
+                "optimizable": presenters.served_by_onnxruntime(config_pbtxt),
             }
         )
     role = tenancy.role_in_team(user=request.user, team=model.team)
@@ -236,11 +238,41 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
             "model": model,
             "versions": versions,
             "can_write": role_can_write(role),
+            "clusters": [cluster.name for cluster in deployments.list_clusters()],
             "error": error,
             "error_status": _status_text(status),
         },
         status=status,
     )
+
+
+@login_required
+def version_optimize(request: HttpRequest, model_id: int, version_id: int) -> HttpResponse:
+    """Ask for a TensorRT plan of a version for a cluster's GPU product (the model page's form; developer role)."""
+    model = _model_of(request, model_id)
+    version = _version_of(request, model, version_id)
+    if refused := _post_only(request):
+        return refused
+    cluster, gpu_product = request.POST.get("cluster", "").strip(), request.POST.get("gpu_product", "").strip()
+    if not cluster or not gpu_product:
+        missing = "a cluster" if not cluster else "the GPU product (the nodes' nvidia.com/gpu.product label)"
+        return _model_page(request, model, status=400, error=f"Choose {missing} to build the TensorRT plan for.")
+    try:
+        plan = deployments.request_tensorrt_plan(
+            user=request.user,
+            model_version_id=version.pk,
+            cluster_name=cluster,
+            gpu_product=gpu_product,
+            fp16=request.POST.get("fp16") == "on",
+        )
+    except ConchError as exc:
+        return _model_page(request, model, status=exc.status_code, error=exc.detail)
+    messages.success(
+        request,
+        f"TensorRT plan {plan.pk} of version {version.number} for {plan.gpu_product} on {plan.cluster.name} asked "
+        "for: a Job builds it there, then Conch compares it with the ONNX model.",
+    )
+    return redirect("console:model", model_id=model.pk)
 
 
 @login_required

@@ -32,3 +32,16 @@ class UpdateStatus(models.TextChoices):
     UPDATING = "updating", "Updating"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+
+
+class PlanStatus(models.TextChoices):
+    """Where a TensorRT plan of a version stands (`deployments.services.plans`)."""
+
+    PENDING = "pending", "Pending"  # asked for; its Job not created yet
+    BUILDING = "building", "Building"  # its Job exists (waiting for a GPU, or running trtexec)
+    SUCCEEDED = "succeeded", "Succeeded"  # built, run and compared: deployments on its GPU product use it
+    FAILED = "failed", "Failed"
+
+
+#: Plan statuses from which nothing moves on.
+FINAL_PLAN_STATUSES = (PlanStatus.SUCCEEDED, PlanStatus.FAILED)

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from deployments.choices import DeploymentStatus, DesiredState, RuntimeName, UpdateStatus
+from deployments.choices import DeploymentStatus, DesiredState, PlanStatus, RuntimeName, UpdateStatus
 
 #: Triton image of Kubernetes pods: the release of the local binary (Triton 2.51 = NGC 24.10), so what a build
 #: verified is what pods run (NVIDIA "Frameworks Support Matrix").
@@ -48,6 +48,57 @@ class Cluster(models.Model):
         return f"{self.name} ({self.namespace})"
 
 
+class TensorRTPlan(models.Model):
+    """A TensorRT plan of a built ONNX version: a variant of it for one GPU product on one cluster, built there by a
+    Kubernetes Job (`deployments.services.plans`), run once on Conch's inputs and compared with the ONNX model.
+
+    `build` is the version's build whose ONNX model the plan was made from; `tensorrt_version` the TensorRT of the
+    cluster's Triton (what the plan runs on), `image` the TensorRT image it was built in. Once `succeeded`,
+    `repository_prefix` holds a Triton repository (`<model>/config.pbtxt` with `config_pbtxt`, `<model>/<N>/model.plan`)
+    of `plan_bytes` bytes, and deployments of the version on that cluster with that GPU product serve it.
+    `message` says what the Job waits for or why the plan failed, in words a user can act on; `report` holds what
+    was measured (`shapes`, `build_seconds`, `run_seconds`, `tensorrt`, `comparison`: one entry per output as
+    `builds.comparison.OutputComparison.to_dict()` gives it).
+    """
+
+    team = models.ForeignKey("tenancy.Team", on_delete=models.CASCADE, related_name="tensorrt_plans")
+    model_version = models.ForeignKey(
+        "models_registry.ModelVersion", on_delete=models.CASCADE, related_name="tensorrt_plans"
+    )
+    build = models.ForeignKey("builds.Build", on_delete=models.CASCADE, related_name="tensorrt_plans")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="tensorrt_plans")
+    gpu_product = models.CharField(max_length=253)
+    tensorrt_version = models.CharField(max_length=32)
+    image = models.CharField(max_length=300)
+    fp16 = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=PlanStatus.choices, default=PlanStatus.PENDING)
+    message = models.TextField(blank=True)
+    job_name = models.CharField(max_length=63, blank=True)
+    repository_prefix = models.CharField(max_length=500, blank=True)
+    config_pbtxt = models.TextField(blank=True)
+    # Bytes the plan takes in the store: reserved in the team's storage quota when asked for (the ONNX model's size),
+    # then what was written; 0 once it is deleted or failed.
+    plan_bytes = models.PositiveBigIntegerField(default=0)
+    report = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["build", "cluster", "gpu_product", "fp16"],
+                condition=~Q(status="failed"),
+                name="tensorrtplan_unique_live_variant",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"plan {self.pk} of version {self.model_version_id} for {self.gpu_product} on {self.cluster_id}"
+
+
 class Deployment(models.Model):
     """What to serve (a built model version), where (runtime) and how (instances, batching).
 
@@ -79,6 +130,11 @@ class Deployment(models.Model):
     # The model repository this deployment serves, pinned when it is created: a rebuild of the version writes a
     # new prefix and never changes what a running or restarting deployment loads.
     repository_prefix = models.CharField(max_length=500, blank=True)
+    # The TensorRT plan of the version it serves instead of the ONNX model (a Kubernetes deployment on the plan's
+    # cluster and GPU product), pinned like `repository_prefix`; null: the build's own model.
+    tensorrt_plan = models.ForeignKey(
+        TensorRTPlan, on_delete=models.PROTECT, null=True, blank=True, related_name="deployments"
+    )
     # Bytes of the deployment's own repository in the object store (`deployments.services.repository`): reserved
     # in the team's storage quota when the deployment is created (and for a hot update's next version), then what
     # is measured there once written; 0 once the repository is deleted (after a stop).

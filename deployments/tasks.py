@@ -51,3 +51,15 @@ def prune_metric_samples() -> int:
 def collect_repository_garbage() -> int:
     """Periodic: delete build repositories that neither their version nor any deployment uses."""
     return services.collect_repository_garbage()
+
+
+@shared_task(name="deployments.advance_tensorrt_plan", **_COMMON)
+def advance_tensorrt_plan(plan_id: int) -> str:
+    """Move one TensorRT plan on: create its Job, or read what the Job did."""
+    return services.advance_tensorrt_plan(plan_id=plan_id)
+
+
+@shared_task(name="deployments.advance_tensorrt_plans", **_COMMON)
+def advance_tensorrt_plans() -> int:
+    """Periodic: move every TensorRT plan that is not finished on (heals a task lost with its worker)."""
+    return services.advance_tensorrt_plans()

@@ -20,7 +20,7 @@ MIGRATIONS = {
     "models_registry": ["0001_initial.py", "0002_move_upload_to_uploads.py", "0003_builds_leave_versions.py"],
     "builds": ["0001_initial.py", "0002_builds_own_their_state.py"],
     "uploads": ["0001_initial.py"],
-    "deployments": ["0001_initial.py", "0002_cluster_tensorrt_version.py"],
+    "deployments": ["0001_initial.py", "0002_cluster_tensorrt_version.py", "0003_tensorrt_plans.py"],
 }
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "datatype_name",
     "datatype_of_numpy",
     "datatype_value",
+    "numpy_of_datatype",
     "config_to_pbtxt",
     "same_apart_from_versions",
     "serving_versions",
@@ -59,6 +60,17 @@ def datatype_of_numpy(dtype: Any) -> str:
     if name is None:
         raise ValueError(f"numpy dtype {dtype} has no Triton datatype")
     return str(name)
+
+
+def numpy_of_datatype(datatype: str) -> Any:
+    """The numpy dtype of a Triton datatype name ("FP32" -> float32, "BYTES" -> object), by tritonclient's own
+    mapping (`tritonclient.utils.triton_to_np_dtype`). Raises ValueError for a name Triton does not have."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    dtype = triton_to_np_dtype(datatype)
+    if dtype is None:
+        raise ValueError(f"Triton has no datatype {datatype!r}")
+    return np.dtype(dtype)
 
 
 def config_to_pbtxt(config: ModelConfig) -> str:

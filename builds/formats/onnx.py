@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from builds.formats.base import ModelFormat
+import numpy as np
+
+from builds.formats.base import NO_HINTS, ConversionHints, ModelFormat
 from conch.errors import InvalidInput
 
 __all__ = ["OnnxFormat", "starts_like_onnx"]
@@ -53,3 +55,16 @@ class OnnxFormat(ModelFormat):
                 field="file",
             )
         return folder / models[0] if models else None
+
+    def run_source(
+        self, source: Path, inputs: Mapping[str, np.ndarray], hints: ConversionHints = NO_HINTS
+    ) -> dict[str, np.ndarray]:
+        """Sandbox child only: run `inputs` through the ONNX model with onnxruntime on the CPU (the reference a
+        TensorRT plan of it is compared with); outputs keyed by the graph's output names."""
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+        names = [output.name for output in session.get_outputs()]
+        wanted = {item.name for item in session.get_inputs()}
+        results = session.run(names, {name: np.asarray(array) for name, array in inputs.items() if name in wanted})
+        return {name: np.asarray(value) for name, value in zip(names, results, strict=True)}

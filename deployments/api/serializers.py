@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from deployments.models import Deployment, GatewayUsage
+from deployments.models import Deployment, GatewayUsage, TensorRTPlan
 from deployments.services import effective_settings, endpoints, gateway_address, log_tail
 
 
@@ -112,6 +112,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "endpoints",
             "config_pbtxt",
             "repository_prefix",
+            "tensorrt_plan",
             "log_tail",
             "created_at",
             "ready_at",
@@ -184,3 +185,48 @@ class GatewayUsageSerializer(serializers.ModelSerializer):
 
     def get_deployment(self, obj: GatewayUsage) -> dict:
         return {"id": obj.deployment_id, "name": obj.deployment.name}
+
+
+class CreateTensorRTPlanSerializer(serializers.Serializer):
+    model_version = serializers.JSONField(help_text="Id of a built version served as ONNX.")
+    cluster = serializers.CharField(help_text="Name of the Kubernetes cluster whose nodes build (and run) the plan.")
+    gpu_product = serializers.CharField(
+        help_text="The `nvidia.com/gpu.product` label value of the nodes to build on, e.g. NVIDIA-A10."
+    )
+    fp16 = serializers.BooleanField(
+        required=False, default=False, help_text="Let TensorRT pick FP16 kernels (compared within FP16's tolerance)."
+    )
+
+
+class TensorRTPlanSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug", read_only=True)
+    model = serializers.CharField(source="model_version.model.name", read_only=True)
+    model_version_number = serializers.IntegerField(source="model_version.number", read_only=True)
+    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = TensorRTPlan
+        fields = [
+            "id",
+            "team",
+            "model",
+            "model_version",
+            "model_version_number",
+            "build",
+            "cluster",
+            "gpu_product",
+            "fp16",
+            "image",
+            "tensorrt_version",
+            "status",
+            "message",
+            "job_name",
+            "repository_prefix",
+            "config_pbtxt",
+            "plan_bytes",
+            "report",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields

@@ -22,9 +22,11 @@ from conch.throttling import InferenceRateThrottle
 from deployments import observe, services
 from deployments.api.serializers import (
     CreateDeploymentSerializer,
+    CreateTensorRTPlanSerializer,
     DeploymentSerializer,
     GatewayUsageQuerySerializer,
     GatewayUsageSerializer,
+    TensorRTPlanSerializer,
     UpdateDeploymentSerializer,
 )
 from deployments.services import DeploymentRequest, PlacementRequest
@@ -320,6 +322,65 @@ class DeploymentViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
         except ValueError:
             raise InvalidInput("window must be a whole number of seconds.", field="window") from None
         return Response(observe.summarize(deployment=self.get_object(), window_seconds=window))
+
+
+class TensorRTPlanViewSet(ListModelMixin, RetrieveModelMixin, GenericViewSet):
+    """TensorRT plans of your teams' ONNX versions, each built by a Kubernetes Job on the GPU product it runs on and
+    compared with the ONNX model. Deployments of the version on that cluster with that GPU product serve the plan."""
+
+    http_method_names = ["get", "post", "delete", "head", "options"]
+    serializer_class = TensorRTPlanSerializer
+
+    def get_queryset(self):
+        plans = services.visible_plans(user=self.request.user, token=self.request.auth).order_by("id")
+        version = self.request.query_params.get("model_version")
+        if version is not None:
+            if not version.isdigit():
+                raise InvalidInput("model_version must be the id of a model version.", field="model_version")
+            plans = plans.filter(model_version_id=int(version))
+        return plans
+
+    @extend_schema(
+        parameters=[OpenApiParameter("model_version", int, description="Only the plans of this version.")],
+        responses={200: TensorRTPlanSerializer(many=True), 400: ErrorSerializer},
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        request=CreateTensorRTPlanSerializer,
+        responses={
+            202: TensorRTPlanSerializer,
+            400: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: ErrorSerializer,
+            503: ErrorSerializer,
+        },
+        description="Optimize a built ONNX version for a GPU product of a cluster: a Kubernetes Job builds a "
+        "TensorRT plan with trtexec on a node with that GPU, in the TensorRT image of the cluster's Triton release, "
+        "runs it once, and Conch compares its outputs with the ONNX model's. 202: the plan, `pending`; follow "
+        "`status` and `message`. 400 names the field (`model_version` not ONNX or with a dynamic axis besides the "
+        "batch axis, `cluster`, `gpu_product` no node offers); 409 for a plan that exists or a full storage quota.",
+    )
+    def create(self, request: Request) -> Response:
+        body = CreateTensorRTPlanSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        plan = services.request_tensorrt_plan(
+            user=request.user,
+            token=request.auth,
+            model_version_id=body.validated_data["model_version"],
+            cluster_name=body.validated_data["cluster"],
+            gpu_product=body.validated_data["gpu_product"],
+            fp16=body.validated_data["fp16"],
+        )
+        return Response(TensorRTPlanSerializer(plan).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={204: None, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer})
+    def destroy(self, request: Request, pk: str | None = None) -> Response:
+        plan = self.get_object()
+        services.delete_tensorrt_plan(user=request.user, token=request.auth, plan=plan)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ClusterViewSet(GenericViewSet):

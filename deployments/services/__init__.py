@@ -19,6 +19,14 @@ from deployments.services.lifecycle import (
     stop_deployment,
 )
 from deployments.services.offers import deployment_offers
+from deployments.services.plans import (
+    advance_tensorrt_plan,
+    advance_tensorrt_plans,
+    delete_tensorrt_plan,
+    get_tensorrt_plan,
+    request_tensorrt_plan,
+    visible_plans,
+)
 from deployments.services.records import (
     ENABLED_RUNTIMES,
     LOG_TAIL_LINES,
@@ -48,6 +56,12 @@ from deployments.services.updates import (
 )
 
 __all__ = [
+    "advance_tensorrt_plan",
+    "advance_tensorrt_plans",
+    "delete_tensorrt_plan",
+    "get_tensorrt_plan",
+    "request_tensorrt_plan",
+    "visible_plans",
     "DeploymentRequest",
     "PlacementRequest",
     "ENABLED_RUNTIMES",

@@ -38,6 +38,7 @@ __all__ = [
     "register_cluster",
     "triton_release_of_image",
     "cluster_tensorrt_version",
+    "tensorrt_image_of",
     "tensorrt_versions_match",
     "TENSORRT_OF_RELEASE",
 ]
@@ -239,6 +240,23 @@ def tensorrt_versions_match(built: str, carried: str) -> bool:
     left, right = built.split("."), carried.split(".")
     shared = min(len(left), len(right))
     return shared >= 3 and left[:shared] == right[:shared]
+
+
+_TRITON_IMAGE = re.compile(r"^(?P<registry>.*/)?tritonserver:(?P<release>\d\d\.\d\d)-py3$")
+
+
+def tensorrt_image_of(triton_image: str) -> str | None:
+    """The TensorRT image of the same NGC release as the Triton image `triton_image`, from the same registry:
+    `nvcr.io/nvidia/tritonserver:24.10-py3` -> `nvcr.io/nvidia/tensorrt:24.10-py3`; None for an image that is not
+    a plain `tritonserver:<YY.MM>-py3` (a `-trtllm-` or custom tag carries another TensorRT).
+
+    NVIDIA's "Frameworks Support Matrix" lists one TensorRT version per monthly container release, shared by that
+    release's TensorRT and Triton containers, so a plan the TensorRT image builds runs on the Triton of its release.
+    """
+    match = _TRITON_IMAGE.match(triton_image)
+    if not match:
+        return None
+    return f"{match.group('registry') or ''}tensorrt:{match.group('release')}-py3"
 
 
 def image_mismatch(image: str) -> str:

@@ -22,6 +22,7 @@ from deployments.choices import DeploymentStatus, DesiredState
 from deployments.models import Deployment
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import DeploymentSpec, OwnedWorkload, Phase, Runtime
+from deployments.services import plans
 from deployments.services.records import ENABLED_RUNTIMES, log_tail, queue_task
 from deployments.services.repository import (
     collect_deployment_repositories,
@@ -607,16 +608,20 @@ def _restart_if_due(deployment: Deployment, now: datetime) -> bool:
 
 
 def collect_repository_garbage() -> int:
-    """Delete repository prefixes of old build attempts that no deployment pins (see
-    `builds.services.collect_repository_garbage`), and the own repositories of stopped deployments; returns how
-    many prefixes were deleted. Also records the size of serving repositories not counted yet
-    (`measure_unmeasured_repositories`)."""
-    pinned = set(
-        Deployment.objects.exclude(status=DeploymentStatus.STOPPED)
-        .exclude(repository_prefix="")
-        .values_list("repository_prefix", flat=True)
+    """Delete repository prefixes of old build attempts that no deployment pins and no TensorRT plan still reads (see
+    `builds.services.collect_repository_garbage`), the own repositories of stopped deployments and the store
+    folders of deleted or failed TensorRT plans; returns how many prefixes were deleted. Also records the size of
+    serving repositories not counted yet (`measure_unmeasured_repositories`)."""
+    pinned = (
+        set(
+            Deployment.objects.exclude(status=DeploymentStatus.STOPPED)
+            .exclude(repository_prefix="")
+            .values_list("repository_prefix", flat=True)
+        )
+        | plans.building_prefixes()
     )
     deleted = builds.collect_repository_garbage(keep=pinned) + collect_deployment_repositories()
+    deleted += plans.collect_plan_garbage()
     measure_unmeasured_repositories()
     return deleted
 

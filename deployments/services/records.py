@@ -14,8 +14,8 @@ from django.db.models import QuerySet
 from builds import services as builds
 from builds.model_config import apply_deployment_overrides, instance_kind_of, parse_build_options
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound, attempt, refuse_all
-from deployments.choices import DeploymentStatus, DesiredState, RuntimeName
-from deployments.models import Deployment
+from deployments.choices import DeploymentStatus, DesiredState, PlanStatus, RuntimeName
+from deployments.models import Cluster, Deployment, TensorRTPlan
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Endpoints, Server
 from deployments.runtimes.kubernetes.runtime import pod_repository_location
@@ -192,7 +192,12 @@ def create_deployment(
                 max_batch_size=max_batch_size,
                 max_queue_delay_microseconds=delay,
                 config_pbtxt=config_to_pbtxt(config),
-                repository_prefix=builds.served_repository_prefix(version),
+                repository_prefix=(
+                    plan.tensorrt_plan.repository_prefix
+                    if plan.tensorrt_plan
+                    else builds.served_repository_prefix(version)
+                ),
+                tensorrt_plan=plan.tensorrt_plan,
                 repository_bytes=requested.get("storage_bytes", 0),
                 created_by=user,
             )
@@ -209,6 +214,7 @@ def create_deployment(
                     "gpu": placement.gpu,
                     "instance_count": deployment.instance_count,
                     "instance_kind": instance_kind or None,
+                    "tensorrt_plan": plan.tensorrt_plan.pk if plan.tensorrt_plan else None,
                 },
             )
             _queue_start(deployment.pk)
@@ -236,6 +242,8 @@ class DeploymentPlan:
     max_batch_size: int | None
     max_queue_delay_microseconds: int | None
     requested: dict[str, Any]
+    #: The TensorRT plan of the version it would serve instead of the ONNX model (`usable_plan`), or None.
+    tensorrt_plan: TensorRTPlan | None = None
 
 
 def plan_deployment(
@@ -361,11 +369,17 @@ def _check_request(
             gpu=placement.gpu if placement is not None else gpu,
         )
     config = None
+    # A Kubernetes deployment with GPUs of a product the version has a TensorRT plan for serves the plan.
+    tensorrt_plan = (
+        usable_plan(version, placement.cluster, (placement.gpu or {}).get("product"))
+        if version is not None and placement is not None and runtime == RuntimeName.KUBERNETES
+        else None
+    )
     if version is not None and options_parsed and kind_checked:
         _, config = attempt(
             refusals,
             apply_deployment_overrides,
-            config_from_pbtxt(builds.served_config_pbtxt(version)),
+            config_from_pbtxt(tensorrt_plan.config_pbtxt if tensorrt_plan else builds.served_config_pbtxt(version)),
             instance_count=overrides.instance_count,
             max_batch_size=overrides.max_batch_size,
             max_queue_delay_microseconds=overrides.max_queue_delay_microseconds,
@@ -383,7 +397,7 @@ def _check_request(
         _, repository_bytes = attempt(
             refusals,
             repository_request_bytes,
-            build_prefix=builds.served_repository_prefix(version),
+            build_prefix=tensorrt_plan.repository_prefix if tensorrt_plan else builds.served_repository_prefix(version),
             model_name=version.model.name,
             number=version.number,
             config=config,
@@ -402,6 +416,7 @@ def _check_request(
             max_batch_size=overrides.max_batch_size,
             max_queue_delay_microseconds=overrides.max_queue_delay_microseconds,
             requested=requested,
+            tensorrt_plan=tensorrt_plan,
         )
     return _CheckedRequest(plan=plan, team=team, requested=requested, refusals=refusals)
 
@@ -514,6 +529,20 @@ def request_stop(*, user: User, deployment: Deployment, token: TokenGrant | None
         pk = deployment.pk
         queue_task("deployments.stop_deployment", pk)
     return deployment
+
+
+def usable_plan(version: Any, cluster: Cluster | None, gpu_product: str | None) -> TensorRTPlan | None:
+    """The succeeded TensorRT plan (`deployments.services.plans`) a deployment of `version` on `cluster` with GPUs
+    of `gpu_product` serves: one made from the build the version serves now, on that cluster while it runs the same
+    Triton image; the FP16 one when both exist (it was compared within FP16's tolerance). None when there is none:
+    the deployment serves the ONNX model."""
+    build = builds.served_build(version)
+    if cluster is None or not gpu_product or build is None:
+        return None
+    plans = TensorRTPlan.objects.filter(
+        build=build, cluster=cluster, gpu_product=gpu_product, status=PlanStatus.SUCCEEDED
+    ).order_by("-fp16", "-created_at")
+    return next((plan for plan in plans if plan.report.get("triton_image") == cluster.triton_image), None)
 
 
 def version_for_deployment(*, user: User, model_version_id: Any, token: TokenGrant | None = None) -> ModelVersion:

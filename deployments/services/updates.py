@@ -49,7 +49,7 @@ from builds import services as builds
 from builds.model_config import apply_deployment_overrides, instance_kind_of
 from conch.errors import ConchError, Conflict, InvalidInput
 from deployments.choices import DeploymentStatus, DesiredState, RuntimeName, UpdateStatus
-from deployments.models import Deployment
+from deployments.models import Deployment, TensorRTPlan
 from deployments.runtimes import get_runtime
 from deployments.runtimes.base import Server
 from deployments.services.quotas import instance_request
@@ -57,6 +57,7 @@ from deployments.services.records import (
     queue_task,
     require_deployment_access,
     rescale_deployment,
+    usable_plan,
     version_for_deployment,
 )
 from deployments.services.repository import (
@@ -240,9 +241,10 @@ def update_model_version(
     return deployment
 
 
-def effective_config(deployment: Deployment, version: ModelVersion) -> ModelConfig:
-    """`version`'s configuration with the deployment's overrides (as `create_deployment` applies them): its
-    max_batch_size and queue delay overrides, and the instance count and kind it runs with now.
+def effective_config(deployment: Deployment, version: ModelVersion, plan: TensorRTPlan | None = None) -> ModelConfig:
+    """`version`'s configuration (its TensorRT `plan`'s, when it is given) with the deployment's overrides (as
+    `create_deployment` applies them): its max_batch_size and queue delay overrides, and the instance count and
+    kind it runs with now.
 
     Raises InvalidInput naming `model_version` when an override does not fit the version (e.g. a batch size
     for a version built without batching).
@@ -250,7 +252,7 @@ def effective_config(deployment: Deployment, version: ModelVersion) -> ModelConf
     running = config_from_pbtxt(deployment.config_pbtxt)
     try:
         return apply_deployment_overrides(
-            config_from_pbtxt(builds.served_config_pbtxt(version)),
+            config_from_pbtxt(plan.config_pbtxt if plan is not None else builds.served_config_pbtxt(version)),
             instance_count=(running.instance_group[0].count or None) if running.instance_group else None,
             # the kind it was deployed with (builds write KIND_AUTO, so only a kind chosen at create is carried)
             instance_kind=kind if (kind := instance_kind_of(running)) in ("KIND_CPU", "KIND_GPU") else None,
@@ -307,13 +309,20 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
     old = deployment.model_version
     name = deployment.model_name
     old_config = served_config(deployment)
+    # On the cluster and GPU product of a TensorRT plan of the new version, the plan; else its ONNX model.
+    new_plan = (
+        usable_plan(new, deployment.cluster, (deployment.gpu or {}).get("product"))
+        if deployment.runtime == RuntimeName.KUBERNETES
+        else None
+    )
+    new_prefix = new_plan.repository_prefix if new_plan is not None else builds.served_repository_prefix(new)
     try:
-        new_config = effective_config(deployment, new)
+        new_config = effective_config(deployment, new, new_plan)
         store = get_object_store()
         remove_other_versions(store, deployment_id=deployment.pk, model_name=name, keep={old.number, new.number})
         copy_version_files(
             store,
-            build_prefix=builds.served_repository_prefix(new),
+            build_prefix=new_prefix,
             model_name=name,
             number=new.number,
             deployment_id=deployment.pk,
@@ -360,7 +369,8 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
     with transaction.atomic():
         row = Deployment.objects.select_for_update(of=("self",)).select_related("team").get(pk=deployment.pk)
         row.model_version = new
-        row.repository_prefix = builds.served_repository_prefix(new)
+        row.repository_prefix = new_prefix
+        row.tensorrt_plan = new_plan
         row.config_pbtxt = config_to_pbtxt(new_config)
         row.target_model_version = None
         row.update_status = UpdateStatus.SUCCEEDED
@@ -369,6 +379,7 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
             update_fields=[
                 "model_version",
                 "repository_prefix",
+                "tensorrt_plan",
                 "config_pbtxt",
                 "target_model_version",
                 "update_status",

@@ -15,6 +15,14 @@ if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && [ -x
 fi
 mkdir -p "$CACHE/dl" "$CACHE/apt/lists/partial" "$CACHE/apt/cache/archives/partial" "$CACHE/root" "$BIN"
 log() { echo "[k8s-build] $*" >&2; }
+# One build at a time (test processes starting together, CI's set-up beside a test run): the others wait for it,
+# then find the binaries.
+exec 9>"$CACHE/.build.lock"
+flock 9
+if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && [ -x "$BIN/kube-scheduler" ] \
+    && [ -x "$BIN/etcd" ]; then
+  echo "$BIN"; exit 0
+fi
 
 # A private apt state with deb-src entries beside the machine's own sources: nothing under /etc or /var changes.
 SRC_DIR="$CACHE/apt/sources.list.d"; mkdir -p "$SRC_DIR"

@@ -44,7 +44,7 @@ BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 DEFAULT_STATE_DIR = REPO_ROOT / "var" / "cluster"
 NAMESPACE = "conch"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-CONTROLLERS = "deployment,replicaset,garbagecollector,namespace,horizontalpodautoscaling,disruption"
+CONTROLLERS = "deployment,replicaset,garbagecollector,namespace,horizontalpodautoscaling,disruption,job"
 SERVICE_CIDR = "10.96.0.0/16"
 
 

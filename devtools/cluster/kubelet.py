@@ -9,9 +9,10 @@ Readiness and Startup Probes", "Define Environment Variables for a Container", "
 - resolves each container's environment (literal values with `$(VAR)` references, `secretKeyRef`,
   `configMapKeyRef`, a few `fieldRef`s, `envFrom` Secrets and ConfigMaps, read through the API);
 - maps any `nvcr.io/nvidia/tritonserver:*` image to the `tritonserver` of the nvidia-pytriton wheel with our CPU
-  backends, runs the container's command and args (`$(VAR)` expanded, `$$` escapes) and adds the flags that bind
-  Triton to the pod's address; other images fail like a registry that does not have them (`ErrImagePull`, then
-  `ImagePullBackOff`);
+  backends (and the stand-in `tensorrt` backend of devtools/cluster/standins), runs the container's command and
+  args (`$(VAR)` expanded, `$$` escapes) and adds the flags that bind Triton to the pod's address; runs an
+  `nvcr.io/nvidia/tensorrt:*` image's command with this Python as `python3` and the stand-in `trtexec` on PATH;
+  other images fail like a registry that does not have them (`ErrImagePull`, then `ImagePullBackOff`);
 - runs the startup, readiness and liveness `httpGet` probes with their periods and thresholds (named ports
   resolved), restarts containers that exit or fail their liveness probe with the crash-loop back-off (10 s doubling
   up to 5 minutes; first restart at once), and patches `pods/status` as a kubelet does;
@@ -32,10 +33,12 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -52,6 +55,8 @@ logger = logging.getLogger("devtools.cluster.kubelet")
 
 TRITON_IMAGE = re.compile(r"(nvcr\.io/)?nvidia/tritonserver(:[^@]+)?(@sha256:[0-9a-f]+)?")
 TRITON_COMMANDS = {"tritonserver", "/opt/tritonserver/bin/tritonserver"}
+TENSORRT_IMAGE = re.compile(r"(nvcr\.io/)?nvidia/tensorrt(:[^@]+)?(@sha256:[0-9a-f]+)?")
+STANDINS = Path(__file__).resolve().parent / "standins"
 # Flags the kubelet sets itself on Triton (its address and the local backends), replacing any in the manifest.
 _OWN_FLAGS = ("--http-address", "--grpc-address", "--metrics-address", "--backend-directory")
 BACKOFF_CAP_S = 300.0
@@ -270,7 +275,7 @@ class PodWorker(threading.Thread):
 
     def _start(self, container: Container) -> float:
         image = container.spec.get("image", "")
-        if not TRITON_IMAGE.fullmatch(image):
+        if not (TRITON_IMAGE.fullmatch(image) or TENSORRT_IMAGE.fullmatch(image)):
             # What a node shows for an image its registry does not have: ErrImagePull, then ImagePullBackOff.
             pulled_once = container.state.get("waiting", {}).get("reason") in ("ErrImagePull", "ImagePullBackOff")
             reason = "ImagePullBackOff" if pulled_once else "ErrImagePull"
@@ -278,7 +283,7 @@ class PodWorker(threading.Thread):
                 f'Back-off pulling image "{image}"'
                 if pulled_once
                 else f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
-                f"not found (the test kubelet runs nvcr.io/nvidia/tritonserver images only)"
+                f"not found (the test kubelet runs nvcr.io/nvidia/tritonserver and tensorrt images only)"
             )
             container.state = {"waiting": {"reason": reason, "message": message}}
             container.next_start = time.monotonic() + self.kubelet.backoff_base_s
@@ -297,6 +302,8 @@ class PodWorker(threading.Thread):
             argv = self.kubelet.container_argv(container.spec, env, self.address)
             container.log_dir.mkdir(parents=True, exist_ok=True)
             try:
+                if TENSORRT_IMAGE.fullmatch(image):
+                    env = {**env, "PATH": f"{self.kubelet.standin_bin()}:{os.environ.get('PATH', '')}"}
                 container.process = self.kubelet.spawn(argv, env, container.log_path(), container.log_dir)
             except OSError as exc:
                 container.log_path().write_text(f"{exc}\n")
@@ -781,8 +788,26 @@ class Kubelet:
 
             installation = locate_installation()
             backends = ensure_backend_directory(self.state_dir / "backends", installation=installation)
+            (backends / "tensorrt").mkdir(exist_ok=True)
+            shutil.copyfile(STANDINS / "tensorrt_backend" / "model.py", backends / "tensorrt" / "model.py")
             self._triton = (installation.binary, server_environment(installation), backends)
         return self._triton
+
+    def standin_bin(self) -> Path:
+        """A folder with `python3` (this Python) and the stand-in `trtexec`, first on a TensorRT container's PATH."""
+        folder = self.state_dir / "standin-bin"
+        if not (folder / "trtexec").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            root = STANDINS.parent.parent.parent
+            for name, body in (
+                ("python3", f'exec "{sys.executable}" "$@"\n'),
+                ("trtexec", f'PYTHONPATH="{root}" exec "{sys.executable}" -m devtools.cluster.standins.trtexec "$@"\n'),
+            ):
+                path = folder / f".{name}"
+                path.write_text(f"#!/bin/sh\n{body}")
+                path.chmod(0o755)
+                path.replace(folder / name)
+        return folder
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> subprocess.Popen[bytes]:
         """Start a container process in its own process group, output appended to `log_path`."""

@@ -349,6 +349,13 @@ class ObjectStore(abc.ABC):
     def triton_environment(self) -> dict[str, str]:
         """Return the environment variables Triton needs to read `triton_repository_location`."""
 
+    def presign_object(self, key: str, *, method: str, expires_in_s: int, endpoint_url: str = "") -> str | None:
+        """A URL through which a client without credentials GETs object `key` or PUTs it (`method` "GET" or
+        "PUT": the whole object in one request), valid for `expires_in_s` seconds, for a client that reaches the
+        store at `endpoint_url` ("" : where Conch reaches it). None for a store clients cannot reach themselves
+        (a folder on Conch's disk). Makes no request."""
+        return None
+
     def put_bytes(self, key: str, data: bytes) -> StoredObject:
         """Store `data` as object `key` (replacing any previous one) and return what was stored."""
         with self.open_writer(key) as writer:

@@ -384,6 +384,10 @@ class S3ObjectStore(ObjectStore):
             region_name=region or (FALLBACK_REGION if endpoint_url else None),
         )
         self._client = session.client("s3", endpoint_url=endpoint_url or None, config=config)
+        # Signing-only clients of other endpoints (`presign_object`), one per endpoint.
+        self._session, self._config = session, config
+        self._signers: dict[str, Any] = {}
+        self._signers_lock = threading.Lock()
         self.region = self._client.meta.region_name or FALLBACK_REGION
         # Presigned URLs name the host clients reach; a SigV4 signature covers that host, so they are made by a
         # client of the public endpoint (it never sends a request itself).
@@ -628,6 +632,34 @@ class S3ObjectStore(ObjectStore):
                 "upload_part", Params=params, ExpiresIn=expires_in_s, HttpMethod="PUT"
             )
         return PartTarget(number=number, method="PUT", url=url, headers=headers, expires_in_s=expires_in_s)
+
+    def presign_object(self, key: str, *, method: str, expires_in_s: int, endpoint_url: str = "") -> str | None:
+        """Presign GetObject or PutObject of `key` (SigV4 in the query string) for clients that reach the store at
+        `endpoint_url` (a SigV4 signature covers the host, so the URL is made by a client of that endpoint; it
+        never sends a request itself). Raises ValueError for another `method`."""
+        operations = {"GET": "get_object", "PUT": "put_object"}
+        if method not in operations:
+            raise ValueError(f"presign_object takes GET or PUT, not {method!r}")
+        client = self._client_for(endpoint_url.rstrip("/")) if endpoint_url else self._client
+        with self._errors("sign a request for", key):
+            return str(
+                client.generate_presigned_url(
+                    operations[method],
+                    Params={"Bucket": self.bucket, "Key": self._object_key(key)},
+                    ExpiresIn=expires_in_s,
+                    HttpMethod=method,
+                )
+            )
+
+    def _client_for(self, endpoint_url: str) -> Any:
+        if endpoint_url == self.endpoint_url:
+            return self._client
+        with self._signers_lock:
+            client = self._signers.get(endpoint_url)
+            if client is None:
+                client = self._session.client("s3", endpoint_url=endpoint_url, config=self._config)
+                self._signers[endpoint_url] = client
+            return client
 
     def write_part(
         self, key: str, upload_id: str, number: int, stream: BinaryIO, size_bytes: int, *, checksum_crc32: str = ""

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from builds.services import current_build
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
-from deployments.models import GatewayUsage
+from deployments.models import GatewayUsage, TensorRTPlan
 from deployments.services.clusters import register_cluster
 from deployments.services.requests import DeploymentRequest, PlacementRequest
 from tenancy.choices import Role
@@ -38,6 +38,8 @@ class TeamWorld:
     version: object
     deployment: object
     upload: object
+    #: A TensorRT plan of the version (a record only: no Job ran), set once a cluster is registered.
+    plan: object = None
 
     def token_client(self) -> APIClient:
         client = APIClient()
@@ -107,4 +109,16 @@ def two_teams(db, tmp_path) -> TwoTeams:
     carol_token = create_api_token(user=carol, team=other.team, name="globex only").secret
     staff = UserFactory(username="operator", is_staff=True, is_superuser=True)
     cluster, _ = register_cluster(name="shared", namespace="conch", in_cluster=True)
+    for world in (victim, other):
+        world.plan = TensorRTPlan.objects.create(
+            team=world.team,
+            model_version=world.version,
+            build=current_build(world.version),
+            cluster=cluster,
+            gpu_product="NVIDIA-A10",
+            tensorrt_version="10.7.0",
+            image="nvcr.io/nvidia/tensorrt:24.10-py3",
+            status="failed",
+            message="a record for the sweeps",
+        )
     return TwoTeams(victim=victim, other=other, carol=carol, carol_token=carol_token, staff=staff, cluster=cluster)

@@ -142,6 +142,7 @@ def _value_for(route: Route, param: str, world: TwoTeams) -> str:
         "teams": victim.team.slug,
         "clusters": world.cluster.name,
         "gateway-usage": victim.team.slug,
+        "tensorrt-plans": victim.plan.pk,
     }
     if param in ("id", "pk", "slug", "name") and before in by_kind:
         return str(by_kind[before])

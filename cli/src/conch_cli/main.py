@@ -603,6 +603,43 @@ def builds_list(
     )
 
 
+@app.command(cls=_Command)
+def optimize(
+    version: VersionArg,
+    cluster: Annotated[str, typer.Option("--cluster", help="The Kubernetes cluster whose nodes build the plan.")],
+    gpu_product: Annotated[
+        str, typer.Option("--gpu-product", help="The nodes' nvidia.com/gpu.product label, e.g. NVIDIA-A10.")
+    ],
+    fp16: Annotated[bool, typer.Option("--fp16", help="Let TensorRT pick FP16 kernels.")] = False,
+    team: Team = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the plan; exit 5 if it fails.")] = False,
+    timeout: Timeout = 3600,
+    as_json: Json = False,
+) -> None:
+    """Build a TensorRT plan of an ONNX version on a cluster's GPU product (POST /api/v1/tensorrt-plans/): a Job
+    there runs trtexec, and Conch compares the plan's outputs with the ONNX model's. Deployments of the version
+    on that cluster with that GPU product then serve the plan."""
+    with _api() as api:
+        body = {"model_version": _version_id(api, version, team), "cluster": cluster, "gpu_product": gpu_product}
+        plan = api.post("/api/v1/tensorrt-plans/", {**body, "fp16": fp16})
+        if not as_json:
+            output.line(f"plan {plan['id']}: {plan['status']} {plan['message']}")
+        deadline = time.monotonic() + timeout
+        said = plan["message"]
+        while wait and plan["status"] not in ("succeeded", "failed"):
+            if time.monotonic() > deadline:
+                raise CliError(f"Plan {plan['id']} is still {plan['status']!r} after {timeout:.0f} s.", UNAVAILABLE)
+            time.sleep(2)
+            plan = api.get(f"/api/v1/tensorrt-plans/{plan['id']}/")
+            if plan["message"] != said and not as_json:
+                output.line(f"plan {plan['id']}: {plan['status']} {plan['message']}")
+                said = plan["message"]
+    if as_json:
+        output.emit_json(plan)
+    if plan["status"] == "failed":
+        raise CliError(f"Plan {plan['id']} failed: {plan['message']}", FAILED)
+
+
 def _when(stamp: str | None) -> str:
     """`YYYY-MM-DD HH:MM:SS` of an API timestamp (ISO 8601, UTC), "-" for none."""
     return stamp[:19].replace("T", " ") if stamp else "-"

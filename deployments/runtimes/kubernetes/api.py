@@ -107,6 +107,7 @@ KINDS: dict[str, _Kind] = {
     "Service": _Kind("v1", "services"),
     "Secret": _Kind("v1", "secrets"),
     "Event": _Kind("v1", "events"),
+    "Job": _Kind("batch/v1", "jobs"),
     "HorizontalPodAutoscaler": _Kind("", "horizontalpodautoscalers"),
     "PodDisruptionBudget": _Kind("", "poddisruptionbudgets"),
     "PodMonitor": _Kind("monitoring.coreos.com/v1", "podmonitors"),
