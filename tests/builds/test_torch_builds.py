@@ -250,3 +250,33 @@ def test_a_deployed_torchscript_model_answers_as_torch_does(
     with torch.inference_mode():
         expected = torch_models.classifier()(torch.from_numpy(x))[1].numpy()
     np.testing.assert_allclose(np.array(output["data"]).reshape(3, 3), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_real_pretrained_model_as_torchscript_and_as_an_exported_program_is_served_and_proven_equal(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given MTCNN's O-Net with the pretrained weights facenet-pytorch's wheel ships, saved both ways PyTorch saves
+    weights = real_models.mtcnn_onet_weights()
+    capture = django_capture_on_commit_callbacks
+    # when the TorchScript file is uploaded with its input's datatype and shape
+    data = torch_models.mtcnn_onet_torchscript(weights, tmp_path / "onet.pt").read_bytes()
+    version = _version(alice, capture, "onet", "onet.pt", data, input_spec="image=FP32:-1,3,48,48")
+    # then it is served by the pytorch backend, its three outputs learned and equal to torch's
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    assert build["source_format"] == "torchscript"
+    inspect = _log(build, "inspect")
+    assert "output OUTPUT__0: FP32 [-1, 4] axes [N, -]" in inspect
+    assert "output OUTPUT__1: FP32 [-1, 10] axes [N, -]" in inspect
+    assert "output OUTPUT__2: FP32 [-1, 2] axes [N, -]" in inspect
+    rows = {row["output"]: row for row in build["conversion"]["comparison"]}
+    assert set(rows) == {"OUTPUT__0", "OUTPUT__1", "OUTPUT__2"} and all(row["ok"] for row in rows.values()), rows
+    # and when the exported program is uploaded, it is converted to ONNX and proven equal to the program
+    data = torch_models.mtcnn_onet_exported(weights, tmp_path / "onet.pt2").read_bytes()
+    version = _version(alice, capture, "onet-onnx", "onet.pt2", data)
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    assert build["source_format"] == "torch_export"
+    assert "input image: FP32 [-1, 3, 48, 48] axes [N, -, -, -]" in _log(build, "inspect")
+    rows = {row["output"]: row for row in build["conversion"]["comparison"]}
+    assert len(rows) == 3 and all(row["ok"] for row in rows.values()), rows
