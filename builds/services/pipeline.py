@@ -56,7 +56,7 @@ from builds.models import Build, BuildStep
 from builds.packaging import describe_packaging, package_external_data, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.services import state
-from builds.services.repositories import register_repository_models
+from builds.services.repositories import register_model_versions, register_repository_models
 from builds.services.storage import (
     discard_attempt_repositories,
     record_repository_size,
@@ -503,7 +503,8 @@ def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Pat
 def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple[RepositoryModel, Path]:
     """Read and check every model of the uploaded Triton model repository at `root`
     (`builds.formats.triton_repository.read_repository`); return the model this build serves (the one named as
-    the Conch model, or the only one) and its model file: the highest version its version policy serves. The
+    the Conch model, or the only one) and its model file: the lowest version its version policy serves; each other
+    version it serves becomes the Conch model's next version, in order (`register_model_versions`). The
     repository's other models become models of the team, each with a version built from its folder
     (`builds.services.repositories.register_repository_models`).
     Raises InvalidInput (field "file") naming the model and the field; Unavailable as registering does."""
@@ -519,14 +520,15 @@ def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple
             say(f"model {model.name!r}: skipped {skipped}, as Triton does")
     chosen = pick_model(models, model_name)
     check_served(chosen)
-    number = chosen.versions[-1]
+    number = chosen.versions[0]
     if len(chosen.versions) > 1:
         say(
-            f"model {chosen.name!r} serves versions {', '.join(str(v) for v in chosen.versions)}; this Conch version "
-            f"is its version {number}. Upload the others as versions of their own to keep them."
+            f"model {chosen.name!r} serves versions {', '.join(str(v) for v in chosen.versions)}: this Conch version "
+            f"is its version {number}, and each other one becomes the next version of {model_name!r}, in order"
         )
     say(f"building {chosen.name}/{number}/{chosen.model_filename} as its config.pbtxt configures it")
     register_repository_models(version=version, models=models, served=chosen, say=say)
+    register_model_versions(version=version, model=chosen, served=number, say=say)
     return chosen, chosen.model_file(number)
 
 

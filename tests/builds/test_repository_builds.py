@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.seed import add_constant
 from tests.builds.test_archive_builds import _build, _log, _upload
 from tests.builds.test_triton_repository import BATCHED, _model
 
@@ -140,3 +141,42 @@ def test_a_build_option_that_config_pbtxt_sets_is_refused_naming_it(
     assert version["error"].startswith(
         "max_batch_size configures the model, but this upload is a Triton model repository whose config.pbtxt"
     )
+
+
+@pytest.mark.e2e
+def test_every_version_a_repository_model_serves_becomes_a_version_of_the_conch_model_in_order(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    # given a model whose version policy serves all of its versions 1 (y = 2x), 2 (y = x + 1) and 3 (y = x + 2),
+    # with a file beside its version folders
+    folder = _model(tmp_path, "doubler", BATCHED.replace("latest { num_versions: 1 }", "all { }"))
+    add_constant(folder / "2" / "model.onnx", 1.0)
+    add_constant(folder / "3" / "model.onnx", 2.0)
+    (folder / "labels.txt").write_text("a\nb\nc\nd\n")
+    # when the folder is uploaded as a version of model "doubler"
+    version = _upload(alice, django_capture_on_commit_callbacks, "doubler", "doubler.zip", _zip(tmp_path))
+    # then this version is its version 1, and versions 2 and 3 become the next Conch versions, in order
+    assert version["status"] == "built", version["error"]
+    inspect = "\n".join(_log(_build(alice, version["id"]), "inspect"))
+    assert (
+        "model 'doubler' serves versions 1, 2, 3: this Conch version is its version 1, and each other one becomes "
+        "the next version of 'doubler', in order"
+    ) in inspect
+    assert "model 'doubler' version 2: registered as Conch model 'doubler', version 2 (id " in inspect
+    assert "model 'doubler' version 3: registered as Conch model 'doubler', version 3 (id " in inspect
+    listed = alice.client.get(f"/api/v1/models/{version['model']}/versions/").json()["results"]
+    by_number = {v["number"]: v for v in listed}
+    assert sorted(by_number) == [1, 2, 3] and all(v["status"] == "built" for v in listed), listed
+    # and each is built from its own version's file, its configuration serving that one version
+    for number in (2, 3):
+        build = _build(alice, by_number[number]["id"])
+        log = _log(build, "inspect")
+        assert "model 'doubler': backend onnxruntime, version(s) " + str(number) + ", config.pbtxt" in log
+        assert f"building doubler/{number}/model.onnx as its config.pbtxt configures it" in log
+        assert "version_policy" not in build["config_pbtxt"] and "max_batch_size: 16" in build["config_pbtxt"]
+    # and a rebuild of version 1 registers no version twice
+    with django_capture_on_commit_callbacks(execute=True):
+        alice.client.post(f"/api/v1/versions/{version['id']}/rebuild")
+    inspect = "\n".join(_log(_build(alice, version["id"]), "inspect"))
+    assert "model 'doubler' version 2: already Conch model 'doubler' version 2 (the same folder)" in inspect
+    assert len(alice.client.get(f"/api/v1/models/{version['model']}/versions/").json()["results"]) == 3
