@@ -26,7 +26,7 @@ from tritonclient.grpc import model_config_pb2
 
 from builds.inspection import ModelSignature
 from conch.errors import InvalidInput, PayloadTooLarge
-from tritonserving.config import ModelConfig
+from tritonserving.config import ModelConfig, datatype_name, numpy_of_datatype
 
 __all__ = [
     "DEFAULT_DYNAMIC_SIZE",
@@ -85,24 +85,6 @@ _NAME_RE = re.compile(r"[^\s=;]+")
 # batched kernels may add in another order, which moves float32 results by ~1e-6 of their magnitude; data mixed
 # between samples (a softmax or statistics over axis 0) moves them by far more.
 _TOLERANCES: dict[str, tuple[float, float]] = {"f2": (1e-2, 1e-3), "f4": (1e-3, 1e-4), "f8": (1e-6, 1e-7)}
-
-_NUMPY_TYPES: dict[str, Any] = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    # numpy has no bfloat16; Triton clients send BF16 from float32 arrays.
-    "TYPE_BF16": np.float32,
-    "TYPE_STRING": np.object_,
-}
 
 
 class VerificationError(InvalidInput):
@@ -794,11 +776,16 @@ def _given(samples: UserSamples, name: str) -> tuple[str, Any]:
 
 
 def _numpy_type(tensor: Any) -> Any:
-    type_name = _type_name(tensor.data_type)
-    dtype = _NUMPY_TYPES.get(type_name)
-    if dtype is None:
-        raise ValueError(f"input {tensor.name!r} has datatype {type_name}, which has no sample value")
-    return dtype
+    """The numpy dtype sample values of a config tensor are made in (`tritonserving.config.numpy_of_datatype`),
+    except BF16, which numpy lacks: Triton clients send it from float32 arrays. Raises ValueError for a datatype
+    with no sample value."""
+    datatype = datatype_name(tensor.data_type)
+    if datatype == "BF16":
+        return np.dtype(np.float32)
+    try:
+        return numpy_of_datatype(datatype)
+    except ValueError:
+        raise ValueError(f"input {tensor.name!r} has datatype {datatype}, which has no sample value") from None
 
 
 def _model_shape(tensor: Any, batching: bool, spec: Any) -> list[int]:
@@ -832,7 +819,7 @@ def _convert(array: np.ndarray, dtype: Any, tensor: Any, source: str) -> np.ndar
             field=source,
         )
 
-    if dtype is np.object_:
+    if dtype == np.object_:
         if kind not in "USO":
             raise refuse(f"{array.dtype} values")
         flat = [item.encode("utf-8") if isinstance(item, str) else item for item in array.ravel().tolist()]
@@ -879,11 +866,11 @@ def _check_shape(array: np.ndarray, shape: Sequence[int], name: str, source: str
 
 
 def _sample(dtype: Any, shape: tuple[int, ...], generator: np.random.Generator, item: int) -> np.ndarray:
-    if dtype is np.object_:
+    if dtype == np.object_:
         array = np.empty(shape, dtype=np.object_)
         array.fill(SAMPLE_BYTES if item == 0 else _SECOND_BYTES)
         return array
-    if dtype is np.bool_:
+    if dtype == np.bool_:
         return np.full(shape, item == 0, dtype=np.bool_)
     if np.issubdtype(dtype, np.floating):
         return generator.random(shape, dtype=np.float64).astype(dtype)

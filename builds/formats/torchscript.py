@@ -31,6 +31,7 @@ from builds.formats._trees import tool_reason
 from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelFormat
 from builds.formats.torch_export import first_zip_member
 from conch.errors import InvalidInput
+from tritonserving.config import datatype_of_numpy, numpy_of_datatype
 
 __all__ = ["TorchScriptFormat", "output_name"]
 
@@ -49,17 +50,6 @@ _TRITON_OF_TORCH = {
     "torch.float16": "FP16",
     "torch.float32": "FP32",
     "torch.float64": "FP64",
-}
-_NUMPY_OF_TRITON = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
 }
 #: The symbolic name of the batch axis: axis 0 of every input and output, following the request's batch size.
 BATCH_AXIS_NAME = "N"
@@ -280,10 +270,10 @@ def _trial(
     for name in arguments:
         datatype, dims = specs[name]
         shape = [(sizes[0] if axis == 0 else sizes[1]) if d == -1 else d for axis, d in enumerate(dims)]
-        dtype = _NUMPY_OF_TRITON[datatype]
+        dtype = numpy_of_datatype(datatype)
         if np.issubdtype(dtype, np.floating):
             array = generator.standard_normal(shape).astype(dtype)
-        elif dtype is np.bool_:
+        elif dtype == np.bool_:
             array = generator.integers(0, 2, shape).astype(np.bool_)
         else:
             array = generator.integers(0, 2, shape).astype(dtype)
@@ -325,7 +315,9 @@ def _flatten(results: Any) -> list[Any]:
 
 
 def _triton(dtype: np.dtype) -> str:
-    for datatype, numpy_type in _NUMPY_OF_TRITON.items():
-        if np.dtype(numpy_type) == dtype:
-            return datatype
-    raise InvalidInput(f"An output has the numpy dtype {dtype}, which Triton has no datatype for.", field="file")
+    try:
+        return datatype_of_numpy(dtype)
+    except ValueError:
+        raise InvalidInput(
+            f"An output has the numpy dtype {dtype}, which Triton has no datatype for.", field="file"
+        ) from None
