@@ -86,6 +86,8 @@ class SourceReference:
     title: str
     run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
     record: Callable[[list[dict[str, Any]], float], None]
+    #: False for a model served as uploaded (TorchScript), which verify compares with its own framework's run.
+    converted: bool = True
 
 
 def sample_limits() -> SampleLimits:
@@ -340,7 +342,8 @@ def compare_with_source(
     source_seconds = time.monotonic() - started
     datatypes = {tensor.name: datatype_name(tensor.data_type) for tensor in config.output}
     comparisons = compare_outputs(source, served, datatypes, accepted=options.tolerance)
-    say(f"comparing the served model with the {reference.title} it was converted from, on the same inputs")
+    origin = "it was converted from" if reference.converted else "run by its own framework"
+    say(f"comparing the served model with the {reference.title} {origin}, on the same inputs")
     for comparison in comparisons:
         say(comparison.describe())
     reference.record([comparison.to_dict() for comparison in comparisons], source_seconds)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from builds.formats import describe_formats
 from builds.inspection import short_dim_name
 from conch.errors import InvalidInput
 from tritonserving.config import config_from_pbtxt
@@ -64,6 +65,17 @@ def max_batch_size_of(config_pbtxt: str) -> int:
         return config_from_pbtxt(config_pbtxt).max_batch_size
     except InvalidInput:
         return 0
+
+
+def format_title(key: str) -> str:
+    """The title of a model format by its key ("keras" -> "Keras model"); the key itself for one Conch no longer
+    lists, "" for none."""
+    if not key:
+        return ""
+    for item in describe_formats():
+        if item["key"] == key:
+            return str(item["title"])
+    return key
 
 
 def served_by_onnxruntime(config_pbtxt: str) -> bool:

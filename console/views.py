@@ -228,6 +228,7 @@ def _model_page(request: HttpRequest, model, *, status: int = 200, error: str = 
                 "tensors": presenters.signature_rows(version.signature, batching=batch > 0),
                 "plans": list(deployments.visible_plans(user=request.user).filter(model_version=version)),
                 "optimizable": presenters.served_by_onnxruntime(config_pbtxt),
+                "format_title": presenters.format_title(current.source_format if current is not None else ""),
             }
         )
     role = tenancy.role_in_team(user=request.user, team=model.team)

@@ -141,11 +141,24 @@ class ModelFormatSerializer(serializers.Serializer):
 
 
 class BuildSummarySerializer(serializers.ModelSerializer):
-    """The current build attempt of a version, without its logs (GET /versions/{id}/builds/ has them all)."""
+    """The current build attempt of a version, without its logs (GET /versions/{id}/builds/ has them all): with the
+    format the upload was told as (`source_format`) and the conversion report (`conversion`: the tool, its version,
+    the opsets, the seconds, what was renamed or assumed, and the comparison with the source framework per output;
+    null for a model served as uploaded without a comparison)."""
 
     class Meta:
         model = Build
-        fields = ["attempt", "status", "worker", "lost_attempts", "queued_at", "started_at", "finished_at"]
+        fields = [
+            "attempt",
+            "status",
+            "worker",
+            "lost_attempts",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "source_format",
+            "conversion",
+        ]
 
 
 class UploadVersionSerializer(serializers.Serializer):

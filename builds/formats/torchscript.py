@@ -138,9 +138,13 @@ class TorchScriptFormat(ModelFormat):
         missing = [name for name in arguments if name not in specs]
         if missing:
             example = "; ".join(f"{name}=FP32:-1,5" for name in arguments)
+            given = (
+                f"{where} {'leave' if from_samples else 'leaves'} out"
+                if specs
+                else "neither input_spec nor sample inputs give one for"
+            )
             raise InvalidInput(
-                f"TorchScript does not record its inputs' datatypes and shapes, and {where} "
-                f"{'leaves out' if specs else 'gives none for'} forward's argument"
+                f"TorchScript does not record its inputs' datatypes and shapes, and {given} forward's argument"
                 f"{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}. Give every input as "
                 f"input_spec (for example {example}: datatype, then the full shape with -1 for an axis of any size), "
                 "or upload sample inputs (an .npz with one array per argument) and rebuild.",

@@ -581,6 +581,7 @@ def _reference(
         title=model_format.title,
         run=lambda inputs: run_source_in_sandbox(model_format, source, inputs, hints=hints),
         record=record,
+        converted=model_format.converted,
     )
 
 

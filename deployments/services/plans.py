@@ -228,9 +228,20 @@ def request_tensorrt_plan(
     )
     build = builds.served_build(version)
     if build is None:
-        raise Conflict(f"Version {version.number} has no successful build to make a plan of.", field="model_version")
+        raise Conflict(
+            f"Model version {version.pk} ({version.model.name}:{version.number}) is {version.status!r}: a plan is made "
+            "of a built version. Build it first (or pick a built one).",
+            field="model_version",
+        )
     config = _onnx_config(build)
     shapes = plan_shapes(config)
+    if not Cluster.objects.exists():
+        raise InvalidInput(
+            "A TensorRT plan is built by a Job on a Kubernetes cluster's GPU node, and no cluster is registered: an "
+            "admin registers one with manage.py register_cluster (docs/deploying.md). Without one, serve the ONNX "
+            "model.",
+            field="cluster",
+        )
     cluster = get_cluster(name=cluster_name)
     image = tensorrt_image_of(cluster.triton_image)
     if image is None:

@@ -200,6 +200,12 @@ def test_a_real_pretrained_keras_model_and_its_tflite_version_are_converted_and_
     assert "output predictions: FP32 [-1, 7] axes [N, -]" in inspect
     [row] = build["conversion"]["comparison"]
     assert row["output"] == "predictions" and row["ok"], row
+    # and the version (API and model page) shows the format it was told as and the conversion report
+    assert version["build"]["source_format"] == "keras" and version["build"]["conversion"]["tool"].startswith("tf2onnx")
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(f"/models/{version['model']}/").content.decode()
+    assert "Uploaded as Keras model" in page and "Conversion to ONNX" in page and 'data-testid="comparison"' in page
     # when its quantized TensorFlow Lite version is uploaded, its int8 kernels and onnxruntime's differ by a
     # quantization step or two: the build fails with the figures and says how to accept them
     version = _upload(alice, capture, "emotion-lite", "emotion.tflite", real_models.emotion_tflite().read_bytes())

@@ -165,8 +165,8 @@ def test_a_torchscript_model_without_input_spec_or_samples_fails_saying_what_to_
     version = _version(alice, django_capture_on_commit_callbacks, "bare", "classifier.pt", data)
     assert version["status"] == "failed" and version["error_field"] == "input_spec"
     assert version["error"].startswith(
-        "TorchScript does not record its inputs' datatypes and shapes, and the sample inputs gives none for "
-        "forward's argument 'features'. Give every input as input_spec (for example features=FP32:-1,5"
+        "TorchScript does not record its inputs' datatypes and shapes, and neither input_spec nor sample inputs "
+        "give one for forward's argument 'features'. Give every input as input_spec (for example features=FP32:-1,5"
     ), version["error"]
 
 
@@ -271,6 +271,14 @@ def test_a_real_pretrained_model_as_torchscript_and_as_an_exported_program_is_se
     assert "output OUTPUT__2: FP32 [-1, 2] axes [N, -]" in inspect
     rows = {row["output"]: row for row in build["conversion"]["comparison"]}
     assert set(rows) == {"OUTPUT__0", "OUTPUT__1", "OUTPUT__2"} and all(row["ok"] for row in rows.values()), rows
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(f"/models/{version['model']}/").content.decode()
+    assert "Checked against its own framework" in page and "Served as uploaded by" in page
+    assert any(
+        "comparing the served model with the TorchScript model run by its own framework" in line
+        for line in _log(build, "verify")
+    )
     # and when the exported program is uploaded, it is converted to ONNX and proven equal to the program
     data = torch_models.mtcnn_onet_exported(weights, tmp_path / "onet.pt2").read_bytes()
     version = _version(alice, capture, "onet-onnx", "onet.pt2", data)

@@ -220,6 +220,22 @@ def models_create(
         output.line(f"model {model['id']} {model['name']!r} in team {model['team']} ({how})")
 
 
+def _forget_created_model(api: ConchApi, model: dict, *, quiet: bool) -> None:
+    """Delete the model this command registered when the server refused its upload and the model holds nothing (no
+    version, no open upload): a refused file leaves no empty model behind. A model that holds something, or a
+    deletion that fails, is left as it is."""
+    try:
+        listed = api.get(f"/api/v1/models/{model['id']}/uploads/")
+        uploads = listed.get("results", []) if isinstance(listed, dict) else listed
+        if api.model_versions(model["id"]) or uploads:
+            return
+        api.call("DELETE", f"/api/v1/models/{model['id']}/", expect=(204,))
+    except CliError:
+        return
+    if not quiet:
+        output.note(f"model {model['id']} {model['name']!r} deleted again: the upload was refused")
+
+
 def _register_model(api: ConchApi, name: str, team: str | None, *, exist_ok: bool) -> tuple[dict, bool]:
     """Register model `name` in `team` (the token's only team when None); return (the model, True).
 
@@ -431,21 +447,26 @@ def upload(
             sha256_s = time.monotonic() - hashing
         else:  # a new upload: hash while the parts go, and send the sha256 with the completion
             sha256 = BackgroundHash(file)
-        result = upload_file(
-            api,
-            found["id"],
-            file,
-            sha256=sha256,
-            build_options=options,
-            parallel=parallel,
-            part_size=part_bytes,
-            progress=output.progress_for_terminal(quiet),
-            rate_limit=rate,
-            stall_timeout_s=stall_timeout,
-            timeout_s=timeout,
-            say=output.note,
-            allow_duplicate=new_version,
-        )
+        try:
+            result = upload_file(
+                api,
+                found["id"],
+                file,
+                sha256=sha256,
+                build_options=options,
+                parallel=parallel,
+                part_size=part_bytes,
+                progress=output.progress_for_terminal(quiet),
+                rate_limit=rate,
+                stall_timeout_s=stall_timeout,
+                timeout_s=timeout,
+                say=output.note,
+                allow_duplicate=new_version,
+            )
+        except CliError:
+            if model_created:
+                _forget_created_model(api, found, quiet=quiet or as_json)
+            raise
         version = result.version
         if isinstance(sha256, BackgroundHash):
             sha256_s = sha256.seconds
@@ -606,9 +627,14 @@ def builds_list(
 @app.command(cls=_Command)
 def optimize(
     version: VersionArg,
-    cluster: Annotated[str, typer.Option("--cluster", help="The Kubernetes cluster whose nodes build the plan.")],
+    cluster: Annotated[
+        str, typer.Option("--cluster", metavar="NAME", help="The Kubernetes cluster whose nodes build the plan.")
+    ],
     gpu_product: Annotated[
-        str, typer.Option("--gpu-product", help="The nodes' nvidia.com/gpu.product label, e.g. NVIDIA-A10.")
+        str,
+        typer.Option(
+            "--gpu-product", metavar="PRODUCT", help="The nodes' nvidia.com/gpu.product label, e.g. NVIDIA-A10."
+        ),
     ],
     fp16: Annotated[bool, typer.Option("--fp16", help="Let TensorRT pick FP16 kernels.")] = False,
     team: Team = None,
