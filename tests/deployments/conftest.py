@@ -1,10 +1,13 @@
-"""Fixtures for deployment tests: a built classifier version, written the way a build writes it (`devtools.seed`)."""
+"""Fixtures for deployment tests: a built classifier version, written the way a build writes it (`devtools.seed`), and
+`k8s_env`: the test cluster registered as `local` with storage on the test S3 server."""
 
 from __future__ import annotations
 
 import pytest
 
 from builds.model_config import BuildOptions
+from deployments.runtimes import get_runtime
+from deployments.services.clusters import register_cluster
 from devtools.seed import add_constant, write_built_version
 from models_registry.models import ModelVersion
 from tests import real_models
@@ -27,3 +30,19 @@ def write_adder_versions(team, folder) -> list[ModelVersion]:
 @pytest.fixture
 def built_classifier(alice) -> ModelVersion:
     return write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
+
+
+@pytest.fixture
+def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
+    """S3 storage on the test S3 server and cluster `local` registered from the test cluster's kubeconfig."""
+    endpoint, bucket = s3_bucket
+    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
+    settings.CONCH_S3_ENDPOINT_URL = endpoint
+    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
+    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
+    register_cluster(name="local", kubeconfig=kube_cluster.kubeconfig_path.read_text(), namespace="conch")
+    yield kube_cluster
+    # Nothing a test started outlives it: every workload of this installation goes (the cluster is shared).
+    runtime = get_runtime("kubernetes")
+    for workload in runtime.list_owned():
+        runtime.delete(workload.state)

@@ -31,22 +31,6 @@ from tritonserving.client import TritonClient
 pytestmark = [pytest.mark.kube, pytest.mark.e2e]
 
 
-@pytest.fixture
-def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
-    """S3 storage on the test S3 server and cluster `local` registered from the test cluster's kubeconfig."""
-    endpoint, bucket = s3_bucket
-    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
-    settings.CONCH_S3_ENDPOINT_URL = endpoint
-    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
-    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
-    register_cluster(name="local", kubeconfig=kube_cluster.kubeconfig_path.read_text(), namespace="conch")
-    yield kube_cluster
-    # Nothing a test started outlives it: every workload of this installation goes (the cluster is shared).
-    runtime = get_runtime("kubernetes")
-    for workload in runtime.list_owned():
-        runtime.delete(workload.state)
-
-
 ADDER_REQUEST = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.5, 0.5, 0.5, 0.5]}]}
 
 

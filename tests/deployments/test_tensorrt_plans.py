@@ -153,17 +153,18 @@ def test_the_tensorrt_image_is_the_one_of_the_clusters_triton_release():
 
 
 @pytest.fixture
-def plan_env(settings, s3_server, s3_bucket, kube_cluster, alice):
-    endpoint, bucket = s3_bucket
-    settings.CONCH_STORAGE_URL = f"s3://{bucket}/conch"
-    settings.CONCH_S3_ENDPOINT_URL = endpoint
-    settings.CONCH_S3_ACCESS_KEY_ID = s3_server.access_key
-    settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
-    register_cluster(name="local", kubeconfig=kube_cluster.kubeconfig_path.read_text(), namespace="conch")
-    yield kube_cluster
+def plan_env(k8s_env):
+    """The test cluster registered as `local`, storage on the test S3 server (tests/deployments/conftest.py). Once
+    the test is over, its deployments are deleted and their containers waited for, so the next test on the shared
+    cluster starts with the kubelet running what it ran before."""
+    before = set(k8s_env.kubelet.running_processes())
+    yield k8s_env
     runtime = get_runtime("kubernetes")
     for workload in runtime.list_owned():
         runtime.delete(workload.state)
+    deadline = time.monotonic() + 60
+    while set(k8s_env.kubelet.running_processes()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _ask(caller, capture, version, **extra):
