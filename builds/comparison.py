@@ -9,6 +9,7 @@ rows whose top class agrees, and may disagree only on rows whose source probabil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,7 +54,8 @@ def tolerance_for(datatype: str, accepted: float | None = None) -> Tolerance:
 class OutputComparison:
     """One output's comparison.
 
-    `max_abs` / `max_rel`: the largest absolute and relative difference (relative to |source|, 0 where both are 0);
+    `max_abs` / `max_rel`: the largest absolute and relative difference (relative to |source|, 0 where both are 0;
+    infinite, and None in `to_dict`, for an output that could not be compared);
     `agreement`: for a classifier's top-class output, the share of rows (0..1) whose class agrees, else None;
     `problem`: "" when the output passes, else why it does not (shape, datatype, or the figures past the tolerance).
     """
@@ -80,8 +82,10 @@ class OutputComparison:
             "datatype": self.datatype,
             "atol": self.tolerance.atol,
             "rtol": self.tolerance.rtol,
-            "max_abs_diff": self.max_abs,
-            "max_rel_diff": self.max_rel,
+            # JSON has no Infinity: an output that could not be compared at all (no such output, another shape)
+            # has no difference to give.
+            "max_abs_diff": self.max_abs if math.isfinite(self.max_abs) else None,
+            "max_rel_diff": self.max_rel if math.isfinite(self.max_rel) else None,
             "top_class_agreement": self.agreement,
             "ok": not self.problem,
             "problem": self.problem,

@@ -39,6 +39,7 @@ __all__ = ["TorchScriptFormat", "output_name"]
 _FIRST_MEMBER = re.compile(r"[^/]+/(data/\d+|code/|constants\.pkl|extra/|data\.pkl)")
 #: What a TorchScript `data.pkl` begins with: pickle protocol 2, then the GLOBAL of its module's `__torch__` class.
 _SCRIPT_PICKLE = b"\x80\x02c__torch__\n"
+_INPUT_INDEX = re.compile(r"^INPUT__(\d+)$")
 #: Triton datatype <- torch dtype name, for the dtypes a served tensor may have.
 _TRITON_OF_TORCH = {
     "torch.bool": "BOOL",
@@ -128,6 +129,20 @@ class TorchScriptFormat(ModelFormat):
         module = _load(source)
         arguments = _tensor_arguments(module)
         where = "the sample inputs" if from_samples else "input_spec"
+        # Triton's pytorch backend also names inputs by forward's argument index (INPUT__0, INPUT__1...): such names
+        # are that argument's, and the served model keeps them.
+        indexed = {int(m.group(1)): name for name in specs if (m := _INPUT_INDEX.match(name))}
+        served_names = dict(zip(arguments, arguments, strict=True))
+        if specs and len(indexed) == len(specs) and not set(specs) & set(arguments):
+            beyond = [name for index, name in indexed.items() if index >= len(arguments)]
+            if beyond:
+                raise InvalidInput(
+                    f"{where} names {beyond[0]!r}, but the model's forward takes {len(arguments)} argument(s) "
+                    f"({', '.join(arguments)}).",
+                    field="input_spec",
+                )
+            served_names = {arguments[index]: name for index, name in indexed.items()}
+            specs = {arguments[index]: specs[name] for index, name in indexed.items()}
         unknown = sorted(set(specs) - set(arguments))
         if unknown:
             raise InvalidInput(
@@ -175,7 +190,9 @@ class TorchScriptFormat(ModelFormat):
         for name in arguments:
             datatype, dims = specs[name]
             names = [BATCH_AXIS_NAME if (axis == 0 and batch) else None for axis in range(len(dims))]
-            inputs.append({"name": name, "datatype": datatype, "dims": list(dims), "dim_names": names})
+            inputs.append(
+                {"name": served_names.get(name, name), "datatype": datatype, "dims": list(dims), "dim_names": names}
+            )
         signature = {
             "inputs": inputs,
             "outputs": outputs,
@@ -205,8 +222,11 @@ class TorchScriptFormat(ModelFormat):
 
         module = _load(source)
         arguments = _tensor_arguments(module)
+        # Inputs named by forward's argument index (INPUT__0...), as a repository's config.pbtxt may name them.
+        indexed = {int(m.group(1)): name for name in inputs if (m := _INPUT_INDEX.match(name))}
+        names = [indexed.get(index, name) for index, name in enumerate(arguments)]
         with torch.inference_mode():
-            results = module(*(torch.from_numpy(np.ascontiguousarray(inputs[name])) for name in arguments))
+            results = module(*(torch.from_numpy(np.ascontiguousarray(inputs[name])) for name in names))
         return {output_name(index): value.numpy() for index, value in enumerate(_flatten(results))}
 
 

@@ -12,8 +12,8 @@ folder before any Triton sees it (`read_repository`): the name against the folde
 version policy against the version folders, each served version's model file, ensemble steps against the models
 in the repository. The model a build serves is then checked against its model file (`configure_imported`):
 inputs and outputs, datatypes, dims, `max_batch_size` and the batching settings, with errors naming the model, the
-tensor and the field. Conch builds `onnxruntime` models from a repository today; other backends are recognised and
-refused saying what to upload instead.
+tensor and the field. Conch builds `onnxruntime` and `pytorch` (TorchScript) models from a repository today; other
+backends are recognised and refused saying what to upload instead.
 
 Pure: no Django; protobuf and paths only.
 """
@@ -38,6 +38,9 @@ __all__ = [
     "CONFIGURATION_OPTIONS",
     "DEFAULT_MODEL_FILENAMES",
     "PLATFORM_BACKENDS",
+    "SERVED_BACKENDS",
+    "name_outputs_as_configured",
+    "pytorch_input_specs",
     "RepositoryModel",
     "TritonRepositoryFormat",
     "check_served",
@@ -85,9 +88,6 @@ _BACKEND_BY_FILE = {
 }
 #: What to upload instead of a repository model of a backend Conch does not serve (yet).
 _NOT_SERVED = {
-    "pytorch": "a TorchScript model, which Conch serves when it is uploaded on its own, not yet from a repository. "
-    "Upload its model.pt alone, with its inputs as input_spec (for example input_spec=INPUT__0=FP32:-1,3,224,224) "
-    "or sample inputs",
     "tensorrt": "a TensorRT plan, which runs only on the GPU and TensorRT version it was built for. Upload the ONNX "
     "model it was built from",
     "tensorflow": "a TensorFlow model; Triton's TensorFlow backend is deprecated since 25.03 and gone after it. "
@@ -409,9 +409,14 @@ def refuse_configuration_options(options: Mapping[str, Any]) -> None:
             )
 
 
+#: Backends Conch serves a repository model with.
+SERVED_BACKENDS = ("onnxruntime", "pytorch")
+_INDEXED_NAME = re.compile(r"^(.+)__(\d+)$")
+
+
 def check_served(model: RepositoryModel) -> None:
     """Raise InvalidInput (field "file") when Conch cannot serve `model`'s backend, saying what to upload instead."""
-    if model.backend == "onnxruntime":
+    if model.backend in SERVED_BACKENDS:
         return
     reason = _NOT_SERVED.get(model.backend) or (
         f"served by the backend {model.backend!r}, which the Triton Conch runs does not have"
@@ -419,14 +424,63 @@ def check_served(model: RepositoryModel) -> None:
     raise _error(model.name, f"it is {reason}.")
 
 
+def pytorch_input_specs(model: RepositoryModel) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The inputs of a `pytorch` repository model as its config.pbtxt gives them, in the form TorchScript's inspection
+    takes (`input_spec`: name -> (Triton datatype, full shape with -1 for the batch axis when it batches)).
+
+    TorchScript records no datatypes or shapes, so config.pbtxt must give every input (Triton's pytorch backend
+    cannot auto-complete them either). Raises InvalidInput (field "file") naming the model when it gives none.
+    """
+    if not model.config.input:
+        raise _error(
+            model.name,
+            "a TorchScript model records no datatypes or shapes of its inputs, and config.pbtxt configures none. "
+            "Configure each input (name, data_type, dims) in config.pbtxt, as Triton's pytorch backend needs too.",
+        )
+    batching = model.config.max_batch_size > 0
+    return {
+        tensor.name: (
+            datatype_name(tensor.data_type),
+            (
+                *((-1,) if batching else ()),
+                *(int(d) for d in (tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims)),
+            ),
+        )
+        for tensor in model.config.input
+    }
+
+
+def name_outputs_as_configured(model: RepositoryModel, signature: ModelSignature) -> ModelSignature:
+    """`signature` (a TorchScript model's, outputs OUTPUT__<i> in forward's order) with its outputs named as
+    config.pbtxt names them: an output named `<name>__<i>` is forward's output i (Triton's pytorch backend naming
+    convention), others are taken in order. Outputs config.pbtxt does not configure keep their names."""
+    outputs = list(signature.outputs)
+    renamed = {}
+    for position, tensor in enumerate(model.config.output):
+        match = _INDEXED_NAME.match(tensor.name)
+        index = int(match.group(2)) if match else position
+        if index < len(outputs):
+            renamed[index] = tensor.name
+    data = signature.to_dict()
+    for index, new_name in renamed.items():
+        data["outputs"][index]["name"] = new_name
+    return type(signature).from_dict(data)
+
+
 def configure_imported(
-    model: RepositoryModel, *, name: str, signature: ModelSignature, model_filename: str
+    model: RepositoryModel,
+    *,
+    name: str,
+    signature: ModelSignature,
+    model_filename: str,
+    backend: str = "onnxruntime",
 ) -> tuple[ModelConfig, list[str]]:
-    """The configuration Conch serves an `onnxruntime` repository model with, checked against its model file, and
-    what it changed or assumed (build-log sentences).
+    """The configuration Conch serves a repository model of `backend` ("onnxruntime", or "pytorch" with `signature`
+    from TorchScript's inspection: `pytorch_input_specs`, `name_outputs_as_configured`) with, checked against its
+    model file, and what it changed or assumed (build-log sentences).
 
     The configuration is the model's own, with what Conch manages replaced: `name` (the Conch model's), `backend`
-    "onnxruntime" in place of `platform`, `default_model_filename` (`model_filename`), no `version_policy` (a Conch
+    in place of `platform`, `default_model_filename` (`model_filename`), no `version_policy` (a Conch
     version is one Triton version), KIND_GPU instance groups made KIND_AUTO (where to run is a deployment's
     choice) and their `gpus` dropped. Missing inputs and outputs are taken from the file, as Triton's auto-complete
     does.
@@ -455,7 +509,7 @@ def configure_imported(
     if config.HasField("sequence_batching"):
         raise fail("sequence_batching configures a stateful model, which Conch does not serve yet.")
     if config.model_transaction_policy.decoupled:
-        raise fail("model_transaction_policy decoupled is for streaming backends; onnxruntime models answer once.")
+        raise fail(f"model_transaction_policy decoupled is for streaming backends; {backend} models answer once.")
     for warmup in config.model_warmup:
         for tensor_name, data in warmup.inputs.items():
             if data.WhichOneof("input_data_type") == "input_data_file":
@@ -497,7 +551,7 @@ def configure_imported(
         if missing:
             raise fail(
                 f"input(s) {', '.join(repr(n) for n in missing)} of {model_filename} are not in config.pbtxt; the "
-                "onnxruntime backend needs every input configured. Add them, or leave out input to have Conch "
+                f"{backend} backend needs every input configured. Add them, or leave out input to have Conch "
                 "take them all from the file."
             )
     for kind, tensors in (("input", config.input), ("output", config.output)):
@@ -514,9 +568,9 @@ def configure_imported(
         notes.append(f"served as {name!r} (the Conch model's name) in place of {config.name or model.name!r}")
     config.name = name
     if config.platform:
-        notes.append(f'platform {config.platform!r} written as backend "onnxruntime"')
+        notes.append(f"platform {config.platform!r} written as backend {backend!r}")
         config.ClearField("platform")
-    config.backend = "onnxruntime"
+    config.backend = backend
     config.default_model_filename = model_filename
     config.ClearField("cc_model_filenames")
     if config.HasField("version_policy"):

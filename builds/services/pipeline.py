@@ -28,14 +28,18 @@ from builds.formats import (
     check_format_allowed,
     detect_format,
     find_model_in_folder,
+    format_by_key,
 )
+from builds.formats.torchscript import output_name
 from builds.formats.triton_repository import (
     CONFIGURATION_OPTIONS,
     RepositoryModel,
     TritonRepositoryFormat,
     check_served,
     configure_imported,
+    name_outputs_as_configured,
     pick_model,
+    pytorch_input_specs,
     read_repository,
     refuse_configuration_options,
 )
@@ -246,6 +250,10 @@ def _run_claimed_build(build: Build) -> str:
                     check_format_allowed(model_format, team=version.model.team)
                     if isinstance(model_format, TritonRepositoryFormat):
                         imported, source = _import_repository(version, source, say)
+                        if imported.backend == "pytorch":
+                            # Its model.pt is TorchScript, read and served as an upload of it is; config.pbtxt
+                            # gives what TorchScript does not record (its inputs' datatypes and shapes).
+                            model_format = format_by_key("torchscript")
                 hints = _conversion_hints(model_format, parse_build_options(build.options))
                 conversion: Conversion | None = None
                 if model_format.declares_interface:
@@ -254,7 +262,16 @@ def _run_claimed_build(build: Build) -> str:
                 elif not model_format.serves_onnx:
                     local = source
                     started = time.monotonic()
-                    signature, conversion = _inspect_source(model_format, source, build, store, say)
+                    signature, conversion = _inspect_source(
+                        model_format,
+                        source,
+                        build,
+                        store,
+                        say,
+                        specs=pytorch_input_specs(imported) if imported is not None else None,
+                    )
+                    if imported is not None:
+                        signature = name_outputs_as_configured(imported, signature)
                     sandbox_seconds = time.monotonic() - started
                 elif model_format.converted:
                     local = work / "model.onnx"
@@ -294,7 +311,9 @@ def _run_claimed_build(build: Build) -> str:
                         "batch"
                     )
                 if imported is not None:
-                    config, options = _configure_imported(imported, model_name, signature, options, say)
+                    config, options = _configure_imported(
+                        imported, model_name, signature, options, say, model_format=model_format
+                    )
                 else:
                     config = build_model_config(
                         name=model_name,
@@ -361,7 +380,17 @@ def _run_claimed_build(build: Build) -> str:
                         scratch=scratch_server,
                         source_file=local,
                         source_key=copy_key,
-                        reference=_reference(model_format, source, build, conversion, sandbox_seconds, hints),
+                        reference=_reference(
+                            model_format,
+                            source,
+                            build,
+                            conversion,
+                            sandbox_seconds,
+                            hints,
+                            output_names={output_name(i): t.name for i, t in enumerate(signature.outputs)}
+                            if imported is not None and imported.backend == "pytorch"
+                            else None,
+                        ),
                     )
                 stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
                 if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
@@ -458,15 +487,23 @@ def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> Conve
 
 
 def _inspect_source(
-    model_format: ModelFormat, source: Path, build: Build, store: Any, say: StepLog
+    model_format: ModelFormat,
+    source: Path,
+    build: Build,
+    store: Any,
+    say: StepLog,
+    *,
+    specs: dict[str, tuple[str, tuple[int, ...]]] | None = None,
 ) -> tuple[ModelSignature, Conversion]:
     """Read a model served as uploaded by a backend other than onnxruntime (TorchScript) with its own framework in
     the sandbox (`inspect_source_in_sandbox`); return its signature and report. Its inputs' datatypes and shapes
-    come from the `input_spec` option, else from the sample inputs (their dtype and shape, axis 0 any size).
-    Raises InvalidInput naming input_spec or the file."""
+    come from `specs` (a repository model's config.pbtxt), else the `input_spec` option, else the sample inputs
+    (their dtype and shape, axis 0 any size). Raises InvalidInput naming input_spec or the file."""
     options = parse_build_options(build.options)
-    from_samples = options.input_spec is None
-    if options.input_spec is not None:
+    from_samples = specs is None and options.input_spec is None
+    if specs is not None:
+        say(f"inputs as config.pbtxt configures them: {', '.join(specs)}")
+    elif options.input_spec is not None:
         specs = {name: (datatype, tuple(dims)) for name, (datatype, dims) in options.input_spec.items()}
     else:
         arrays = load_samples(store, build.options or {}).arrays
@@ -533,13 +570,25 @@ def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple
 
 
 def _configure_imported(
-    model: RepositoryModel, model_name: str, signature: ModelSignature, options: BuildOptions, say: StepLog
+    model: RepositoryModel,
+    model_name: str,
+    signature: ModelSignature,
+    options: BuildOptions,
+    say: StepLog,
+    *,
+    model_format: ModelFormat,
 ) -> tuple[ModelConfig, BuildOptions]:
     """The configuration of a repository model (`configure_imported`: its config.pbtxt, checked against the model
     file) and the options verify proves it with: the batching it configures must be safe, or the build fails.
     Raises InvalidInput naming a build option that config.pbtxt sets instead, or the model, tensor and field."""
     refuse_configuration_options({option: getattr(options, option) for option in CONFIGURATION_OPTIONS})
-    config, notes = configure_imported(model, name=model_name, signature=signature, model_filename=MODEL_FILENAME)
+    config, notes = configure_imported(
+        model,
+        name=model_name,
+        signature=signature,
+        model_filename=model_format.model_filename or MODEL_FILENAME,
+        backend=model.backend,
+    )
     for note in notes:
         say(f"config.pbtxt: {note}")
     batcher = "on" if config.HasField("dynamic_batching") else "off"
@@ -563,11 +612,15 @@ def _reference(
     conversion: Conversion | None,
     wall_seconds: float,
     hints: ConversionHints,
+    *,
+    output_names: dict[str, str] | None = None,
 ) -> SourceReference | None:
     """How verify runs the source framework and records the comparison, for a converted model (None otherwise).
 
     The build's `conversion` then holds the conversion report, `wall_seconds` (the conversion with the sandbox's
-    start), `comparison` (per output) and `comparison_seconds` (the source framework's run, sandbox included)."""
+    start), `comparison` (per output) and `comparison_seconds` (the source framework's run, sandbox included).
+    `output_names` renames the source framework's outputs to the served model's (a repository's TorchScript model,
+    whose config.pbtxt names them)."""
     if conversion is None:
         return None
     report = {**conversion.to_dict(), "wall_seconds": round(wall_seconds, 3)}
@@ -579,7 +632,10 @@ def _reference(
 
     return SourceReference(
         title=model_format.title,
-        run=lambda inputs: run_source_in_sandbox(model_format, source, inputs, hints=hints),
+        run=lambda inputs: {
+            (output_names or {}).get(name, name): array
+            for name, array in run_source_in_sandbox(model_format, source, inputs, hints=hints).items()
+        },
         record=record,
         converted=model_format.converted,
     )

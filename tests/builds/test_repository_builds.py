@@ -180,3 +180,63 @@ def test_every_version_a_repository_model_serves_becomes_a_version_of_the_conch_
     inspect = "\n".join(_log(_build(alice, version["id"]), "inspect"))
     assert "model 'doubler' version 2: already Conch model 'doubler' version 2 (the same folder)" in inspect
     assert len(alice.client.get(f"/api/v1/models/{version['model']}/versions/").json()["results"]) == 3
+
+
+SCORER = """
+name: "scorer"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 5 ] } ]
+output [
+  { name: "probs__0" data_type: TYPE_FP32 dims: [ 3 ] },
+  { name: "logits__1" data_type: TYPE_FP32 dims: [ 3 ] }
+]
+dynamic_batching { }
+"""
+
+
+@pytest.mark.e2e
+def test_a_torchscript_model_in_a_repository_is_served_by_the_pytorch_backend_under_its_configured_names(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    from devtools import torch_models
+
+    # given a repository model of Triton's pytorch backend: a TorchScript model.pt whose config.pbtxt names the
+    # input by forward's argument index and the outputs by the backend's <name>__<index> convention
+    folder = tmp_path / "scorer"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(SCORER)
+    torch_models.torchscript(folder / "1" / "model.pt")
+    # when it is uploaded
+    version = _upload(alice, django_capture_on_commit_callbacks, "scorer", "scorer.zip", _zip(tmp_path))
+    # then it is read by torch with the inputs config.pbtxt gives, served by the pytorch backend under the
+    # configured names, and verified on Triton against torch
+    assert version["status"] == "built", version["error"]
+    build = _build(alice, version["id"])
+    inspect = _log(build, "inspect")
+    assert "inputs as config.pbtxt configures them: INPUT__0" in inspect
+    assert "input INPUT__0: FP32 [-1, 5] axes [N, -]" in inspect
+    assert (
+        "output probs__0: FP32 [-1, 3] axes [N, -]" in inspect
+        and "output logits__1: FP32 [-1, 3] axes [N, -]" in inspect
+    )
+    pbtxt = version["config_pbtxt"]
+    assert 'backend: "pytorch"' in pbtxt and 'default_model_filename: "model.pt"' in pbtxt and "platform" not in pbtxt
+    rows = {row["output"]: row for row in build["conversion"]["comparison"]}
+    assert set(rows) == {"probs__0", "logits__1"} and all(row["ok"] for row in rows.values()), rows
+    assert any(line.startswith("batching proven") for line in _log(build, "verify"))
+
+
+@pytest.mark.e2e
+def test_a_torchscript_repository_model_without_configured_inputs_fails_naming_the_model(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    from devtools import torch_models
+
+    folder = tmp_path / "scorer"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('name: "scorer"\nbackend: "pytorch"\nmax_batch_size: 8\n')
+    torch_models.torchscript(folder / "1" / "model.pt")
+    version = _upload(alice, django_capture_on_commit_callbacks, "scorer", "scorer.zip", _zip(tmp_path))
+    assert version["status"] == "failed" and version["error_field"] == "file"
+    assert "model 'scorer'" in version["error"] and "configures none" in version["error"], version["error"]

@@ -158,7 +158,6 @@ def test_an_ensemble_naming_a_model_the_repository_lacks_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("backend", "file", "says"),
     [
-        ('platform: "pytorch_libtorch"', "model.pt", "Upload its model.pt alone, with its inputs as input_spec"),
         ('platform: "tensorrt_plan"', "model.plan", "Upload the ONNX model it was built from"),
         ('platform: "tensorflow_savedmodel"', "model.savedmodel/saved_model.pb", "Conch converts it to ONNX"),
         ('backend: "python"', "model.py", "a Python model (model.py)"),
