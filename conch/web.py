@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
         lifespan="off",  # Django speaks no lifespan protocol
         ws="none",  # nor WebSocket: an upgrade request is served as plain HTTP
         timeout_graceful_shutdown=30,  # on SIGTERM, requests under way get this long (gunicorn's graceful_timeout)
+        # A worker answers the supervisor's health ping from a thread while it imports Django and the apps; on a
+        # busy 2-core machine those imports can hold it past uvicorn's 5 s default, and the supervisor then kills
+        # and restarts it over and over (seen in CI as "Child process died" until the start timed out).
+        timeout_worker_healthcheck=int(os.environ.get("CONCH_WEB_HEALTHCHECK_SECONDS", "30")),
         access_log=False,
         server_header=False,
         proxy_headers=False,  # the client's address behind a proxy: CONCH_TRUSTED_PROXIES

@@ -568,7 +568,7 @@ def configure_imported(
         notes.append(f"served as {name!r} (the Conch model's name) in place of {config.name or model.name!r}")
     config.name = name
     if config.platform:
-        notes.append(f"platform {config.platform!r} written as backend {backend!r}")
+        notes.append(f'platform {config.platform!r} written as backend "{backend}"')
         config.ClearField("platform")
     config.backend = backend
     config.default_model_filename = model_filename
