@@ -163,6 +163,39 @@ def test_the_formats_list_and_the_upload_check_name_the_conversion(alice, tmp_pa
     }
 
 
+def test_the_file_check_applies_the_team_s_pickle_rule_when_told_the_model_or_the_team(alice, bob, tmp_path):
+    import base64
+
+    # given a pickled scikit-learn model, alice's model in a team no admin allowed pickles for, and bob's model
+    head = base64.b64encode(sklearn_model(tmp_path / "model.joblib", "text-classes").read_bytes()[:512]).decode()
+    mine = alice.client.post("/api/v1/models/", {"name": "churn", "team": alice.team.slug}, format="json").json()
+    theirs = bob.client.post("/api/v1/models/", {"name": "churn", "team": bob.team.slug}, format="json").json()
+
+    def check(**extra):
+        body = {"filename": "model.joblib", "head": head, **extra}
+        return alice.client.post("/api/v1/uploads/check/", body, format="json")
+
+    # when the file is checked for her model, for her team, for no team, for bob's model and team, and for both
+    for_model, for_team, for_nobody = check(model=mine["id"]), check(team=alice.team.slug), check()
+    foreign_model, foreign_team = check(model=theirs["id"]), check(team=bob.team.slug)
+    both = check(model=mine["id"], team=alice.team.slug)
+    # then the model's and the team's checks refuse it with the upload start's words, naming head
+    for refused in (for_model, for_team):
+        assert refused.status_code == 400 and refused.json()["field"] == "head", refused.content
+        assert refused.json()["detail"].startswith("This file is a scikit-learn model (pickle). Loading a pickle")
+        assert "team 'acme' is not allowed" in refused.json()["detail"]
+    # and with no team named the file's format is told (the start applies the team's rule)
+    assert for_nobody.status_code == 200 and for_nobody.json()["format"] == "sklearn", for_nobody.content
+    # and another team's model or team is not found, and model with team is refused naming team
+    assert foreign_model.status_code == 404 and foreign_team.status_code == 404
+    assert both.status_code == 400 and both.json()["field"] == "team", both.content
+    # when a platform admin allows pickled models for her team, the same checks answer the format
+    alice.team.allow_pickled_models = True
+    alice.team.save(update_fields=["allow_pickled_models"])
+    assert check(model=mine["id"]).json()["format"] == "sklearn"
+    assert check(team=alice.team.slug).status_code == 200
+
+
 @pytest.mark.e2e
 def test_a_pickled_scikit_learn_model_is_built_only_for_a_team_an_admin_allowed(
     alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path

@@ -116,10 +116,27 @@ class CheckUploadFileSerializer(serializers.Serializer):
     size_bytes = serializers.IntegerField(
         required=False, min_value=0, max_value=2**63 - 1, help_text="Optional: the file's size in bytes."
     )
+    model = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="Optional: the id of the model the file is for; its team's rules apply (pickles).",
+    )
+    team = serializers.SlugField(
+        required=False,
+        max_length=63,
+        help_text="Optional, when no model is given: the slug of the team the file is for; its rules apply.",
+    )
 
     def validate_head(self, value: str) -> bytes:
         """Decode the base64 `head` (400 naming it when it is not base64 or too long)."""
         return _decode_head(value)
+
+    def validate(self, attrs: dict) -> dict:
+        """Refuse `model` and `team` together (400 naming `team`): the model already says its team."""
+        if attrs.get("model") is not None and attrs.get("team"):
+            raise serializers.ValidationError({"team": "Give model or team, not both: a model's team is its own."})
+        return attrs
 
 
 class CheckedUploadFileSerializer(serializers.Serializer):

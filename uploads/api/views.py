@@ -22,6 +22,7 @@ from conch.authentication import HeaderCsrfSessionAuthentication
 from conch.limits import BodyLimit, accepts_body
 from models_registry import services as registry
 from tenancy.authentication import BearerTokenAuthentication
+from tenancy.services import get_team_for_user
 from uploads import services
 from uploads.api.serializers import (
     CheckedUploadFileSerializer,
@@ -62,15 +63,22 @@ class CheckUploadFileView(APIView):
         responses={200: CheckedUploadFileSerializer, **_ERRORS},
         description="The rules of an upload's start on a file's name (`filename`) and first bytes (`head`), without "
         "a model or an upload: 200 with the format Conch builds the file as, or 400 naming `filename` or `head` with "
-        "what the file looks like and what to do. Nothing is stored. `conch upload` asks this before it hashes a "
+        "what the file looks like and what to do. With `model` (an id) or `team` (a slug), the team's rules apply "
+        "too: a pickle is refused (400 naming `head`) unless a platform admin allowed pickled models for the team; "
+        "a model or team the caller cannot see is 404. Nothing is stored. `conch upload` asks this before it hashes a "
         "file or registers a model, so the rules exist once, on the server.",
     )
     def post(self, request: Request) -> Response:
         form = CheckUploadFileSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         data = form.validated_data
+        team = None
+        if data.get("model") is not None:
+            team = registry.get_model(user=request.user, model_id=data["model"], token=request.auth).team
+        elif data.get("team"):
+            team = get_team_for_user(user=request.user, slug=data["team"], token=request.auth)
         found = services.check_upload_file(
-            filename=data["filename"], head=data["head"], size_bytes=data.get("size_bytes")
+            filename=data["filename"], head=data["head"], size_bytes=data.get("size_bytes"), team=team
         )
         described = format_by_key(found).describe()
         return Response(

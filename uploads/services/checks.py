@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from builds.formats import check_model_filename, check_model_head
+from builds.formats import check_format_allowed, check_model_filename, check_model_head
 from builds.services import start_first_build
 from conch.errors import ConchError, Conflict, InvalidInput, NotFound
 from models_registry.services import create_uploaded_version, lock_model, refuse_duplicate_version
@@ -62,17 +62,22 @@ def queue_upload_check(*, upload_id: uuid.UUID | str) -> None:
     transaction.on_commit(lambda: current_app.signature(CHECK_TASK, args=(str(upload_id),)).delay())
 
 
-def check_upload_file(*, filename: str, head: bytes, size_bytes: int | None = None) -> str:
+def check_upload_file(*, filename: str, head: bytes, size_bytes: int | None = None, team: Any = None) -> str:
     """Tell whether Conch can build a file from its name and first bytes, before the file is hashed or sent.
 
-    `head` is the file's first bytes (up to `builds.formats.HEAD_BYTES`), `size_bytes` its size when known. Returns
-    the key of the format the file will be built as ("onnx", "lightgbm"…: `builds.formats.FORMATS`). Raises
-    InvalidInput naming `filename` or `head` with what the file looks like and what to do: the same rules, and the
-    same messages, as the upload's start (`start_resumable_upload`), so a client (`conch upload`) asks once and keeps
-    no copy of them.
+    `head` is the file's first bytes (up to `builds.formats.HEAD_BYTES`), `size_bytes` its size when known, `team`
+    the `tenancy.models.Team` the file is for (None when the caller did not say: the team's rules are then left to
+    the upload's start). Returns the key of the format the file will be built as ("onnx", "lightgbm"…:
+    `builds.formats.FORMATS`). Raises InvalidInput naming `filename` or `head` with what the file looks like and what
+    to do, and naming `head` for a pickle when no platform admin allowed pickled models for `team`
+    (`check_format_allowed`): the same rules, and the same messages, as the upload's start (`start_resumable_upload`),
+    so a client (`conch upload`) asks once and keeps no copy of them.
     """
     check_model_filename(filename or "", field="filename")
-    return check_model_head(head, size_bytes=size_bytes, field="head", filename=filename or "").key
+    found = check_model_head(head, size_bytes=size_bytes, field="head", filename=filename or "")
+    if team is not None:
+        check_format_allowed(found, team=team, field="head")
+    return found.key
 
 
 #: A GET that waits for the worker's check (`wait_for_check`) is held at most MAX_WAIT_S seconds: a web thread is held

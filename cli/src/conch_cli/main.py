@@ -413,17 +413,21 @@ def upload(
             file = pack_folder(file, Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="conch-pack-"))))
             if not quiet and not as_json:
                 output.note(f"packed the folder into {file.name} ({output.mib(file.stat().st_size)})")
-        check_model_file(api, file)  # the server refuses a file it cannot build before a byte is hashed or sent
         model_created = False
         try:
             found = api.find_model(model, team)
         except CliError as error:
             if not (create_model and error.exit_code == NOT_FOUND and not model.isdigit()):
                 raise
+            # The server refuses a file it cannot build (for the team, when named) before a model is registered.
+            check_model_file(api, file, team=team)
             # exist_ok: another run may have registered it meanwhile, and that one is used
             found, model_created = _register_model(api, model, team, exist_ok=True)
             if model_created and not as_json:
                 output.note(f"model {found['id']} {found['name']!r} created in team {found['team']}")
+        else:
+            # the server refuses a file it cannot build for the model's team before a byte is hashed or sent
+            check_model_file(api, file, model_id=found["id"])
         open_uploads = check_upload_api(api, found["id"], file)
         size = file.stat().st_size
         head = head_sha256(file)

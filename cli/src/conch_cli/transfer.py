@@ -642,9 +642,10 @@ def _existing_version(response: httpx.Response, call: str) -> int | None:
     return existing["id"]
 
 
-def check_model_file(api: ConchApi, path: Path) -> None:
+def check_model_file(api: ConchApi, path: Path, *, model_id: int | None = None, team: str | None = None) -> None:
     """Ask the server whether Conch can build the file at `path` (POST /api/v1/uploads/check/ with its name and
-    first HEAD_BYTES bytes), before a byte is hashed or sent or a model registered. The rules are the server's only.
+    first HEAD_BYTES bytes), before a byte is hashed or sent or a model registered. The rules are the server's only;
+    with `model_id` (the model the file is for) or else `team` (a slug) the team's rules apply too (pickles).
 
     Raises CliError (USAGE, field `file`) naming `path` with the server's reason (what the file looks like and what
     to do), or for an empty file. A server without the check (an older Conch: 404) is not asked; its upload's start
@@ -653,7 +654,11 @@ def check_model_file(api: ConchApi, path: Path) -> None:
     head = file_head(path)
     if not head:
         raise CliError(f"{path} is empty (0 bytes): there is no model in it to upload.", USAGE, field="file")
-    body = {"filename": path.name, "head": base64.b64encode(head).decode(), "size_bytes": path.stat().st_size}
+    body: dict = {"filename": path.name, "head": base64.b64encode(head).decode(), "size_bytes": path.stat().st_size}
+    if model_id is not None:
+        body["model"] = model_id
+    elif team:
+        body["team"] = team
     try:
         api.call("POST", "/api/v1/uploads/check/", json=body, expect=(200, 404))
     except CliError as error:
