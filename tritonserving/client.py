@@ -144,6 +144,52 @@ _UNQUOTED_TENSOR = re.compile(r"\b(?:invalid datatype for input|Please use the b
 _MISSING_INPUTS = re.compile(r"missing required input\(s\) \[?([^\]]*)\]")
 
 
+# Triton 2.51's shape refusal for a model with max_batch_size > 0 ends in advice about editing the model
+# configuration ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be
+# prepended ... try setting max_batch_size to zero ..."), which Conch wrote, not the caller: `explained_message`
+# replaces it with what the caller should send.
+_BATCHED_SHAPE_REFUSAL = re.compile(
+    r"(?P<head>unexpected shape for input '(?P<name>[^']+)' for model '(?P<model>[^']+)'\. "
+    r"Expected \[(?P<expected>[-0-9, ]*)\], got \[(?P<got>[-0-9, ]*)\]\.)"
+    r" NOTE: Setting a non-zero max_batch_size in the model config.*?(?:more info on max_batch_size\.|$)",
+    re.DOTALL,
+)
+
+
+def _dims(text: str) -> list[int]:
+    return [int(item) for item in text.replace(" ", "").split(",") if item]
+
+
+def _shape_text(dims: Sequence[int | str]) -> str:
+    return "[" + ",".join(str(item) for item in dims) + "]"
+
+
+def _batched_shape_advice(found: re.Match[str]) -> str:
+    expected, got = _dims(found.group("expected")), _dims(found.group("got"))
+    per_sample = expected[1:]
+    fits = len(got) == len(per_sample) and all(want in (-1, have) for want, have in zip(per_sample, got, strict=True))
+    if fits:
+        advice = (
+            f"The model batches requests: the first dimension of input '{found.group('name')}' is the batch size, "
+            f"so send shape {_shape_text([1, *got])} for one sample (or {_shape_text(['N', *got])} for N)."
+        )
+    else:
+        advice = (
+            f"The first dimension of input '{found.group('name')}' is the batch size (N samples, up to the model's "
+            f"max_batch_size) and the dimensions after it must be {_shape_text(per_sample)} (-1: any length)."
+        )
+    return f"{found.group('head')} {advice}"
+
+
+def explained_message(message: str) -> str:
+    """Triton's error `message` with the advice meant for the author of a model configuration replaced by advice
+    for the caller of the model (Conch writes the configuration): a shape refused by a model whose
+    `max_batch_size` is non-zero says which shape to send ("send shape [1,4] for one sample"). Other messages
+    are returned unchanged. Source: Triton's model configuration docs, "Maximum Batch Size" (the batch dimension
+    is not listed in `dims`; requests carry it first)."""
+    return _BATCHED_SHAPE_REFUSAL.sub(_batched_shape_advice, message)
+
+
 def _named_tensor(message: str) -> str | None:
     """Return the tensor Triton's error `message` names, or None (e.g. a batch-size error names none)."""
     missing = _MISSING_INPUTS.search(message)
@@ -822,4 +868,4 @@ def _error_text(body: bytes) -> str:
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
         text = parsed["error"]
-    return _REQUEST_ID_PREFIX.sub("", text.strip()) or "Triton answered with an empty error"
+    return explained_message(_REQUEST_ID_PREFIX.sub("", text.strip())) or "Triton answered with an empty error"

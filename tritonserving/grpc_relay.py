@@ -25,7 +25,7 @@ import grpc.aio
 from tritonclient.grpc import service_pb2
 
 from tritonserving.access import GRPC_API_KEY_HEADER
-from tritonserving.client import TritonUnavailable, TritonUnreachable
+from tritonserving.client import TritonUnavailable, TritonUnreachable, explained_message
 from tritonserving.shared_memory import aligned
 
 __all__ = [
@@ -258,6 +258,20 @@ def stream_error_answer(message: str, *, request_id: str, model_name: str) -> by
     ).SerializeToString()
 
 
+def explained_stream_answer(raw: bytes) -> bytes:
+    """The serialized `ModelStreamInferResponse` `raw`, with its `error_message` worded for the caller
+    (`tritonserving.client.explained_message`) when it carries one; an answer without an error is returned as is
+    (not decoded)."""
+    if not stream_answer_failed(raw):
+        return raw
+    answer = service_pb2.ModelStreamInferResponse.FromString(raw)
+    explained = explained_message(answer.error_message)
+    if explained == answer.error_message:
+        return raw
+    answer.error_message = explained
+    return answer.SerializeToString()
+
+
 def stream_answer_failed(raw: bytes) -> bool:
     """Whether the serialized `ModelStreamInferResponse` `raw` carries an `error_message` (its field 1, which a
     serializer writes first: no decoding needed)."""
@@ -351,4 +365,4 @@ def _error(exc: grpc.aio.AioRpcError) -> TritonUnavailable:
     code, detail = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
         return TritonUnreachable(detail or "the server cannot be reached")
-    return TritonGrpcError(code, detail)
+    return TritonGrpcError(code, explained_message(detail))

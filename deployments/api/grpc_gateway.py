@@ -44,6 +44,7 @@ from tritonserving.grpc_relay import (
     SERVICE,
     GrpcRelay,
     TritonGrpcError,
+    explained_stream_answer,
     live_answer,
     model_named,
     ready_answer,
@@ -333,7 +334,7 @@ class GrpcGateway:
         async def read() -> None:
             try:
                 async for raw in call:
-                    answers.put_nowait(raw)
+                    answers.put_nowait(explained_stream_answer(raw))
             except grpc.aio.AioRpcError as exc:
                 failure.append(exc)
             finally:

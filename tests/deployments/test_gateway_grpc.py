@@ -349,3 +349,29 @@ def test_a_bad_tensor_gets_tritons_own_error_never_naming_the_gateways_region(se
         assert "'x'" in str(refused.value) and "conch-gw" not in str(refused.value)
         assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     client.close()
+
+
+def test_a_request_without_the_batch_dimension_is_told_the_shape_to_send_unary_and_in_a_stream(served):
+    # given the batching adder, whose input x is [-1, 4]: a caller sends one sample as [4]
+    def unbatched() -> triton_grpc.InferInput:
+        x = triton_grpc.InferInput("x", [4], "FP32")
+        x.set_data_from_numpy(X[0])
+        return x
+
+    client = served.client()
+    # when
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("adder", [unbatched()], headers=served.headers())
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error), headers=served.headers())
+    client.async_stream_infer("adder", [unbatched()], request_id="one")
+    streamed = answers.get(timeout=30)
+    client.stop_stream()
+    client.close()
+    # then both say what to send, not how to edit a configuration Conch wrote
+    for error in (refused.value, streamed):
+        text = str(error)
+        assert "Expected [-1,4], got [4]." in text, text
+        assert "so send shape [1,4] for one sample (or [N,4] for N)." in text, text
+        assert "NOTE" not in text and "max_batch_size to zero" not in text, text
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"

@@ -38,6 +38,7 @@ from tritonserving.client import (
     TritonUnavailable,
     TritonUnreachable,
     check_inference_header,
+    explained_message,
 )
 from tritonserving.relay import TritonRelay, infer_body
 from tritonserving.server import (
@@ -442,6 +443,12 @@ def test_wrong_shape_is_rejected_with_tritons_message(client):
     assert "unexpected shape for input 'x' for model 'orientation'. Expected [-1,3,224,224], got [1,3,5,5]" in (
         raised.value.detail
     )
+    # and the advice is for the caller, not for the author of the configuration Conch wrote
+    assert raised.value.detail.endswith(
+        "The first dimension of input 'x' is the batch size (N samples, up to the model's max_batch_size) and the "
+        "dimensions after it must be [3,224,224] (-1: any length)."
+    ), raised.value.detail
+    assert "NOTE" not in raised.value.detail
 
 
 def test_inputs_disagreeing_on_a_named_dimension_get_a_400_naming_both(client):
@@ -807,3 +814,31 @@ def test_a_server_that_never_answers_times_out():
 
     # then
     assert "timed out" in raised.value.detail
+
+
+_BATCH_NOTE = (
+    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to each "
+    "input shape. If you want to specify the full shape including the batch dim in your input dims config, try setting "
+    "max_batch_size to zero. See the model configuration docs for more info on max_batch_size."
+)
+
+
+@pytest.mark.parametrize(
+    ("expected", "got", "advice"),
+    [
+        ("[-1,4]", "[4]", "so send shape [1,4] for one sample (or [N,4] for N)."),
+        ("[-1,-1,3]", "[7,3]", "so send shape [1,7,3] for one sample (or [N,7,3] for N)."),
+        ("[-1,4]", "[1,5]", "the dimensions after it must be [4] (-1: any length)."),
+        ("[-1,-1,3]", "[2]", "the dimensions after it must be [-1,3] (-1: any length)."),
+    ],
+)
+def test_a_batched_shape_refusal_says_what_to_send_instead_of_how_to_edit_the_configuration(expected, got, advice):
+    message = f"unexpected shape for input 'x' for model 'm'. Expected {expected}, got {got}.{_BATCH_NOTE}"
+    explained = explained_message(message)
+    assert explained.startswith(f"unexpected shape for input 'x' for model 'm'. Expected {expected}, got {got}. ")
+    assert explained.endswith(advice) and "NOTE" not in explained
+
+
+def test_other_triton_messages_are_left_as_they_are():
+    for message in ("inference input 'x' data-type is 'INT32', but model 'm' expects 'FP32'", "unexpected shape"):
+        assert explained_message(message) == message
