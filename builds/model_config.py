@@ -24,14 +24,14 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
-from conch.errors import InvalidInput
+from conch.errors import ConchError, InvalidInput, attempt, refuse_all
 from models_registry.naming import validate_model_name
 from tritonserving.config import ModelConfig
 
@@ -243,25 +243,44 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
         A validated `BuildOptions` (preferred sizes sorted).
 
     Raises:
-        InvalidInput: field = the option name, with a message that says what values are allowed.
+        InvalidInput: field = the option name, with a message that says what values are allowed; with several
+            fields at fault, the first carries every one of them as `refusals` (`conch.errors.refuse_all`: the
+            API lists them under `errors`).
     """
-    preferred_raw = fields.get("preferred_batch_size")
-    options = BuildOptions(
-        max_batch_size=_parse_integer("max_batch_size", fields.get("max_batch_size")),
-        max_queue_delay_microseconds=_parse_integer(
-            "max_queue_delay_microseconds", fields.get("max_queue_delay_microseconds")
-        ),
-        preferred_batch_size=_parse_sizes(preferred_raw),
-        instance_count=_parse_integer("instance_count", fields.get("instance_count")),
-        output_dims=parse_output_dims(fields.get(OUTPUT_DIMS_FIELD)),
-        tolerance=parse_tolerance(fields.get(TOLERANCE_FIELD)),
-        graph_inputs=parse_graph_nodes(GRAPH_INPUTS_FIELD, fields.get(GRAPH_INPUTS_FIELD)),
-        graph_outputs=parse_graph_nodes(GRAPH_OUTPUTS_FIELD, fields.get(GRAPH_OUTPUTS_FIELD)),
-        input_spec=parse_input_spec(fields.get(INPUT_SPEC_FIELD)),
-        output_spec=parse_input_spec(fields.get(OUTPUT_SPEC_FIELD), OUTPUT_SPEC_FIELD),
-        gpu_product=parse_gpu_product(fields.get(GPU_PRODUCT_FIELD)),
-        tensorrt_version=parse_tensorrt_version(fields.get(TENSORRT_VERSION_FIELD)),
-    )
+    refusals: list[ConchError] = []
+    parsers: dict[str, Callable[[Any], Any]] = {
+        "max_batch_size": lambda raw: _parse_integer("max_batch_size", raw),
+        "max_queue_delay_microseconds": lambda raw: _parse_integer("max_queue_delay_microseconds", raw),
+        "preferred_batch_size": _parse_sizes,
+        "instance_count": lambda raw: _parse_integer("instance_count", raw),
+        "output_dims": parse_output_dims,
+        "tolerance": parse_tolerance,
+        "graph_inputs": lambda raw: parse_graph_nodes(GRAPH_INPUTS_FIELD, raw),
+        "graph_outputs": lambda raw: parse_graph_nodes(GRAPH_OUTPUTS_FIELD, raw),
+        "input_spec": parse_input_spec,
+        "output_spec": lambda raw: parse_input_spec(raw, OUTPUT_SPEC_FIELD),
+        "gpu_product": parse_gpu_product,
+        "tensorrt_version": parse_tensorrt_version,
+    }
+    fields_of = {
+        "output_dims": OUTPUT_DIMS_FIELD,
+        "tolerance": TOLERANCE_FIELD,
+        "graph_inputs": GRAPH_INPUTS_FIELD,
+        "graph_outputs": GRAPH_OUTPUTS_FIELD,
+        "input_spec": INPUT_SPEC_FIELD,
+        "output_spec": OUTPUT_SPEC_FIELD,
+        "gpu_product": GPU_PRODUCT_FIELD,
+        "tensorrt_version": TENSORRT_VERSION_FIELD,
+    }
+    values = {}
+    for attribute, parse in parsers.items():
+        _, values[attribute] = attempt(refusals, parse, fields.get(fields_of.get(attribute, attribute)))
+    options = BuildOptions(**values)  # a field that did not parse is None here: its range is not checked
+    refusals.extend(_range_refusals(options))
+    if refusals:
+        order = list(parsers)
+        refusals.sort(key=lambda refusal: order.index(refusal.field) if refusal.field in order else len(order))
+        raise refuse_all(refusals)
     validate_build_options(options)
     if options.preferred_batch_size is not None:
         options = dataclasses.replace(options, preferred_batch_size=tuple(sorted(options.preferred_batch_size)))
@@ -517,32 +536,13 @@ def validate_build_options(options: BuildOptions) -> None:
     a queue delay or preferred sizes with max_batch_size 0 is meaningless (no batcher runs).
 
     Raises:
-        InvalidInput: field = the offending option name.
+        InvalidInput: field = the offending option name; each option out of its own range is refused at once (the
+            first carrying all as `refusals`), before the rules between options are checked.
     """
-    _check_range("max_batch_size", options.max_batch_size, 0, MAX_MAX_BATCH_SIZE, "0 turns Triton batching off")
-    _check_range(
-        "max_queue_delay_microseconds",
-        options.max_queue_delay_microseconds,
-        0,
-        MAX_QUEUE_DELAY_MICROSECONDS,
-        "microseconds, i.e. up to 1 second; it is how long Triton may hold a request to batch it with others",
-    )
-    _check_range("instance_count", options.instance_count, 1, MAX_INSTANCE_COUNT, "model instances per group")
-
+    refusals = _range_refusals(options)
+    if refusals:
+        raise refuse_all(refusals)
     sizes = options.preferred_batch_size
-    if sizes is not None:
-        if not isinstance(sizes, tuple | list) or not sizes:
-            raise InvalidInput(
-                "preferred_batch_size must be a list of whole numbers such as 4, 8, or left empty.",
-                field="preferred_batch_size",
-            )
-        for size in sizes:
-            _check_range("preferred_batch_size", size, 1, MAX_MAX_BATCH_SIZE, "each size is a batch of requests")
-        if len(set(sizes)) != len(sizes):
-            raise InvalidInput(
-                f"preferred_batch_size lists a size more than once ({_join(sizes)}); list each size once.",
-                field="preferred_batch_size",
-            )
     if options.max_batch_size == 0:
         if options.max_queue_delay_microseconds is not None:
             raise _needs_batching("max_queue_delay_microseconds", "max_batch_size is 0")
@@ -550,6 +550,58 @@ def validate_build_options(options: BuildOptions) -> None:
             raise _needs_batching("preferred_batch_size", "max_batch_size is 0")
     if sizes is not None and options.max_batch_size and max(sizes) > options.max_batch_size:
         raise _preferred_too_large(sizes, options.max_batch_size)
+
+
+def _range_refusals(options: BuildOptions) -> list[ConchError]:
+    """The refusal of each option out of its own range (`validate_build_options`' first rules), in field order."""
+    refusals: list[ConchError] = []
+    attempt(
+        refusals,
+        _check_range,
+        "max_batch_size",
+        options.max_batch_size,
+        0,
+        MAX_MAX_BATCH_SIZE,
+        "0 turns Triton batching off",
+    )
+    attempt(
+        refusals,
+        _check_range,
+        "max_queue_delay_microseconds",
+        options.max_queue_delay_microseconds,
+        0,
+        MAX_QUEUE_DELAY_MICROSECONDS,
+        "microseconds, i.e. up to 1 second; it is how long Triton may hold a request to batch it with others",
+    )
+    attempt(
+        refusals,
+        _check_range,
+        "instance_count",
+        options.instance_count,
+        1,
+        MAX_INSTANCE_COUNT,
+        "model instances per group",
+    )
+    attempt(refusals, _check_preferred_sizes, options.preferred_batch_size)
+    return refusals
+
+
+def _check_preferred_sizes(sizes: Any) -> None:
+    """preferred_batch_size on its own: None, or a non-empty list of sizes 1..MAX_MAX_BATCH_SIZE, each once."""
+    if sizes is None:
+        return
+    if not isinstance(sizes, tuple | list) or not sizes:
+        raise InvalidInput(
+            "preferred_batch_size must be a list of whole numbers such as 4, 8, or left empty.",
+            field="preferred_batch_size",
+        )
+    for size in sizes:
+        _check_range("preferred_batch_size", size, 1, MAX_MAX_BATCH_SIZE, "each size is a batch of requests")
+    if len(set(sizes)) != len(sizes):
+        raise InvalidInput(
+            f"preferred_batch_size lists a size more than once ({_join(sizes)}); list each size once.",
+            field="preferred_batch_size",
+        )
 
 
 @dataclass(frozen=True)

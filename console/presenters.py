@@ -40,6 +40,8 @@ class TensorRow:
     datatype: str
     axes: tuple[str, ...]
     batch_axis: bool
+    #: Whether the last axis ("1") is Triton's, not the model's: see `signature_rows`.
+    added_axis: bool = False
 
     @property
     def shown_axes(self) -> list[tuple[str, str]]:
@@ -91,8 +93,11 @@ def served_by_onnxruntime(config_pbtxt: str) -> bool:
 
 def signature_rows(signature: dict[str, Any] | None, *, batching: bool) -> dict[str, list[TensorRow]]:
     """{"inputs": [TensorRow], "outputs": [TensorRow]} of a version's inspected signature
-    (`ModelSignature.to_dict()`; None before inspection gives empty lists). With `batching`, axis 0 of every
-    tensor is the batch axis."""
+    (`ModelSignature.to_dict()`; None before inspection gives empty lists), with the shapes clients send and
+    receive. With `batching`, axis 0 of every tensor is the batch axis, and a tensor whose only axis is the batch
+    axis (a tree classifier's `label` [N]) is served as [N, 1] (`added_axis`): Triton needs one dimension besides
+    the batch axis and Conch configures it as `dims: [1]` with an empty `reshape` (Triton "Model Configuration"
+    -> "Reshape"). Without batching, a scalar input is sent as [1] the same way."""
     rows: dict[str, list[TensorRow]] = {"inputs": [], "outputs": []}
     for kind in rows:
         for tensor in (signature or {}).get(kind, []):
@@ -102,12 +107,14 @@ def signature_rows(signature: dict[str, Any] | None, *, batching: bool) -> dict[
                 str(size) if size >= 0 else (f"? ({name})" if name else "?")
                 for size, name in zip(dims, names, strict=False)
             )
+            added = (batching and len(dims) == 1) or (not batching and not dims and kind == "inputs")
             rows[kind].append(
                 TensorRow(
                     name=tensor["name"],
                     datatype=tensor["datatype"],
-                    axes=axes,
+                    axes=(*axes, "1") if added else axes,
                     batch_axis=batching and bool(dims),
+                    added_axis=added,
                 )
             )
     return rows

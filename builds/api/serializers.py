@@ -248,6 +248,10 @@ class SignatureRowSerializer(serializers.Serializer):
     dim_names = serializers.ListField(child=serializers.CharField(allow_null=True))
     shape = serializers.CharField(help_text="E.g. [batch*, 3, 224, 224]; * marks Triton's batch axis.")
     batch_axis = serializers.BooleanField()
+    served_note = serializers.CharField(
+        allow_blank=True,
+        help_text="Empty, or how Triton serves a tensor whose only axis is the batch axis: as [batch*, 1].",
+    )
 
 
 class VersionReviewSerializer(serializers.Serializer):

@@ -139,10 +139,15 @@ def check_build_options(*, version: ModelVersion, fields: Mapping[str, Any]) -> 
                 else None
             )
         except InvalidInput as exc:
-            errors.append({"field": exc.field or "", "detail": exc.detail})
-            if exc.field not in remaining or remaining[exc.field] in (None, ""):
+            found = exc.refusals or (exc,)
+            errors.extend({"field": one.field or "", "detail": one.detail} for one in found)
+            set_aside = [
+                one.field for one in found if one.field in remaining and remaining[one.field] not in (None, "")
+            ]
+            if not set_aside:
                 break  # a rule of the model as a whole: nothing more to set aside
-            remaining[exc.field] = None
+            for name in set_aside:
+                remaining[name] = None
             continue
         if errors:
             return OptionsCheck(errors=errors)
@@ -221,7 +226,9 @@ class SignatureRow:
 
     `role` "input"/"output"; `datatype` the Triton datatype ("FP32"); `shape` the model's full shape as text with
     the batch axis marked ("[batch*, 3, 224, 224]" when Triton batches along axis 0; another dynamic axis shows
-    the name the file gives it, else -1); `batch_axis` True when axis 0 is Triton's batch axis.
+    the name the file gives it, else -1); `batch_axis` True when axis 0 is Triton's batch axis. `served_note`: ""
+    or, for a tensor whose only axis is the batch axis, that clients send and receive it as [batch, 1] (Triton
+    needs one dimension besides the batch axis: `dims: [1]` with an empty `reshape`, Triton "Reshape").
     """
 
     role: str
@@ -231,6 +238,7 @@ class SignatureRow:
     dim_names: tuple[str | None, ...]
     shape: str
     batch_axis: bool
+    served_note: str = ""
 
     @property
     def short_shape(self) -> str:
@@ -241,6 +249,12 @@ class SignatureRow:
             self.batch_axis,
             shorten=True,
         )
+
+
+_SERVED_WITH_ADDED_AXIS = (
+    "served as [batch*, 1]: Triton needs one dimension besides the batch axis, so clients send and receive a last "
+    "axis of 1"
+)
 
 
 def signature_rows(version: ModelVersion) -> list[SignatureRow]:
@@ -267,6 +281,7 @@ def signature_rows(version: ModelVersion) -> list[SignatureRow]:
                     dim_names=spec.dim_names,
                     shape=_shape_text(spec, batching),
                     batch_axis=batching and bool(spec.dims),
+                    served_note=_SERVED_WITH_ADDED_AXIS if batching and len(spec.dims) == 1 else "",
                 )
             )
     return rows

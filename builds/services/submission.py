@@ -23,7 +23,7 @@ from builds.services import state
 from builds.services.review import check_build_options
 from builds.verification import check_sample_archive, parse_sample_values
 from builds.verify_step import sample_limits
-from conch.errors import InvalidInput
+from conch.errors import InvalidInput, refuse_all
 from models_registry import services as registry
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
 from tenancy.choices import Role, Scope
@@ -122,7 +122,8 @@ def request_rebuild(
     `options` (the four build option fields, `output_dims`, `tolerance` and `dynamic_batching`; see
     `review.option_fields`), when given, replace the version's build options: a field left out or empty goes back
     to the model's default. They are checked first by the build's own rules against the version's signature
-    (`review.check_build_options`): InvalidInput naming the first option at fault, and nothing changes.
+    (`review.check_build_options`): InvalidInput naming the first option at fault and carrying every one as
+    `refusals` (the API lists them under `errors`), and nothing changes.
     """
     require_role(
         user=user,
@@ -138,8 +139,7 @@ def request_rebuild(
     if options is not None:
         check = check_build_options(version=version, fields=options)
         if not check.ok:
-            first = check.errors[0]
-            raise InvalidInput(first["detail"], field=first["field"])
+            raise refuse_all([InvalidInput(error["detail"], field=error["field"]) for error in check.errors])
         build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
         build_options.pop(TOLERANCE_FIELD, None)  # left out, the datatypes' default tolerances apply again
         build_options.pop(GRAPH_INPUTS_FIELD, None)  # left out, a frozen graph's interface is discovered again

@@ -557,6 +557,29 @@ def test_parse_build_options_rejects_meaningless_values(fields, field, detail):
     assert caught.value.detail == detail
 
 
+def test_parse_build_options_refuses_every_field_at_fault_at_once():
+    # given three options wrong on their own (a word, a range, a spec) and a right one
+    fields = {"max_batch_size": "eight", "instance_count": "0", "input_spec": "x:FP33[-1,3]", "tolerance": "0.01"}
+    # when
+    with pytest.raises(InvalidInput) as caught:
+        parse_build_options(fields)
+    # then the first is the error, and every one is among its refusals, in the form's order
+    assert caught.value.field == "max_batch_size"
+    assert [refusal.field for refusal in caught.value.refusals] == ["max_batch_size", "instance_count", "input_spec"]
+    # and every range at once
+    with pytest.raises(InvalidInput) as ranges:
+        parse_build_options({"max_batch_size": "2000", "instance_count": "0", "max_queue_delay_microseconds": "-1"})
+    assert [refusal.field for refusal in ranges.value.refusals] == [
+        "max_batch_size",
+        "max_queue_delay_microseconds",
+        "instance_count",
+    ]
+    # and one field at fault is refused alone, as before
+    with pytest.raises(InvalidInput) as alone:
+        parse_build_options({"instance_count": "0"})
+    assert alone.value.field == "instance_count" and alone.value.refusals == (alone.value,)
+
+
 def test_validate_build_options_rejects_a_non_integer_value():
     with pytest.raises(InvalidInput) as caught:
         validate_build_options(BuildOptions(instance_count="2"))

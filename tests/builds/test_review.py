@@ -32,7 +32,7 @@ def test_every_option_at_fault_is_named_with_what_to_do(classifier):
     # then
     assert not check.ok
     errors = {error["field"]: error["detail"] for error in check.errors}
-    assert list(errors) == ["max_batch_size", "instance_count", "preferred_batch_size"]  # the rules' own order
+    assert list(errors) == ["max_batch_size", "preferred_batch_size", "instance_count"]  # the form's order
     assert "whole number such as 8" in errors["max_batch_size"]
     assert errors["instance_count"] == "instance_count must be between 1 and 16 (model instances per group); got 99."
     assert "more than once" in errors["preferred_batch_size"]

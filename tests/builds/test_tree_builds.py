@@ -94,6 +94,11 @@ def test_a_lightgbm_classifier_is_converted_served_and_proven_equal_to_lightgbm(
     assert "<code>probabilities</code></td><td>FP32</td>" in html and "equal within tolerance" in html
     assert "top class agrees on 100% of rows" in html
     assert 'name="tolerance"' in html
+    # and the label, [N] in the model, is shown as clients get it from Triton: [batch*, 1]
+    assert "served as [batch*, 1]: Triton needs one dimension besides the batch axis" in html
+    review = alice.client.get(f"/api/v1/versions/{version_id}/review/").json()
+    notes = {row["name"]: row["served_note"] for row in review["signature"]}
+    assert notes["input"] == "" and notes["label"].startswith("served as [batch*, 1]"), notes
 
 
 @pytest.mark.e2e

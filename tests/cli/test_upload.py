@@ -825,3 +825,17 @@ def test_a_folder_with_no_file_or_with_a_link_outside_it_is_refused_before_anyth
     result = cli("upload", "big", linked)
     assert result.code == 1 and "links to" in result.err and "outside" in result.err
     assert Upload.objects.count() == 0
+
+
+def test_several_bad_build_options_are_all_told_before_a_part_is_sent(cli, model, model_file):
+    path, _ = model_file
+    # when a file is uploaded with two options wrong on their own
+    result = cli("upload", "big", path, "-o", "max_batch_size=lots", "-o", "instance_count=99")
+    # then both are told, one per line, and nothing was stored
+    assert result.code == 1, result.err
+    assert (
+        "max_batch_size must be a whole number" in result.err and "(field: build_options.max_batch_size)" in result.err
+    )
+    assert "instance_count must be between 1 and 16" in result.err
+    assert "(field: build_options.instance_count)" in result.err
+    assert not Upload.objects.exists()

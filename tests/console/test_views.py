@@ -310,6 +310,25 @@ def test_signature_rows_mark_the_batch_axis_and_dynamic_axes():
     assert presenters.signature_rows(None, batching=True) == {"inputs": [], "outputs": []}
 
 
+def test_a_tensor_with_only_the_batch_axis_is_shown_and_sent_as_triton_serves_it():
+    # given a tree classifier's signature: input [N, 4], output label [N]
+    signature = {
+        "inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 4], "dim_names": ["N", None]}],
+        "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1], "dim_names": ["N"]}],
+    }
+    # when
+    batched = presenters.signature_rows(signature, batching=True)
+    flat = presenters.signature_rows(
+        {"inputs": [{"name": "sr", "datatype": "INT64", "dims": []}], "outputs": []}, batching=False
+    )
+    # then the label is [batch, 1], the axis marked as Triton's; the input keeps its own shape
+    (label,) = batched["outputs"]
+    assert label.axes == ("? (N)", "1") and label.added_axis and label.example_shape == [1, 1]
+    assert not batched["inputs"][0].added_axis and batched["inputs"][0].axes == ("? (N)", "4")
+    # and a scalar input of a model that does not batch is sent as [1]
+    assert flat["inputs"][0].axes == ("1",) and flat["inputs"][0].example_shape == [1]
+
+
 def test_snippets_use_the_gateway_and_a_token_placeholder():
     [row] = presenters.signature_rows(
         {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}], "outputs": []}, batching=True

@@ -204,6 +204,20 @@ def test_preferred_batch_size_above_max_batch_size_gets_400(alice):
     assert response.json()["field"] == "preferred_batch_size"
 
 
+def test_an_upload_with_several_bad_options_is_told_every_one(alice):
+    model_id = _create_model(alice)
+    response = alice.client.post(
+        f"/api/v1/models/{model_id}/versions/",
+        {"file": SimpleUploadedFile("m.onnx", onnx_like(b"onnx")), "max_batch_size": "x", "instance_count": "99"},
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert body["field"] == "max_batch_size"
+    assert [error["field"] for error in body["errors"]] == ["max_batch_size", "instance_count"]
+    assert "whole number" in body["errors"][0]["detail"] and "between 1 and 16" in body["errors"][1]["detail"]
+    assert ModelVersion.objects.count() == 0
+
+
 def test_version_numbers_count_up_per_model(alice):
     model_a = _create_model(alice, "a")
     model_b = _create_model(alice, "b")

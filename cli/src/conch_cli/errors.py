@@ -63,6 +63,13 @@ class CliError(Exception):
             text += f" (field: {self.field})"
         if self.status is not None and self.call:
             text += f" [HTTP {self.status} from {self.call}]"
+        others = self.extra.get("errors")
+        if isinstance(others, list) and len(others) > 1:
+            # the server refused several fields at once: the first is above, the rest follow, one per line
+            for other in others[1:]:
+                if isinstance(other, dict):
+                    line = f"error: {other.get('detail')}"
+                    text += f"\n{line} (field: {other['field']})" if other.get("field") else f"\n{line}"
         return text
 
     def as_json(self) -> dict:
