@@ -99,6 +99,10 @@ def test_rebuild_with_options_checks_them_first_and_then_replaces_them(
     # then nothing changes
     assert refused.status_code == 400
     assert refused.json()["field"] == "preferred_batch_size"
+    # and two options wrong on their own are both told
+    both = alice.client.post(url, {"max_batch_size": "lots", "instance_count": "99"}, format="json")
+    assert both.status_code == 400
+    assert [error["field"] for error in both.json()["errors"]] == ["max_batch_size", "instance_count"]
     classifier.refresh_from_db()
     assert (classifier.status, current_build(classifier).attempt) == ("built", 1)
     # when good options are sent
