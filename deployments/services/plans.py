@@ -29,6 +29,7 @@ import logging
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -399,15 +400,53 @@ def _shape_dict(shape: TensorShape) -> dict[str, Any]:
     }
 
 
-def _run_inputs(config: ModelConfig, shapes: Sequence[TensorShape]) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class _PlanRun:
+    """What a plan's Job builds and runs, derived once from the ONNX build's configuration: the configuration,
+    the shape ranges trtexec gets, and the inputs of its one run (the batch of the run shape, in config order)."""
+
+    config: ModelConfig
+    shapes: tuple[TensorShape, ...]
+    inputs: dict[str, np.ndarray]
+
+    @property
+    def output_datatypes(self) -> dict[str, str]:
+        """Output name -> Triton datatype ("FP32"), as the ONNX configuration declares them."""
+        return {tensor.name: datatype_name(tensor.data_type) for tensor in self.config.output}
+
+
+def _plan_run(plan: TensorRTPlan) -> _PlanRun:
+    config = _onnx_config(plan.build)
+    shapes = plan_shapes(config)
     rows = shapes[0].run[0] if shapes and config.max_batch_size > 0 else 1
-    return make_sample_inputs(config, rows=rows)
+    return _PlanRun(config=config, shapes=shapes, inputs=make_sample_inputs(config, rows=rows))
+
+
+def _input_key(plan_id: int, index: int) -> str:
+    return f"{_work(plan_id)}/inputs/{index}.bin"
+
+
+def _stored_inputs(plan: TensorRTPlan, run: _PlanRun) -> dict[str, np.ndarray]:
+    """The inputs the Job ran, read back from the store (each as the raw bytes `_start_job` wrote), in the
+    datatypes and shapes of `run`. Raises NotFound when one is gone, InvalidInput when one has another size."""
+    store = get_object_store()
+    inputs = {}
+    for index, (name, expected) in enumerate(run.inputs.items()):
+        raw = store.read_bytes(_input_key(plan.pk, index))
+        if len(raw) != expected.nbytes:
+            raise InvalidInput(
+                f"the stored input {name!r} holds {len(raw)} bytes, not the {expected.nbytes} of its run; ask for the "
+                "plan again",
+                field="inputs",
+            )
+        inputs[name] = np.frombuffer(raw, dtype=expected.dtype).reshape(expected.shape)
+    return inputs
 
 
 def _start_job(plan: TensorRTPlan, now: datetime) -> None:
     store = get_object_store()
-    config = _onnx_config(plan.build)
-    shapes = plan_shapes(config)
+    run = _plan_run(plan)
+    config, shapes = run.config, run.shapes
     model, number = plan.model_version.model.name, plan.model_version.number
     source = f"{plan.build.repository_prefix}/{model}/{number}/"
     files = sorted(key[len(source) :] for key in store.list_keys(source))
@@ -432,10 +471,9 @@ def _start_job(plan: TensorRTPlan, now: datetime) -> None:
             )
         return signed
 
-    inputs = _run_inputs(config, shapes)
     input_urls = []
-    for index, (name, array) in enumerate(inputs.items()):
-        key = f"{_work(plan.pk)}/inputs/{index}.bin"
+    for index, (name, array) in enumerate(run.inputs.items()):
+        key = _input_key(plan.pk, index)
         store.put_bytes(key, np.ascontiguousarray(array).tobytes())
         input_urls.append((name, url(key, "GET")))
     spec = _spec(plan, shapes)
@@ -551,13 +589,14 @@ def _finish(plan: TensorRTPlan) -> None:
     except NotFound:
         _fail(plan, "Its Job completed without storing the plan and its outputs; ask for the plan again.")
         return
-    config = _onnx_config(plan.build)
-    shapes = plan_shapes(config)
-    datatypes = {tensor.name: datatype_name(tensor.data_type) for tensor in config.output}
-    inputs = _run_inputs(config, shapes)
+    run = _plan_run(plan)
+    config, datatypes = run.config, run.output_datatypes
     try:
         served = read_trtexec_outputs(outputs_text, datatypes)
-        reference = _onnx_outputs(plan, inputs)
+        reference = _onnx_outputs(plan, config, _stored_inputs(plan, run))
+    except NotFound:
+        _fail(plan, "The inputs its Job ran are gone from the store; ask for the plan again.")
+        return
     except ConchError as error:
         _fail(plan, f"Its outputs could not be compared: {error.detail}")
         return
@@ -612,10 +651,10 @@ def _finish(plan: TensorRTPlan) -> None:
     log.info("plan.succeeded", extra={"plan_id": plan.pk})
 
 
-def _onnx_outputs(plan: TensorRTPlan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The ONNX model's outputs for `inputs`, run by onnxruntime in the build sandbox on the build's files."""
+def _onnx_outputs(plan: TensorRTPlan, config: ModelConfig, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ONNX model's outputs for `inputs`, run by onnxruntime in the build sandbox on the build's files
+    (`config`: the build's configuration, which names the model file)."""
     store = get_object_store()
-    config = _onnx_config(plan.build)
     model, number = plan.model_version.model.name, plan.model_version.number
     source = f"{plan.build.repository_prefix}/{model}/{number}/"
     with tempfile.TemporaryDirectory(prefix="conch-plan-") as work:
