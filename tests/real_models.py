@@ -84,3 +84,30 @@ def mtcnn_onet_weights() -> Path:
     `devtools.torch_models.mtcnn_onet` loads into its architecture. Located without importing the package (its
     __init__ imports torchvision; installed with --no-deps, see requirements-nodeps.txt)."""
     return Path(str(distribution("facenet-pytorch").locate_file("facenet_pytorch/data/onet.pt")))
+
+
+def pv_clipping_xgboost() -> Path:
+    """rdtools 3.2.1's photovoltaic power-clipping detector (NREL), an XGBoost JSON model saved by XGBoost 1.6:
+    16 named float features (derivatives and rolling statistics of the power signal), objective binary:logistic,
+    100 rounds. Located without importing the package (installed with --no-deps, see requirements-nodeps.txt)."""
+    return Path(str(distribution("rdtools").locate_file("rdtools/models/xgboost_clipping_model.json")))
+
+
+def ambulation_lightgbm() -> Path:
+    """scikit-digital-health 0.17.18's ambulation classifier (Pfizer), a LightGBM text model trained on wrist
+    accelerometer features: 25 features, objective binary, 100 trees. Located without importing the package
+    (installed with --no-deps, see requirements-nodeps.txt)."""
+    return Path(str(distribution("scikit-digital-health").locate_file("skdh/context/model/ambulation_model.txt")))
+
+
+def profanity_sklearn() -> Path:
+    """alt-profanity-check 1.9.1's profanity classifier, pickled by joblib with scikit-learn 1.9.1 (Conch's pin):
+    a CalibratedClassifierCV (sigmoid) over five LinearSVCs on the 15,442 TF-IDF features of the wheel's own
+    vectorizer (`profanity_vectorizer`), classes [0, 1]."""
+    return Path(str(distribution("alt-profanity-check").locate_file("profanity_check/data/model.joblib")))
+
+
+def profanity_vectorizer() -> Path:
+    """The TfidfVectorizer (joblib, scikit-learn 1.9.1) that turns texts into the 15,442 features
+    `profanity_sklearn` takes."""
+    return Path(str(distribution("alt-profanity-check").locate_file("profanity_check/data/vectorizer.joblib")))

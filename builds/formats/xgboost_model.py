@@ -56,7 +56,7 @@ class XGBoostFormat(ModelFormat):
         import onnxmltools
         from onnxmltools.convert.common.data_types import FloatTensorType
 
-        booster = _load(source)
+        booster, names = _load(source)
         features = int(booster.num_features())
         objective, classes = _objective(booster)
         started = time.monotonic()
@@ -78,7 +78,7 @@ class XGBoostFormat(ModelFormat):
         kind = f"a classifier ({classes} classes)" if _is_classifier(objective) else "a regressor"
         if objective == "multi:softmax":
             kind += "; its output 'probabilities' holds the raw class scores (margins), not probabilities"
-        names = booster.feature_names or [f"f{index}" for index in range(features)]
+        names = names or [f"f{index}" for index in range(features)]
         shown = ", ".join(names[:5]) + (f", … {names[-1]}" if len(names) > 5 else "")
         return Conversion(
             tool=package_version("onnxmltools"),
@@ -98,7 +98,7 @@ class XGBoostFormat(ModelFormat):
     ) -> dict[str, np.ndarray]:
         import xgboost
 
-        booster = _load(source)
+        booster, _ = _load(source)
         objective, classes = _objective(booster)
         rows = xgboost.DMatrix(np.asarray(inputs[INPUT_NAME], dtype=np.float32))
         if objective == "multi:softmax":
@@ -109,7 +109,13 @@ class XGBoostFormat(ModelFormat):
         return arrange_predictions(predicted, classifier=_is_classifier(objective), classes=classes)
 
 
-def _load(source: Path) -> Any:
+def _load(source: Path) -> tuple[Any, list[str]]:
+    """The booster in `source`, with its feature names cleared, and those names ([] when it has none).
+
+    A model trained on a named table (a pandas DataFrame) keeps its column names, and then XGBoost refuses rows
+    without them and onnxmltools refuses names other than f0, f1, ...; the served model takes features by
+    position (column j is feature j), so both are given the model without its names.
+    """
     import xgboost
 
     booster = xgboost.Booster()
@@ -121,7 +127,10 @@ def _load(source: Path) -> Any:
             "Booster.save_model writes, unchanged.",
             field="file",
         ) from None
-    return booster
+    names = list(booster.feature_names or [])
+    booster.feature_names = None
+    booster.feature_types = None
+    return booster, names
 
 
 def _objective(booster: Any) -> tuple[str, int]:

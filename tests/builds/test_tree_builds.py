@@ -251,3 +251,56 @@ def test_a_pickled_scikit_learn_model_is_built_only_for_a_team_an_admin_allowed(
     comparison = {row["output"]: row for row in build["conversion"]["comparison"]}
     assert comparison["label"]["datatype"] == "BYTES" and comparison["label"]["ok"]
     assert comparison["probabilities"]["ok"]
+
+
+@pytest.mark.e2e
+def test_real_pretrained_xgboost_lightgbm_and_scikit_learn_models_from_wheels_are_served_and_proven_equal(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    import io
+
+    import joblib
+
+    from tests import real_models
+
+    alice.team.allow_pickled_models = True
+    alice.team.save(update_fields=["allow_pickled_models"])
+    # given real texts turned into the profanity classifier's TF-IDF features by the vectorizer its wheel ships
+    texts = ["have a nice day, see you at the meeting", "this is bullshit", "what the hell", "thanks for the help"]
+    features = joblib.load(real_models.profanity_vectorizer()).transform(texts).toarray().astype(np.float32)
+    samples = io.BytesIO()
+    np.savez(samples, input=features)
+    cases = [
+        # (model name, file name, the wheel's file, format, features, upload fields)
+        ("pv-clipping", "xgboost_clipping_model.json", real_models.pv_clipping_xgboost(), "xgboost", 16, {}),
+        ("ambulation", "ambulation_model.txt", real_models.ambulation_lightgbm(), "lightgbm", 25, {}),
+        (
+            "profanity",
+            "model.joblib",
+            real_models.profanity_sklearn(),
+            "sklearn",
+            15442,
+            {"sample_inputs": SimpleUploadedFile("texts.npz", samples.getvalue())},
+        ),
+    ]
+    built = {}
+    for name, filename, path, model_format, width, fields in cases:
+        # when each is uploaded as its wheel ships it
+        version_id = _upload(alice, django_capture_on_commit_callbacks, name, filename, path.read_bytes(), **fields)
+        version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
+        build = _latest_build(alice, version_id)
+        # then it is converted, served by Triton, and its outputs equal the source framework's on the same rows
+        assert version["status"] == "built", (name, version["error"])
+        assert build["source_format"] == model_format, name
+        assert f"input input: FP32 [-1, {width}] axes [N, -]" in _log(build, "inspect"), name
+        comparison = {row["output"]: row for row in build["conversion"]["comparison"]}
+        assert set(comparison) == {"label", "probabilities"}, (name, comparison)
+        assert all(row["ok"] for row in comparison.values()), (name, comparison)
+        assert comparison["label"]["top_class_agreement"] == 1.0, (name, comparison)
+        built[name] = build
+    # and the XGBoost model, trained on a named table, takes its features by position, the names in the report
+    notes = " ".join(built["pv-clipping"]["conversion"]["notes"])
+    assert "(names: first_order_derivative_backward, first_order_derivative_forward," in notes, notes
+    # and the profanity classifier was compared on the real texts' features, not on generated rows
+    verify = " ".join(_log(built["profanity"], "verify"))
+    assert "comparison input input float32 [4, 15442] (sample_inputs)" in verify, verify
