@@ -139,6 +139,32 @@ def test_trtexec_outputs_are_read_in_the_models_datatypes_with_non_finite_values
         read_trtexec_outputs('[{"name": "y", "dimensions": "2x2", "values": [1, 2, 3]}]', {"y": "FP32"})
 
 
+def test_the_plans_comparison_reads_back_the_inputs_its_job_ran_and_refuses_gone_or_resized_ones(settings, tmp_path):
+    from types import SimpleNamespace
+
+    from conch.errors import NotFound
+    from deployments.services.plans import _input_key, _PlanRun, _stored_inputs
+    from tritonserving.config import ModelConfig
+
+    settings.CONCH_STORAGE_URL = f"file://{tmp_path}"
+    store = get_object_store()
+    plan = SimpleNamespace(pk=7)
+    run = _PlanRun(config=ModelConfig(), shapes=(), inputs={"x": np.zeros((2, 3), np.float32)})
+    # given the bytes the Job was given for x, as _start_job wrote them
+    sent = np.arange(6, dtype=np.float32).reshape(2, 3)
+    store.put_bytes(_input_key(7, 0), sent.tobytes())
+    # then they come back in the run's datatype and shape
+    (back,) = _stored_inputs(plan, run).values()
+    assert back.dtype == np.float32 and back.tolist() == sent.tolist()
+    # and an input of another size, or one gone, is refused
+    store.put_bytes(_input_key(7, 0), sent.tobytes()[:8])
+    with pytest.raises(InvalidInput, match="the stored input 'x' holds 8 bytes, not the 24 of its run"):
+        _stored_inputs(plan, run)
+    store.delete(_input_key(7, 0))
+    with pytest.raises(NotFound):
+        _stored_inputs(plan, run)
+
+
 def test_the_tensorrt_image_is_the_one_of_the_clusters_triton_release():
     assert tensorrt_image_of("nvcr.io/nvidia/tritonserver:24.10-py3") == "nvcr.io/nvidia/tensorrt:24.10-py3"
     assert (
