@@ -185,6 +185,12 @@ def plan_env(k8s_env):
     cluster starts with the kubelet running what it ran before."""
     before = set(k8s_env.kubelet.running_processes())
     yield k8s_env
+    # This process's inference edge keeps keep-alive connections to the pods' Tritons it relayed to, and a Triton
+    # told to stop waits for open connections up to --exit-timeout-secs (30 s): close them first.
+    from deployments.services.inference import inference_edge
+
+    edge = inference_edge()
+    edge.run(edge.relay.close())
     runtime = get_runtime("kubernetes")
     for workload in runtime.list_owned():
         runtime.delete(workload.state)
