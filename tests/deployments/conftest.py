@@ -32,6 +32,15 @@ def built_classifier(alice) -> ModelVersion:
     return write_built_version(alice.team, "classifier", real_models.classifier(), BuildOptions(max_batch_size=8))
 
 
+def close_edge_connections() -> None:
+    """Close this process's inference edge's keep-alive connections to the Tritons it relayed to: a Triton told to
+    stop (its pod deleted) waits for open connections up to --exit-timeout-secs (30 s) before it exits."""
+    from deployments.services import inference
+
+    if inference._edge is not None:
+        inference._edge.run(inference._edge.relay.close())
+
+
 @pytest.fixture
 def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
     """S3 storage on the test S3 server and cluster `local` registered from the test cluster's kubeconfig."""
@@ -42,6 +51,7 @@ def k8s_env(settings, s3_server, s3_bucket, kube_cluster, alice):
     settings.CONCH_S3_SECRET_ACCESS_KEY = s3_server.secret_key
     register_cluster(name="local", kubeconfig=kube_cluster.kubeconfig_path.read_text(), namespace="conch")
     yield kube_cluster
+    close_edge_connections()
     # Nothing a test started outlives it: every workload of this installation goes (the cluster is shared).
     runtime = get_runtime("kubernetes")
     for workload in runtime.list_owned():

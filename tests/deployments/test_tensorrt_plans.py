@@ -37,6 +37,7 @@ from deployments.services.clusters import register_cluster, tensorrt_image_of
 from deployments.services.plans import plan_config, plan_shapes
 from deployments.services.records import usable_plan
 from devtools.seed import add_constant, write_built_version
+from tests.deployments.conftest import close_edge_connections
 from models_registry.storage import get_object_store
 from tritonserving.config import config_from_pbtxt
 
@@ -185,12 +186,7 @@ def plan_env(k8s_env):
     cluster starts with the kubelet running what it ran before."""
     before = set(k8s_env.kubelet.running_processes())
     yield k8s_env
-    # This process's inference edge keeps keep-alive connections to the pods' Tritons it relayed to, and a Triton
-    # told to stop waits for open connections up to --exit-timeout-secs (30 s): close them first.
-    from deployments.services.inference import inference_edge
-
-    edge = inference_edge()
-    edge.run(edge.relay.close())
+    close_edge_connections()  # else each pod's Triton waits 30 s for them
     runtime = get_runtime("kubernetes")
     for workload in runtime.list_owned():
         runtime.delete(workload.state)
