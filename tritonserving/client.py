@@ -190,6 +190,21 @@ def explained_message(message: str) -> str:
     return _BATCHED_SHAPE_REFUSAL.sub(_batched_shape_advice, message)
 
 
+def explained_error_body(body: bytes) -> bytes:
+    """Triton's HTTP error answer `body` (`{"error": "<message>"}`) with its message worded for the caller
+    (`explained_message`); any other body, or a message left as it is, is returned unchanged (the same bytes)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("error"), str):
+        return body
+    explained = explained_message(parsed["error"])
+    if explained == parsed["error"]:
+        return body
+    return json.dumps({**parsed, "error": explained}).encode()
+
+
 def _named_tensor(message: str) -> str | None:
     """Return the tensor Triton's error `message` names, or None (e.g. a batch-size error names none)."""
     missing = _MISSING_INPUTS.search(message)

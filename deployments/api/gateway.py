@@ -33,7 +33,13 @@ from deployments.services import gateway as rules
 from deployments.services.gateway import Plan, Route, UsageCounts
 from deployments.services.serving import MAX_SERVERS_TRIED, Serving, TooManyRequests
 from tritonserving.access import API_KEY_HEADER
-from tritonserving.client import HEADER_LENGTH, TritonUnavailable, TritonUnreachable, check_inference_header
+from tritonserving.client import (
+    HEADER_LENGTH,
+    TritonUnavailable,
+    TritonUnreachable,
+    check_inference_header,
+    explained_error_body,
+)
 from tritonserving.relay import TritonRelay
 from tritonserving.shared_memory import Placement, SharedMemoryInputs
 
@@ -253,6 +259,15 @@ class GatewayApp:
             await _start_answer(send, answer.status, answer.headers)
             counts.bytes_out = len(payload)
             await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
+            return answer.status
+        if answer.status == 400 and method != "HEAD":
+            # A refused request: Triton's words, with advice meant for a configuration's author worded for the caller
+            payload = explained_error_body(await answer.read())
+            answer.headers.pop("transfer-encoding", None)
+            answer.headers["content-length"] = str(len(payload))
+            await _start_answer(send, answer.status, answer.headers)
+            counts.bytes_out = len(payload)
+            await send({"type": "http.response.body", "body": payload})
             return answer.status
         await _start_answer(send, answer.status, answer.headers)
         if method == "HEAD":

@@ -164,6 +164,18 @@ def test_errors_come_back_in_the_form_clients_read(served):
         timeout=10,
     )
     assert bad.status_code == 400 and "error" in bad.json()  # Triton's own message, passed back
+    # with the advice for a configuration's author (Conch wrote it) worded for the caller: what shape to send
+    assert "Expected [-1,4], got [1,3]." in bad.json()["error"] and "NOTE" not in bad.json()["error"]
+    assert bad.json()["error"].endswith("the dimensions after it must be [4] (-1: any length).")
+    assert int(bad.headers["Content-Length"]) == len(bad.content)
+    unbatched = requests.post(
+        f"{base}/v2/models/adder/infer",
+        headers=headers,
+        json={"inputs": [{"name": "x", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]},
+        timeout=10,
+    )
+    assert unbatched.status_code == 400
+    assert unbatched.json()["error"].endswith("so send shape [1,4] for one sample (or [N,4] for N).")
     # a body Triton would answer with a 500 is refused first, as a client error naming what is wrong
     garbled = requests.post(f"{base}/v2/models/adder/infer", headers=headers, data=b'{"inputs": [', timeout=10)
     assert garbled.status_code == 400 and "error" in garbled.json()

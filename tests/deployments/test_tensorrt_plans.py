@@ -37,8 +37,8 @@ from deployments.services.clusters import register_cluster, tensorrt_image_of
 from deployments.services.plans import plan_config, plan_shapes
 from deployments.services.records import usable_plan
 from devtools.seed import add_constant, write_built_version
-from tests.deployments.conftest import close_edge_connections
 from models_registry.storage import get_object_store
+from tests.deployments.conftest import close_edge_connections
 from tritonserving.config import config_from_pbtxt
 
 ADDER_CONFIG = """
