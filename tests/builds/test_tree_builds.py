@@ -94,6 +94,11 @@ def test_a_lightgbm_classifier_is_converted_served_and_proven_equal_to_lightgbm(
     assert "<code>probabilities</code></td><td>FP32</td>" in html and "equal within tolerance" in html
     assert "top class agrees on 100% of rows" in html
     assert 'name="tolerance"' in html
+    # and the model page shows the same report under a heading of its own, with no template text in the page
+    model_page = browser.get(f"/models/{version['model']}/").content.decode()
+    assert f'aria-labelledby="conversion-{version["number"]}"' in model_page
+    assert f'<h2 id="conversion-{version["number"]}">Conversion to ONNX</h2>' in model_page
+    assert "{#" not in model_page and "The conversion report of a build" not in model_page
     # and the label, [N] in the model, is shown as clients get it from Triton: [batch*, 1]
     assert "served as [batch*, 1]: Triton needs one dimension besides the batch axis" in html
     review = alice.client.get(f"/api/v1/versions/{version_id}/review/").json()

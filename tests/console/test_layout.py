@@ -98,3 +98,19 @@ _CELLS_OUTSIDE = """(title) => {
   }
   return outside;
 }"""
+
+
+def test_no_template_holds_a_comment_django_would_print():
+    """Django's `{# #}` comments end on their line: one spanning lines is printed into the page as it is."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "templates"
+    spanning = [
+        f"{path.relative_to(root)}:{text[: found.start()].count(chr(10)) + 1}"
+        for path in sorted(root.rglob("*.html"))
+        for text in [path.read_text()]
+        for found in re.finditer(r"\{#.*?#\}", text, re.DOTALL)
+        if "\n" in found.group(0)
+    ]
+    assert spanning == [], "use {% comment %} for these: " + ", ".join(spanning)
