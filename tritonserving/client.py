@@ -181,13 +181,29 @@ def _batched_shape_advice(found: re.Match[str]) -> str:
     return f"{found.group('head')} {advice}"
 
 
+# Triton 2.51's refusal of a request larger than the model's max_batch_size: "inference request batch-size must be
+# <= 8 for 'm'".
+_BATCH_TOO_LARGE = re.compile(
+    r"inference request batch-size must be <= (?P<limit>\d+) for '(?P<model>[^']+)'(?!\. Send)"
+)
+
+
+def _batch_too_large_advice(found: re.Match[str]) -> str:
+    limit = found.group("limit")
+    return (
+        f"{found.group(0)}. Send at most {limit} samples per request (split a larger batch), or rebuild the model "
+        "version with a larger max_batch_size build option"
+    )
+
+
 def explained_message(message: str) -> str:
     """Triton's error `message` with the advice meant for the author of a model configuration replaced by advice
     for the caller of the model (Conch writes the configuration): a shape refused by a model whose
-    `max_batch_size` is non-zero says which shape to send ("send shape [1,4] for one sample"). Other messages
-    are returned unchanged. Source: Triton's model configuration docs, "Maximum Batch Size" (the batch dimension
-    is not listed in `dims`; requests carry it first)."""
-    return _BATCHED_SHAPE_REFUSAL.sub(_batched_shape_advice, message)
+    `max_batch_size` is non-zero says which shape to send ("send shape [1,4] for one sample"), and a batch larger
+    than `max_batch_size` says how to send it. Other messages are returned unchanged. Source: Triton's model
+    configuration docs, "Maximum Batch Size" (the batch dimension is not listed in `dims`; requests carry it
+    first)."""
+    return _BATCH_TOO_LARGE.sub(_batch_too_large_advice, _BATCHED_SHAPE_REFUSAL.sub(_batched_shape_advice, message))
 
 
 def explained_error_body(body: bytes) -> bytes:

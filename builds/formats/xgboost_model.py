@@ -59,6 +59,14 @@ class XGBoostFormat(ModelFormat):
         booster, names = _load(source)
         features = int(booster.num_features())
         objective, classes = _objective(booster)
+        kind_of_booster = _booster_name(booster)
+        if kind_of_booster not in ("gbtree", "dart"):
+            raise InvalidInput(
+                f"This XGBoost model's booster is {kind_of_booster or 'unknown'} (a linear model, not trees), which "
+                "onnxmltools cannot convert: Conch converts tree boosters (gbtree, dart). Train with "
+                "booster='gbtree', or convert the model to ONNX yourself and upload the .onnx file.",
+                field="file",
+            )
         started = time.monotonic()
         try:
             model = onnxmltools.convert_xgboost(
@@ -139,6 +147,12 @@ def _objective(booster: Any) -> tuple[str, int]:
     objective = str(learner.get("objective", {}).get("name", ""))
     classes = int(float(learner.get("learner_model_param", {}).get("num_class", "0") or 0))
     return objective, max(classes, 2) if _is_classifier(objective) else max(classes, 1)
+
+
+def _booster_name(booster: Any) -> str:
+    """The model's booster ("gbtree", "dart", "gblinear"), from its saved configuration."""
+    learner = json.loads(booster.save_config())["learner"]
+    return str(learner.get("gradient_booster", {}).get("name", ""))
 
 
 def _is_classifier(objective: str) -> bool:

@@ -4,6 +4,7 @@ computes. No Triton here (tests/builds/test_tree_builds.py builds them through a
 
 from __future__ import annotations
 
+import numpy as np
 import onnxruntime
 import pytest
 
@@ -84,13 +85,33 @@ def test_a_file_the_framework_cannot_read_fails_with_its_reason_and_what_to_uplo
 
 
 def test_a_model_the_converter_does_not_support_fails_with_the_tools_reason_and_the_fix(tmp_path):
+    import joblib
+    from sklearn.neighbors import NearestCentroid
+
+    # given a scikit-learn estimator skl2onnx has no converter for
+    rows = np.random.default_rng(0).random((40, 3))
+    joblib.dump(NearestCentroid().fit(rows, (rows[:, 0] > 0.5).astype(int)), tmp_path / "centroid.joblib")
+    with pytest.raises(InvalidInput) as raised:
+        _converted(tmp_path, "sklearn", tmp_path / "centroid.joblib")
+    detail = raised.value.detail
+    # then the build fails with the tool's reason in its words, and the fix
+    assert detail.startswith(
+        "skl2onnx could not convert this scikit-learn model (NearestCentroid): Unable to find a shape calculator for "
+        "type '<class 'sklearn.neighbors._nearest_centroid.NearestCentroid'>'"
+    )
+    assert detail.endswith("and upload the .onnx file.") and raised.value.field == "file"
+
+
+def test_an_xgboost_linear_booster_is_refused_naming_the_booster(tmp_path):
     # given an XGBoost linear booster (onnxmltools converts tree boosters only)
     source = xgboost_model(tmp_path / "linear.json", "reg:squarederror", booster_kind="gblinear")
     with pytest.raises(InvalidInput) as raised:
         _converted(tmp_path, "xgboost", source)
-    detail = raised.value.detail
-    assert detail.startswith("onnxmltools could not convert this XGBoost model (objective reg:squarederror): ")
-    assert detail.endswith("convert the model to ONNX yourself and upload the .onnx file.")
+    assert raised.value.detail == (
+        "This XGBoost model's booster is gblinear (a linear model, not trees), which onnxmltools cannot convert: "
+        "Conch converts tree boosters (gbtree, dart). Train with booster='gbtree', or convert the model to ONNX "
+        "yourself and upload the .onnx file."
+    )
 
 
 @pytest.mark.parametrize(

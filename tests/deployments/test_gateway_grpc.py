@@ -375,3 +375,16 @@ def test_a_request_without_the_batch_dimension_is_told_the_shape_to_send_unary_a
         assert "so send shape [1,4] for one sample (or [N,4] for N)." in text, text
         assert "NOTE" not in text and "max_batch_size to zero" not in text, text
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_batch_past_max_batch_size_is_told_how_to_send_it(served):
+    # given the adder built with max_batch_size 4: a caller sends 5 samples at once
+    x = triton_grpc.InferInput("x", [5, 4], "FP32")
+    x.set_data_from_numpy(np.full((5, 4), 0.5, dtype=np.float32))
+    client = served.client()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("adder", [x], headers=served.headers())
+    client.close()
+    assert "batch-size must be <= 4 for 'adder'. Send at most 4 samples per request (split a larger batch)" in str(
+        refused.value
+    )

@@ -839,6 +839,15 @@ def test_a_batched_shape_refusal_says_what_to_send_instead_of_how_to_edit_the_co
     assert explained.endswith(advice) and "NOTE" not in explained
 
 
+def test_a_batch_past_max_batch_size_is_told_how_to_send_it():
+    explained = explained_message("inference request batch-size must be <= 8 for 'xgbtiny'")
+    assert explained == (
+        "inference request batch-size must be <= 8 for 'xgbtiny'. Send at most 8 samples per request (split a "
+        "larger batch), or rebuild the model version with a larger max_batch_size build option"
+    )
+    assert explained_message(explained) == explained  # worded once, however often it passes
+
+
 def test_other_triton_messages_are_left_as_they_are():
     for message in ("inference input 'x' data-type is 'INT32', but model 'm' expects 'FP32'", "unexpected shape"):
         assert explained_message(message) == message
