@@ -277,11 +277,22 @@ def check_format_allowed(model_format: ModelFormat, *, team: Any, field: str = "
         raise InvalidInput(
             f"This file is {_a(model_format.title)}. Loading a pickle runs code from the file, so Conch loads "
             f"pickles only for teams a platform admin allowed, and team {getattr(team, 'slug', team)!r} is not "
-            "allowed. Ask a platform admin to tick 'Allow pickled models' on the team's admin page, or convert the "
-            "model to ONNX yourself (skl2onnx.to_onnx) and upload the .onnx file.",
+            "allowed. Ask a platform admin to tick 'Allow pickled models' on the team's admin page "
+            f"({_admin_page(team)}), or convert the model to ONNX yourself (skl2onnx.to_onnx) and upload the "
+            ".onnx file.",
             field=field,
         )
     return model_format
+
+
+def _admin_page(team: Any) -> str:
+    """The path of `team`'s change page in Django's admin site, where a platform admin allows pickles."""
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse("admin:tenancy_team_change", args=[team.pk])
+    except (NoReverseMatch, AttributeError):
+        return "/admin/tenancy/team/"
 
 
 def _foreign_format(head: bytes) -> tuple[str, str]:

@@ -222,7 +222,10 @@ def test_a_pickled_scikit_learn_model_is_built_only_for_a_team_an_admin_allowed(
     assert refused.status_code == 400, refused.content
     assert refused.json()["field"] == "file"
     assert refused.json()["detail"].startswith("This file is a scikit-learn model (pickle). Loading a pickle runs")
-    assert "tick 'Allow pickled models'" in refused.json()["detail"]
+    assert (
+        f"tick 'Allow pickled models' on the team's admin page (/admin/tenancy/team/{alice.team.pk}/change/)"
+        in (refused.json()["detail"])
+    )
     assert not ModelVersion.objects.filter(model_id=model_id, status="built").exists()
     # and the resumable upload's start refuses it too, naming `head`
     import base64
