@@ -419,7 +419,9 @@ def upload(
         except CliError as error:
             if not (create_model and error.exit_code == NOT_FOUND and not model.isdigit()):
                 raise
-            # The server refuses a file it cannot build (for the team, when named) before a model is registered.
+            # The server refuses a file it cannot build for the team (a pickle the team may not load) before a
+            # model is registered: the team is the one the model would be registered in.
+            team = api.default_team(team)
             check_model_file(api, file, team=team)
             # exist_ok: another run may have registered it meanwhile, and that one is used
             found, model_created = _register_model(api, model, team, exist_ok=True)
