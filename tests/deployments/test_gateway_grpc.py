@@ -248,7 +248,11 @@ def test_usage_is_counted_per_token_like_http(served):
 
 
 def test_the_deployment_shows_the_grpc_gateway_and_the_documented_block_works_with_it(served, settings):
-    # given the gateway's gRPC address as the settings tell clients
+    # given the gateway's gRPC address as the settings tell clients, and the caller's route known to the gateway
+    # before this test's transaction writes the token's last use (the gateway's lookup would wait for that row)
+    primed = served.client()
+    assert primed.is_server_ready(headers=served.headers())
+    primed.close()
     settings.CONCH_GATEWAY_GRPC_ADDRESS = served.gateway.grpc_target
     shown = served.caller.client.get(f"/api/v1/deployments/{served.deployment.pk}/").json()["endpoints"]
     assert shown["gateway_grpc"] == served.gateway.grpc_target
@@ -262,6 +266,7 @@ def test_the_deployment_shows_the_grpc_gateway_and_the_documented_block_works_wi
             **os.environ,
             "CONCH_GATEWAY_GRPC": shown["gateway_grpc"],
             "CONCH_GATEWAY_DEPLOYMENT": shown["gateway_grpc_metadata"]["conch-deployment"],
+            "CONCH_MODEL": served.caller.client.get(f"/api/v1/deployments/{served.deployment.pk}/").json()["model"],
             "CONCH_TOKEN": served.caller.token,
         },
         capture_output=True,

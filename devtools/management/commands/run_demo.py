@@ -291,6 +291,7 @@ class Command(AuditedCommand):
             *([f"CONCH_ADMIN_PASSWORD={password}"] if password else []),
             f"CONCH_GATEWAY_GRPC={grpc_address}",
             f"CONCH_GATEWAY_DEPLOYMENT={named}",
+            f"CONCH_MODEL={deployment['model']}",
             f"CONCH_GATEWAY={gateway}",
         ]
         shell_file = Path(settings.VAR_DIR) / "demo.env"
