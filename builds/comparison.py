@@ -71,10 +71,13 @@ class OutputComparison:
     def describe(self) -> str:
         """One build-log line: the figures, the tolerance and the verdict."""
         figures = f"max abs diff {self.max_abs:.3g}, max rel diff {self.max_rel:.3g}"
+        rule = f"tolerance {self.tolerance.describe()}"
         if self.agreement is not None:
+            # the class must be equal; the tolerance only says which rows' source probabilities tie
             figures = f"top class agrees on {self.agreement:.1%} of rows"
+            rule = f"exact, except rows whose source probabilities tie within {self.tolerance.describe()}"
         verdict = f"FAILS: {self.problem}" if self.problem else "ok"
-        return f"output {self.name} ({self.datatype}): {figures} (tolerance {self.tolerance.describe()}): {verdict}"
+        return f"output {self.name} ({self.datatype}): {figures} ({rule}): {verdict}"
 
     def to_dict(self) -> dict[str, object]:
         return {
