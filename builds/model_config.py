@@ -31,7 +31,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2
 
 from builds.inspection import ModelSignature, TensorSpec, short_dim_name
-from conch.errors import ConchError, InvalidInput, attempt, refuse_all
+from conch.errors import ConchError, InvalidInput, attempt, refuse_each
 from models_registry.naming import validate_model_name
 from tritonserving.config import ModelConfig
 
@@ -244,7 +244,7 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
 
     Raises:
         InvalidInput: field = the option name, with a message that says what values are allowed; with several
-            fields at fault, the first carries every one of them as `refusals` (`conch.errors.refuse_all`: the
+            fields at fault, the first carries every one of them as `refusals` (`conch.errors.refuse_each`: the
             API lists them under `errors`).
     """
     refusals: list[ConchError] = []
@@ -280,7 +280,7 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
     if refusals:
         order = list(parsers)
         refusals.sort(key=lambda refusal: order.index(refusal.field) if refusal.field in order else len(order))
-        raise refuse_all(refusals)
+        raise refuse_each(refusals)
     validate_build_options(options)
     if options.preferred_batch_size is not None:
         options = dataclasses.replace(options, preferred_batch_size=tuple(sorted(options.preferred_batch_size)))
@@ -541,7 +541,7 @@ def validate_build_options(options: BuildOptions) -> None:
     """
     refusals = _range_refusals(options)
     if refusals:
-        raise refuse_all(refusals)
+        raise refuse_each(refusals)
     sizes = options.preferred_batch_size
     if options.max_batch_size == 0:
         if options.max_queue_delay_microseconds is not None:

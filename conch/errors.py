@@ -46,6 +46,13 @@ def refuse_all(refusals: Sequence[ConchError]) -> ConchError:
     return first
 
 
+def refuse_each(refusals: Sequence[ConchError]) -> ConchError:
+    """The error to raise for gathered `refusals` (not empty): the only one as it was raised, or, for several,
+    `refuse_all(refusals)` (the API then lists them under `errors`). For checks whose single refusal keeps the
+    answer it always had."""
+    return refusals[0] if len(refusals) == 1 else refuse_all(refusals)
+
+
 class InvalidInput(ConchError):
     """The caller sent a value that breaks a rule (HTTP 400)."""
 

@@ -23,7 +23,7 @@ from builds.services import state
 from builds.services.review import check_build_options
 from builds.verification import check_sample_archive, parse_sample_values
 from builds.verify_step import sample_limits
-from conch.errors import InvalidInput, refuse_all
+from conch.errors import InvalidInput, refuse_each
 from models_registry import services as registry
 from models_registry.storage import ObjectStore, StoredObject, get_object_store
 from tenancy.choices import Role, Scope
@@ -139,7 +139,7 @@ def request_rebuild(
     if options is not None:
         check = check_build_options(version=version, fields=options)
         if not check.ok:
-            raise refuse_all([InvalidInput(error["detail"], field=error["field"]) for error in check.errors])
+            raise refuse_each([InvalidInput(error["detail"], field=error["field"]) for error in check.errors])
         build_options.pop(OUTPUT_DIMS_FIELD, None)  # left out, the model file's shapes are used again
         build_options.pop(TOLERANCE_FIELD, None)  # left out, the datatypes' default tolerances apply again
         build_options.pop(GRAPH_INPUTS_FIELD, None)  # left out, a frozen graph's interface is discovered again

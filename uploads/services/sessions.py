@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from builds.formats import check_format_allowed, check_model_filename, check_model_head
 from builds.model_config import BUILD_OPTION_FIELDS, parse_build_options
-from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge, refuse_all
+from conch.errors import ConchError, Conflict, InvalidInput, NotFound, PayloadTooLarge, refuse_each
 from conch.limits import describe_bytes
 from models_registry.services import lock_model, refuse_duplicate_version
 from models_registry.storage import get_object_store
@@ -169,7 +169,7 @@ def start_resumable_upload(
     try:
         parsed = parse_build_options({k: v for k, v in options.items() if v not in (None, "")}).to_dict()
     except InvalidInput as error:
-        raise refuse_all(
+        raise refuse_each(
             [
                 InvalidInput(one.detail, field=f"build_options.{one.field}" if one.field else "build_options")
                 for one in error.refusals or (error,)
