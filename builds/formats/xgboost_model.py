@@ -58,8 +58,9 @@ class XGBoostFormat(ModelFormat):
 
         booster, names = _load(source)
         features = int(booster.num_features())
-        objective, classes = _objective(booster)
-        kind_of_booster = _booster_name(booster)
+        learner = _learner(booster)
+        objective, classes = _objective(learner)
+        kind_of_booster = str(learner.get("gradient_booster", {}).get("name", ""))
         if kind_of_booster not in ("gbtree", "dart"):
             raise InvalidInput(
                 f"This XGBoost model's booster is {kind_of_booster or 'unknown'} (a linear model, not trees), which "
@@ -107,7 +108,7 @@ class XGBoostFormat(ModelFormat):
         import xgboost
 
         booster, _ = _load(source)
-        objective, classes = _objective(booster)
+        objective, classes = _objective(_learner(booster))
         rows = xgboost.DMatrix(np.asarray(inputs[INPUT_NAME], dtype=np.float32))
         if objective == "multi:softmax":
             # predict gives the class; onnxmltools' `probabilities` holds the raw scores (margins) for this objective
@@ -141,18 +142,16 @@ def _load(source: Path) -> tuple[Any, list[str]]:
     return booster, names
 
 
-def _objective(booster: Any) -> tuple[str, int]:
-    """The objective's name and the class count (at least 2 for a classifier)."""
-    learner = json.loads(booster.save_config())["learner"]
+def _learner(booster: Any) -> dict[str, Any]:
+    """The "learner" section of the booster's saved configuration (objective, booster, class count)."""
+    return dict(json.loads(booster.save_config())["learner"])
+
+
+def _objective(learner: dict[str, Any]) -> tuple[str, int]:
+    """The objective's name and the class count (at least 2 for a classifier), from `_learner`'s section."""
     objective = str(learner.get("objective", {}).get("name", ""))
     classes = int(float(learner.get("learner_model_param", {}).get("num_class", "0") or 0))
     return objective, max(classes, 2) if _is_classifier(objective) else max(classes, 1)
-
-
-def _booster_name(booster: Any) -> str:
-    """The model's booster ("gbtree", "dart", "gblinear"), from its saved configuration."""
-    learner = json.loads(booster.save_config())["learner"]
-    return str(learner.get("gradient_booster", {}).get("name", ""))
 
 
 def _is_classifier(objective: str) -> bool:
