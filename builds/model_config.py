@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS",
     "MAX_INSTANCE_COUNT",
     "MAX_MAX_BATCH_SIZE",
+    "adds_served_axis",
     "MAX_QUEUE_DELAY_MICROSECONDS",
     "MODEL_FILENAME",
     "OUTPUT_DIMS_FIELD",
@@ -248,33 +249,24 @@ def parse_build_options(fields: Mapping[str, Any]) -> BuildOptions:
             API lists them under `errors`).
     """
     refusals: list[ConchError] = []
+    # Keyed by form field, each the name of the BuildOptions attribute it sets.
     parsers: dict[str, Callable[[Any], Any]] = {
         "max_batch_size": lambda raw: _parse_integer("max_batch_size", raw),
         "max_queue_delay_microseconds": lambda raw: _parse_integer("max_queue_delay_microseconds", raw),
         "preferred_batch_size": _parse_sizes,
         "instance_count": lambda raw: _parse_integer("instance_count", raw),
-        "output_dims": parse_output_dims,
-        "tolerance": parse_tolerance,
-        "graph_inputs": lambda raw: parse_graph_nodes(GRAPH_INPUTS_FIELD, raw),
-        "graph_outputs": lambda raw: parse_graph_nodes(GRAPH_OUTPUTS_FIELD, raw),
-        "input_spec": parse_input_spec,
-        "output_spec": lambda raw: parse_input_spec(raw, OUTPUT_SPEC_FIELD),
-        "gpu_product": parse_gpu_product,
-        "tensorrt_version": parse_tensorrt_version,
-    }
-    fields_of = {
-        "output_dims": OUTPUT_DIMS_FIELD,
-        "tolerance": TOLERANCE_FIELD,
-        "graph_inputs": GRAPH_INPUTS_FIELD,
-        "graph_outputs": GRAPH_OUTPUTS_FIELD,
-        "input_spec": INPUT_SPEC_FIELD,
-        "output_spec": OUTPUT_SPEC_FIELD,
-        "gpu_product": GPU_PRODUCT_FIELD,
-        "tensorrt_version": TENSORRT_VERSION_FIELD,
+        OUTPUT_DIMS_FIELD: parse_output_dims,
+        TOLERANCE_FIELD: parse_tolerance,
+        GRAPH_INPUTS_FIELD: lambda raw: parse_graph_nodes(GRAPH_INPUTS_FIELD, raw),
+        GRAPH_OUTPUTS_FIELD: lambda raw: parse_graph_nodes(GRAPH_OUTPUTS_FIELD, raw),
+        INPUT_SPEC_FIELD: parse_input_spec,
+        OUTPUT_SPEC_FIELD: lambda raw: parse_input_spec(raw, OUTPUT_SPEC_FIELD),
+        GPU_PRODUCT_FIELD: parse_gpu_product,
+        TENSORRT_VERSION_FIELD: parse_tensorrt_version,
     }
     values = {}
-    for attribute, parse in parsers.items():
-        _, values[attribute] = attempt(refusals, parse, fields.get(fields_of.get(attribute, attribute)))
+    for name, parse in parsers.items():
+        _, values[name] = attempt(refusals, parse, fields.get(name))
     options = BuildOptions(**values)  # a field that did not parse is None here: its range is not checked
     refusals.extend(_range_refusals(options))
     if refusals:
@@ -935,12 +927,21 @@ def _config_type(spec: TensorSpec) -> int:
         ) from None
 
 
+def adds_served_axis(rank: int, *, batching: bool) -> bool:
+    """Whether the configuration Conch writes gives a tensor of `rank` (the model's own, batch axis included) an
+    axis the model does not have: one with no axis besides the batch axis (rank 1 when batching, a scalar
+    otherwise) gets `dims: [1]`, since Triton needs at least one (`_set_shape`; Triton "Model Configuration" ->
+    "Reshape"). Clients then send and receive a last axis of 1 (a non-batching scalar output may come back as a
+    scalar)."""
+    return (rank - 1 if batching else rank) <= 0
+
+
 def _set_shape(tensor: Any, model_shape: Sequence[int], batching: bool) -> None:
     """Write `dims` (and `reshape` where needed) of a ModelInput/ModelOutput for the full model shape."""
     del tensor.dims[:]
     tensor.ClearField("reshape")
     body = list(model_shape[1:] if batching else model_shape)
-    if body:
+    if not adds_served_axis(len(model_shape), batching=batching):
         tensor.dims.extend(body)
         return
     # Triton needs at least one dim. With batching, [batch] -> dims [1] + empty reshape (Triton "Reshape"); without,

@@ -9,6 +9,7 @@ from typing import Any
 
 from builds.formats import describe_formats
 from builds.inspection import short_dim_name
+from builds.model_config import adds_served_axis
 from conch.errors import InvalidInput
 from tritonserving.config import config_from_pbtxt
 
@@ -107,7 +108,8 @@ def signature_rows(signature: dict[str, Any] | None, *, batching: bool) -> dict[
                 str(size) if size >= 0 else (f"? ({name})" if name else "?")
                 for size, name in zip(dims, names, strict=False)
             )
-            added = (batching and len(dims) == 1) or (not batching and not dims and kind == "inputs")
+            # a non-batching scalar output may come back as a scalar: only inputs are sure to carry the axis
+            added = adds_served_axis(len(dims), batching=batching) and (batching or kind == "inputs")
             rows[kind].append(
                 TensorRow(
                     name=tensor["name"],

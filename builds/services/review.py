@@ -32,6 +32,7 @@ from builds.model_config import (
     TENSORRT_VERSION_FIELD,
     TOLERANCE_FIELD,
     BuildOptions,
+    adds_served_axis,
     build_model_config,
     parse_build_options,
 )
@@ -281,7 +282,11 @@ def signature_rows(version: ModelVersion) -> list[SignatureRow]:
                     dim_names=spec.dim_names,
                     shape=_shape_text(spec, batching),
                     batch_axis=batching and bool(spec.dims),
-                    served_note=_SERVED_WITH_ADDED_AXIS if batching and len(spec.dims) == 1 else "",
+                    served_note=(
+                        _SERVED_WITH_ADDED_AXIS
+                        if batching and adds_served_axis(len(spec.dims), batching=batching)
+                        else ""
+                    ),
                 )
             )
     return rows
