@@ -46,6 +46,9 @@ class Build(models.Model):
     error_field = models.CharField(max_length=100, blank=True)
     source_format = models.CharField(max_length=32, blank=True)
     conversion = models.JSONField(null=True, blank=True)
+    # A Python model's execution environment (builds.services.environments): {"key", "size_bytes", "reused",
+    # "target", "pins": [{"name", "version", "sha256", "filename"}]}; null for every other model.
+    environment = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["version_id", "attempt"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -414,6 +415,25 @@ if CONCH_ARCHIVE_MAX_UNPACKED_BYTES < 1 or CONCH_ARCHIVE_MAX_MEMBERS < 1 or CONC
         "CONCH_ARCHIVE_MAX_UNPACKED_BYTES and CONCH_ARCHIVE_MAX_MEMBERS must be at least 1, CONCH_ARCHIVE_MAX_RATIO at "
         "least 1.0."
     )
+
+# Execution environments of Python models (builds.environments): the Triton they are built for (its Python
+# backend stub's Python, where that interpreter lies on the servers, their glibc), extra wheel folders or URLs for
+# pip (space-separated; the index itself is pip's own setting, PIP_INDEX_URL), how long pip may take, and how many
+# bytes an installed environment may hold. The defaults fit the local Triton of the nvidia-pytriton wheel; for
+# NVIDIA's Triton containers set the container's Python (e.g. 3.12, /usr/bin) and glibc.
+CONCH_TRITON_PYTHON_VERSION = env("CONCH_TRITON_PYTHON_VERSION", f"{sys.version_info.major}.{sys.version_info.minor}")
+CONCH_TRITON_PYTHON_HOME = env(
+    "CONCH_TRITON_PYTHON_HOME", str(Path(getattr(sys, "_base_executable", sys.executable)).parent)
+)
+CONCH_TRITON_GLIBC = env("CONCH_TRITON_GLIBC", "2.35")
+# Requirement specifiers every environment must meet (space-separated pip constraints): Triton 2.51's Python
+# backend stub returns empty tensors with numpy 2 in the environment (seen here), so numpy stays below 2.
+CONCH_TRITON_PYTHON_CONSTRAINTS = tuple(env("CONCH_TRITON_PYTHON_CONSTRAINTS", "numpy<2").split())
+CONCH_ENVIRONMENT_FIND_LINKS = tuple(env("CONCH_ENVIRONMENT_FIND_LINKS", "").split())
+CONCH_ENVIRONMENT_TIMEOUT_SECONDS = env("CONCH_ENVIRONMENT_TIMEOUT_SECONDS", 900.0, cast=float)
+CONCH_ENVIRONMENT_MAX_BYTES = env("CONCH_ENVIRONMENT_MAX_BYTES", 4 * 1024**3, cast=int)
+if not re.fullmatch(r"3\.\d{1,2}", CONCH_TRITON_PYTHON_VERSION) or not re.fullmatch(r"2\.\d{1,3}", CONCH_TRITON_GLIBC):
+    raise ImproperlyConfigured("CONCH_TRITON_PYTHON_VERSION must look like 3.11 and CONCH_TRITON_GLIBC like 2.35.")
 
 # --- Default team quotas (a team without a limit set in the admin, the API or `manage.py set_quota`) ----------
 # GPUs: nvidia.com/gpu over a team's Kubernetes deployments (replicas x GPUs per pod, autoscaling at its maximum),

@@ -114,9 +114,15 @@ class BuildSerializer(serializers.ModelSerializer):
             "error_field",
             "source_format",
             "conversion",
+            "environment",
             "steps",
         ]
         extra_kwargs = {
+            "environment": {
+                "help_text": "For a Python model: its execution environment (key, size_bytes of the packed archive, "
+                "reused: built by an earlier build, target: the Triton's Python and platform, pins: every package "
+                "with its version and wheel sha256); null for other models."
+            },
             "source_format": {"help_text": 'The uploaded file\'s format as the build told it ("onnx", "lightgbm"…).'},
             "conversion": {
                 "help_text": "For a converted format: the tool and its version, the source framework, the opsets, the "
@@ -144,7 +150,9 @@ class BuildSummarySerializer(serializers.ModelSerializer):
     """The current build attempt of a version, without its logs (GET /versions/{id}/builds/ has them all): with the
     format the upload was told as (`source_format`) and the conversion report (`conversion`: the tool, its version,
     the opsets, the seconds, what was renamed or assumed, and the comparison with the source framework per output;
-    null for a model served as uploaded without a comparison)."""
+    null for a model served as uploaded without a comparison) and a Python model's execution environment
+    (`environment`: its key, packed size in bytes, whether an earlier build's was reused, the Triton it was built
+    for and the pinned wheels; null for other models)."""
 
     class Meta:
         model = Build
@@ -158,6 +166,7 @@ class BuildSummarySerializer(serializers.ModelSerializer):
             "finished_at",
             "source_format",
             "conversion",
+            "environment",
         ]
 
 

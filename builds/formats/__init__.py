@@ -23,6 +23,7 @@ from builds.formats.base import NO_HINTS, Conversion, ConversionHints, ModelForm
 from builds.formats.keras import KerasFormat
 from builds.formats.lightgbm_text import LightGBMFormat
 from builds.formats.onnx import OnnxFormat, starts_like_onnx
+from builds.formats.python_model import PythonModelFormat
 from builds.formats.sklearn_pickle import SklearnPickleFormat
 from builds.formats.tensorrt_plan import TensorRTPlanFormat
 from builds.formats.tf_graphdef import GraphDefFormat
@@ -68,12 +69,17 @@ FORMATS: tuple[ModelFormat, ...] = (
     TorchExportFormat(),
     TensorRTPlanFormat(),
     TritonRepositoryFormat(),
+    PythonModelFormat(),
     ArchiveFormat(),
 )
-#: The formats that may claim an unpacked archive's folder, in the order they are asked: a Triton model repository
-#: first, since its config.pbtxt says how the model files beside it are served.
+#: The formats that may claim an unpacked archive's folder, in the order they are asked: a Python model first (its
+#: model.py sits at the top, beside a config.pbtxt and any model files it reads), then a Triton model repository,
+#: since its config.pbtxt says how the model files beside it are served.
 _FOLDER_FORMATS: tuple[ModelFormat, ...] = tuple(
-    sorted((f for f in FORMATS if not f.container), key=lambda f: not isinstance(f, TritonRepositoryFormat))
+    sorted(
+        (f for f in FORMATS if not f.container),
+        key=lambda f: (not isinstance(f, PythonModelFormat), not isinstance(f, TritonRepositoryFormat)),
+    )
 )
 #: How many first bytes `check_model_head` wants to tell a format (and to name a foreign one).
 HEAD_BYTES = 512

@@ -20,6 +20,7 @@ from django.utils import timezone
 from builds.archives import unpack_archive_in_sandbox
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.conversion import convert_in_sandbox, inspect_source_in_sandbox, run_source_in_sandbox
+from builds.environments import parse_requirements
 from builds.formats import (
     HEAD_BYTES,
     Conversion,
@@ -29,6 +30,13 @@ from builds.formats import (
     detect_format,
     find_model_in_folder,
     format_by_key,
+)
+from builds.formats.python_model import (
+    EXECUTION_ENV_PARAMETER,
+    PythonModel,
+    PythonModelFormat,
+    environment_filename,
+    read_python_model,
 )
 from builds.formats.torchscript import output_name
 from builds.formats.triton_repository import (
@@ -60,6 +68,7 @@ from builds.models import Build, BuildStep
 from builds.packaging import describe_packaging, package_external_data, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.services import state
+from builds.services.environments import StoredEnvironment, ensure_environment, environment_target
 from builds.services.repositories import register_model_versions, register_repository_models
 from builds.services.storage import (
     discard_attempt_repositories,
@@ -245,9 +254,12 @@ def _run_claimed_build(build: Build) -> str:
                 )
                 unpacked = model_format.container
                 imported: RepositoryModel | None = None
+                python_model: PythonModel | None = None
                 if unpacked:
                     model_format, source = _unpack(source, work / "unpacked", say)
                     check_format_allowed(model_format, team=version.model.team)
+                    if isinstance(model_format, PythonModelFormat):
+                        python_model = _read_python_model(source, say)
                     if isinstance(model_format, TritonRepositoryFormat):
                         imported, source = _import_repository(version, source, say)
                         if imported.backend == "pytorch":
@@ -256,7 +268,10 @@ def _run_claimed_build(build: Build) -> str:
                             model_format = format_by_key("torchscript")
                 hints = _conversion_hints(model_format, parse_build_options(build.options))
                 conversion: Conversion | None = None
-                if model_format.declares_interface:
+                if python_model is not None:
+                    local = source
+                    signature = _python_signature(python_model, build, say)
+                elif model_format.declares_interface:
                     local = source
                     signature = _declared_signature(model_format, source, build, say)
                 elif not model_format.serves_onnx:
@@ -310,6 +325,11 @@ def _run_claimed_build(build: Build) -> str:
                         "TensorRT can read; rebuild with max_batch_size (at most the profile's largest batch) to "
                         "batch"
                     )
+                if python_model is not None and options.max_batch_size is None:
+                    configured = python_model.configured_max_batch_size
+                    if configured is not None:
+                        options = dataclasses.replace(options, max_batch_size=configured)
+                        say(f"max_batch_size={configured}, as the archive's config.pbtxt sets it")
                 if imported is not None:
                     config, options = _configure_imported(
                         imported, model_name, signature, options, say, model_format=model_format
@@ -321,6 +341,11 @@ def _run_claimed_build(build: Build) -> str:
                         options=options,
                         backend=model_format.served_as,
                         model_filename=model_format.model_filename,
+                    )
+                if python_model is not None:
+                    say(
+                        "the Python backend will run model.py in the execution environment the next step builds "
+                        f"from requirements.txt (parameter {EXECUTION_ENV_PARAMETER})"
                     )
                 pbtxt = config_to_pbtxt(config)
                 state.record_build_artifacts(version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt)
@@ -336,26 +361,31 @@ def _run_claimed_build(build: Build) -> str:
             prefix = registry.repository_prefix(model_id=version.model_id, number=version.number, attempt=attempt)
             with _step(build, StepName.WRITE_REPOSITORY) as say:
                 model_key = f"{prefix}/{model_name}/{version.number}/{model_format.model_filename}"
-                size = local.stat().st_size + len(pbtxt.encode()) + _external_data_bytes(local, signature)
-                reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
-                packaged = package_model_file(
-                    store=store,
-                    # A converted model is uploaded from the local file; an ONNX upload is copied in the store.
-                    source_key=copy_key,
-                    source_file=local,
-                    model_key=model_key,
-                    config=config,
-                    signature=signature,
-                )
-                data_files = package_external_data(
-                    store=store, source_file=local, model_key=model_key, files=signature.external_data_files
-                )
-                store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
-                say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key} ({size} bytes)")
-                for key, data_bytes in data_files.items():
-                    say(f"wrote {key} ({data_bytes} bytes): external data of the model, beside it")
-                for line in describe_packaging(packaged, model_key):
-                    say(line)
+                data_files: dict[str, int] = {}
+                if python_model is not None:
+                    size, pbtxt = _write_python_model(build, python_model, store, prefix, config, say)
+                    local = python_model.folder / model_format.model_filename
+                else:
+                    size = local.stat().st_size + len(pbtxt.encode()) + _external_data_bytes(local, signature)
+                    reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
+                    packaged = package_model_file(
+                        store=store,
+                        # A converted model is uploaded from the local file; an ONNX upload is copied in the store.
+                        source_key=copy_key,
+                        source_file=local,
+                        model_key=model_key,
+                        config=config,
+                        signature=signature,
+                    )
+                    data_files = package_external_data(
+                        store=store, source_file=local, model_key=model_key, files=signature.external_data_files
+                    )
+                    store.put_bytes(f"{prefix}/{model_name}/config.pbtxt", pbtxt.encode())
+                    say(f"wrote {prefix}/{model_name}/config.pbtxt and {model_key} ({size} bytes)")
+                    for key, data_bytes in data_files.items():
+                        say(f"wrote {key} ({data_bytes} bytes): external data of the model, beside it")
+                    for line in describe_packaging(packaged, model_key):
+                        say(line)
 
             with _step(build, StepName.VERIFY) as say:
                 if not model_format.verifiable_here:
@@ -392,7 +422,10 @@ def _run_claimed_build(build: Build) -> str:
                             else None,
                         ),
                     )
-                stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
+                if python_model is not None:  # its files and environment as written; config.pbtxt as kept
+                    stored = size - len(pbtxt.encode()) + len(config_to_pbtxt(verified).encode())
+                else:
+                    stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
                 if stored != size:  # verify rewrote config.pbtxt or the model file's outputs: count what is stored
                     record_repository_size(version_id=version.pk, attempt=attempt, size_bytes=stored)
     except BuildSuperseded:
@@ -446,6 +479,85 @@ def _declared_signature(model_format: ModelFormat, source: Path, build: Build, s
     for line in notes:
         say(f"assumed: {line}")
     return ModelSignature.from_dict(signature)
+
+
+def _read_python_model(folder: Path, say: StepLog) -> PythonModel:
+    """Read and check the Python model in `folder` (`read_python_model`: model.py parsed, never run) and its
+    requirements.txt (`parse_requirements`), logging what was found. Raises InvalidInput naming the file or line."""
+    model = read_python_model(folder)
+    say(
+        f"model.py defines TritonPythonModel with {', '.join(model.methods)} (read with ast; the code runs only "
+        f"inside Triton); {len(model.files)} file(s) go into the version folder"
+    )
+    if model.requirements:
+        requirements = parse_requirements(model.requirements)
+        say(f"requirements.txt: {', '.join(requirements)}")
+    else:
+        say("no requirements.txt: the environment holds numpy only (the Python backend needs it)")
+    if model.config is not None:
+        say("config.pbtxt: inputs, outputs and max_batch_size are taken from it")
+    return model
+
+
+def _python_signature(model: PythonModel, build: Build, say: StepLog) -> ModelSignature:
+    """A Python model's signature from its config.pbtxt or the build options input_spec/output_spec
+    (`PythonModel.signature`). Raises InvalidInput naming the option or the config.pbtxt field."""
+    options = parse_build_options(build.options)
+    signature = ModelSignature.from_dict(
+        model.signature(input_spec=options.input_spec, output_spec=options.output_spec)
+    )
+    if model.config is None:
+        say("inputs and outputs as input_spec and output_spec declare them")
+    return signature
+
+
+def _write_python_model(
+    build: Build, model: PythonModel, store: Any, prefix: str, config: ModelConfig, say: StepLog
+) -> tuple[int, str]:
+    """Write a Python model's repository under `prefix`: its files in `<model>/<version>/`, its execution environment
+    (built or reused: `ensure_environment`) beside config.pbtxt as `<model>/python_env-<key>.tar.gz` (named by its
+    key, so that versions with different environments live side by side during a hot update), and config.pbtxt
+    naming it (`EXECUTION_ENV_PATH`, set on `config` here). Returns the bytes written, which the team's storage
+    quota counts, and the configuration text. Raises what `ensure_environment` raises (InvalidInput, field
+    "requirements"; PayloadTooLarge; Unavailable), QuotaExceeded, and the store's errors."""
+    version = build.version
+    model_name = config.name
+    environment = ensure_environment(store, model.requirements, say)
+    filename = environment_filename(environment.key)
+    config.parameters[EXECUTION_ENV_PARAMETER].string_value = f"$$TRITON_MODEL_DIRECTORY/{filename}"
+    pbtxt = config_to_pbtxt(config)
+    state.record_build_artifacts(
+        version_id=version.pk,
+        attempt=build.attempt,
+        config_pbtxt=pbtxt,
+        environment=_environment_record(environment),
+    )
+    files = {name: (model.folder / name).stat().st_size for name in model.files}
+    size = sum(files.values()) + environment.size_bytes + len(pbtxt.encode())
+    reserve_repository_storage(version=version, attempt=build.attempt, prefix=prefix, size_bytes=size)
+    folder = f"{prefix}/{model_name}"
+    for name in model.files:
+        with store.open_writer(f"{folder}/{version.number}/{name}") as writer, (model.folder / name).open("rb") as f:
+            while chunk := f.read(8 * 1024 * 1024):
+                writer.write(chunk)
+            writer.commit()
+    store.copy(environment.object_key, f"{folder}/{filename}")
+    store.put_bytes(f"{folder}/config.pbtxt", pbtxt.encode())
+    say(
+        f"wrote {folder}/config.pbtxt, {len(files)} file(s) in {folder}/{version.number}/ "
+        f"({sum(files.values())} bytes) and {folder}/{filename} ({environment.size_bytes} bytes)"
+    )
+    return size, pbtxt
+
+
+def _environment_record(environment: StoredEnvironment) -> dict[str, Any]:
+    return {
+        "key": environment.key,
+        "size_bytes": environment.size_bytes,
+        "reused": environment.reused,
+        "target": environment_target().to_dict(),
+        "pins": [pin.to_dict() for pin in environment.pins],
+    }
 
 
 def _detect(uploaded: Path, filename: str, size_bytes: int) -> tuple[ModelFormat, Path]:

@@ -321,13 +321,15 @@ def record_build_artifacts(
     config_pbtxt: str | None = None,
     source_format: str | None = None,
     conversion: dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
 ) -> None:
     """Store what a build step produced; an argument left as None is not written.
 
     `signature` is the inspected model's signature as `ModelSignature.to_dict()` returns it (inputs/outputs with
     name, datatype, dims): it describes the file, so it goes on the version. `config_pbtxt` is the Triton model
     configuration text build `attempt` generated, `source_format` the uploaded file's format key and `conversion`
-    its conversion report (`Build.conversion`), on that attempt. Ids that match no row write nothing.
+    its conversion report (`Build.conversion`), `environment` a Python model's execution environment
+    (`Build.environment`), on that attempt. Ids that match no row write nothing.
     """
     if signature is not None:
         registry.record_signature(version_id=version_id, signature=signature)
@@ -338,6 +340,8 @@ def record_build_artifacts(
         fields["source_format"] = source_format
     if conversion is not None:
         fields["conversion"] = conversion
+    if environment is not None:
+        fields["environment"] = environment
     if fields:
         Build.objects.filter(version_id=version_id, attempt=attempt).update(**fields)
 

@@ -41,10 +41,21 @@ def served_config(deployment: Deployment) -> ModelConfig:
     return serving_versions(config_from_pbtxt(deployment.config_pbtxt), [deployment.model_version.number])
 
 
+def _version_file_keys(store: ObjectStore, *, build_prefix: str, model_name: str, number: int) -> tuple[list[str], str]:
+    """The keys a version needs from the build repository at `build_prefix`, and the prefix they are relative to
+    (`<build_prefix>/<model>/`): its folder's files (`<number>/...`) and the files beside config.pbtxt (a Python
+    model's execution environment, `python_env-<key>.tar.gz`, which config.pbtxt names)."""
+    root = f"{build_prefix}/{model_name}/"
+    keys = store.list_keys(f"{root}{number}/")
+    beside = [key for key in store.list_keys(root) if "/" not in key[len(root) :] and not key.endswith("/config.pbtxt")]
+    return keys + beside if keys else [], root
+
+
 def version_files_bytes(store: ObjectStore, *, build_prefix: str, model_name: str, number: int) -> int:
-    """Bytes of version `number`'s files (`<model>/<number>/...`) in the build repository at `build_prefix`: what
-    `copy_version_files` copies. Raises Unavailable."""
-    return sum(store.size(key) for key in store.list_keys(f"{build_prefix}/{model_name}/{number}/"))
+    """Bytes of version `number`'s files (`<model>/<number>/...` and the files beside config.pbtxt) in the build
+    repository at `build_prefix`: what `copy_version_files` copies. Raises Unavailable."""
+    keys, _ = _version_file_keys(store, build_prefix=build_prefix, model_name=model_name, number=number)
+    return sum(store.size(key) for key in keys)
 
 
 def repository_request_bytes(*, build_prefix: str, model_name: str, number: int, config: ModelConfig) -> int:
@@ -87,15 +98,15 @@ def measure_unmeasured_repositories(*, limit: int = 50) -> int:
 def copy_version_files(
     store: ObjectStore, *, build_prefix: str, model_name: str, number: int, deployment_id: int
 ) -> int:
-    """Copy version `number`'s files (`<model>/<number>/...`) of the build repository at `build_prefix` into the
-    deployment's repository; returns how many were copied. Files already there are kept: both sides are written
-    once per key (builds are immutable), so a copy interrupted half-way is finished by the next call.
+    """Copy version `number`'s files (`<model>/<number>/...`, and the files beside config.pbtxt: a Python model's
+    execution environment) of the build repository at `build_prefix` into the deployment's repository; returns how
+    many were copied. Files already there are kept: both sides are written once per key (builds are immutable, an
+    environment is named by its content's key), so a copy interrupted half-way is finished by the next call.
 
     Raises NotFound when the build has no files for that version, Unavailable.
     """
-    source = f"{build_prefix}/{model_name}/{number}/"
-    target = f"{deployment_repository_prefix(deployment_id)}/{model_name}/{number}/"
-    keys = store.list_keys(source)
+    keys, source = _version_file_keys(store, build_prefix=build_prefix, model_name=model_name, number=number)
+    target = f"{deployment_repository_prefix(deployment_id)}/{model_name}/"
     if not keys:
         raise NotFound(f"The build repository {build_prefix!r} holds no files of version {number}.")
     copied = 0
