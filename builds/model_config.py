@@ -401,9 +401,11 @@ def parse_output_dims(raw: Any) -> dict[str, tuple[int, ...]] | None:
     return result
 
 
-#: The Triton datatypes an input_spec or output_spec tensor may have (a torch tensor's or a TensorRT binding's; no
-#: strings).
+#: The Triton datatypes a torch tensor or a TensorRT binding declared in input_spec or output_spec may have.
 TORCH_INPUT_DATATYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")
+#: The datatypes an input_spec or output_spec tensor may have: those, and BYTES (strings) for a Python model, whose
+#: code takes any numpy array Triton's Python backend gives it (the build refuses BYTES for the other formats).
+SPEC_DATATYPES = (*TORCH_INPUT_DATATYPES, "BYTES")
 
 
 def _spec_form(field: str) -> str:
@@ -411,7 +413,7 @@ def _spec_form(field: str) -> str:
     example = "probs=FP32:-1,3" if role == "output" else "features=FP32:-1,5; mask=BOOL:-1,-1"
     return (
         f"give each {role} as name=DATATYPE:dims separated by ';', for example {example} "
-        f"(datatypes {', '.join(TORCH_INPUT_DATATYPES)}; -1 for an axis of any size, axis 0 included)."
+        f"(datatypes {', '.join(SPEC_DATATYPES)}; -1 for an axis of any size, axis 0 included)."
     )
 
 
@@ -421,7 +423,7 @@ def parse_input_spec(raw: Any, field: str = INPUT_SPEC_FIELD) -> dict[str, tuple
 
     Forms: text entries `name=DATATYPE:dims` separated by ';' or newlines ("features=FP32:-1,5; mask=BOOL:-1,-1"),
     or a JSON object {"features": {"datatype": "FP32", "dims": [-1, 5]}} (also as text). DATATYPE is a Triton
-    datatype of TORCH_INPUT_DATATYPES ("FP32"; "TYPE_FP32" and lower case are read too); dims the full shape, axis
+    datatype of SPEC_DATATYPES ("FP32"; "TYPE_FP32" and lower case are read too); dims the full shape, axis
     0 included, each a whole number or -1 for an axis of any size. Empty or None gives None.
 
     Raises:
@@ -464,7 +466,7 @@ def parse_input_spec(raw: Any, field: str = INPUT_SPEC_FIELD) -> dict[str, tuple
     result: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name, (datatype, dims) in entries.items():
         wanted = str(datatype or "").strip().upper().removeprefix("TYPE_")
-        if wanted not in TORCH_INPUT_DATATYPES:
+        if wanted not in SPEC_DATATYPES:
             raise error(f"{field} gives {role} {name!r} the datatype {datatype!r}; {form}")
         if not isinstance(dims, list | tuple) or len(dims) > _MAX_OUTPUT_RANK:
             raise error(f"{field} gives {role} {name!r} the dims {dims!r}; {form}")

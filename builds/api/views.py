@@ -42,7 +42,9 @@ from builds.model_config import (
     BUILD_OPTION_FIELDS,
     GRAPH_INPUTS_FIELD,
     GRAPH_OUTPUTS_FIELD,
+    INPUT_SPEC_FIELD,
     OUTPUT_DIMS_FIELD,
+    OUTPUT_SPEC_FIELD,
     TOLERANCE_FIELD,
 )
 from builds.services import state as build_state
@@ -79,6 +81,8 @@ REBUILD_FIELDS = (
     TOLERANCE_FIELD,
     GRAPH_INPUTS_FIELD,
     GRAPH_OUTPUTS_FIELD,
+    INPUT_SPEC_FIELD,
+    OUTPUT_SPEC_FIELD,
     SAMPLE_INPUTS_FIELD,
     SAMPLE_VALUES_FIELD,
     "csrfmiddlewaretoken",
@@ -326,6 +330,8 @@ class RebuildView(APIView):
                     TOLERANCE_FIELD,
                     GRAPH_INPUTS_FIELD,
                     GRAPH_OUTPUTS_FIELD,
+                    INPUT_SPEC_FIELD,
+                    OUTPUT_SPEC_FIELD,
                 )
                 if key in data
             ]

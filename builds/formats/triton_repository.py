@@ -92,8 +92,9 @@ _NOT_SERVED = {
     "model it was built from",
     "tensorflow": "a TensorFlow model; Triton's TensorFlow backend is deprecated since 25.03 and gone after it. "
     "Upload the SavedModel folder as a zip (or the frozen .pb file): Conch converts it to ONNX",
-    "python": "a Python model (model.py), which Conch does not serve from a repository yet. Its ONNX parts can be "
-    "uploaded as models of their own",
+    "python": "a Python model (model.py), which Conch builds from an archive of its own: model.py at the archive's "
+    "top with the files it reads, its config.pbtxt and a requirements.txt (Conch builds the execution environment "
+    "from it). Pack that model's version folder that way and upload it",
     "ensemble": "an ensemble, which Conch does not serve yet. Upload each of its steps that is an ONNX model as a "
     "model of its own",
 }

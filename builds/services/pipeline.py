@@ -60,6 +60,7 @@ from builds.model_config import (
     MODEL_FILENAME,
     OUTPUT_SPEC_FIELD,
     TENSORRT_VERSION_FIELD,
+    TORCH_INPUT_DATATYPES,
     BuildOptions,
     build_model_config,
     parse_build_options,
@@ -259,6 +260,10 @@ def _run_claimed_build(build: Build) -> str:
                     model_format, source = _unpack(source, work / "unpacked", say)
                     check_format_allowed(model_format, team=version.model.team)
                     if isinstance(model_format, PythonModelFormat):
+                        # Recorded now: a build that fails for want of input_spec/output_spec offers them on rebuild.
+                        state.record_build_artifacts(
+                            version_id=version.pk, attempt=attempt, source_format=model_format.key
+                        )
                         python_model = _read_python_model(source, say)
                     if isinstance(model_format, TritonRepositoryFormat):
                         imported, source = _import_repository(version, source, say)
@@ -595,6 +600,15 @@ def _conversion_hints(model_format: ModelFormat, options: BuildOptions) -> Conve
                 "inputs and outputs itself. Leave it empty and rebuild.",
                 field=field,
             )
+    if not isinstance(model_format, PythonModelFormat):
+        for field, spec in ((INPUT_SPEC_FIELD, options.input_spec), (OUTPUT_SPEC_FIELD, options.output_spec)):
+            strings = [name for name, (datatype, _) in (spec or {}).items() if datatype == "BYTES"]
+            if strings:
+                raise InvalidInput(
+                    f"{field} gives {strings[0]!r} the datatype BYTES, which only a Python model's tensors may have; "
+                    f"{_a(model_format.title)} takes numbers: give one of {', '.join(TORCH_INPUT_DATATYPES)}.",
+                    field=field,
+                )
     return ConversionHints(inputs=options.graph_inputs or (), outputs=options.graph_outputs or ())
 
 

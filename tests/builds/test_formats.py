@@ -159,9 +159,11 @@ def test_the_formats_list_names_each_format_its_backend_and_conversion():
             "torch_export",
             "tensorrt_plan",
             "triton_repository",
+            "python",
             "archive",
         ]
     )
+    assert listed["python"]["served_as"] == "python" and listed["python"]["conversion"] is None
     assert listed["archive"]["container"] is True and listed["onnx"]["container"] is False
     assert listed["sklearn"]["runs_code"] is True and listed["onnx"]["runs_code"] is False
     assert listed["onnx"]["conversion"] is None and listed["onnx"]["served_as"] == "onnxruntime"

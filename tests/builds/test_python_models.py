@@ -356,3 +356,67 @@ def test_a_python_model_whose_requirement_has_no_wheel_fails_naming_it_and_keeps
     version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
     assert version["status"] == "failed" and version["error_field"] == "requirements", version
     assert "no wheel of conch-missing==9.9" in version["error"]
+
+
+LENGTHS_PY = b"""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            texts = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
+            lengths = np.vectorize(len, otypes=[np.int64])(texts)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("length", lengths)]))
+        return responses
+"""
+
+
+@pytest.mark.e2e
+def test_a_python_model_without_config_pbtxt_is_declared_on_rebuild_and_takes_strings(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    from django.test import Client
+    from django.urls import reverse
+
+    # given model.py alone (no config.pbtxt, no requirements), taking strings
+    version_id = _upload(alice, django_capture_on_commit_callbacks, "lengths", _archive({"model.py": LENGTHS_PY}))
+    # then the build fails saying what to declare, and the build page offers the two options
+    version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
+    assert version["status"] == "failed" and version["error_field"] == "input_spec", version
+    assert "input_spec and output_spec are missing" in version["error"]
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(reverse("console:wizard:build", kwargs={"version_id": version_id})).content.decode()
+    assert 'name="input_spec"' in page and 'name="output_spec"' in page
+    # when it is rebuilt with the tensors declared, BYTES included
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice.client.post(
+            f"/api/v1/versions/{version_id}/rebuild/",
+            {"input_spec": "text=BYTES:-1,1", "output_spec": "length=INT64:-1,1"},
+            format="json",
+        )
+    assert response.status_code in (200, 202), response.content
+    version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
+    assert version["status"] == "built", version["error"]
+    # and a deployment answers with each string's length
+    deployment = deploy_ready(alice, django_capture_on_commit_callbacks, version_id)
+    answer = alice.client.post(
+        f"/api/v1/deployments/{deployment['id']}/infer",
+        {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["conch", "triton!"]}]},
+        format="json",
+    )
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["outputs"][0]["data"] == [5, 7]
+
+
+def test_bytes_are_refused_in_the_spec_of_a_model_that_takes_numbers():
+    from builds.formats import format_by_key
+    from builds.model_config import parse_build_options
+    from builds.services.pipeline import _conversion_hints
+
+    with pytest.raises(InvalidInput) as refused:
+        _conversion_hints(format_by_key("torchscript"), parse_build_options({"input_spec": "x=BYTES:-1,1"}))
+    assert refused.value.field == "input_spec" and "only a Python model's tensors" in refused.value.detail

@@ -753,3 +753,40 @@ def test_a_tensorrt_plan_deploys_only_on_its_gpu_product_and_tensorrt_version(
     [(field, detail)] = errors(replicas=1, gpu=a10)
     assert field == "cluster" and "runs nvcr.io/nvidia/tritonserver:24.05-py3 with TensorRT 10.0.1.6" in detail
     assert "Build the plan again with TensorRT 10.0.1.6" in detail
+
+
+def test_a_python_model_s_pods_read_its_environment_with_the_repository_and_install_nothing(
+    alice, k8s_env, eager_tasks, django_capture_on_commit_callbacks, tmp_path, settings
+):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from models_registry.models import ModelVersion
+    from tests.builds.test_python_models import CONFIG, MODEL_PY, _archive, _wheel
+
+    capture = django_capture_on_commit_callbacks
+    # given a Python model whose model.py imports a package only its environment holds, built on S3 storage
+    _wheel(tmp_path / "wheels", "conch-scaler", "1.0", {"conch_scaler/__init__.py": "FACTOR = 3.0\n"})
+    settings.CONCH_ENVIRONMENT_FIND_LINKS = (str(tmp_path / "wheels"),)
+    model = alice.client.post("/api/v1/models/", {"name": "scaler", "team": alice.team.slug}, format="json").json()
+    archive = _archive({"model.py": MODEL_PY, "config.pbtxt": CONFIG, "requirements.txt": b"conch-scaler==1.0\n"})
+    with capture(execute=True):
+        uploaded = alice.client.post(
+            f"/api/v1/models/{model['id']}/versions/", {"file": SimpleUploadedFile("scaler.zip", archive)}
+        )
+    assert uploaded.status_code in (201, 202), uploaded.content
+    version = ModelVersion.objects.get(pk=uploaded.json()["id"])
+    assert version.status == "built", alice.client.get(f"/api/v1/versions/{version.pk}/").json()["error"]
+    # when it is deployed on the cluster
+    created = _create(alice, capture, version, name="py", replicas=1)
+    ready = _reconcile_until(alice, created["id"], lambda d: d["status"] == "ready", capture=capture, timeout_s=120)
+    # then the pod's Triton read the environment from the repository on S3 and ran the code with it
+    assert ready["replicas"] == {"desired": 1, "ready": 1}
+    request = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}]}
+    answer = alice.client.post(f"/api/v1/deployments/{created['id']}/infer/", request, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["outputs"][0]["data"] == [3.0, 6.0, 9.0]
+    # and the pod spec starts Triton alone: no init step installs packages
+    apps = k8s.AppsV1Api(k8s_env.api_client())
+    [workload] = apps.list_namespaced_deployment("conch", label_selector=f"conch.io/deployment={created['id']}").items
+    spec = workload.spec.template.spec
+    assert not spec.init_containers and all("pip" not in " ".join(c.command or c.args or []) for c in spec.containers)
