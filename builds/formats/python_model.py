@@ -19,6 +19,7 @@ Pure: no Django; protobuf, ast and paths only.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,6 +38,8 @@ __all__ = [
     "PythonModelFormat",
     "environment_filename",
     "read_python_model",
+    "read_python_model_requirements",
+    "read_repository_python_model",
 ]
 
 #: The file Triton's Python backend loads from `<model>/<version>/` (its `default_model_filename`).
@@ -225,6 +228,38 @@ def _methods(source: bytes) -> tuple[str, ...]:
     return methods
 
 
+def read_repository_python_model(version_folder: Path, config: ModelConfig, model_folder: Path) -> PythonModel:
+    """A `python` model of an uploaded Triton model repository as a Python model: the files of its version folder
+    (`version_folder`: model.py and what it reads), its repository `config`, and a requirements.txt from the version
+    folder or, failing that, the model's folder (`model_folder`).
+
+    Raises InvalidInput (field "file") as `read_python_model` does, and when `config` sets EXECUTION_ENV_PATH: an
+    environment packed elsewhere (conda-pack) cannot be checked; Conch builds its own from requirements.txt.
+    """
+    if EXECUTION_ENV_PARAMETER in config.parameters:
+        shipped = config.parameters[EXECUTION_ENV_PARAMETER].string_value
+        raise _error(
+            f"config.pbtxt sets {EXECUTION_ENV_PARAMETER} ({shipped!r}), an environment packed elsewhere. Conch "
+            "builds the environment itself from a requirements.txt beside model.py (wheels only, pinned): remove "
+            "the parameter and list the packages model.py imports there."
+        )
+    model = read_python_model(version_folder)
+    requirements = model.requirements
+    if not requirements and (model_folder / REQUIREMENTS_FILENAME).is_file():
+        requirements = read_python_model_requirements(model_folder / REQUIREMENTS_FILENAME)
+    return dataclasses.replace(model, config=config, requirements=requirements)
+
+
+def read_python_model_requirements(path: Path) -> str:
+    """The text of a requirements.txt. Raises InvalidInput (field "requirements") past 4 MiB or for non-UTF-8."""
+    if path.stat().st_size > _MAX_SOURCE_BYTES:
+        raise _error("requirements.txt is larger than 4 MiB.", field="requirements")
+    try:
+        return path.read_text("utf-8")
+    except UnicodeDecodeError:
+        raise _error("requirements.txt is not UTF-8 text.", field="requirements") from None
+
+
 def read_python_model(folder: Path) -> PythonModel:
     """Read and check the Python model whose model.py lies in `folder` (`PythonModelFormat.find_in_folder`'s
     answer: an unpacked archive, already checked by `builds.archives`, regular files and folders only).
@@ -242,15 +277,8 @@ def read_python_model(folder: Path) -> PythonModel:
         relative = path.relative_to(folder).as_posix()
         if relative not in _NOT_SHIPPED:
             shipped.append(relative)
-    requirements = ""
     requirements_file = folder / REQUIREMENTS_FILENAME
-    if requirements_file.is_file():
-        if requirements_file.stat().st_size > _MAX_SOURCE_BYTES:
-            raise _error("requirements.txt is larger than 4 MiB.", field="requirements")
-        try:
-            requirements = requirements_file.read_text("utf-8")
-        except UnicodeDecodeError:
-            raise _error("requirements.txt is not UTF-8 text.", field="requirements") from None
+    requirements = read_python_model_requirements(requirements_file) if requirements_file.is_file() else ""
     config = None
     config_file = folder / _CONFIG_FILENAME
     if config_file.is_file():

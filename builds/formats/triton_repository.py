@@ -12,8 +12,9 @@ folder before any Triton sees it (`read_repository`): the name against the folde
 version policy against the version folders, each served version's model file, ensemble steps against the models
 in the repository. The model a build serves is then checked against its model file (`configure_imported`):
 inputs and outputs, datatypes, dims, `max_batch_size` and the batching settings, with errors naming the model, the
-tensor and the field. Conch builds `onnxruntime` and `pytorch` (TorchScript) models from a repository today; other
-backends are recognised and refused saying what to upload instead.
+tensor and the field. Conch builds `onnxruntime`, `pytorch` (TorchScript) and `python` models (with an execution
+environment built from a requirements.txt beside model.py, `builds.formats.python_model`) from a repository today;
+other backends are recognised and refused saying what to upload instead.
 
 Pure: no Django; protobuf and paths only.
 """
@@ -92,9 +93,6 @@ _NOT_SERVED = {
     "model it was built from",
     "tensorflow": "a TensorFlow model; Triton's TensorFlow backend is deprecated since 25.03 and gone after it. "
     "Upload the SavedModel folder as a zip (or the frozen .pb file): Conch converts it to ONNX",
-    "python": "a Python model (model.py), which Conch builds from an archive of its own: model.py at the archive's "
-    "top with the files it reads, its config.pbtxt and a requirements.txt (Conch builds the execution environment "
-    "from it). Pack that model's version folder that way and upload it",
     "ensemble": "an ensemble, which Conch does not serve yet. Upload each of its steps that is an ONNX model as a "
     "model of its own",
 }
@@ -411,7 +409,7 @@ def refuse_configuration_options(options: Mapping[str, Any]) -> None:
 
 
 #: Backends Conch serves a repository model with.
-SERVED_BACKENDS = ("onnxruntime", "pytorch")
+SERVED_BACKENDS = ("onnxruntime", "pytorch", "python")
 _INDEXED_NAME = re.compile(r"^(.+)__(\d+)$")
 
 

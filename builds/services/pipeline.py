@@ -37,6 +37,7 @@ from builds.formats.python_model import (
     PythonModelFormat,
     environment_filename,
     read_python_model,
+    read_repository_python_model,
 )
 from builds.formats.torchscript import output_name
 from builds.formats.triton_repository import (
@@ -267,6 +268,16 @@ def _run_claimed_build(build: Build) -> str:
                         python_model = _read_python_model(source, say)
                     if isinstance(model_format, TritonRepositoryFormat):
                         imported, source = _import_repository(version, source, say)
+                        if imported.backend == "python":
+                            # model.py and its files are its version folder; config.pbtxt gives its tensors.
+                            model_format = format_by_key("python")
+                            state.record_build_artifacts(
+                                version_id=version.pk, attempt=attempt, source_format=model_format.key
+                            )
+                            python_model = _read_python_model(
+                                source.parent, say, config=imported.config, model_folder=imported.folder
+                            )
+                            source = source.parent
                         if imported.backend == "pytorch":
                             # Its model.pt is TorchScript, read and served as an upload of it is; config.pbtxt
                             # gives what TorchScript does not record (its inputs' datatypes and shapes).
@@ -330,7 +341,7 @@ def _run_claimed_build(build: Build) -> str:
                         "TensorRT can read; rebuild with max_batch_size (at most the profile's largest batch) to "
                         "batch"
                     )
-                if python_model is not None and options.max_batch_size is None:
+                if python_model is not None and imported is None and options.max_batch_size is None:
                     configured = python_model.configured_max_batch_size
                     if configured is not None:
                         options = dataclasses.replace(options, max_batch_size=configured)
@@ -486,10 +497,16 @@ def _declared_signature(model_format: ModelFormat, source: Path, build: Build, s
     return ModelSignature.from_dict(signature)
 
 
-def _read_python_model(folder: Path, say: StepLog) -> PythonModel:
-    """Read and check the Python model in `folder` (`read_python_model`: model.py parsed, never run) and its
+def _read_python_model(
+    folder: Path, say: StepLog, *, config: ModelConfig | None = None, model_folder: Path | None = None
+) -> PythonModel:
+    """Read and check the Python model in `folder` (`read_python_model`: model.py parsed, never run; with `config`,
+    a repository's python model whose version folder `folder` is: `read_repository_python_model`) and its
     requirements.txt (`parse_requirements`), logging what was found. Raises InvalidInput naming the file or line."""
-    model = read_python_model(folder)
+    if config is not None:
+        model = read_repository_python_model(folder, config, model_folder or folder.parent)
+    else:
+        model = read_python_model(folder)
     say(
         f"model.py defines TritonPythonModel with {', '.join(model.methods)} (read with ast; the code runs only "
         f"inside Triton); {len(model.files)} file(s) go into the version folder"

@@ -327,6 +327,14 @@ def test_a_python_model_is_built_with_its_environment_verified_reused_and_served
     assert (
         config.parameters["EXECUTION_ENV_PATH"].string_value == f"$$TRITON_MODEL_DIRECTORY/python_env-{key[:16]}.tar.gz"
     )
+    # and the build page lists the environment's packages
+    from django.test import Client
+    from django.urls import reverse
+
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get(reverse("console:wizard:build", kwargs={"version_id": version_id})).content.decode()
+    assert 'data-testid="environment"' in page and "<code>conch-scaler</code></td><td>1.0</td>" in page
     # and verify loaded it in the verify Triton and proved batching with its sample inputs
     verify = _log(alice, version_id, "verify")
     assert any("batching" in line for line in verify), verify
@@ -420,3 +428,52 @@ def test_bytes_are_refused_in_the_spec_of_a_model_that_takes_numbers():
     with pytest.raises(InvalidInput) as refused:
         _conversion_hints(format_by_key("torchscript"), parse_build_options({"input_spec": "x=BYTES:-1,1"}))
     assert refused.value.field == "input_spec" and "only a Python model's tensors" in refused.value.detail
+
+
+REPOSITORY_CONFIG = b"""
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: 500 }
+"""
+
+
+@pytest.mark.e2e
+def test_a_triton_repository_s_python_model_is_built_as_configured_with_its_requirements(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, settings
+):
+    # given a Triton model repository whose model is a python one, requirements.txt beside config.pbtxt
+    _wheel(tmp_path / "wheels", "conch-scaler", "1.0", {"conch_scaler/__init__.py": "FACTOR = 3.0\n"})
+    settings.CONCH_ENVIRONMENT_FIND_LINKS = (str(tmp_path / "wheels"),)
+    archive = _archive(
+        {
+            "scaler/config.pbtxt": REPOSITORY_CONFIG,
+            "scaler/requirements.txt": b"conch-scaler==1.0\n",
+            "scaler/1/model.py": MODEL_PY,
+        }
+    )
+    version_id = _upload(alice, django_capture_on_commit_callbacks, "scaler", archive)
+    version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
+    assert version["status"] == "built", version["error"]
+    build = alice.client.get(f"/api/v1/versions/{version_id}/builds/").json()["results"][0]
+    # then it is served as its config.pbtxt configures it, in the environment built from its requirements
+    config = config_from_pbtxt(build["config_pbtxt"])
+    assert config.backend == "python" and config.max_batch_size == 8
+    assert config.instance_group[0].count == 2 and config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert config.parameters["EXECUTION_ENV_PATH"].string_value.startswith("$$TRITON_MODEL_DIRECTORY/python_env-")
+    assert {pin["name"] for pin in build["environment"]["pins"]} == {"conch-scaler", "numpy"}
+    # and an environment packed elsewhere is refused, saying how Conch builds one
+    shipped = (
+        REPOSITORY_CONFIG
+        + b'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }'
+    )
+    other = _upload(
+        alice,
+        django_capture_on_commit_callbacks,
+        "packed",
+        _archive({"packed/config.pbtxt": shipped, "packed/1/model.py": MODEL_PY}),
+    )
+    refused = alice.client.get(f"/api/v1/versions/{other}/").json()
+    assert refused["status"] == "failed" and "sets EXECUTION_ENV_PATH" in refused["error"], refused
