@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.construct.core import ConstructError
@@ -54,6 +56,7 @@ __all__ = [
     "SYSTEM_LIBRARIES",
     "BackendLibraryReport",
     "check_backend_library",
+    "check_library_job",
     "find_server_library",
     "read_backend_api_version",
 ]
@@ -190,6 +193,7 @@ def check_backend_library(
     server_library: Path,
     shipped: Collection[str] = (),
     declared_api_version: tuple[int, int] | None = None,
+    server_api_version: tuple[int, int] | None = None,
 ) -> BackendLibraryReport:
     """Check the custom backend library at `path` for backend `name` on `machine` nodes; return what it holds.
 
@@ -197,6 +201,9 @@ def check_backend_library(
     `server_library`: the `libtritonserver.so` of the Triton release that will load it (`find_server_library`).
     `shipped`: file names of the other files in the upload beside the library (the libraries it may need).
     `declared_api_version`: (major, minor) of the TRITONBACKEND API the user says it was built for, or None.
+    `server_api_version`: the server library's own (major, minor) when the caller read it already
+    (`read_backend_api_version`: a sandboxed caller reads it outside, where loading Triton is not limited); None
+    reads it here.
 
     Checks, in order: an ELF shared object (ET_DYN, not a position-independent executable) for `machine`,
     64-bit little-endian; then, all reported together, its name is `libtriton_<name>.so`; it exports
@@ -240,7 +247,7 @@ def check_backend_library(
     _check_kind(shown, facts, name=name)
     _check_machine(shown, facts, machine=machine)
     server = _read_server_library(server_library)
-    api_version = read_backend_api_version(server_library)
+    api_version = server_api_version or read_backend_api_version(server_library)
 
     refusals: list[ConchError] = []
     attempt(refusals, _check_name, shown, name=name)
@@ -556,3 +563,27 @@ def _is_version(value: object) -> bool:
         and len(value) == 2
         and all(isinstance(part, int) and not isinstance(part, bool) and part >= 0 for part in value)
     )
+
+
+def check_library_job(job_path: Path) -> dict[str, Any]:
+    """Sandbox child (`builds.sandbox.run_in_sandbox`): `check_backend_library` with the arguments of the JSON job
+    file `job_path` ({"path", "name", "machine", "server_library", "shipped", "declared", "server_api_version"});
+    returns the report as JSON data (entry points, needed libraries, search path, "1.19", machine)."""
+    job = json.loads(job_path.read_text())
+    report = check_backend_library(
+        Path(job["path"]),
+        name=job["name"],
+        machine=job["machine"],
+        server_library=Path(job["server_library"]),
+        shipped=job["shipped"],
+        declared_api_version=tuple(job["declared"]) if job["declared"] else None,
+        server_api_version=tuple(job["server_api_version"]),
+    )
+    return {
+        "entry_points": list(report.entry_points),
+        "optional_entry_points": list(report.optional_entry_points),
+        "needed_libraries": list(report.needed_libraries),
+        "search_path": list(report.search_path),
+        "api_version": ".".join(str(part) for part in report.api_version),
+        "machine": report.machine,
+    }

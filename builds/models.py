@@ -49,6 +49,9 @@ class Build(models.Model):
     # A Python model's execution environment (builds.services.environments): {"key", "size_bytes", "reused",
     # "target", "pins": [{"name", "version", "sha256", "filename"}]}; null for every other model.
     environment = models.JSONField(null=True, blank=True)
+    # The custom backend a model of a registered backend was built with: {"name", "version", "kind", "id"}; null
+    # for models served by Triton's own backends.
+    backend = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["version_id", "attempt"]
@@ -108,3 +111,40 @@ class BuildRepository(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix} ({self.size_bytes} bytes)"
+
+
+class CustomBackend(models.Model):
+    """A Triton backend a team registered (Triton "Backends"; Tencent's TNN backend is one), served to the team's
+    models whose configuration names it (`backend: "<name>"`).
+
+    `kind` is "python" for a Python-based backend (a folder with `model.py`, Python backend README "Python-based
+    Backends") or "library" for a shared library `libtriton_<name>.so` with the libraries it needs
+    (`builds.backend_library` checked it). Its files lie in the object store under `files_prefix`
+    (`backends/<team id>/<name>/<version>/`); `size_bytes` is their sum. `report` is what the checks found
+    (entry points, needed libraries, the Triton backend API version it was checked against). A model built with it
+    records the version it used (`Build.backend`), so registering a newer version changes no built model.
+    """
+
+    KIND_PYTHON = "python"
+    KIND_LIBRARY = "library"
+    KINDS = ((KIND_PYTHON, "Python-based backend (model.py)"), (KIND_LIBRARY, "Shared library (libtriton_<name>.so)"))
+
+    team = models.ForeignKey("tenancy.Team", on_delete=models.CASCADE, related_name="custom_backends")
+    name = models.CharField(max_length=63)
+    version = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16, choices=KINDS)
+    files_prefix = models.CharField(max_length=300)
+    files = models.JSONField(default=list)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    report = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["team_id", "name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name", "version"], name="custombackend_unique_team_name_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import platform
 import re
 import sys
 from datetime import timedelta
@@ -429,6 +430,11 @@ CONCH_TRITON_GLIBC = env("CONCH_TRITON_GLIBC", "2.35")
 # Requirement specifiers every environment must meet (space-separated pip constraints): Triton 2.51's Python
 # backend stub returns empty tensors with numpy 2 in the environment (seen here), so numpy stays below 2.
 CONCH_TRITON_PYTHON_CONSTRAINTS = tuple(env("CONCH_TRITON_PYTHON_CONSTRAINTS", "numpy<2").split())
+# The CPU architecture of the servers that load custom backend libraries (builds.backend_library), as Python's
+# platform.machine() names it: x86_64 or aarch64. Default: this host's.
+CONCH_TRITON_MACHINE = env("CONCH_TRITON_MACHINE", platform.machine())
+# Largest custom backend archive a registration takes, in bytes (POST /api/v1/backends/).
+CONCH_MAX_BACKEND_BYTES = env("CONCH_MAX_BACKEND_BYTES", 2 * 1024**3, cast=int)
 CONCH_ENVIRONMENT_FIND_LINKS = tuple(env("CONCH_ENVIRONMENT_FIND_LINKS", "").split())
 CONCH_ENVIRONMENT_TIMEOUT_SECONDS = env("CONCH_ENVIRONMENT_TIMEOUT_SECONDS", 900.0, cast=float)
 CONCH_ENVIRONMENT_MAX_BYTES = env("CONCH_ENVIRONMENT_MAX_BYTES", 4 * 1024**3, cast=int)

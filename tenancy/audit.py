@@ -48,7 +48,13 @@ SYSTEM_ACTOR = "system"
 #: Longest text kept for one value of a before/after summary (characters).
 MAX_SUMMARY_TEXT = 300
 #: Friendlier object type names for the models whose name says less (`object_type` of an entry).
-OBJECT_TYPES = {"registeredmodel": "model", "modelversion": "version", "apitoken": "token", "teamquota": "quota"}
+OBJECT_TYPES = {
+    "registeredmodel": "model",
+    "modelversion": "version",
+    "apitoken": "token",
+    "teamquota": "quota",
+    "custombackend": "backend",
+}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ never became ready; carries the last log lines), `TritonStopError` (a process su
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import select
@@ -216,6 +218,37 @@ def ensure_backend_directory(root: Path, *, installation: TritonInstallation | N
     for backend_file in sorted(BACKENDS_SOURCE.glob("*/model.py")):
         _sync_file(backend_file, root / backend_file.parent.name / "model.py")
     return root
+
+
+#: The folder, beside an installation's backend directory, holding the backend directories that add custom backends.
+BACKEND_SETS = "backend-sets"
+
+
+def ensure_backend_set(
+    root: Path, custom: Mapping[str, tuple[str, Path]], *, installation: TritonInstallation | None = None
+) -> Path:
+    """Build (idempotently) a backend directory with Triton's and Conch's backends (`ensure_backend_directory`) and
+    the custom backends `custom` (name -> (identity, local folder holding its files: `libtriton_<name>.so` and its
+    libraries, or a Python-based backend's `model.py`)); return it.
+
+    The directory is `<root>/backend-sets/<digest>/`, `root` being the folder whose `backends/` is the
+    installation's own: one per set of (name, identity) pairs, so servers that load different versions of a
+    backend, or different teams' backends of the same name, never share a folder (Triton loads a backend once per
+    server, by name, from `<backend-dir>/<name>/`). `find_servers` takes servers on such a directory for this
+    installation's. Raises `TritonNotInstalled`; `InvalidInput` (field "backend") for a name of Conch's own
+    backends.
+    """
+    digest = hashlib.sha256(json.dumps(sorted((n, i) for n, (i, _) in custom.items())).encode()).hexdigest()[:16]
+    target = Path(root).resolve() / BACKEND_SETS / digest
+    ensure_backend_directory(target, installation=installation)
+    own = {"python", *(path.parent.name for path in BACKENDS_SOURCE.glob("*/model.py"))}
+    for name, (_, folder) in sorted(custom.items()):
+        if name in own:
+            raise InvalidInput(f"backend {name!r} is one of Conch's own backends", field="backend")
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                _sync_file(path, target / name / path.relative_to(folder))
+    return target
 
 
 def allocate_ports(count: int, *, host: str = "127.0.0.1") -> tuple[int, ...]:
@@ -734,7 +767,8 @@ def find_servers(server_id_prefix: str, *, backend_root: Path | None = None) -> 
     Used after a Conch restart to adopt or stop servers an earlier process started. With `backend_root`, only
     servers started with that backend directory (`--backend-directory`) are listed: each installation builds its
     own under its own data folder (`ensure_backend_directory`), so that folder, not a name anyone may choose,
-    proves which installation started a server. Pass it before stopping what is found. Ports, bind address,
+    proves which installation started a server (a backend directory with custom backends, `ensure_backend_set`,
+    lies beside it, under `backend-sets/`, and counts too). Pass it before stopping what is found. Ports, bind address,
     repository and API key come from the command line (Triton's defaults 8000/8001/8002 when a flag is absent);
     `log_path` from the process's stdout when readable. Raises `InvalidInput` for an empty prefix (it would match
     servers Conch does not own).
@@ -753,7 +787,12 @@ def find_servers(server_id_prefix: str, *, backend_root: Path | None = None) -> 
             server_id = flags.get("--id", "")
             if not server_id.startswith(server_id_prefix):
                 continue
-            if wanted_backends is not None and flags.get("--backend-directory") != wanted_backends:
+            given = flags.get("--backend-directory", "")
+            if (
+                wanted_backends is not None
+                and given != wanted_backends
+                and str(Path(given).parent) != str(Path(wanted_backends).parent / BACKEND_SETS)
+            ):
                 continue
             found.append(
                 ServerProcess(

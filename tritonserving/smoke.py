@@ -98,6 +98,9 @@ class ScratchServer:
     bind_address: str = "127.0.0.1"
     start_timeout_s: float = 120.0
     api_key: str | None = dataclasses.field(default=None, repr=False)
+    #: Custom backends the server must have: name -> (identity, local folder of its files); the server then runs on
+    #: a backend directory of its own with them (`tritonserving.server.ensure_backend_set`).
+    backends: Mapping[str, tuple[str, Path]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,11 @@ def _run_on_scratch_server(
 ) -> list[dict[str, np.ndarray]]:
     work_dir = Path(scratch.work_dir)
     (work_dir / "logs").mkdir(parents=True, exist_ok=True)
-    backend_root = triton_server.ensure_backend_directory(work_dir / "backends")
+    backend_root = (
+        triton_server.ensure_backend_set(work_dir, scratch.backends)
+        if scratch.backends
+        else triton_server.ensure_backend_directory(work_dir / "backends")
+    )
     log_path = work_dir / "logs" / f"{scratch.server_id}.log"
     http_port, grpc_port, metrics_port = triton_server.allocate_ports(3)
     api_key = scratch.api_key or secrets.token_hex(32)

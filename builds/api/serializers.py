@@ -15,7 +15,7 @@ from builds.model_config import (
     MAX_MAX_BATCH_SIZE,
     MAX_QUEUE_DELAY_MICROSECONDS,
 )
-from builds.models import Build, BuildStep
+from builds.models import Build, BuildStep, CustomBackend
 from builds.services import state
 from models_registry.models import ModelVersion
 
@@ -399,3 +399,36 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "sha256_checked": obj.source_checked,
             "key": obj.source_key,
         }
+
+
+class CustomBackendSerializer(serializers.ModelSerializer):
+    """A custom backend a team registered: its name and version (models name the backend in config.pbtxt,
+    `backend: "<name>"`), its kind (`python`: a Python-based backend, model.py; `library`: libtriton_<name>.so), its
+    files and their bytes, and what the checks found (`report`: a library's entry points, needed libraries and the
+    Triton backend API version it was checked against; a Python backend's methods)."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = CustomBackend
+        fields = ["id", "team", "name", "version", "kind", "files", "size_bytes", "report", "created_by", "created_at"]
+        read_only_fields = fields
+
+
+class RegisterBackendSerializer(serializers.Serializer):
+    """Multipart form registering a custom backend."""
+
+    team = serializers.CharField(help_text="The team's slug.")
+    name = serializers.CharField(help_text="The backend's name, as models' config.pbtxt names it (backend: NAME).")
+    version = serializers.CharField(help_text="Its version, e.g. 1.0.0: a name may have several.")
+    file = serializers.FileField(
+        help_text="A zip or tar of the backend's folder: libtriton_NAME.so with the libraries it needs, or model.py "
+        "(a Python-based backend)."
+    )
+    api_version = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="For a library: the TRITONBACKEND API version it was built against (MAJOR.MINOR), checked against "
+        "the Triton release Conch runs.",
+    )

@@ -17,5 +17,7 @@ urlpatterns = [
     re_path(r"^versions/(?P<version_id>[0-9]+)/builds/?$", views.VersionBuildListView.as_view(), name="version-builds"),
     re_path(r"^versions/(?P<version_id>[0-9]+)/review/?$", views.VersionReviewView.as_view(), name="version-review"),
     re_path(r"^formats/?$", views.FormatListView.as_view(), name="formats"),
+    re_path(r"^backends/?$", views.BackendListRegisterView.as_view(), name="backends"),
+    re_path(r"^backends/(?P<backend_id>[0-9]+)/?$", views.BackendDetailView.as_view(), name="backend-detail"),
     *router.urls,
 ]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import tempfile
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
@@ -24,10 +26,12 @@ from builds import services as builds
 from builds.api.serializers import (
     BuildOptionsSerializer,
     BuildSerializer,
+    CustomBackendSerializer,
     ModelFormatSerializer,
     ModelVersionSerializer,
     OptionsCheckSerializer,
     RebuildSerializer,
+    RegisterBackendSerializer,
     UploadVersionSerializer,
     VersionReviewSerializer,
 )
@@ -47,6 +51,7 @@ from builds.model_config import (
     OUTPUT_SPEC_FIELD,
     TOLERANCE_FIELD,
 )
+from builds.services import backends as backend_services
 from builds.services import state as build_state
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
@@ -430,3 +435,82 @@ class VersionBuildListView(APIView):
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(attempts, request, view=self)
         return paginator.get_paginated_response(BuildSerializer(page, many=True).data)
+
+
+#: A backend registration's body: the archive and the small form fields.
+BACKEND_BODY = BodyLimit(
+    setting="CONCH_MAX_BACKEND_BYTES",
+    variable="CONCH_MAX_BACKEND_BYTES",
+    field="file",
+    extra_bytes=MULTIPART_SLACK_BYTES,
+)
+
+
+class BackendListRegisterView(APIView):
+    """GET the custom backends of the caller's teams; POST registers one (multipart: team, name, version, file)."""
+
+    parser_classes = [MultiPartParser]
+    pagination_class = BoundedLimitOffsetPagination
+
+    @extend_schema(
+        responses={200: CustomBackendSerializer(many=True), 400: ErrorSerializer},
+        description="The custom backends of the teams the caller sees, a page at a time (`limit`, `offset`).",
+    )
+    def get(self, request: Request) -> Response:
+        backends = backend_services.list_backends(user=request.user, token=request.auth).order_by("name", "-pk")
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(backends, request, view=self)
+        return paginator.get_paginated_response(CustomBackendSerializer(page, many=True).data)
+
+    @extend_schema(
+        request={"multipart/form-data": RegisterBackendSerializer},
+        responses={201: CustomBackendSerializer, 400: ErrorSerializer, 403: ErrorSerializer, 409: ErrorSerializer},
+        description='Register a backend of the team\'s own (Triton "Backends"): a zip or tar of its folder, '
+        "libtriton_NAME.so with the libraries it needs (checked before it is accepted: an ELF shared library for the "
+        "nodes' architecture, exporting TRITONBACKEND_ModelInstanceExecute, calling only functions the Triton release "
+        "Conch runs exports, its needed libraries shipped or standard) or model.py (a Python-based backend). Models "
+        'whose config.pbtxt says backend: "NAME" are then served with it. 400 names what is wrong; 409 for a name '
+        "and version the team has already.",
+    )
+    @accepts_body(BACKEND_BODY)
+    def post(self, request: Request) -> Response:
+        refuse_unknown_fields(
+            [*request.data.keys()],
+            ("team", "name", "version", "file", "api_version", "csrfmiddlewaretoken"),
+            "A backend",
+        )
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise InvalidInput("Send the backend's archive as the multipart field 'file'.", field="file")
+        with tempfile.TemporaryDirectory(prefix="conch-backend-upload-") as work:
+            archive = Path(work) / "backend.archive"
+            with archive.open("wb") as out:
+                for chunk in upload.chunks():
+                    out.write(chunk)
+            backend = backend_services.register_backend(
+                user=request.user,
+                team_slug=str(request.data.get("team") or ""),
+                name=str(request.data.get("name") or ""),
+                version=str(request.data.get("version") or ""),
+                archive=archive,
+                api_version=str(request.data.get("api_version") or "") or None,
+                token=request.auth,
+            )
+        return Response(CustomBackendSerializer(backend).data, status=201)
+
+
+class BackendDetailView(APIView):
+    """GET one custom backend; DELETE removes it while no model version uses it."""
+
+    @extend_schema(responses={200: CustomBackendSerializer, 404: ErrorSerializer})
+    def get(self, request: Request, backend_id: int) -> Response:
+        backend = backend_services.get_backend(user=request.user, backend_id=backend_id, token=request.auth)
+        return Response(CustomBackendSerializer(backend).data)
+
+    @extend_schema(
+        responses={204: None, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        description="Delete the backend and its files; 409 while a model version built with it exists.",
+    )
+    def delete(self, request: Request, backend_id: int) -> Response:
+        backend_services.delete_backend(user=request.user, backend_id=backend_id, token=request.auth)
+        return Response(status=204)

@@ -32,6 +32,7 @@ from tritonserving.config import ModelConfig, config_from_pbtxt, datatype_name
 __all__ = [
     "CLASS_NAME",
     "ENTRY_FILENAME",
+    "check_model_py",
     "EXECUTION_ENV_PARAMETER",
     "REQUIREMENTS_FILENAME",
     "PythonModel",
@@ -40,6 +41,7 @@ __all__ = [
     "read_python_model",
     "read_python_model_requirements",
     "read_repository_python_model",
+    "signature_from_config",
 ]
 
 #: The file Triton's Python backend loads from `<model>/<version>/` (its `default_model_filename`).
@@ -106,7 +108,7 @@ class PythonModel:
                     "outputs too. Keep one: leave the build options empty, or remove config.pbtxt from the archive.",
                     field=given[0],
                 )
-            return self._signature_from_config(self.config)
+            return signature_from_config(self.config)
         missing = [field for field, spec in (("input_spec", input_spec), ("output_spec", output_spec)) if not spec]
         if missing:
             raise _error(
@@ -134,33 +136,43 @@ class PythonModel:
         """config.pbtxt's max_batch_size, or None without a config.pbtxt."""
         return None if self.config is None else int(self.config.max_batch_size)
 
-    @staticmethod
-    def _signature_from_config(config: ModelConfig) -> dict[str, Any]:
-        batch = (-1,) if config.max_batch_size > 0 else ()
-        tensors: dict[str, list[tuple[str, str, tuple[int, ...]]]] = {"input": [], "output": []}
-        for kind, entries in (("input", config.input), ("output", config.output)):
-            if not entries:
-                raise _error(f"config.pbtxt has no {kind}; list every {kind} tensor with its name, data_type and dims.")
-            for position, tensor in enumerate(entries):
-                where = f"config.pbtxt {kind}[{position}]"
-                if not tensor.name:
-                    raise _error(f"{where} has no name.")
-                if not tensor.data_type:
-                    raise _error(f"{where} ({tensor.name!r}) has no data_type; give one such as TYPE_FP32.")
-                if tensor.HasField("reshape"):
-                    raise _error(
-                        f"{where} ({tensor.name!r}) sets reshape, which a Python model does not use; remove it."
-                    )
-                dims = tuple(int(d) for d in tensor.dims)
-                if not dims and not batch:
-                    raise _error(
-                        f"{where} ({tensor.name!r}) has no dims; give its shape (dims: [1] for a scalar), the batch "
-                        "axis left out when max_batch_size > 0."
-                    )
-                if any(d < -1 or d == 0 for d in dims):
-                    raise _error(f"{where} ({tensor.name!r}) has dims {list(dims)}: each is a size > 0, or -1 for any.")
-                tensors[kind].append((tensor.name, datatype_name(tensor.data_type), batch + dims))
-        return _signature(tensors["input"], tensors["output"])
+
+def signature_from_config(config: ModelConfig, *, what: str = "Python model") -> dict[str, Any]:
+    """The signature (`builds.inspection.ModelSignature.to_dict()`) a model configuration gives: its `input` and
+    `output` tensors, the batch axis added as -1 when max_batch_size > 0. For models whose files Conch cannot read
+    (a Python model, a model of a custom backend). Raises InvalidInput (field "file") naming config.pbtxt's field
+    for a tensor without a name, datatype or dims, with a reshape, or no input or output at all; the message starts
+    with `what`."""
+
+    def _error(detail: str) -> InvalidInput:
+        return InvalidInput(f"{what}: {detail}", field="file")
+
+    batch = (-1,) if config.max_batch_size > 0 else ()
+    tensors: dict[str, list[tuple[str, str, tuple[int, ...]]]] = {"input": [], "output": []}
+    for kind, entries in (("input", config.input), ("output", config.output)):
+        if not entries:
+            raise _error(f"config.pbtxt has no {kind}; list every {kind} tensor with its name, data_type and dims.")
+        for position, tensor in enumerate(entries):
+            where = f"config.pbtxt {kind}[{position}]"
+            if not tensor.name:
+                raise _error(f"{where} has no name.")
+            if not tensor.data_type:
+                raise _error(f"{where} ({tensor.name!r}) has no data_type; give one such as TYPE_FP32.")
+            if tensor.HasField("reshape"):
+                raise _error(
+                    f"{where} ({tensor.name!r}) sets reshape, which Conch cannot check without reading the model; "
+                    "remove it."
+                )
+            dims = tuple(int(d) for d in tensor.dims)
+            if not dims and not batch:
+                raise _error(
+                    f"{where} ({tensor.name!r}) has no dims; give its shape (dims: [1] for a scalar), the batch "
+                    "axis left out when max_batch_size > 0."
+                )
+            if any(d < -1 or d == 0 for d in dims):
+                raise _error(f"{where} ({tensor.name!r}) has dims {list(dims)}: each is a size > 0, or -1 for any.")
+            tensors[kind].append((tensor.name, datatype_name(tensor.data_type), batch + dims))
+    return _signature(tensors["input"], tensors["output"])
 
 
 def _signature(
@@ -201,7 +213,7 @@ def _entry_folder(files: Sequence[str]) -> str | None:
     return None
 
 
-def _methods(source: bytes) -> tuple[str, ...]:
+def check_model_py(source: bytes) -> tuple[str, ...]:
     """The methods `TritonPythonModel` defines in model.py's `source`, read with `ast` (nothing is run).
     Raises InvalidInput (field "file") for a syntax error, a missing class or a missing execute()."""
     try:
@@ -271,7 +283,7 @@ def read_python_model(folder: Path) -> PythonModel:
     entry = folder / ENTRY_FILENAME
     if entry.stat().st_size > _MAX_SOURCE_BYTES:
         raise _error(f"model.py is larger than {_MAX_SOURCE_BYTES // (1024 * 1024)} MiB; keep data in files beside it.")
-    methods = _methods(entry.read_bytes())
+    methods = check_model_py(entry.read_bytes())
     shipped = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         relative = path.relative_to(folder).as_posix()

@@ -126,7 +126,8 @@ class RepositoryModel:
 
     @property
     def model_filename(self) -> str:
-        """The model file's name in each version folder ("model.onnx"); "" for an ensemble, which has none."""
+        """The model file's name in each version folder ("model.onnx"); "" for an ensemble, which has none, and
+        for a backend whose files Conch does not know (a team's own: its version folder is served as it is)."""
         if self.backend == "ensemble":
             return ""
         if self.config.default_model_filename:
@@ -276,7 +277,7 @@ def _read_model(folder: Path, name: str, *, lone: bool = False) -> RepositoryMod
                     f"{_listing(folder / numbered[version])}). Put the model file there"
                     + (", or set default_model_filename to its name." if has_config else "."),
                 )
-    elif not config.ensemble_scheduling.step:
+    elif backend == "ensemble" and not config.ensemble_scheduling.step:
         raise _error(name, "the ensemble has no ensemble_scheduling steps. Give its steps in config.pbtxt.")
     return model
 
@@ -418,7 +419,9 @@ def check_served(model: RepositoryModel) -> None:
     if model.backend in SERVED_BACKENDS:
         return
     reason = _NOT_SERVED.get(model.backend) or (
-        f"served by the backend {model.backend!r}, which the Triton Conch runs does not have"
+        f"served by the backend {model.backend!r}, which the Triton Conch runs does not have and the team has not "
+        "registered (register the backend first: POST /api/v1/backends/ with its libtriton_"
+        f"{model.backend}.so or model.py, then upload the repository again)"
     )
     raise _error(model.name, f"it is {reason}.")
 

@@ -8,7 +8,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,10 +38,12 @@ from builds.formats.python_model import (
     environment_filename,
     read_python_model,
     read_repository_python_model,
+    signature_from_config,
 )
 from builds.formats.torchscript import output_name
 from builds.formats.triton_repository import (
     CONFIGURATION_OPTIONS,
+    SERVED_BACKENDS,
     RepositoryModel,
     TritonRepositoryFormat,
     check_served,
@@ -66,10 +68,11 @@ from builds.model_config import (
     build_model_config,
     parse_build_options,
 )
-from builds.models import Build, BuildStep
+from builds.models import Build, BuildStep, CustomBackend
 from builds.packaging import describe_packaging, package_external_data, package_model_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.services import state
+from builds.services.backends import backend_for_model, stage_backend
 from builds.services.environments import StoredEnvironment, ensure_environment, environment_target
 from builds.services.repositories import register_model_versions, register_repository_models
 from builds.services.storage import (
@@ -78,7 +81,7 @@ from builds.services.storage import (
     reserve_repository_storage,
 )
 from builds.services.submission import building_stale_before
-from builds.services.verify_servers import scratch_server
+from builds.services.verify_servers import scratch_server, scratch_server_with_backends
 from builds.verify_step import (
     SourceReference,
     axis_names_text,
@@ -257,6 +260,7 @@ def _run_claimed_build(build: Build) -> str:
                 unpacked = model_format.container
                 imported: RepositoryModel | None = None
                 python_model: PythonModel | None = None
+                custom_backend: CustomBackend | None = None
                 if unpacked:
                     model_format, source = _unpack(source, work / "unpacked", say)
                     check_format_allowed(model_format, team=version.model.team)
@@ -267,7 +271,7 @@ def _run_claimed_build(build: Build) -> str:
                         )
                         python_model = _read_python_model(source, say)
                     if isinstance(model_format, TritonRepositoryFormat):
-                        imported, source = _import_repository(version, source, say)
+                        imported, source, custom_backend = _import_repository(version, source, say)
                         if imported.backend == "python":
                             # model.py and its files are its version folder; config.pbtxt gives its tensors.
                             model_format = format_by_key("python")
@@ -287,6 +291,15 @@ def _run_claimed_build(build: Build) -> str:
                 if python_model is not None:
                     local = source
                     signature = _python_signature(python_model, build, say)
+                elif custom_backend is not None and imported is not None:
+                    local = source  # its version folder, served as it is by the backend
+                    signature = ModelSignature.from_dict(
+                        signature_from_config(imported.config, what=f"model {imported.name!r} of backend")
+                    )
+                    say(
+                        f"served by the team's backend {custom_backend.name} {custom_backend.version} "
+                        f"({custom_backend.get_kind_display()}); its inputs and outputs as config.pbtxt configures them"
+                    )
                 elif model_format.declares_interface:
                     local = source
                     signature = _declared_signature(model_format, source, build, say)
@@ -315,7 +328,7 @@ def _run_claimed_build(build: Build) -> str:
                     say(f"conversion took {sandbox_seconds:.2f} s in all, the sandbox's start included")
                 else:
                     local = source
-                if model_format.serves_onnx:
+                if model_format.serves_onnx and custom_backend is None:
                     signature = inspect_onnx_in_sandbox(local)
                 for kind, tensors in (("input", signature.inputs), ("output", signature.outputs)):
                     for t in tensors:
@@ -348,7 +361,13 @@ def _run_claimed_build(build: Build) -> str:
                         say(f"max_batch_size={configured}, as the archive's config.pbtxt sets it")
                 if imported is not None:
                     config, options = _configure_imported(
-                        imported, model_name, signature, options, say, model_format=model_format
+                        imported,
+                        model_name,
+                        signature,
+                        options,
+                        say,
+                        model_format=model_format,
+                        model_filename=imported.model_filename if custom_backend is not None else None,
                     )
                 else:
                     config = build_model_config(
@@ -381,6 +400,8 @@ def _run_claimed_build(build: Build) -> str:
                 if python_model is not None:
                     size, pbtxt = _write_python_model(build, python_model, store, prefix, config, say)
                     local = python_model.folder / model_format.model_filename
+                elif custom_backend is not None:
+                    size = _write_custom_backend_model(build, custom_backend, local, store, prefix, pbtxt, say)
                 else:
                     size = local.stat().st_size + len(pbtxt.encode()) + _external_data_bytes(local, signature)
                     reserve_repository_storage(version=version, attempt=attempt, prefix=prefix, size_bytes=size)
@@ -423,7 +444,9 @@ def _run_claimed_build(build: Build) -> str:
                         signature=signature,
                         options=options,
                         say=say,
-                        scratch=scratch_server,
+                        scratch=scratch_server
+                        if custom_backend is None
+                        else _scratch_with_backend(custom_backend, work / "custom-backend"),
                         source_file=local,
                         source_key=copy_key,
                         reference=_reference(
@@ -438,7 +461,7 @@ def _run_claimed_build(build: Build) -> str:
                             else None,
                         ),
                     )
-                if python_model is not None:  # its files and environment as written; config.pbtxt as kept
+                if python_model is not None or custom_backend is not None:  # its files as written; config as kept
                     stored = size - len(pbtxt.encode()) + len(config_to_pbtxt(verified).encode())
                 else:
                     stored = store.size(model_key) + len(config_to_pbtxt(verified).encode()) + sum(data_files.values())
@@ -558,11 +581,7 @@ def _write_python_model(
     size = sum(files.values()) + environment.size_bytes + len(pbtxt.encode())
     reserve_repository_storage(version=version, attempt=build.attempt, prefix=prefix, size_bytes=size)
     folder = f"{prefix}/{model_name}"
-    for name in model.files:
-        with store.open_writer(f"{folder}/{version.number}/{name}") as writer, (model.folder / name).open("rb") as f:
-            while chunk := f.read(8 * 1024 * 1024):
-                writer.write(chunk)
-            writer.commit()
+    _upload_files(store, model.folder, model.files, f"{folder}/{version.number}")
     store.copy(environment.object_key, f"{folder}/{filename}")
     store.put_bytes(f"{folder}/config.pbtxt", pbtxt.encode())
     say(
@@ -570,6 +589,59 @@ def _write_python_model(
         f"({sum(files.values())} bytes) and {folder}/{filename} ({environment.size_bytes} bytes)"
     )
     return size, pbtxt
+
+
+def _upload_files(store: Any, folder: Path, names: Sequence[str], prefix: str) -> int:
+    """Upload the files `names` (relative to `folder`) under `prefix`; return their bytes."""
+    total = 0
+    for name in names:
+        path = folder / name
+        with store.open_writer(f"{prefix}/{name}") as writer, path.open("rb") as handle:
+            while chunk := handle.read(8 * 1024 * 1024):
+                writer.write(chunk)
+            writer.commit()
+        total += path.stat().st_size
+    return total
+
+
+def _write_custom_backend_model(
+    build: Build, backend: CustomBackend, folder: Path, store: Any, prefix: str, pbtxt: str, say: StepLog
+) -> int:
+    """Write a model of a team's custom backend under `prefix`: every file of its version folder `folder` as it is,
+    and config.pbtxt; record the backend version it is built with (`Build.backend`). Returns the bytes written.
+    Raises QuotaExceeded and the store's errors."""
+    version = build.version
+    names = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+    size = sum((folder / name).stat().st_size for name in names) + len(pbtxt.encode())
+    reserve_repository_storage(version=version, attempt=build.attempt, prefix=prefix, size_bytes=size)
+    model_folder = f"{prefix}/{version.model.name}"
+    _upload_files(store, folder, names, f"{model_folder}/{version.number}")
+    store.put_bytes(f"{model_folder}/config.pbtxt", pbtxt.encode())
+    Build.objects.filter(pk=build.pk).update(
+        backend={
+            "id": backend.pk,
+            "name": backend.name,
+            "version": backend.version,
+            "kind": backend.kind,
+            "files_prefix": backend.files_prefix,
+        }
+    )
+    say(
+        f"wrote {model_folder}/config.pbtxt and {len(names)} file(s) in {model_folder}/{version.number}/ ({size} bytes)"
+    )
+    return size
+
+
+def _scratch_with_backend(backend: CustomBackend, folder: Path) -> Callable[[], Any]:
+    """The verify server for a model of `backend`: a throwaway one whose backend directory has it (staged into
+    `folder` from the store once)."""
+
+    def scratch() -> Any:
+        if not folder.exists():
+            stage_backend(backend.files_prefix, folder, label=f"{backend.name} {backend.version}")
+        return scratch_server_with_backends({backend.name: (backend.files_prefix, folder)})
+
+    return scratch
 
 
 def _environment_record(environment: StoredEnvironment) -> dict[str, Any]:
@@ -680,7 +752,9 @@ def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Pat
     return model_format, entry
 
 
-def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple[RepositoryModel, Path]:
+def _import_repository(
+    version: ModelVersion, root: Path, say: StepLog
+) -> tuple[RepositoryModel, Path, CustomBackend | None]:
     """Read and check every model of the uploaded Triton model repository at `root`
     (`builds.formats.triton_repository.read_repository`); return the model this build serves (the one named as
     the Conch model, or the only one) and its model file: the lowest version its version policy serves; each other
@@ -699,7 +773,11 @@ def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple
         for skipped in model.skipped:
             say(f"model {model.name!r}: skipped {skipped}, as Triton does")
     chosen = pick_model(models, model_name)
-    check_served(chosen)
+    custom = None
+    if chosen.backend not in SERVED_BACKENDS and chosen.backend != "ensemble":
+        custom = backend_for_model(team_id=version.model.team_id, name=chosen.backend)
+    if custom is None:
+        check_served(chosen)
     number = chosen.versions[0]
     if len(chosen.versions) > 1:
         say(
@@ -709,7 +787,7 @@ def _import_repository(version: ModelVersion, root: Path, say: StepLog) -> tuple
     say(f"building {chosen.name}/{number}/{chosen.model_filename} as its config.pbtxt configures it")
     register_repository_models(version=version, models=models, served=chosen, say=say)
     register_model_versions(version=version, model=chosen, served=number, say=say)
-    return chosen, chosen.model_file(number)
+    return chosen, chosen.model_file(number), custom
 
 
 def _configure_imported(
@@ -720,6 +798,7 @@ def _configure_imported(
     say: StepLog,
     *,
     model_format: ModelFormat,
+    model_filename: str | None = None,
 ) -> tuple[ModelConfig, BuildOptions]:
     """The configuration of a repository model (`configure_imported`: its config.pbtxt, checked against the model
     file) and the options verify proves it with: the batching it configures must be safe, or the build fails.
@@ -729,7 +808,7 @@ def _configure_imported(
         model,
         name=model_name,
         signature=signature,
-        model_filename=model_format.model_filename or MODEL_FILENAME,
+        model_filename=model_filename if model_filename is not None else model_format.model_filename or MODEL_FILENAME,
         backend=model.backend,
     )
     for note in notes:

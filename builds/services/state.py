@@ -78,6 +78,18 @@ def served_build(version: ModelVersion) -> Build | None:
     return next((build for build in _history(version) if build.status == BuildStatus.SUCCEEDED), None)
 
 
+def custom_backends_of(version: ModelVersion, *, repository_prefix: str | None = None) -> dict[str, str]:
+    """The custom backends the version's model needs: name -> the object-store prefix of its files
+    (`Build.backend`), from the build whose repository is `repository_prefix` (a deployment's pinned one), else the
+    `served_build`. {} for a model of Triton's own backends."""
+    builds = _history(version)
+    chosen = next((b for b in builds if repository_prefix and b.repository_prefix == repository_prefix), None)
+    chosen = chosen or served_build(version)
+    if chosen is None or not chosen.backend:
+        return {}
+    return {str(chosen.backend["name"]): str(chosen.backend["files_prefix"])}
+
+
 def gpu_requirement(version: ModelVersion) -> tuple[str, str] | None:
     """(gpu_product, tensorrt_version) the model a version serves (its `served_build`'s) runs only on: for a
     TensorRT plan, what its upload declared (build options `gpu_product`, `tensorrt_version`); None for a model

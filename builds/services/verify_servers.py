@@ -38,6 +38,19 @@ def scratch_server() -> ScratchServer | VerifyServer:
     )
 
 
+def scratch_server_with_backends(backends: dict[str, tuple[str, Path]]) -> ScratchServer:
+    """A throwaway verify server whose backend directory adds the custom `backends` (name -> (identity, local
+    folder)): the warm server is shared by every team's builds, and Triton loads a backend once per server by name,
+    so a team's backend is never put there."""
+    return ScratchServer(
+        work_dir=Path(settings.CONCH_TRITON_DIR),
+        server_id=f"{settings.CONCH_INSTANCE_ID}{SERVER_ID_INFIX_VERIFY}{os.getpid()}-{uuid.uuid4().hex[:12]}",
+        bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
+        start_timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS,
+        backends=backends,
+    )
+
+
 def _verify_server_settings() -> smoke.VerifyServerSettings:
     # The server appends "<owner pid>-<hex>": stop_verify_servers relies on that form.
     return smoke.VerifyServerSettings(

@@ -78,6 +78,9 @@ class DeploymentSpec:
     gpu: Mapping[str, Any] | None = None
     cpu: str = ""
     memory: str = ""
+    #: Custom backends the model needs (a team's registered backend its build used): name -> where its files lie in
+    #: the object store (`CustomBackend.files_prefix`); the runtime puts each in the server's backend directory.
+    backends: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

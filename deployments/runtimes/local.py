@@ -13,14 +13,16 @@ State kept on the deployment (`LocalServerState`): host, server id, pid, create 
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from django.conf import settings
 
+from builds.services.backends import stage_backend
 from conch.errors import ConchError
 from deployments.runtimes.base import (
     DeploymentSpec,
@@ -190,6 +192,8 @@ class LocalRuntime(Runtime):
             return previous.to_state()
         root = self._root()
         backend_root = triton_server.ensure_backend_directory(root / "backends")
+        if spec.backends:
+            backend_root = triton_server.ensure_backend_set(root, self._stage_backends(spec.backends))
         log_path = root / "logs" / f"deployment-{spec.deployment_id}.log"
         if log_path.exists():
             log_path.replace(log_path.with_suffix(".previous.log"))
@@ -207,6 +211,17 @@ class LocalRuntime(Runtime):
             bind_address=settings.CONCH_TRITON_BIND_ADDRESS,
         )
         return LocalServerState.of_process(process, log_path=log_path).to_state()
+
+    def _stage_backends(self, backends: Mapping[str, str]) -> dict[str, tuple[str, Path]]:
+        """Local copies of the custom backends `backends` (name -> files prefix in the object store), staged once
+        per files prefix under `<root>/backend-files/` (a registered backend version never changes)."""
+        staged = {}
+        for name, files_prefix in backends.items():
+            folder = self._root() / "backend-files" / hashlib.sha256(files_prefix.encode()).hexdigest()[:16]
+            if not folder.exists():
+                stage_backend(files_prefix, folder, label=name)
+            staged[name] = (files_prefix, folder)
+        return staged
 
     def wait_until_ready(
         self,

@@ -64,6 +64,9 @@ def deployment_spec(deployment: Deployment) -> DeploymentSpec:
         gpu=deployment.gpu,
         cpu=deployment.cpu,
         memory=deployment.memory,
+        backends=builds.custom_backends_of(
+            deployment.model_version, repository_prefix=deployment.repository_prefix or None
+        ),
     )
 
 

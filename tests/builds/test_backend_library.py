@@ -8,11 +8,8 @@ compiler) where a case needs a library no package ships. Only the "not an ELF" c
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,8 +24,6 @@ from builds.backend_library import (
 from conch.errors import InvalidInput, Unavailable
 from tritonserving.server import TritonInstallation, locate_installation
 
-#: markupsafe's release pinned in constraints.txt; its wheels carry one small compiled extension.
-MARKUPSAFE = "MarkupSafe==3.0.4"
 #: The Python backend's own library beside it in the wheel: reached through its RPATH
 #: ($ORIGIN/../../../../nvidia_pytriton.libs), where auditwheel put a renamed copy of libarchive.
 PYTHON_BACKEND_SHIPPED = ("libarchive-3508abb0.so.13.6.0",)
@@ -76,50 +71,6 @@ def triton() -> TritonInstallation:
 @pytest.fixture(scope="session")
 def server_library(triton: TritonInstallation) -> Path:
     return find_server_library(triton.libs_dir)
-
-
-@pytest.fixture(scope="session")
-def x86_extension() -> Path:
-    """markupsafe's compiled extension in the venv: a real x86_64 shared library that is no Triton backend."""
-    spec = importlib.util.find_spec("markupsafe._speedups")
-    assert spec is not None and spec.origin is not None, "markupsafe (a Django dependency) is not installed"
-    return Path(spec.origin)
-
-
-@pytest.fixture(scope="session")
-def aarch64_extension(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """markupsafe's compiled extension from its manylinux aarch64 wheel on PyPI (about 24 kB)."""
-    folder = tmp_path_factory.mktemp("aarch64-wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--only-binary=:all:",
-            "--no-deps",
-            "--platform",
-            "manylinux2014_aarch64",
-            "--python-version",
-            "3.11",
-            "--implementation",
-            "cp",
-            "--abi",
-            "cp311",
-            "-d",
-            str(folder),
-            MARKUPSAFE,
-        ],
-        check=True,
-        timeout=300,
-    )
-    (wheel,) = folder.glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        (member,) = [name for name in archive.namelist() if name.endswith(".so")]
-        target = folder / Path(member).name
-        target.write_bytes(archive.read(member))
-    return target
 
 
 @pytest.fixture(scope="session")

@@ -160,8 +160,8 @@ def test_an_ensemble_naming_a_model_the_repository_lacks_is_refused(tmp_path):
     [
         ('platform: "tensorrt_plan"', "model.plan", "Upload the ONNX model it was built from"),
         ('platform: "tensorflow_savedmodel"', "model.savedmodel/saved_model.pb", "Conch converts it to ONNX"),
-        ('backend: "python"', "model.py", "a Python model (model.py)"),
         ('backend: "tnn"', "model.tnnmodel", "served by the backend 'tnn', which the Triton Conch runs does not have"),
+        ('backend: "tnn"', "model.tnnmodel", "register the backend first: POST /api/v1/backends/"),
     ],
 )
 def test_models_of_backends_conch_does_not_serve_are_refused_saying_what_to_upload(tmp_path, backend, file, says):

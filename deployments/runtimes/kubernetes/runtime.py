@@ -201,6 +201,12 @@ class KubernetesRuntime(Runtime):
         """
         if not spec.cluster:
             raise InvalidInput("A kubernetes deployment needs a cluster.", field="cluster")
+        if spec.backends:
+            raise InvalidInput(
+                f"The model is served by the team's own backend {', '.join(sorted(spec.backends))}, which Conch puts "
+                "in a server's backend directory on the local runtime only so far; deploy it with runtime local.",
+                field="runtime",
+            )
         access = self.directory.get(spec.cluster)
         api = cluster_api(access)
         pod = self.pod_spec(spec, access)
