@@ -9,7 +9,9 @@ method; then a wrong method gets 405.
 
 from __future__ import annotations
 
+import tempfile
 from http import HTTPStatus
+from pathlib import Path
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -22,7 +24,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
 from builds import services as builds
+from builds.services import backends as backend_services
 from conch.errors import ConchError, Conflict, InUse, InvalidInput, NotFound
+from conch.limits import accepts_body
 from console import presenters
 from console.context import SESSION_TEAM, role_can_write, team_context
 from deployments import services as deployments
@@ -662,3 +666,75 @@ def token_revoke(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
     return _team_action(
         request, slug, lambda team: tenancy.revoke_api_token(user=request.user, token_id=pk), "Token revoked."
     )
+
+
+# --- custom backends ---------------------------------------------------------------------
+
+
+def _backends_page(request: HttpRequest, *, status: int = 200, error: str = "", entered=None) -> HttpResponse:
+    console = team_context(request)
+    listed = backend_services.list_backends(user=request.user).filter(team=console.team).order_by("name", "-pk")
+    return render(
+        request,
+        "console/backends.html",
+        {
+            "backends": listed,
+            "error": error,
+            "entered": entered or {},
+            "can_write": role_can_write(tenancy.role_in_team(user=request.user, team=console.team))
+            if console.team is not None
+            else False,
+        },
+        status=status,
+    )
+
+
+@login_required
+@accepts_body(backend_services.BACKEND_BODY)
+def backend_list(request: HttpRequest) -> HttpResponse:
+    """The current team's custom backends (Triton backends of its own, which models name in config.pbtxt); POST
+    registers one from an uploaded archive (multipart: name, version, api_version, file)."""
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    if request.method != "POST":
+        return _backends_page(request)
+    console = team_context(request)
+    entered = {key: request.POST.get(key, "") for key in ("name", "version", "api_version")}
+    upload = request.FILES.get("file")
+    if console.team is None or upload is None:
+        return _backends_page(
+            request, status=400, error="Choose the backend's archive (a zip or tar) to upload.", entered=entered
+        )
+    with tempfile.TemporaryDirectory(prefix="conch-console-backend-") as work:
+        archive = Path(work) / "backend.archive"
+        with archive.open("wb") as out:
+            for chunk in upload.chunks():
+                out.write(chunk)
+        try:
+            backend = backend_services.register_backend(
+                user=request.user,
+                team_slug=console.team.slug,
+                name=entered["name"].strip(),
+                version=entered["version"].strip(),
+                archive=archive,
+                api_version=entered["api_version"].strip() or None,
+            )
+        except ConchError as exc:
+            prefix = f"{exc.field}: " if exc.field and exc.field != "file" else ""
+            return _backends_page(request, status=exc.status_code, error=prefix + exc.detail, entered=entered)
+    messages.success(request, f"Backend {backend.name} {backend.version} registered.")
+    return redirect("console:backends")
+
+
+@login_required
+@require_POST
+def backend_delete(request: HttpRequest, backend_id: int) -> HttpResponse:
+    """Delete one of the team's backends; refused (409) while a model version uses it."""
+    try:
+        backend = backend_services.get_backend(user=request.user, backend_id=backend_id)
+        label = f"{backend.name} {backend.version}"
+        backend_services.delete_backend(user=request.user, backend_id=backend_id)
+    except ConchError as exc:
+        return _backends_page(request, status=exc.status_code, error=exc.detail)
+    messages.success(request, f"Backend {label} deleted.")
+    return redirect("console:backends")

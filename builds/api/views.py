@@ -437,15 +437,6 @@ class VersionBuildListView(APIView):
         return paginator.get_paginated_response(BuildSerializer(page, many=True).data)
 
 
-#: A backend registration's body: the archive and the small form fields.
-BACKEND_BODY = BodyLimit(
-    setting="CONCH_MAX_BACKEND_BYTES",
-    variable="CONCH_MAX_BACKEND_BYTES",
-    field="file",
-    extra_bytes=MULTIPART_SLACK_BYTES,
-)
-
-
 class BackendListRegisterView(APIView):
     """GET the custom backends of the caller's teams; POST registers one (multipart: team, name, version, file)."""
 
@@ -472,7 +463,7 @@ class BackendListRegisterView(APIView):
         'whose config.pbtxt says backend: "NAME" are then served with it. 400 names what is wrong; 409 for a name '
         "and version the team has already.",
     )
-    @accepts_body(BACKEND_BODY)
+    @accepts_body(backend_services.BACKEND_BODY)
     def post(self, request: Request) -> Response:
         refuse_unknown_fields(
             [*request.data.keys()],

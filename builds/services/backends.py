@@ -31,6 +31,8 @@ from builds.formats.python_model import ENTRY_FILENAME, check_model_py
 from builds.models import Build, CustomBackend
 from builds.sandbox import SandboxLimits, run_in_sandbox
 from conch.errors import Conflict, InvalidInput, NotFound
+from conch.limits import BodyLimit
+from conch.upload_handlers import MULTIPART_SLACK_BYTES
 from models_registry.storage import get_object_store
 from tenancy.audit import record_audit
 from tenancy.choices import AuditAction, Role, Scope
@@ -38,6 +40,7 @@ from tenancy.services import TokenGrant, get_team_for_user, require_role, teams_
 from tritonserving.server import locate_installation
 
 __all__ = [
+    "BACKEND_BODY",
     "BACKENDS_PREFIX",
     "RESERVED_BACKEND_NAMES",
     "backend_for_model",
@@ -48,6 +51,13 @@ __all__ = [
     "stage_backend",
 ]
 
+#: A backend registration's body (the API's and the console's): the archive and the small form fields.
+BACKEND_BODY = BodyLimit(
+    setting="CONCH_MAX_BACKEND_BYTES",
+    variable="CONCH_MAX_BACKEND_BYTES",
+    field="file",
+    extra_bytes=MULTIPART_SLACK_BYTES,
+)
 #: Where registered backends' files live in the object store.
 BACKENDS_PREFIX = "backends"
 #: Names Triton's own backends (and its ensemble scheduler) go by: a team's backend may not shadow one.

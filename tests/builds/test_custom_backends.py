@@ -220,3 +220,25 @@ def test_a_model_of_a_library_backend_is_served_on_the_local_runtime_with_the_li
     )
     assert answer.status_code == 200, answer.content
     assert answer.json()["outputs"][0]["data"] == [2.0, 4.0, 6.0]
+
+
+def test_the_console_lists_registers_and_refuses_backends_in_words(alice):
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get("/backends/")
+    assert page.status_code == 200 and "No backends registered yet." in page.content.decode()
+    # registering a Python-based backend from the form
+    archive = SimpleUploadedFile("scaling.zip", _zip({"model.py": SCALING_BACKEND}))
+    done = browser.post("/backends/", {"name": "scaling", "version": "1.0", "file": archive})
+    assert done.status_code == 302, done.content.decode()[:2000]
+    listed = browser.get("/backends/").content.decode()
+    assert 'data-backend="scaling"' in listed and "model.py defines initialize, execute" in listed
+    # a name Triton's own backends use is refused in words, the form keeps what was entered
+    archive = SimpleUploadedFile("python.zip", _zip({"model.py": SCALING_BACKEND}))
+    refused = browser.post("/backends/", {"name": "python", "version": "2", "file": archive})
+    assert refused.status_code == 400
+    html = refused.content.decode()
+    assert "name: Backend name &#x27;python&#x27; is one of Triton&#x27;s own backends" in html
+    assert 'value="python"' in html
