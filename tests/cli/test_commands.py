@@ -433,3 +433,30 @@ def test_metrics_of_a_deployment_with_no_sample_yet_say_so(cli, conch_env, tmp_p
     assert result.code == 0, result.err
     assert "No metric samples of web in the last 300 s yet" in " ".join(result.err.split())
     assert "Run this again shortly." in result.err
+
+
+def test_backends_register_packs_a_folder_and_list_shows_it(cli, tmp_path):
+    # given a Python-based backend's folder
+    folder = tmp_path / "scaling"
+    folder.mkdir()
+    (folder / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n", encoding="utf-8"
+    )
+    # when it is registered from the folder
+    done = cli("backends", "register", "scaling", "1.0", folder, "--json")
+    assert done.code == 0, done.err
+    backend = done.json()
+    assert (backend["name"], backend["version"], backend["kind"], backend["files"]) == (
+        "scaling",
+        "1.0",
+        "python",
+        ["model.py"],
+    )
+    # then the list shows it; the same version again is refused with the server's words
+    table = cli("backends", "list").out.splitlines()
+    assert table[1].split()[:5] == [str(backend["id"]), "scaling", "1.0", "python", "acme"]
+    again = cli("backends", "register", "scaling", "1.0", folder)
+    assert again.code != 0 and "has backend scaling version 1.0 already" in again.err
+    # and a name Triton's own backends use is refused naming the field
+    refused = cli("backends", "register", "python", "1", folder)
+    assert refused.code != 0 and "one of Triton's own backends" in refused.err

@@ -112,8 +112,10 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="Register and list models.", no_args_is_help=True, cls=_Group)
 builds_app = typer.Typer(help="Follow builds of model versions.", no_args_is_help=True, cls=_Group)
+backends_app = typer.Typer(help="Register and list the team's own Triton backends.", no_args_is_help=True, cls=_Group)
 app.add_typer(models_app, name="models")
 app.add_typer(builds_app, name="builds")
+app.add_typer(backends_app, name="backends")
 
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
 VersionArg = Annotated[
@@ -1065,3 +1067,57 @@ def main() -> None:
         except (OSError, ValueError):  # a closed pipe or stream: nothing more can be written to it
             pass
     os._exit(code)
+
+
+@backends_app.command("register", cls=_Command)
+def backends_register(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The backend's name, as config.pbtxt names it.")],
+    version: Annotated[str, typer.Argument(metavar="VERSION", help="Its version, e.g. 1.0.0.")],
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PATH",
+            help="The backend's folder (libtriton_NAME.so and its libraries, or model.py), or a zip/tar of it.",
+        ),
+    ],
+    api_version: Annotated[
+        str | None,
+        typer.Option("--api-version", metavar="MAJOR.MINOR", help="The TRITONBACKEND API it was built against."),
+    ] = None,
+    team: Team = None,
+    as_json: Json = False,
+) -> None:
+    """Register a custom backend (POST /api/v1/backends/): the server checks it before accepting it."""
+    if not path.exists():
+        raise CliError(f"{path} does not exist", USAGE, field="path")
+    with tempfile.TemporaryDirectory(prefix="conch-backend-") as work, _api() as api:
+        archive = pack_folder(path, Path(work)) if path.is_dir() else path
+        fields = {"team": api.default_team(team), "name": name, "version": version}
+        if api_version:
+            fields["api_version"] = api_version
+        with archive.open("rb") as handle:
+            response = api.call(
+                "POST", "/api/v1/backends/", data=fields, files={"file": (archive.name, handle)}, expect=(201,)
+            )
+    backend = response.json()
+    if as_json:
+        output.emit_json(backend)
+    else:
+        output.line(
+            f"backend {backend['id']} {backend['name']} {backend['version']} ({backend['kind']}) registered in team "
+            f"{backend['team']}: {len(backend['files'])} file(s), {backend['size_bytes']} bytes"
+        )
+
+
+@backends_app.command("list", cls=_Command)
+def backends_list(team: Team = None, as_json: Json = False) -> None:
+    """List the custom backends the token sees."""
+    with _api() as api:
+        found = [b for b in api.pages("/api/v1/backends/") if team is None or b["team"] == team]
+    if as_json:
+        output.emit_json(found)
+    else:
+        output.table(
+            ["ID", "NAME", "VERSION", "KIND", "TEAM", "FILES", "BYTES"],
+            [[b["id"], b["name"], b["version"], b["kind"], b["team"], len(b["files"]), b["size_bytes"]] for b in found],
+        )
