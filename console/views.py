@@ -727,12 +727,17 @@ def backend_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_POST
 def backend_delete(request: HttpRequest, backend_id: int) -> HttpResponse:
-    """Delete one of the team's backends; refused (409) while a model version uses it."""
+    """Delete one of the team's backends (POST); refused (409) while a model version uses it. Another team's backend
+    is a 404, whatever the method."""
     try:
         backend = backend_services.get_backend(user=request.user, backend_id=backend_id)
-        label = f"{backend.name} {backend.version}"
+    except NotFound as exc:
+        raise Http404(exc.detail) from None
+    if refused := _post_only(request):
+        return refused
+    label = f"{backend.name} {backend.version}"
+    try:
         backend_services.delete_backend(user=request.user, backend_id=backend_id)
     except ConchError as exc:
         return _backends_page(request, status=exc.status_code, error=exc.detail)

@@ -337,13 +337,19 @@ class LocalRuntime(Runtime):
         )
 
     def servers(self, state: RuntimeState) -> list[Server]:
-        """The deployment's server when its process runs and its health endpoint says ready."""
+        """The deployment's server when its process runs and its health endpoint says it is live.
+
+        Live, not ready: with strict readiness (Triton's default) a server says it is not ready while any model
+        version is loading or unloading, which a hot update does for a second or more (a Python model's stub
+        stopping), though the version it moved to serves all along; a Kubernetes pod rides out the same moment on
+        its readiness probe's failure threshold. A model that cannot serve answers each request with Triton's error,
+        and reconcile reports the deployment degraded."""
         server = LocalServerState.from_state(state)
         if not self._alive(server):
             return []
         http_url = self.internal_url(state)
         with TritonClient(http_url, timeout_s=5) as client:
-            if not client.is_ready():
+            if not client.is_live():
                 return []
         return [
             Server(

@@ -125,19 +125,42 @@ def write_repository_config(store: ObjectStore, *, deployment_id: int, config: M
     store.put_bytes(key, config_to_pbtxt(config).encode())
 
 
-def remove_other_versions(store: ObjectStore, *, deployment_id: int, model_name: str, keep: set[int]) -> int:
-    """Delete the version folders of the deployment's repository other than `keep`; returns how many went.
+def files_beside_config(config: ModelConfig) -> set[str]:
+    """The files beside config.pbtxt that `config` names: a Python model's execution environment
+    (`EXECUTION_ENV_PATH` = `$$TRITON_MODEL_DIRECTORY/<file>`)."""
+    named = config.parameters["EXECUTION_ENV_PATH"].string_value if "EXECUTION_ENV_PATH" in config.parameters else ""
+    prefix = "$$TRITON_MODEL_DIRECTORY/"
+    return {named[len(prefix) :]} if named.startswith(prefix) and "/" not in named[len(prefix) :] else set()
+
+
+def remove_other_versions(
+    store: ObjectStore,
+    *,
+    deployment_id: int,
+    model_name: str,
+    keep: set[int],
+    keep_files: set[str] | None = None,
+) -> int:
+    """Delete the version folders of the deployment's repository other than `keep`; returns how many went. With
+    `keep_files`, the files beside config.pbtxt other than those (an environment no version's configuration names
+    any more) go too.
 
     Only for versions no server loads any more (Triton "Modifying the Model Repository": a version's files may
     change only while it is not loading or unloading).
     """
     model_prefix = f"{deployment_repository_prefix(deployment_id)}/{model_name}/"
-    present = {key[len(model_prefix) :].split("/", 1)[0] for key in store.list_keys(model_prefix)}
+    keys = store.list_keys(model_prefix)
+    present = {key[len(model_prefix) :].split("/", 1)[0] for key in keys}
     removed = 0
     for folder in sorted(present):
         if folder.isdigit() and int(folder) not in keep:
             store.delete_prefix(f"{model_prefix}{folder}/")
             removed += 1
+    if keep_files is not None:
+        for key in keys:
+            name = key[len(model_prefix) :]
+            if "/" not in name and name != "config.pbtxt" and name not in keep_files:
+                store.delete(key)
     return removed
 
 

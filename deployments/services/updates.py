@@ -63,6 +63,7 @@ from deployments.services.records import (
 from deployments.services.repository import (
     copy_version_files,
     deployment_repository_prefix,
+    files_beside_config,
     has_deployment_repository,
     record_repository_bytes,
     remove_other_versions,
@@ -319,7 +320,13 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
     try:
         new_config = effective_config(deployment, new, new_plan)
         store = get_object_store()
-        remove_other_versions(store, deployment_id=deployment.pk, model_name=name, keep={old.number, new.number})
+        remove_other_versions(
+            store,
+            deployment_id=deployment.pk,
+            model_name=name,
+            keep={old.number, new.number},
+            keep_files=files_beside_config(old_config) | files_beside_config(new_config),
+        )
         copy_version_files(
             store,
             build_prefix=new_prefix,
@@ -345,6 +352,10 @@ def _run_update(deployment: Deployment, new: ModelVersion) -> str:
             touched.append(current)
             load_versions(client, new_config, [old.number, new.number] if side_by_side else [new.number])
             warm_up_version(client, name, new.number, inputs)
+            if not side_by_side:
+                # Loaded with a configuration of its own, the new version replaced the old one, which unloads now:
+                # the next server is touched (and the update told done) once this one is ready again.
+                wait_until_ready_again(client, timeout_s=settings.CONCH_TRITON_START_TIMEOUT_SECONDS)
             _touch_update(deployment.pk)
         if side_by_side:
             for current in servers:

@@ -24,6 +24,7 @@ from builds.formats import find_model_in_folder
 from builds.formats.python_model import PythonModelFormat, read_python_model
 from builds.formats.triton_repository import TritonRepositoryFormat
 from conch.errors import InvalidInput, PayloadTooLarge
+from models_registry.storage import get_object_store
 from tests.flows import deploy_ready
 from tritonserving.config import config_from_pbtxt
 
@@ -477,3 +478,45 @@ def test_a_triton_repository_s_python_model_is_built_as_configured_with_its_requ
     )
     refused = alice.client.get(f"/api/v1/versions/{other}/").json()
     assert refused["status"] == "failed" and "sets EXECUTION_ENV_PATH" in refused["error"], refused
+
+
+@pytest.mark.e2e
+def test_a_hot_update_between_python_versions_with_different_environments_serves_the_new_one(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path, settings
+):
+
+    capture = django_capture_on_commit_callbacks
+    # given version 1 in an environment of conch-scaler 1.0 (x 3) and version 2 in one of 2.0 (x 5)
+    _wheel(tmp_path / "wheels", "conch-scaler", "1.0", {"conch_scaler/__init__.py": "FACTOR = 3.0\n"})
+    _wheel(tmp_path / "wheels", "conch-scaler", "2.0", {"conch_scaler/__init__.py": "FACTOR = 5.0\n"})
+    settings.CONCH_ENVIRONMENT_FIND_LINKS = (str(tmp_path / "wheels"),)
+
+    def archive(pin: str) -> bytes:
+        return _archive({"model.py": MODEL_PY, "config.pbtxt": CONFIG, "requirements.txt": pin.encode()})
+
+    v1 = _upload(alice, capture, "scaler", archive("conch-scaler==1.0\n"))
+    model_id = alice.client.get(f"/api/v1/versions/{v1}/").json()["model"]
+    with capture(execute=True):
+        uploaded = alice.client.post(
+            f"/api/v1/models/{model_id}/versions/",
+            {"file": SimpleUploadedFile("scaler.zip", archive("conch-scaler==2.0\n"))},
+        )
+    v2 = uploaded.json()["id"]
+    assert alice.client.get(f"/api/v1/versions/{v2}/").json()["status"] == "built"
+    deployment = deploy_ready(alice, capture, v1)
+    request = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}]}
+    url = f"/api/v1/deployments/{deployment['id']}/infer"
+    assert alice.client.post(url, request, format="json").json()["outputs"][0]["data"] == [3.0, 6.0, 9.0]
+    # when the deployment is moved to version 2
+    with capture(execute=True):
+        patched = alice.client.patch(f"/api/v1/deployments/{deployment['id']}/", {"model_version": v2}, format="json")
+    assert patched.status_code == 202, patched.content
+    shown = alice.client.get(f"/api/v1/deployments/{deployment['id']}/").json()
+    assert shown["update_status"] != "failed", shown["update_error"]
+    # then it answers from version 2's environment, and the deployment's repository holds each environment once
+    answer = alice.client.post(url, request, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["outputs"][0]["data"] == [5.0, 10.0, 15.0]
+    keys = get_object_store().list_keys(f"deployments/{deployment['id']}/repository/scaler/")
+    environments = [key for key in keys if key.rsplit("/", 1)[-1].startswith("python_env-")]
+    assert len(environments) == 2, keys

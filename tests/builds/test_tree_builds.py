@@ -155,6 +155,7 @@ def test_the_formats_list_and_the_upload_check_name_the_conversion(alice, tmp_pa
         "torch_export",
         "tensorrt_plan",
         "triton_repository",
+        "python",
         "archive",
     ]
     assert listed.json()["results"][3]["runs_code"] is True

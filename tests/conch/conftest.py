@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from builds.models import CustomBackend
 from builds.services import current_build
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
@@ -40,6 +41,8 @@ class TeamWorld:
     upload: object
     #: A TensorRT plan of the version (a record only: no Job ran), set once a cluster is registered.
     plan: object = None
+    #: A custom backend the team registered (a record; its files are not in the store).
+    backend: object = None
 
     def token_client(self) -> APIClient:
         client = APIClient()
@@ -74,6 +77,15 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
     GatewayUsage.objects.create(
         token_id=token_id, team=caller.team, deployment=deployment, day=dt.date(2026, 11, 30), requests=3
     )
+    backend = CustomBackend.objects.create(
+        team=caller.team,
+        name="scaling",
+        version="1",
+        kind=CustomBackend.KIND_PYTHON,
+        files_prefix=f"backends/{caller.team.pk}/scaling/1",
+        files=["model.py"],
+        report={"methods": ["execute"]},
+    )
     return TeamWorld(
         team=caller.team,
         user=caller.user,
@@ -83,6 +95,7 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
         version=version,
         deployment=deployment,
         upload=upload,
+        backend=backend,
     )
 
 

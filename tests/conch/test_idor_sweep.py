@@ -118,6 +118,7 @@ def _admin_row(route: Route, world: TwoTeams) -> Any:
         "models_registry.registeredmodel": victim.model,
         "models_registry.modelversion": victim.version,
         "models_registry.upload": victim.upload,
+        "builds.custombackend": victim.backend,
         "builds.buildstep": current_build(victim.version).steps.first(),
         "deployments.deployment": victim.deployment,
         "deployments.cluster": world.cluster,
@@ -143,6 +144,7 @@ def _value_for(route: Route, param: str, world: TwoTeams) -> str:
         "clusters": world.cluster.name,
         "gateway-usage": victim.team.slug,
         "tensorrt-plans": victim.plan.pk,
+        "backends": victim.backend.pk,
     }
     if param in ("id", "pk", "slug", "name") and before in by_kind:
         return str(by_kind[before])
@@ -151,6 +153,7 @@ def _value_for(route: Route, param: str, world: TwoTeams) -> str:
         "version_id": victim.version.pk,
         "deployment_id": victim.deployment.pk,
         "upload_id": victim.upload.pk,
+        "backend_id": victim.backend.pk,
     }
     if param in named:
         return str(named[param])
