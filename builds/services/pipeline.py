@@ -20,6 +20,7 @@ from django.utils import timezone
 from builds.archives import unpack_archive_in_sandbox
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.conversion import convert_in_sandbox, inspect_source_in_sandbox, run_source_in_sandbox
+from builds.ensembles import check_pipeline, pipeline_from_config
 from builds.environments import parse_requirements
 from builds.formats import (
     HEAD_BYTES,
@@ -591,6 +592,28 @@ def _write_python_model(
     return size, pbtxt
 
 
+def _check_repository_ensemble(ensemble: RepositoryModel, models: Sequence[RepositoryModel], say: StepLog) -> None:
+    """Check an uploaded repository's ensemble as a pipeline (`builds.ensembles.check_pipeline`: datatypes and shapes
+    through its steps, unconnected and unused tensors, cycles, batch sizes) against its steps' config.pbtxt, when
+    each of them configures its inputs and outputs (a step left to auto-complete is not checked). Raises
+    InvalidInput (field "steps") naming every problem."""
+    steps = {m.name: m for m in models if m.name != ensemble.name}
+    spec = pipeline_from_config(ensemble.config)
+    unconfigured = sorted(
+        step.model
+        for step in spec.steps
+        if step.model in steps and not (steps[step.model].config.input and steps[step.model].config.output)
+    )
+    if unconfigured:
+        say(
+            f"ensemble {ensemble.name!r}: not checked, since config.pbtxt of {', '.join(unconfigured)} leaves its "
+            "inputs and outputs to Triton's auto-complete"
+        )
+        return
+    checked = check_pipeline(spec, {name: model.config for name, model in steps.items()})
+    say(f"ensemble {ensemble.name!r}: its {len(checked.order)} steps agree ({' -> '.join(checked.order)})")
+
+
 def _upload_files(store: Any, folder: Path, names: Sequence[str], prefix: str) -> int:
     """Upload the files `names` (relative to `folder`) under `prefix`; return their bytes."""
     total = 0
@@ -774,6 +797,8 @@ def _import_repository(
             say(f"model {model.name!r}: skipped {skipped}, as Triton does")
     chosen = pick_model(models, model_name)
     custom = None
+    if chosen.backend == "ensemble":
+        _check_repository_ensemble(chosen, models, say)
     if chosen.backend not in SERVED_BACKENDS and chosen.backend != "ensemble":
         custom = backend_for_model(team_id=version.model.team_id, name=chosen.backend)
     if custom is None:

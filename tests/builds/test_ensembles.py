@@ -246,3 +246,62 @@ def test_the_generated_ensemble_runs_on_triton_and_triton_refuses_what_the_check
         assert "inconsistent data type" in str(triton_refused.value), triton_refused.value
     finally:
         stop_server(process.pid, process.create_time, timeout_s=10)
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for name, data in files.items():
+            bundle.writestr(name, data)
+    return buffer.getvalue()
+
+
+@pytest.mark.django_db
+def test_an_uploaded_repository_s_ensemble_is_checked_before_it_is_refused(
+    alice, eager_tasks, django_capture_on_commit_callbacks, tmp_path
+):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    _onnx_model(tmp_path / "plus.onnx" / "model.onnx", "Add", 1.0)
+    _onnx_model(tmp_path / "times.onnx" / "model.onnx", "Mul", 3.0)
+    models = {name: config_from_pbtxt(_step_config(name)) for name in ("plus", "times")}
+    spec = PipelineSpec(
+        name="chain",
+        inputs={"input": TensorType("FP32", (4,))},
+        outputs=("output",),
+        steps=(
+            StepSpec(model="plus", inputs={"x": "input"}, outputs={"y": "plus_y"}),
+            StepSpec(model="times", inputs={"x": "plus_y"}, outputs={"y": "output"}),
+        ),
+        max_batch_size=8,
+    )
+    good = ensemble_config(spec, check_pipeline(spec, models))
+    bad = config_from_pbtxt(config_to_pbtxt(good))
+    bad.input[0].data_type = datatype_value("FP16")
+
+    def upload(name: str, ensemble) -> dict:
+        files = {
+            "chain/config.pbtxt": config_to_pbtxt(ensemble).encode(),
+            "chain/1/.keep": b"",
+            "plus/config.pbtxt": config_to_pbtxt(models["plus"]).encode(),
+            "plus/1/model.onnx": (tmp_path / "plus.onnx" / "model.onnx").read_bytes(),
+            "times/config.pbtxt": config_to_pbtxt(models["times"]).encode(),
+            "times/1/model.onnx": (tmp_path / "times.onnx" / "model.onnx").read_bytes(),
+        }
+        model = alice.client.post("/api/v1/models/", {"name": name, "team": alice.team.slug}, format="json").json()
+        with django_capture_on_commit_callbacks(execute=True):
+            response = alice.client.post(
+                f"/api/v1/models/{model['id']}/versions/", {"file": SimpleUploadedFile("repo.zip", _zip(files))}
+            )
+        return alice.client.get(f"/api/v1/versions/{response.json()['id']}/").json()
+
+    # a mis-typed ensemble is refused naming the step, the tensor and both sides
+    refused = upload("chain", bad)
+    assert refused["status"] == "failed" and refused["error_field"] == "steps", refused
+    assert (
+        "Step `plus` expects FP32 [-1, 4] as its input 'x' (tensor 'input'); the pipeline input FP16 [-1, 4]."
+        in (refused["error"])
+    )
