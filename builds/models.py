@@ -148,3 +148,45 @@ class CustomBackend(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.version}"
+
+
+class Pipeline(models.Model):
+    """A team's pipeline: a Triton ensemble of steps, each a built model version (Triton "Ensemble Models"). Its
+    `name` is the ensemble's model name, a DNS label like a model's. Versions (`PipelineVersion`) hold what was
+    checked and generated."""
+
+    team = models.ForeignKey("tenancy.Team", on_delete=models.CASCADE, related_name="pipelines")
+    name = models.CharField(max_length=63)
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["team_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="pipeline_unique_team_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PipelineVersion(models.Model):
+    """One version of a pipeline, checked as a graph when it was made (`builds.ensembles.check_pipeline`).
+
+    `spec` is what the caller gave: {"inputs": {name: {"datatype", "dims"}}, "outputs": [name], "max_batch_size",
+    "steps": [{"name", "model_version": id, "inputs": {model input: tensor}, "outputs": {model output: tensor}}]};
+    `graph` what the check found: {"order": [step names], "tensors": {name: {"datatype", "dims", "producer"}}};
+    `config_pbtxt` the ensemble's generated model configuration (`platform: "ensemble"`).
+    """
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    spec = models.JSONField()
+    graph = models.JSONField()
+    config_pbtxt = models.TextField()
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["pipeline_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["pipeline", "number"], name="pipelineversion_unique_pipeline_number")
+        ]

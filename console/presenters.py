@@ -190,3 +190,92 @@ def already_member_message(username: str, team_slug: str) -> str:
         f"'{username}' is already a member of team '{team_slug}'; change their role in the “Members and roles” "
         "table (pick the role, then Save)."
     )
+
+
+def pipeline_graph(spec: dict, graph: dict) -> dict:
+    """The drawing of a pipeline version for its page: boxes for its inputs, steps and outputs laid out left to
+    right by depth (a step one column after the steps it takes tensors from), and an arrow per tensor from its
+    producer to each consumer, labelled with its name, datatype and shape.
+
+    Returns {"width", "height", "nodes": [{"id", "label", "detail", "x", "y", "kind"}], "edges": [{"x1", "y1", "x2",
+    "y2", "label"}]} in SVG user units.
+    """
+    box_w, box_h, gap_x, gap_y = 170, 46, 90, 30
+    tensors = graph.get("tensors", {})
+    steps = {step["name"]: step for step in spec.get("steps", [])}
+    depth: dict[str, int] = {f"in:{name}": 0 for name in spec.get("inputs", {})}
+    for name in graph.get("order", []):
+        sources = [tensors.get(t, {}).get("producer", "") for t in steps[name]["inputs"].values()]
+        depth[name] = 1 + max((depth.get(s if s != "input" else "", 0) for s in sources), default=0)
+    last = max(depth.values(), default=0) + 1
+    for name in spec.get("outputs", []):
+        depth[f"out:{name}"] = last
+    columns: dict[int, list[str]] = {}
+    for node, level in depth.items():
+        columns.setdefault(level, []).append(node)
+    position = {}
+    for level, nodes in columns.items():
+        for row, node in enumerate(nodes):
+            position[node] = (20 + level * (box_w + gap_x), 20 + row * (box_h + gap_y))
+    nodes = []
+    for node, (x, y) in position.items():
+        if node.startswith("in:"):
+            name = node[3:]
+            t = spec["inputs"][name]
+            nodes.append(
+                {
+                    "id": node,
+                    "label": name,
+                    "detail": f"input {t['datatype']} {t['dims']}",
+                    "x": x,
+                    "y": y,
+                    "kind": "input",
+                }
+            )
+        elif node.startswith("out:"):
+            name = node[4:]
+            t = tensors.get(name, {})
+            nodes.append(
+                {
+                    "id": node,
+                    "label": name,
+                    "detail": f"output {t.get('datatype', '')} {t.get('dims', '')}",
+                    "x": x,
+                    "y": y,
+                    "kind": "output",
+                }
+            )
+        else:
+            step = steps[node]
+            nodes.append(
+                {
+                    "id": node,
+                    "label": node,
+                    "detail": f"{step['model']}:{step['version']}",
+                    "x": x,
+                    "y": y,
+                    "kind": "step",
+                }
+            )
+    edges = []
+
+    def anchor(node: str, side: str) -> tuple[int, int]:
+        x, y = position[node]
+        return (x + box_w if side == "out" else x, y + box_h // 2)
+
+    for name, step in steps.items():
+        for tensor in step["inputs"].values():
+            producer = tensors.get(tensor, {}).get("producer", "")
+            source = f"in:{tensor}" if producer == "input" else producer
+            if source in position and name in position:
+                (x1, y1), (x2, y2) = anchor(source, "out"), anchor(name, "in")
+                t = tensors.get(tensor, {})
+                edges.append({"x1": x1, "y1": y1, "x2": x2, "y2": y2, "label": f"{tensor} {t.get('datatype', '')}"})
+    for name in spec.get("outputs", []):
+        producer = tensors.get(name, {}).get("producer", "")
+        if producer in position:
+            (x1, y1), (x2, y2) = anchor(producer, "out"), anchor(f"out:{name}", "in")
+            edges.append({"x1": x1, "y1": y1, "x2": x2, "y2": y2, "label": name})
+    width = 40 + (last + 1) * (box_w + gap_x) - gap_x
+    height = 40 + max((len(c) for c in columns.values()), default=1) * (box_h + gap_y) - gap_y
+    return {"width": width, "height": height, "box_w": box_w, "box_h": box_h, "nodes": nodes, "edges": edges}

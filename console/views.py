@@ -25,6 +25,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from builds import services as builds
 from builds.services import backends as backend_services
+from builds.services import pipelines as pipeline_services
 from conch.errors import ConchError, Conflict, InUse, InvalidInput, NotFound
 from conch.limits import accepts_body
 from console import presenters
@@ -743,3 +744,38 @@ def backend_delete(request: HttpRequest, backend_id: int) -> HttpResponse:
         return _backends_page(request, status=exc.status_code, error=exc.detail)
     messages.success(request, f"Backend {label} deleted.")
     return redirect("console:backends")
+
+
+# --- pipelines ---------------------------------------------------------------------------
+
+
+@login_required
+@require_safe
+def pipeline_list(request: HttpRequest) -> HttpResponse:
+    """The current team's pipelines, each with its latest version's steps."""
+    console = team_context(request)
+    found = pipeline_services.list_pipelines(user=request.user).filter(team=console.team).order_by("name")
+    rows = []
+    for pipeline in found.prefetch_related("versions"):
+        versions = list(pipeline.versions.all())
+        rows.append(
+            {"row": pipeline, "count": len(versions), "latest": max(versions, key=lambda v: v.number, default=None)}
+        )
+    return render(request, "console/pipelines.html", {"pipelines": rows})
+
+
+@login_required
+def pipeline_detail(request: HttpRequest, pipeline_id: int) -> HttpResponse:
+    """A pipeline's versions, newest first: the graph drawn (inputs, steps, outputs, each tensor's type on its
+    arrow), the steps in the order they run, and the generated ensemble configuration."""
+    try:
+        pipeline = pipeline_services.get_pipeline(user=request.user, pipeline_id=pipeline_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from None
+    if request.method not in ("GET", "HEAD"):  # after the lookup: another team's pipeline is a 404 whatever the method
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    versions = [
+        {"row": version, "drawing": presenters.pipeline_graph(version.spec, version.graph)}
+        for version in pipeline.versions.order_by("-number")
+    ]
+    return render(request, "console/pipeline.html", {"pipeline": pipeline, "versions": versions})

@@ -67,6 +67,8 @@ class AuditAction(models.TextChoices):
     DEPLOYMENT_RECOVERED = "deployment.recovered", "Deployment ready again"
     DEPLOYMENT_RESTARTED = "deployment.restarted", "Failed deployment restarted"
     CLUSTER_REGISTERED = "cluster.registered", "Cluster registered or updated"
+    PIPELINE_CREATED = "pipeline.created", "Pipeline created"
+    PIPELINE_VERSION_CREATED = "pipeline.version_created", "Pipeline version checked and made"
     BACKEND_REGISTERED = "backend.registered", "Custom backend registered"
     BACKEND_DELETED = "backend.deleted", "Custom backend deleted"
     PLAN_REQUESTED = "tensorrt_plan.requested", "TensorRT plan asked for"

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS = {
     "tenancy": ["0001_initial.py"],
     "models_registry": ["0001_initial.py", "0002_move_upload_to_uploads.py", "0003_builds_leave_versions.py"],
-    "builds": ["0001_initial.py", "0002_builds_own_their_state.py", "0003_python_models_and_custom_backends.py"],
+    "builds": ["0001_initial.py", "0002_builds_own_their_state.py", "0003_python_models_backends_and_pipelines.py"],
     "uploads": ["0001_initial.py"],
     "deployments": ["0001_initial.py", "0002_cluster_tensorrt_version.py", "0003_tensorrt_plans.py"],
 }

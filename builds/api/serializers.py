@@ -15,7 +15,7 @@ from builds.model_config import (
     MAX_MAX_BATCH_SIZE,
     MAX_QUEUE_DELAY_MICROSECONDS,
 )
-from builds.models import Build, BuildStep, CustomBackend
+from builds.models import Build, BuildStep, CustomBackend, Pipeline, PipelineVersion
 from builds.services import state
 from models_registry.models import ModelVersion
 
@@ -431,4 +431,46 @@ class RegisterBackendSerializer(serializers.Serializer):
         allow_blank=True,
         help_text="For a library: the TRITONBACKEND API version it was built against (MAJOR.MINOR), checked against "
         "the Triton release Conch runs.",
+    )
+
+
+class PipelineVersionSerializer(serializers.ModelSerializer):
+    """A checked version of a pipeline: what was given (`spec`: inputs, outputs, max_batch_size, steps with their
+    model versions and tensor mappings), what the check found (`graph`: the steps in the order they run, each
+    tensor's datatype, full shape and producer) and the ensemble's generated model configuration."""
+
+    class Meta:
+        model = PipelineVersion
+        fields = ["id", "number", "spec", "graph", "config_pbtxt", "created_at"]
+        read_only_fields = fields
+
+
+class PipelineSerializer(serializers.ModelSerializer):
+    """A pipeline (a Triton ensemble of the team's model versions) and its versions, oldest first."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    versions = PipelineVersionSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Pipeline
+        fields = ["id", "team", "name", "created_at", "versions"]
+        read_only_fields = fields
+
+
+class CreatePipelineSerializer(serializers.Serializer):
+    """A pipeline to register: its team and name (the ensemble's Triton model name)."""
+
+    team = serializers.CharField()
+    name = serializers.CharField()
+
+
+class PipelineVersionSpecSerializer(serializers.Serializer):
+    """A pipeline version to check and make."""
+
+    inputs = serializers.JSONField(help_text='Pipeline inputs: {"image": {"datatype": "UINT8", "dims": [-1, -1, 3]}}.')
+    outputs = serializers.JSONField(help_text='The tensors returned: ["text"].')
+    max_batch_size = serializers.IntegerField(required=False, help_text="0 (the default): no batching.")
+    steps = serializers.JSONField(
+        help_text='[{"name": "det", "model_version": 12, "inputs": {"x": "image"}, "outputs": {"y": "boxes"}}]: '
+        "each step's model version, its inputs fed by pipeline tensors and its outputs named as pipeline tensors."
     )

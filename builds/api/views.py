@@ -26,10 +26,14 @@ from builds import services as builds
 from builds.api.serializers import (
     BuildOptionsSerializer,
     BuildSerializer,
+    CreatePipelineSerializer,
     CustomBackendSerializer,
     ModelFormatSerializer,
     ModelVersionSerializer,
     OptionsCheckSerializer,
+    PipelineSerializer,
+    PipelineVersionSerializer,
+    PipelineVersionSpecSerializer,
     RebuildSerializer,
     RegisterBackendSerializer,
     UploadVersionSerializer,
@@ -52,6 +56,7 @@ from builds.model_config import (
     TOLERANCE_FIELD,
 )
 from builds.services import backends as backend_services
+from builds.services import pipelines as pipeline_services
 from builds.services import state as build_state
 from builds.services.review import (
     DYNAMIC_BATCHING_FIELD,
@@ -505,3 +510,63 @@ class BackendDetailView(APIView):
     def delete(self, request: Request, backend_id: int) -> Response:
         backend_services.delete_backend(user=request.user, backend_id=backend_id, token=request.auth)
         return Response(status=204)
+
+
+class PipelineListCreateView(APIView):
+    """GET the pipelines of the caller's teams; POST registers one ({"team", "name"})."""
+
+    pagination_class = BoundedLimitOffsetPagination
+
+    @extend_schema(responses={200: PipelineSerializer(many=True), 400: ErrorSerializer})
+    def get(self, request: Request) -> Response:
+        found = pipeline_services.list_pipelines(user=request.user, token=request.auth).order_by("name", "pk")
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(found.prefetch_related("versions"), request, view=self)
+        return paginator.get_paginated_response(PipelineSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=CreatePipelineSerializer,
+        responses={201: PipelineSerializer, 400: ErrorSerializer, 403: ErrorSerializer, 409: ErrorSerializer},
+        description="Register a pipeline name in a team: the name of the Triton ensemble its versions generate.",
+    )
+    def post(self, request: Request) -> Response:
+        data = request.data if isinstance(request.data, Mapping) else {}
+        refuse_unknown_fields(list(data), ("team", "name"), "A pipeline")
+        pipeline = pipeline_services.create_pipeline(
+            user=request.user,
+            team_slug=str(data.get("team") or ""),
+            name=str(data.get("name") or ""),
+            token=request.auth,
+        )
+        return Response(PipelineSerializer(pipeline).data, status=201)
+
+
+class PipelineDetailView(APIView):
+    """GET one pipeline with its versions."""
+
+    @extend_schema(responses={200: PipelineSerializer, 404: ErrorSerializer})
+    def get(self, request: Request, pipeline_id: int) -> Response:
+        pipeline = pipeline_services.get_pipeline(user=request.user, pipeline_id=pipeline_id, token=request.auth)
+        return Response(PipelineSerializer(pipeline).data)
+
+
+class PipelineVersionCreateView(APIView):
+    """POST a pipeline version: its steps are checked as a graph before it is made."""
+
+    @extend_schema(
+        request=PipelineVersionSpecSerializer,
+        responses={201: PipelineVersionSerializer, 400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
+        description="Check a pipeline's steps (built model versions of the team, wired by tensor names) against "
+        "the configurations those versions serve, by Triton's ensemble rules: datatypes and shapes through the "
+        "graph, unconnected inputs, tensors nothing uses, cycles, batch sizes. 400 lists every problem under "
+        "`errors`, each naming the step, the tensor and both sides; 201 gives the version with its graph and the "
+        "ensemble's generated model configuration.",
+    )
+    def post(self, request: Request, pipeline_id: int) -> Response:
+        pipeline = pipeline_services.get_pipeline(user=request.user, pipeline_id=pipeline_id, token=request.auth)
+        data = request.data if isinstance(request.data, Mapping) else {}
+        refuse_unknown_fields(list(data), ("inputs", "outputs", "max_batch_size", "steps"), "A pipeline version")
+        version = pipeline_services.create_pipeline_version(
+            user=request.user, pipeline=pipeline, spec=data, token=request.auth
+        )
+        return Response(PipelineVersionSerializer(version).data, status=201)

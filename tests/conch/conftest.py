@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from builds.models import CustomBackend
+from builds.models import CustomBackend, Pipeline
 from builds.services import current_build
 from builds.services.pipeline import reset_steps
 from deployments import services as deployments
@@ -43,6 +43,8 @@ class TeamWorld:
     plan: object = None
     #: A custom backend the team registered (a record; its files are not in the store).
     backend: object = None
+    #: A pipeline of the team, with no version.
+    pipeline: object = None
 
     def token_client(self) -> APIClient:
         client = APIClient()
@@ -86,6 +88,7 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
         files=["model.py"],
         report={"methods": ["execute"]},
     )
+    pipeline = Pipeline.objects.create(team=caller.team, name="chain")
     return TeamWorld(
         team=caller.team,
         user=caller.user,
@@ -96,6 +99,7 @@ def make_team_world(username: str, team_slug: str, folder) -> TeamWorld:
         deployment=deployment,
         upload=upload,
         backend=backend,
+        pipeline=pipeline,
     )
 
 

@@ -119,6 +119,7 @@ def _admin_row(route: Route, world: TwoTeams) -> Any:
         "models_registry.modelversion": victim.version,
         "models_registry.upload": victim.upload,
         "builds.custombackend": victim.backend,
+        "builds.pipeline": victim.pipeline,
         "builds.buildstep": current_build(victim.version).steps.first(),
         "deployments.deployment": victim.deployment,
         "deployments.cluster": world.cluster,
@@ -145,6 +146,7 @@ def _value_for(route: Route, param: str, world: TwoTeams) -> str:
         "gateway-usage": victim.team.slug,
         "tensorrt-plans": victim.plan.pk,
         "backends": victim.backend.pk,
+        "pipelines": victim.pipeline.pk,
     }
     if param in ("id", "pk", "slug", "name") and before in by_kind:
         return str(by_kind[before])
@@ -154,6 +156,7 @@ def _value_for(route: Route, param: str, world: TwoTeams) -> str:
         "deployment_id": victim.deployment.pk,
         "upload_id": victim.upload.pk,
         "backend_id": victim.backend.pk,
+        "pipeline_id": victim.pipeline.pk,
     }
     if param in named:
         return str(named[param])
