@@ -30,8 +30,11 @@ from tritonserving.config import config_from_pbtxt, config_to_pbtxt
 
 __all__ = ["create_pipeline", "create_pipeline_version", "get_pipeline", "list_pipelines"]
 
-_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32")
-_DATATYPES += ("FP64", "BYTES", "BF16")
+#: Triton's datatypes a pipeline input may have (model_config.proto's DataType, by name).
+_DATATYPES: tuple[str, ...] = (
+    *("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"),
+    *("FP16", "FP32", "FP64", "BYTES", "BF16"),
+)
 
 
 def create_pipeline(*, user: User, team_slug: str, name: str, token: TokenGrant | None = None) -> Pipeline:
@@ -219,6 +222,6 @@ def create_pipeline_version(
             action=AuditAction.PIPELINE_VERSION_CREATED,
             team=pipeline.team,
             target=locked,
-            after={"number": number, "steps": [step["name"] for step in stored["steps"]]},
+            after={"number": number, "steps": [step.label for step in steps]},
         )
         return made
