@@ -197,10 +197,10 @@ def pipeline_graph(spec: dict, graph: dict) -> dict:
     right by depth (a step one column after the steps it takes tensors from), and an arrow per tensor from its
     producer to each consumer, labelled with its name, datatype and shape.
 
-    Returns {"width", "height", "nodes": [{"id", "label", "detail", "x", "y", "kind"}], "edges": [{"x1", "y1", "x2",
-    "y2", "label"}]} in SVG user units.
+    Returns {"width", "height", "box_w", "box_h", "nodes": [{"id", "label", "detail", "x", "y", "kind"}], "edges":
+    [{"path", "label", "label_x", "label_y"}]} in SVG user units (`path`: an SVG path's `d`).
     """
-    box_w, box_h, gap_x, gap_y = 170, 46, 90, 30
+    box_w, box_h, gap_x, gap_y = 170, 46, 110, 40
     tensors = graph.get("tensors", {})
     steps = {step["name"]: step for step in spec.get("steps", [])}
     depth: dict[str, int] = {f"in:{name}": 0 for name in spec.get("inputs", {})}
@@ -216,7 +216,7 @@ def pipeline_graph(spec: dict, graph: dict) -> dict:
     position = {}
     for level, nodes in columns.items():
         for row, node in enumerate(nodes):
-            position[node] = (20 + level * (box_w + gap_x), 20 + row * (box_h + gap_y))
+            position[node] = (20 + level * (box_w + gap_x), 40 + row * (box_h + gap_y))
     nodes = []
     for node, (x, y) in position.items():
         if node.startswith("in:"):
@@ -263,6 +263,14 @@ def pipeline_graph(spec: dict, graph: dict) -> dict:
         x, y = position[node]
         return (x + box_w if side == "out" else x, y + box_h // 2)
 
+    def edge(x1: int, y1: int, x2: int, y2: int, label: str) -> dict:
+        # An arrow that skips a column bends above the boxes between its ends, so it crosses none of them.
+        lift = 0 if x2 - x1 <= gap_x else min(y1, y2) - box_h // 2 - 16
+        middle_y = (y1 + y2) // 2 if not lift else lift
+        start_y, end_y = (lift, lift) if lift else (y1, y2)
+        path = f"M {x1} {y1} C {x1 + gap_x // 2} {start_y}, {x2 - gap_x // 2} {end_y}, {x2} {y2}"
+        return {"path": path, "label": label, "label_x": (x1 + x2) // 2, "label_y": middle_y - 4}
+
     for name, step in steps.items():
         for tensor in step["inputs"].values():
             producer = tensors.get(tensor, {}).get("producer", "")
@@ -270,12 +278,12 @@ def pipeline_graph(spec: dict, graph: dict) -> dict:
             if source in position and name in position:
                 (x1, y1), (x2, y2) = anchor(source, "out"), anchor(name, "in")
                 t = tensors.get(tensor, {})
-                edges.append({"x1": x1, "y1": y1, "x2": x2, "y2": y2, "label": f"{tensor} {t.get('datatype', '')}"})
+                edges.append(edge(x1, y1, x2, y2, f"{tensor} {t.get('datatype', '')}"))
     for name in spec.get("outputs", []):
         producer = tensors.get(name, {}).get("producer", "")
         if producer in position:
             (x1, y1), (x2, y2) = anchor(producer, "out"), anchor(f"out:{name}", "in")
-            edges.append({"x1": x1, "y1": y1, "x2": x2, "y2": y2, "label": name})
+            edges.append(edge(x1, y1, x2, y2, name))
     width = 40 + (last + 1) * (box_w + gap_x) - gap_x
-    height = 40 + max((len(c) for c in columns.values()), default=1) * (box_h + gap_y) - gap_y
+    height = 60 + max((len(c) for c in columns.values()), default=1) * (box_h + gap_y) - gap_y
     return {"width": width, "height": height, "box_w": box_w, "box_h": box_h, "nodes": nodes, "edges": edges}
