@@ -283,6 +283,8 @@ def _run_pip(arguments: Sequence[str], target: EnvironmentTarget, *, what: str) 
     return output
 
 
+#: What to do once requirements.txt is fixed: it is in the uploaded archive, which a rebuild reads again as it was.
+_AGAIN = "upload the archive again with the changed requirements.txt (a rebuild reuses the uploaded one)"
 _NO_VERSION = re.compile(
     r"Could not find a version that satisfies the requirement (\S+)(?: \(from versions: ([^)]*)\))?"
 )
@@ -304,12 +306,16 @@ def _pip_failure(output: str, target: EnvironmentTarget, *, what: str) -> Except
         return Unavailable(f"pip could not reach the package index to {what}: {lines[-1] if lines else ''}")
     if missing is not None:
         requirement, versions = missing.group(1), (missing.group(2) or "").strip()
-        seen = "it publishes no release at all" if versions in ("", "none") else f"it has versions {versions}"
+        seen = (
+            "the index has no wheel of it for this Python and platform: it may publish source distributions only, "
+            "or not exist under that name"
+            if versions in ("", "none")
+            else f"the wheels the index has for this Python and platform are of versions {versions}, none matching"
+        )
         return InvalidInput(
-            f"requirements.txt: no wheel of {requirement} for {target.describe()} ({seen} on the index, but none "
-            "as a wheel for this Python and platform, or none that matches). Conch installs wheels only, so that no "
-            "package's setup code runs at build time: pin a version that publishes such a wheel, or drop the "
-            "requirement, then rebuild.",
+            f"requirements.txt: no wheel of {requirement} for {target.describe()} ({seen}). Conch installs wheels "
+            "only, so that no package's setup code runs at build time: pin a version that publishes such a wheel, "
+            f"or drop the requirement, then {_AGAIN}.",
             field=ENVIRONMENT_FIELD,
         )
     if "ResolutionImpossible" in output or "conflict is caused by" in output:
@@ -325,7 +331,7 @@ def _pip_failure(output: str, target: EnvironmentTarget, *, what: str) -> Except
         return InvalidInput(
             "requirements.txt: the requirements contradict each other"
             + (f" ({'; '.join(cause[:6])})" if cause else "")
-            + ". Loosen or change the pins so that one version of each package satisfies every line, then rebuild."
+            + f". Loosen or change the pins so that one version of each package satisfies every line, then {_AGAIN}."
             + fixed,
             field=ENVIRONMENT_FIELD,
         )
@@ -431,7 +437,7 @@ def install(pins: Sequence[Pin], target: EnvironmentTarget, folder: Path, *, max
         raise PayloadTooLarge(
             f"requirements.txt: the installed packages take {size} bytes, more than the {max_bytes} bytes an "
             "environment may (CONCH_ENVIRONMENT_MAX_BYTES). Drop what the model does not import, or use smaller "
-            "variants (opencv-python-headless instead of opencv-python), then rebuild.",
+            f"variants (opencv-python-headless instead of opencv-python), then {_AGAIN}.",
             field=ENVIRONMENT_FIELD,
         )
     _write_venv_layout(folder, target)

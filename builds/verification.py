@@ -883,7 +883,7 @@ def _generated_values(array: np.ndarray) -> str:
     if array.dtype.kind == "f":
         return "random floats in [0, 1)"
     if array.size and (array == array.ravel()[0]).all():
-        return f"all {array.ravel()[0].item()!r}"
+        return f"all {_element(array.ravel()[0])!r}"
     return "generated values"
 
 
@@ -909,12 +909,19 @@ def _difference(piece: np.ndarray, part: np.ndarray) -> tuple[float, str]:
                 f"(largest difference {largest:.3g}, allowed {atol * scale:.1g} + {rtol:.0e} x |value|)"
             )
         return largest, ""
-    equal = piece == part
+    equal = np.asarray(piece == part, dtype=bool)
+    if equal.shape != piece.shape:  # numpy compares object arrays of bytes elementwise; anything else: one verdict
+        equal = np.full(piece.shape, bool(np.all(equal)))
     if not np.all(equal):
-        where = tuple(int(i) for i in np.argwhere(~np.asarray(equal))[0])
-        shown = f"{piece[where].item()!r} in the joined run but {part[where].item()!r} alone"
+        where = tuple(int(i) for i in np.argwhere(~equal)[0])
+        shown = f"{_element(piece[where])!r} in the joined run but {_element(part[where])!r} alone"
         return 0.0, f"differs: at index {list(where)} it is {shown}"
     return 0.0, ""
+
+
+def _element(value: Any) -> Any:
+    """A numpy element as Python shows it: a number's `.item()`, a BYTES element (bytes, str) as it is."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def _type_name(data_type: int) -> str:

@@ -268,7 +268,7 @@ def _verify_configuration(
         try:
             outputs_first, outputs_second, outputs_joined = run([first, second, join_samples(first, second)])
         except InvalidInput as exc:
-            problem = f"the model failed on the two samples joined on axis 0 ({exc.detail})"
+            problem = f"the model failed on the two samples, run alone and joined on axis 0 ({exc.detail})"
         else:
             _say_outputs(say, outputs_first)
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import tempfile
 import threading
 import time
@@ -21,7 +22,7 @@ from builds.archives import unpack_archive_in_sandbox
 from builds.choices import STEP_ORDER, StepName, StepStatus
 from builds.conversion import convert_in_sandbox, inspect_source_in_sandbox, run_source_in_sandbox
 from builds.ensembles import check_pipeline, pipeline_from_config
-from builds.environments import parse_requirements
+from builds.environments import ENVIRONMENT_FIELD, parse_requirements
 from builds.formats import (
     HEAD_BYTES,
     Conversion,
@@ -434,7 +435,8 @@ def _run_claimed_build(build: Build) -> str:
                     )
                     verified = config
                 else:
-                    verified = verify_build(
+                    verified = _verify(
+                        python_model is not None,
                         build=build,
                         record_config=lambda pbtxt: state.record_build_artifacts(
                             version_id=version.pk, attempt=attempt, config_pbtxt=pbtxt
@@ -519,6 +521,24 @@ def _declared_signature(model_format: ModelFormat, source: Path, build: Build, s
     for line in notes:
         say(f"assumed: {line}")
     return ModelSignature.from_dict(signature)
+
+
+def _verify(python_model: bool, **arguments: Any) -> ModelConfig:
+    """`verify_build(**arguments)`; for a Python model, a load that failed on a missing module says to list the
+    package in requirements.txt (the environment holds numpy and what requirements.txt names, nothing of Conch's)."""
+    try:
+        return verify_build(**arguments)
+    except InvalidInput as exc:
+        missing = re.search(r"No module named '([^']+)'", exc.detail) if python_model else None
+        if missing is None:
+            raise
+        package = missing.group(1).split(".")[0]
+        raise InvalidInput(
+            f"{exc.detail} model.py imports {package!r}, which its environment does not hold: the environment has "
+            "numpy and what requirements.txt names, nothing of Conch's own. Add the package that provides "
+            f"{package!r} to requirements.txt and upload the archive again.",
+            field=ENVIRONMENT_FIELD,
+        ) from exc
 
 
 def _read_python_model(
@@ -771,7 +791,8 @@ def _unpack(archive: Path, folder: Path, say: StepLog) -> tuple[ModelFormat, Pat
         + (f"; skipped {len(unpacked.skipped)} macOS resource file(s)" if unpacked.skipped else "")
     )
     model_format, entry = find_model_in_folder(folder, unpacked.files)
-    say(f"the archive holds {model_format.title}: {entry.relative_to(folder).as_posix()}")
+    where = entry.relative_to(folder).as_posix()
+    say(f"the archive holds {model_format.title}" + (f": {where}" if where != "." else " at its top"))
     return model_format, entry
 
 

@@ -520,3 +520,29 @@ def test_a_hot_update_between_python_versions_with_different_environments_serves
     keys = get_object_store().list_keys(f"deployments/{deployment['id']}/repository/scaler/")
     environments = [key for key in keys if key.rsplit("/", 1)[-1].startswith("python_env-")]
     assert len(environments) == 2, keys
+
+
+def test_bytes_outputs_of_the_joined_and_the_lone_runs_are_compared_as_bytes():
+    from builds.verification import _difference
+
+    same = np.array([[b"batch of 1"], [b"x"]], dtype=object)
+    assert _difference(same, same.copy()) == (0.0, "")
+    other = np.array([[b"batch of 2"], [b"x"]], dtype=object)
+    assert (
+        _difference(other, same)[1]
+        == "differs: at index [0, 0] it is b'batch of 2' in the joined run but b'batch of 1' alone"
+    )
+
+
+@pytest.mark.e2e
+def test_a_python_model_importing_a_package_its_requirements_lack_is_told_to_list_it(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    source = MODEL_PY.replace(b"import conch_scaler  #", b"import conch_absent_package as conch_scaler  #")
+    version_id = _upload(
+        alice, django_capture_on_commit_callbacks, "absent", _archive({"model.py": source, "config.pbtxt": CONFIG})
+    )
+    version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
+    assert version["status"] == "failed" and version["error_field"] == "requirements", version
+    assert "model.py imports 'conch_absent_package', which its environment does not hold" in version["error"]
+    assert "Add the package that provides 'conch_absent_package' to requirements.txt" in version["error"]
