@@ -291,14 +291,21 @@ def _verify_configuration(
         rewrite(config)
         say("rewrote config.pbtxt with max_batch_size 0, full dims and no dynamic batcher; verifying again")
         if options.max_batch_size:
-            _run_alone(run, say, config, signature, samples, version.pk, settle)
-            raise InvalidInput(
+            refusal = InvalidInput(
                 f"max_batch_size {options.max_batch_size} was asked for, but batching is not safe for this model: "
                 f"{problem}. Joining requests would change their results. Upload the model again with "
-                "max_batch_size empty or 0 (in config.pbtxt, for a Triton model repository) to serve it one "
-                "request per run.",
+                "max_batch_size empty or 0 (in config.pbtxt, for a Triton model repository or a Python model's "
+                "archive) to serve it one request per run.",
                 field="max_batch_size",
             )
+            try:
+                _run_alone(run, say, config, signature, samples, version.pk, settle)
+            except InvalidInput as alone:
+                # The batching asked for is what fails first; that it fails unbatched too is said after it.
+                raise InvalidInput(
+                    f"{refusal.detail} Without batching it fails too: {alone.detail}", field="max_batch_size"
+                ) from alone
+            raise refusal
     return _run_alone(run, say, config, signature, samples, version.pk, settle)
 
 

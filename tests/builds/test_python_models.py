@@ -546,3 +546,30 @@ def test_a_python_model_importing_a_package_its_requirements_lack_is_told_to_lis
     assert version["status"] == "failed" and version["error_field"] == "requirements", version
     assert "model.py imports 'conch_absent_package', which its environment does not hold" in version["error"]
     assert "Add the package that provides 'conch_absent_package' to requirements.txt" in version["error"]
+
+
+@pytest.mark.e2e
+def test_a_python_model_whose_config_pbtxt_batches_but_cannot_fails_naming_max_batch_size(
+    alice, eager_tasks, django_capture_on_commit_callbacks
+):
+    source = b"""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if x.shape[0] > 1:
+                raise ValueError("this model takes one row at a time")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x.astype(np.float32))]))
+        return responses
+"""
+    archive = _archive({"model.py": source, "config.pbtxt": CONFIG})
+    version_id = _upload(alice, django_capture_on_commit_callbacks, "one-row", archive)
+    version = alice.client.get(f"/api/v1/versions/{version_id}/").json()
+    # config.pbtxt's max_batch_size 4 counts as asked for: the build fails naming it, not the sample inputs
+    assert version["status"] == "failed" and version["error_field"] == "max_batch_size", version
+    assert version["error"].startswith("max_batch_size 4 was asked for, but batching is not safe for this model")
