@@ -95,6 +95,8 @@ _FOREIGN_SUFFIXES = {
     (".gz", ".xz", ".bz2"): "a compressed file; Conch unpacks .zip, .tar, .tar.gz, .tgz, .tar.bz2 and .tar.xz "
     "archives: pack the model's files with `tar czf model.tar.gz <files>`, or upload the model file uncompressed",
     (".7z", ".rar"): "an archive in a format Conch does not unpack; pack the model's files as a .zip or .tar.gz",
+    (".py",): "Python source; a Python model (Triton's Python backend) is uploaded as a zip or tar of model.py with "
+    "the files it reads, an optional requirements.txt and config.pbtxt (model.py at the archive's top)",
 }
 
 

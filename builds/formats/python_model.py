@@ -116,7 +116,8 @@ class PythonModel:
                 f"must declare them; {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing. Put a "
                 "config.pbtxt with its input and output beside model.py, or give input_spec and output_spec (each "
                 "tensor as name=DATATYPE:dims with the batch axis as -1, for example input_spec=image=UINT8:-1,-1,3 "
-                "output_spec=label=INT64:-1,1).",
+                "output_spec=label=INT64:-1,1): on this version with POST /api/v1/versions/{id}/rebuild or the build "
+                "page, without uploading again.",
                 field=missing[0],
             )
         assert input_spec is not None and output_spec is not None

@@ -566,7 +566,7 @@ def configure_imported(
                 "auto-complete does"
             )
 
-    if config.name != name:
+    if (config.name or model.name) != name:
         notes.append(f"served as {name!r} (the Conch model's name) in place of {config.name or model.name!r}")
     config.name = name
     if config.platform:

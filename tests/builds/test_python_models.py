@@ -573,3 +573,13 @@ class TritonPythonModel:
     # config.pbtxt's max_batch_size 4 counts as asked for: the build fails naming it, not the sample inputs
     assert version["status"] == "failed" and version["error_field"] == "max_batch_size", version
     assert version["error"].startswith("max_batch_size 4 was asked for, but batching is not safe for this model")
+
+
+def test_a_bare_model_py_is_told_to_come_zipped_with_its_files():
+    from builds.formats import check_model_filename
+
+    with pytest.raises(InvalidInput) as refused:
+        check_model_filename("model.py", field="file")
+    assert "a .py file is usually Python source; a Python model (Triton's Python backend) is uploaded as a zip" in (
+        refused.value.detail
+    )

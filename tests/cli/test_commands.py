@@ -460,3 +460,32 @@ def test_backends_register_packs_a_folder_and_list_shows_it(cli, tmp_path):
     # and a name Triton's own backends use is refused naming the field
     refused = cli("backends", "register", "python", "1", folder)
     assert refused.code != 0 and "one of Triton's own backends" in refused.err
+
+
+def test_pipelines_create_version_and_list(cli, conch_env, tmp_path):
+    import json
+
+    team = conch_env.caller.team
+    one = write_built_version(team, "plus-one", add_constant(tmp_path / "one.onnx", 1.0), BuildOptions())
+    two = write_built_version(team, "plus-two", add_constant(tmp_path / "two.onnx", 2.0), BuildOptions())
+    created = cli("pipelines", "create", "chain", "--json")
+    assert created.code == 0, created.err
+    spec = {
+        "inputs": {"input": {"datatype": "FP32", "dims": [-1, 4]}},
+        "outputs": ["output"],
+        "steps": [
+            {"name": "first", "model_version": one.pk, "inputs": {"x": "input"}, "outputs": {"y": "between"}},
+            {"name": "second", "model_version": two.pk, "inputs": {"x": "between"}, "outputs": {"y": "output"}},
+        ],
+    }
+    (tmp_path / "chain.json").write_text(json.dumps(spec))
+    made = cli("pipelines", "version", "chain", tmp_path / "chain.json")
+    assert made.code == 0, made.err
+    assert made.out.strip() == "pipeline 'chain' version 1: first -> second"
+    table = cli("pipelines", "list").out.splitlines()
+    assert table[1].split() == [str(created.json()["id"]), "chain", "acme", "1", "first", "->", "second"]
+    # a mis-wired version is refused with every problem the server found
+    spec["steps"][1]["inputs"] = {"x": "nowhere"}
+    (tmp_path / "bad.json").write_text(json.dumps(spec))
+    refused = cli("pipelines", "version", "chain", tmp_path / "bad.json")
+    assert refused.code == 1 and "Step `second` takes tensor 'nowhere'" in refused.err, refused.err

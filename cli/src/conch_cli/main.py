@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import getpass
+import json
 import os
 import shlex
 import sys
@@ -116,6 +117,10 @@ backends_app = typer.Typer(help="Register and list the team's own Triton backend
 app.add_typer(models_app, name="models")
 app.add_typer(builds_app, name="builds")
 app.add_typer(backends_app, name="backends")
+pipelines_app = typer.Typer(
+    help="Compose pipelines (Triton ensembles) of the team's models.", no_args_is_help=True, cls=_Group
+)
+app.add_typer(pipelines_app, name="pipelines")
 
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
 VersionArg = Annotated[
@@ -1121,3 +1126,84 @@ def backends_list(team: Team = None, as_json: Json = False) -> None:
             ["ID", "NAME", "VERSION", "KIND", "TEAM", "FILES", "BYTES"],
             [[b["id"], b["name"], b["version"], b["kind"], b["team"], len(b["files"]), b["size_bytes"]] for b in found],
         )
+
+
+def _find_pipeline(api: ConchApi, ref: str, team: str | None) -> dict:
+    """The pipeline `ref` (its id or its name; `team` narrows a name). Raises CliError (NOT_FOUND)."""
+    if ref.isdigit():
+        return api.get(f"/api/v1/pipelines/{ref}/")
+    found = [p for p in api.pages("/api/v1/pipelines/") if p["name"] == ref and (team is None or p["team"] == team)]
+    if len(found) != 1:
+        where = f" in team {team!r}" if team else ""
+        detail = (
+            f"No pipeline named {ref!r}{where} is visible to this token; create it with `conch pipelines create {ref}`."
+            if not found
+            else f"Pipelines named {ref!r} are in teams {', '.join(p['team'] for p in found)}; name one with --team."
+        )
+        raise CliError(detail, NOT_FOUND if not found else USAGE, field="pipeline")
+    return found[0]
+
+
+@pipelines_app.command("create", cls=_Command)
+def pipelines_create(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The pipeline's name: the ensemble's Triton model name.")],
+    team: Team = None,
+    as_json: Json = False,
+) -> None:
+    """Register a pipeline name in a team."""
+    with _api() as api:
+        pipeline = api.post("/api/v1/pipelines/", {"team": api.default_team(team), "name": name}, expect=(201,))
+    if as_json:
+        output.emit_json(pipeline)
+    else:
+        output.line(f"pipeline {pipeline['id']} {pipeline['name']!r} in team {pipeline['team']} (created)")
+
+
+@pipelines_app.command("version", cls=_Command)
+def pipelines_version(
+    pipeline: Annotated[str, typer.Argument(metavar="PIPELINE", help="The pipeline's name or id.")],
+    spec: Annotated[
+        Path,
+        typer.Argument(
+            metavar="SPEC.json",
+            help="The version: {inputs, outputs, max_batch_size, steps: [{name, model_version, inputs, outputs}]}.",
+        ),
+    ],
+    team: Team = None,
+    as_json: Json = False,
+) -> None:
+    """Check a pipeline version's steps as a graph and make it (every problem is told at once)."""
+    try:
+        body = json.loads(spec.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CliError(f"{spec} is not a readable JSON file: {exc}", USAGE, field="spec") from None
+    with _api() as api:
+        found = _find_pipeline(api, pipeline, team)
+        made = api.post(f"/api/v1/pipelines/{found['id']}/versions/", body, expect=(201,))
+    if as_json:
+        output.emit_json(made)
+    else:
+        output.line(f"pipeline {found['name']!r} version {made['number']}: {' -> '.join(made['graph']['order'])}")
+
+
+@pipelines_app.command("list", cls=_Command)
+def pipelines_list(team: Team = None, as_json: Json = False) -> None:
+    """List the pipelines the token sees, with their latest version's steps."""
+    with _api() as api:
+        found = [p for p in api.pages("/api/v1/pipelines/") if team is None or p["team"] == team]
+    if as_json:
+        output.emit_json(found)
+    else:
+        rows = []
+        for p in found:
+            latest = max(p["versions"], key=lambda v: v["number"], default=None)
+            rows.append(
+                [
+                    p["id"],
+                    p["name"],
+                    p["team"],
+                    len(p["versions"]),
+                    " -> ".join(latest["graph"]["order"]) if latest else "-",
+                ]
+            )
+        output.table(["ID", "NAME", "TEAM", "VERSIONS", "LATEST STEPS"], rows)
