@@ -197,7 +197,12 @@ def register_backend(
             report = _check_library(root, files, name=name, declared=declared)
         elif ENTRY_FILENAME in files:
             kind = CustomBackend.KIND_PYTHON
-            methods = check_model_py((root / ENTRY_FILENAME).read_bytes())
+            try:
+                methods = check_model_py((root / ENTRY_FILENAME).read_bytes())
+            except InvalidInput as exc:  # its words are a Python model's; here it is a backend's model.py
+                raise InvalidInput(
+                    "Python-based backend: " + exc.detail.removeprefix("Python model: "), field="file"
+                ) from None
             report = {"methods": list(methods)}
         else:
             others = sorted(f for f in files if PurePosixPath(f).name.startswith("libtriton_"))

@@ -133,7 +133,13 @@ def test_a_python_based_backend_serves_the_team_s_models_that_name_it(
         ("good", "1 0", {"model.py": SCALING_BACKEND}, "version", "Backend version '1 0'"),
         ("good", "1", {"README.md": b"hi"}, "file", "neither libtriton_good.so nor model.py"),
         ("good", "1", {"libtriton_other.so": b"x"}, "file", "which is a backend named 'other'"),
-        ("good", "1", {"model.py": b"class Model:\n    pass\n"}, "file", "defines no class TritonPythonModel"),
+        (
+            "good",
+            "1",
+            {"model.py": b"class Model:\n    pass\n"},
+            "file",
+            "Python-based backend: model.py defines no class",
+        ),
     ],
     ids=["reserved", "bad-name", "bad-version", "empty", "other-name", "no-class"],
 )
