@@ -34,6 +34,7 @@ __all__ = [
     "package_external_data",
     "package_model_file",
     "redeclare_outputs",
+    "upload_file",
 ]
 
 #: The name given to an axis of any size in a rewritten output shape: `conch_<output index>_dim_<axis>`.
@@ -139,7 +140,7 @@ def package_model_file(
     wanted = outputs_to_redeclare(config, signature)
     if not wanted:
         if source_key is None:
-            _upload(store, Path(source_file), model_key)
+            upload_file(store, Path(source_file), model_key)
         else:
             store.copy(source_key, model_key)
         return PackagedModel(size_bytes=store.size(model_key), redeclared={})
@@ -158,7 +159,7 @@ def package_model_file(
             encoding="utf-8",
         )
         run_in_sandbox(f"{__name__}:_redeclare_job", job, limits=limits or SandboxLimits.from_settings())
-        _upload(store, target, model_key)
+        upload_file(store, target, model_key)
         size = target.stat().st_size
     return PackagedModel(size_bytes=size, redeclared={name: (declared[name], wanted[name]) for name in wanted})
 
@@ -182,7 +183,7 @@ def package_external_data(
         if folder not in path.parents:
             raise ValueError(f"external data location {location!r} leaves the model's folder")
         key = f"{version_folder}/{path.relative_to(folder).as_posix()}"
-        _upload(store, path, key)
+        upload_file(store, path, key)
         stored[key] = path.stat().st_size
     return stored
 
@@ -208,7 +209,8 @@ def _redeclare_job(job_path: Path) -> dict[str, Any]:
     return {"size_bytes": len(data)}
 
 
-def _upload(store: ObjectStore, path: Path, key: str) -> None:
+def upload_file(store: ObjectStore, path: Path, key: str) -> None:
+    """Store the local file `path` as object `key`, streamed in chunks. Raises the store's errors."""
     with store.open_writer(key) as writer, path.open("rb") as handle:
         while chunk := handle.read(_UPLOAD_CHUNK_BYTES):
             writer.write(chunk)

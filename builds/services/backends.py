@@ -29,6 +29,7 @@ from builds.archives import unpack_archive_in_sandbox
 from builds.backend_library import find_server_library, read_backend_api_version
 from builds.formats.python_model import ENTRY_FILENAME, check_model_py
 from builds.models import Build, CustomBackend
+from builds.packaging import upload_file
 from builds.sandbox import SandboxLimits, run_in_sandbox
 from conch.errors import Conflict, InvalidInput, NotFound
 from conch.limits import BodyLimit
@@ -217,12 +218,8 @@ def register_backend(
         store = get_object_store()
         size = 0
         for relative in files:
-            path = root / relative
-            with store.open_writer(f"{prefix}/{relative}") as writer, path.open("rb") as handle:
-                while chunk := handle.read(8 * 1024 * 1024):
-                    writer.write(chunk)
-                writer.commit()
-            size += path.stat().st_size
+            upload_file(store, root / relative, f"{prefix}/{relative}")
+            size += (root / relative).stat().st_size
     try:
         with transaction.atomic():
             backend = CustomBackend.objects.create(

@@ -19,6 +19,7 @@ from pathlib import Path
 from django.conf import settings
 
 from builds.environments import EnvironmentTarget, Pin, environment_key, install, pack, parse_requirements, resolve
+from builds.packaging import upload_file
 from conch.errors import NotFound
 from models_registry.storage import ObjectStore
 
@@ -90,10 +91,7 @@ def ensure_environment(store: ObjectStore, requirements_text: str, say: Callable
         folder, archive = Path(work) / "env", Path(work) / "env.tar.gz"
         installed = install(pins, target, folder, max_bytes=settings.CONCH_ENVIRONMENT_MAX_BYTES)
         size = pack(folder, archive)
-        with store.open_writer(object_key) as writer, archive.open("rb") as handle:
-            while chunk := handle.read(8 * 1024 * 1024):
-                writer.write(chunk)
-            writer.commit()
+        upload_file(store, archive, object_key)
     store.put_bytes(
         f"{ENVIRONMENTS_PREFIX}/{key}.json",
         json.dumps({"target": target.to_dict(), "pins": [pin.to_dict() for pin in pins]}, indent=1).encode(),

@@ -71,7 +71,7 @@ from builds.model_config import (
     parse_build_options,
 )
 from builds.models import Build, BuildStep, CustomBackend
-from builds.packaging import describe_packaging, package_external_data, package_model_file
+from builds.packaging import describe_packaging, package_external_data, package_model_file, upload_file
 from builds.sandbox import inspect_onnx_in_sandbox
 from builds.services import state
 from builds.services.backends import backend_for_model, stage_backend
@@ -638,12 +638,8 @@ def _upload_files(store: Any, folder: Path, names: Sequence[str], prefix: str) -
     """Upload the files `names` (relative to `folder`) under `prefix`; return their bytes."""
     total = 0
     for name in names:
-        path = folder / name
-        with store.open_writer(f"{prefix}/{name}") as writer, path.open("rb") as handle:
-            while chunk := handle.read(8 * 1024 * 1024):
-                writer.write(chunk)
-            writer.commit()
-        total += path.stat().st_size
+        upload_file(store, folder / name, f"{prefix}/{name}")
+        total += (folder / name).stat().st_size
     return total
 
 
